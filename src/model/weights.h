@@ -1,0 +1,65 @@
+#pragma once
+// ModelWeights: every tensor the Qwen3.5 forward pass reads, as typed views. Large matrices stay where the
+// checkpoint put them (memory-mapped, in their stored dtype: BF16, F16, F32 or block-scaled FP8 E4M3);
+// small vectors (norm weights, A_log, dt_bias, conv taps) are widened to float32 at load.
+// The views are valid as long as the ModelWeights that holds their storage lives.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/matrix.h"
+#include "model/config.h"
+
+namespace moeserve {
+
+struct MlpWeights {  // SwiGLU: down( silu(gate x) * up x )
+  Matrix gate, up, down;
+};
+
+struct GdnWeights {
+  Matrix in_proj_qkv;          // [2*key_dim + value_dim, hidden]
+  Matrix in_proj_z;            // [value_dim, hidden]
+  Matrix in_proj_b;            // [Hv, hidden]
+  Matrix in_proj_a;            // [Hv, hidden]
+  Matrix out_proj;             // [hidden, value_dim]
+  std::vector<float> conv1d;   // [conv_dim][kernel]
+  std::vector<float> dt_bias;  // [Hv]
+  std::vector<float> a_log;    // [Hv]
+  std::vector<float> norm;     // [value_head_dim], plain scale (not zero-centred)
+};
+
+struct AttentionWeights {
+  Matrix q_proj;  // [heads * 2 * head_dim, hidden]: per head, head_dim query rows then head_dim gate rows
+  Matrix k_proj, v_proj;  // [kv_heads * head_dim, hidden]
+  Matrix o_proj;          // [hidden, heads * head_dim]
+  std::vector<float> q_norm, k_norm;  // [head_dim], zero-centred
+};
+
+struct MoeWeights {
+  Matrix router;                    // [experts, hidden]
+  std::vector<MlpWeights> experts;  // per expert (fused checkpoints become views into the fused tensor)
+  MlpWeights shared;                // empty matrices when the model has no shared expert
+  Matrix shared_gate;               // [1, hidden]
+};
+
+struct LayerWeights {
+  LayerType type = LayerType::LinearAttention;
+  std::vector<float> input_norm, post_norm;  // [hidden], zero-centred
+  GdnWeights gdn;         // LinearAttention layers
+  AttentionWeights attn;  // FullAttention layers
+  MoeWeights moe;         // MoE models
+  MlpWeights mlp;         // dense models
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  Matrix embed;    // [vocab, hidden]
+  Matrix lm_head;  // [vocab, hidden]; the same view as embed when tie_word_embeddings
+  std::vector<float> final_norm;
+  std::vector<LayerWeights> layers;
+  // Keeps the mapped files and any converted buffers alive (type-erased so this header stays small).
+  std::vector<std::shared_ptr<void>> storage;
+};
+
+}  // namespace moeserve
