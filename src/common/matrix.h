@@ -27,4 +27,9 @@ struct Matrix {
   void row_f32(int64_t r, float* out) const;
 };
 
+// A SwiGLU feed-forward block: down( silu(gate x) * up x ). Dense MLPs, routed and shared experts.
+struct SwiGlu {
+  Matrix gate, up, down;
+};
+
 }  // namespace moeserve

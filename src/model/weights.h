@@ -13,10 +13,6 @@
 
 namespace moeserve {
 
-struct MlpWeights {  // SwiGLU: down( silu(gate x) * up x )
-  Matrix gate, up, down;
-};
-
 struct GdnWeights {
   Matrix in_proj_qkv;          // [2*key_dim + value_dim, hidden]
   Matrix in_proj_z;            // [value_dim, hidden]
@@ -38,8 +34,8 @@ struct AttentionWeights {
 
 struct MoeWeights {
   Matrix router;                    // [experts, hidden]
-  std::vector<MlpWeights> experts;  // per expert (fused checkpoints become views into the fused tensor)
-  MlpWeights shared;                // empty matrices when the model has no shared expert
+  std::vector<SwiGlu> experts;  // per expert (fused checkpoints become views into the fused tensor)
+  SwiGlu shared;                // empty matrices when the model has no shared expert
   Matrix shared_gate;               // [1, hidden]
 };
 
@@ -49,7 +45,7 @@ struct LayerWeights {
   GdnWeights gdn;         // LinearAttention layers
   AttentionWeights attn;  // FullAttention layers
   MoeWeights moe;         // MoE models
-  MlpWeights mlp;         // dense models
+  SwiGlu mlp;         // dense models
 };
 
 struct ModelWeights {
