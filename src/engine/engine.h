@@ -1,0 +1,202 @@
+#pragma once
+// Engine: continuous-batching generation over one model. One engine thread owns the model, the KV page pool,
+// the GDN state slots, the radix prefix cache and the scheduler; other threads talk to it only through this
+// class: submit() and cancel() put messages in a thread-safe inbox, and every request's outputs leave through
+// its own callback (GenerateRequest::on_output), called on the engine thread.
+//
+// The engine works on token ids only. Tokenising, chat templates and stop *strings* belong to the caller: when
+// its detokenised text hits a stop string it calls cancel(id) and reports "stop" itself.
+//
+// Typical use (an HTTP handler):
+//   GenerateRequest r{.id = "cmpl-1", .prompt = ids, .params = p};
+//   r.on_output = [conn](const GenerateOutput& out) { post_to_io_thread(conn, out); };  // must not block
+//   engine->submit(std::move(r));        // throws moeserve::Error on bad input (answer 400)
+//   ... on client disconnect: engine->cancel("cmpl-1");   // frees its pages within one step
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moeserve {
+
+struct ModelWeights;
+class ModelRunner;  // engine/model_runner.h: what the engine needs from a model (the real one or a test double)
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy (argmax)
+  float top_p = 1.0f;        // nucleus mass, (0, 1]
+  int top_k = 0;             // 0 or -1 = off
+  float min_p = 0.0f;        // drop tokens with p < min_p * p_max; 0 = off
+  float presence_penalty = 0.0f;    // OpenAI semantics, over generated tokens: logit -= presence * [count > 0]
+  float frequency_penalty = 0.0f;   //                                          logit -= frequency * count
+  float repetition_penalty = 1.0f;  // HF/vLLM semantics, over prompt + generated: logit /= p if > 0 else *= p
+  std::optional<uint64_t> seed;     // same seed -> same tokens, whatever else shares the batch
+  std::optional<int> max_tokens;    // new tokens; unset = until the context (max_model_len) is full
+  int min_tokens = 0;               // eos and stop ids are suppressed until this many tokens exist
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;  // finish "stop" on any of these, in addition to the model's eos ids
+  bool logprobs = false;                // logprob of each sampled token
+  int top_logprobs = 0;                 // and of the top-N alternatives (needs logprobs)
+  std::optional<int> prompt_logprobs;   // logprobs of the prompt tokens plus top-N; disables the prefix-cache hit
+};
+
+struct GenerateOutput;
+
+struct GenerateRequest {
+  std::string id;               // unique among live requests; cancel() takes it
+  std::vector<int32_t> prompt;  // token ids, at least one
+  SamplingParams params;
+  int priority = 0;  // smaller runs first (vLLM convention); ties by arrival
+  // Called on the engine thread for every event of this request, the last one with finished = true.
+  // Must return quickly (hand the event to another thread); may call Engine::cancel.
+  std::function<void(const GenerateOutput&)> on_output;
+};
+
+enum class FinishReason { None, Stop, Length, Abort, Error };
+const char* to_string(FinishReason reason);  // "stop", "length", "abort", "error" ("" for None)
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+// The logprobs of one position: the chosen (sampled or prompt) token and the top alternatives, best first.
+// Logprobs are log_softmax of the raw model logits (before temperature and penalties), as vLLM reports.
+struct LogprobEntry {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache (OpenAI prompt_tokens_details)
+};
+
+// One event of a request's stream: the tokens produced since the previous event.
+struct GenerateOutput {
+  std::string request_id;
+  std::vector<int32_t> tokens;                // new token ids (a stop/eos token that ended the request included)
+  std::vector<LogprobEntry> logprobs;         // one per entry of tokens, when params.logprobs
+  std::vector<LogprobEntry> prompt_logprobs;  // first event only, when asked: prompt positions 1..n-1
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::None;
+  std::optional<int32_t> stop_token;  // the eos/stop id that finished it (vLLM's stop_reason)
+  std::string error;                  // finish_reason == Error: what went wrong
+  Usage usage;                        // running totals
+};
+
+// A blocking queue of one request's events, for callers that prefer pulling (CLI, tests, benchmarks):
+//   auto stream = std::make_shared<OutputStream>();
+//   request.on_output = stream->sink();
+//   while (auto out = stream->next()) { ...; if (out->finished) break; }
+class OutputStream {
+ public:
+  OutputStream();
+  ~OutputStream();
+  std::function<void(const GenerateOutput&)> sink();  // keeps this stream alive
+  std::optional<GenerateOutput> next();                // blocks; nullopt after the final event was taken
+  std::optional<GenerateOutput> try_next();            // never blocks
+  // Blocks until the final event and returns all events merged into one (tokens, logprobs concatenated).
+  GenerateOutput collect();
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+enum class SchedulePolicy { Fcfs, Lpm };  // first come first served; longest prefix match first
+
+struct EngineOptions {
+  int page_size = 16;  // tokens per KV page
+  // Memory for KV pages plus GDN state slots (live and snapshots). cache_memory_bytes wins when > 0; else
+  // mem_fraction of the memory available at start (MemAvailable on CPU) when > 0; else enough for
+  // max_running_requests full contexts, capped at a quarter of available memory.
+  int64_t cache_memory_bytes = 0;
+  double mem_fraction = 0.0;
+  int max_running_requests = 32;  // = live GDN state slots
+  int snapshot_slots = -1;        // GDN state snapshots the prefix cache may hold; -1 = 2 x max_running_requests
+  int chunked_prefill_size = 2048;  // prompt tokens of one request per step
+  int max_prefill_tokens = 8192;    // prompt tokens of all requests per step
+  int64_t max_model_len = 0;        // prompt + output limit; 0 = the model's max_position_embeddings
+  SchedulePolicy policy = SchedulePolicy::Fcfs;
+  bool enable_prefix_cache = true;
+  int max_queued_requests = 0;  // submit() throws when this many wait; 0 = unlimited
+  std::optional<std::vector<int32_t>> eos_token_ids;  // unset = the model config's
+};
+
+// What the memory budget bought, fixed at create().
+struct EngineCapacity {
+  int page_size = 0;
+  int64_t kv_pages = 0;
+  int64_t kv_tokens = 0;  // kv_pages * page_size: tokens that fit in the KV cache at once
+  int live_slots = 0;
+  int snapshot_slots = 0;
+  int64_t kv_bytes = 0;
+  int64_t state_bytes = 0;  // live + snapshot slots
+  int64_t max_model_len = 0;
+  std::string summary() const;  // one line for the log
+};
+
+// Counters are cumulative since start (Prometheus counters); the rest are gauges.
+struct EngineStats {
+  int running = 0;  // requests holding a live slot (prefilling or decoding)
+  int queued = 0;   // waiting, including preempted ones
+  int64_t kv_pages_total = 0;
+  int64_t kv_pages_used = 0;    // referenced by running requests
+  int64_t kv_pages_cached = 0;  // held only by the prefix cache (evictable)
+  int64_t kv_pages_free = 0;
+  int live_slots_total = 0;
+  int live_slots_used = 0;
+  int snapshot_slots_total = 0;
+  int snapshot_slots_used = 0;
+  uint64_t prefix_cache_queries = 0;  // prompt tokens looked up (vllm:prefix_cache_queries)
+  uint64_t prefix_cache_hits = 0;     // of those, served from cache (vllm:prefix_cache_hits)
+  uint64_t prompt_tokens = 0;         // prompt tokens of admitted requests
+  uint64_t prefill_tokens = 0;        // prompt tokens actually computed
+  uint64_t generation_tokens = 0;
+  uint64_t requests_finished = 0;  // any reason
+  uint64_t requests_aborted = 0;
+  uint64_t preemptions = 0;
+  uint64_t steps = 0;  // forward passes
+};
+
+class Engine {
+ public:
+  // Starts the engine thread. Throws moeserve::Error when the budget cannot hold one max_model_len request.
+  static std::unique_ptr<Engine> create(const ModelWeights& weights, const EngineOptions& options);
+  static std::unique_ptr<Engine> create(std::unique_ptr<ModelRunner> model, const EngineOptions& options);
+  ~Engine();  // shutdown()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues. Throws moeserve::Error (a message for a 400) on an empty or out-of-vocabulary
+  // prompt, prompt + max_tokens over max_model_len, bad sampling values, a duplicate live id, a full queue, or
+  // after shutdown.
+  void submit(GenerateRequest request);
+  // Finishes the request with FinishReason::Abort (its final event still arrives) and frees its pages and slot
+  // within one step. False when no live request has this id.
+  bool cancel(const std::string& id);
+
+  EngineStats stats() const;  // thread-safe snapshot, refreshed after every step
+  const EngineCapacity& capacity() const;
+  int64_t vocab_size() const;
+  const std::vector<int32_t>& eos_token_ids() const;
+
+  void flush_cache();  // drops everything the prefix cache holds that no request uses
+  // Aborts every live request (each gets its final event) and joins the engine thread. Idempotent.
+  void shutdown();
+  bool alive() const;  // false after shutdown or if the engine thread died
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moeserve

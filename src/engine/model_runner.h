@@ -1,0 +1,27 @@
+#pragma once
+// ModelRunner: what the engine needs from a model. The real one wraps Qwen35Model; tests use small doubles
+// whose outputs depend on exactly what the caches hold, so a wrong page or a stale GDN snapshot shows up.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "cache/state_cache.h"
+#include "model/qwen35.h"
+
+namespace moeserve {
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_position_embeddings() const = 0;
+  virtual std::vector<int32_t> eos_token_ids() const = 0;
+  virtual KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const = 0;
+  virtual StateCacheSpec state_cache_spec(int num_slots) const = 0;
+  virtual ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) = 0;
+};
+
+}  // namespace moeserve
