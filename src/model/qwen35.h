@@ -12,6 +12,10 @@
 #include "model/weights.h"
 
 namespace moeserve {
+class Backend;
+}
+
+namespace moeserve {
 
 // One sequence's share of a forward step.
 struct SequenceStep {
@@ -33,7 +37,8 @@ struct ForwardOutput {
 
 class Qwen35Model {
  public:
-  explicit Qwen35Model(const ModelWeights& weights);
+  // Both must outlive the model.
+  Qwen35Model(const ModelWeights& weights, Backend& backend);
   const ModelConfig& config() const { return weights_.config; }
 
   // Cache shapes this model needs (page/slot counts are the caller's choice).
@@ -44,7 +49,14 @@ class Qwen35Model {
                         bool capture_hidden = false) const;
 
  private:
+  void gated_delta_net(const LayerWeights& lw, int gdn_layer, const float* x, int64_t n,
+                       std::span<const SequenceStep> batch, StateCache& state, float* out) const;
+  void gated_attention(const LayerWeights& lw, int attn_layer, const float* x, int64_t n,
+                       std::span<const SequenceStep> batch, KvCache& kv, float* out) const;
+  void feed_forward(const LayerWeights& lw, const float* x, int64_t n, float* out) const;
+
   const ModelWeights& weights_;
+  Backend& backend_;
   std::vector<int> attention_index_;  // layer -> index among attention layers (KvCache layer), or -1
   std::vector<int> gdn_index_;        // layer -> index among GDN layers (StateCache layer), or -1
 };

@@ -1,0 +1,96 @@
+#pragma once
+// Backend: the primitive ops of the Qwen3.5 forward pass. model/qwen35.cpp is written once against this
+// interface; the CPU backend is the reference, the CUDA backend must agree with it on the fixtures.
+//
+// Conventions: activations are float32, row-major, in memory the backend allocated (Buffer). Weights are
+// Matrix views (any stored dtype). "rows" counts tokens (or token×head pairs where stated).
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "cache/kv_cache.h"
+#include "common/matrix.h"
+
+namespace moeserve {
+
+struct BufferDeleter {
+  void (*release)(float*) = nullptr;
+  void operator()(float* p) const {
+    if (release) release(p);
+  }
+};
+using Buffer = std::unique_ptr<float[], BufferDeleter>;
+
+// Gated DeltaNet recurrence dimensions: value head h reads key head h / (v_heads / k_heads).
+struct DeltaRuleShape {
+  int k_heads = 0, v_heads = 0, k_dim = 0, v_dim = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  virtual Buffer allocate(size_t floats) = 0;
+  virtual void fill_zero(float* x, size_t n) = 0;
+  virtual void copy(const float* src, float* dst, size_t n) = 0;
+
+  // y[n][w.rows] = x[n][w.cols] · wᵀ
+  virtual void matmul(const float* x, int64_t n, const Matrix& w, float* y) = 0;
+  // out[i] = table row tokens[i]
+  virtual void embed(std::span<const int32_t> tokens, const Matrix& table, float* out) = 0;
+  // x += y
+  virtual void add(float* x, const float* y, size_t n) = 0;
+
+  // RMSNorm over rows of `dim`: out = x * rsqrt(mean(x²) + eps) * (zero_centred ? 1 + w : w).
+  // Rows start every x_stride (resp. out_stride) floats, so a norm can read heads out of interleaved rows.
+  virtual void rms_norm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, float eps,
+                        bool zero_centred, float* out, int64_t out_stride) = 0;
+  // Gated RMSNorm (GDN output): out = w * (o * rsqrt(mean(o²) + eps)) * silu(z), rows of `dim`.
+  virtual void gated_rms_norm(const float* o, const float* z, int64_t rows, int64_t dim, const float* w,
+                              float eps, float* out) = 0;
+
+  // Partial NeoX RoPE in place on x [tokens][heads][head_dim]: dims [0, rotary_dim) rotate pairs (j, j+half)
+  // at position start_pos + token; the rest pass through.
+  virtual void rope(float* x, int64_t tokens, int heads, int head_dim, int rotary_dim, int64_t start_pos,
+                    double theta) = 0;
+
+  // Causal attention of one sequence over the paged cache. Writes k_new/v_new [T][kv_heads][head_dim] into
+  // positions [start_pos, start_pos+T) of `pages`, then out[T][heads][head_dim] = softmax(q kᵀ·scale) v over
+  // positions ≤ start_pos + t. GQA: head h uses kv head h / (heads / kv_heads).
+  virtual void paged_attention(const float* q, const float* k_new, const float* v_new, int64_t T, int heads,
+                               int kv_heads, int head_dim, int64_t start_pos, std::span<const int32_t> pages,
+                               KvCache& kv, int layer, float* out) = 0;
+  // x[i] *= sigmoid(gate[i]) for rows of `dim`, gate rows every gate_stride floats.
+  virtual void mul_sigmoid(float* x, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride) = 0;
+
+  // Depthwise causal conv1d + SiLU of one sequence: x [T][channels], w [channels][kernel]; state
+  // [channels][kernel-1] holds the previous inputs (oldest first) and is advanced to the last kernel-1 inputs.
+  virtual void causal_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel,
+                                  float* state, float* out) = 0;
+  // beta = sigmoid(b); g = -exp(a_log) * softplus(a + dt_bias); all [T][v_heads].
+  virtual void gdn_gates(const float* b, const float* a, const float* a_log, const float* dt_bias, int64_t T,
+                         int v_heads, float* beta, float* g) = 0;
+  // The gated delta rule of one sequence (l2-normalises q and k, scales q by 1/sqrt(k_dim)):
+  // q, k rows of [k_heads][k_dim] every qk_stride floats; v rows of [v_heads][v_dim] every v_stride floats;
+  // state [v_heads][k_dim][v_dim] advanced in place; out [T][v_heads][v_dim].
+  virtual void gated_delta_rule(const DeltaRuleShape& s, const float* q, const float* k, int64_t qk_stride,
+                                const float* v, int64_t v_stride, const float* g, const float* beta, int64_t T,
+                                float* state, float* out) = 0;
+
+  // SwiGLU feed-forward on n rows: out = down(silu(gate x) * up x).
+  virtual void swiglu(const SwiGlu& w, const float* x, int64_t n, float* out) = 0;
+  // Routed experts: softmax over router logits [n][experts], top-k (renormalised if asked), and
+  // out[i] = Σ_k w_k · expert_{e_k}(x[i]) (experts applied in ascending id, as HF accumulates).
+  virtual void moe_experts(std::span<const SwiGlu> experts, const float* router_logits, int top_k,
+                           bool renormalize, const float* x, int64_t n, int64_t hidden, float* out) = 0;
+  // out[i] += sigmoid(gate_logit[i]) * y[i], rows of `dim` (the shared expert's gate).
+  virtual void add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows,
+                                 int64_t dim) = 0;
+};
+
+// The reference CPU backend (multi-threaded on ThreadPool::global(), SIMD via Highway).
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace moeserve

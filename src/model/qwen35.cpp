@@ -1,0 +1,193 @@
+// The Qwen3.5 layer sequence (docs/qwen35-model.md §3), written against the Backend interface.
+//
+//   h = embed(ids)
+//   for each layer:  h += mixer(norm(h))       mixer = Gated DeltaNet or gated attention
+//                    h += ffn(norm(h))         ffn = MoE (routed top-k + gated shared expert) or SwiGLU
+//   logits = lm_head(norm(h))
+//
+// Matmuls run over every token of the batch at once; the sequence mixers run per sequence on their slice.
+
+#include "model/qwen35.h"
+
+#include <algorithm>
+
+#include "backend/backend.h"
+#include "common/error.h"
+
+namespace moeserve {
+namespace {
+
+struct SequenceSlice {
+  int64_t offset;  // first row of this sequence in the batch
+  int64_t length;
+};
+
+}  // namespace
+
+Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend) : weights_(weights), backend_(backend) {
+  int attention = 0, gdn = 0;
+  for (auto type : weights.config.layer_types) {
+    attention_index_.push_back(type == LayerType::FullAttention ? attention++ : -1);
+    gdn_index_.push_back(type == LayerType::LinearAttention ? gdn++ : -1);
+  }
+}
+
+KvCacheSpec Qwen35Model::kv_cache_spec(int page_size, int64_t num_pages) const {
+  const auto& c = config();
+  return {c.count_layers(LayerType::FullAttention), c.num_kv_heads, c.head_dim, page_size, num_pages};
+}
+
+StateCacheSpec Qwen35Model::state_cache_spec(int num_slots) const {
+  const auto& c = config();
+  return {c.count_layers(LayerType::LinearAttention), c.linear_conv_dim(), c.linear_conv_kernel,
+          c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim, num_slots};
+}
+
+void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const float* x, int64_t n,
+                                  std::span<const SequenceStep> batch, StateCache& state, float* out) const {
+  const auto& c = config();
+  const auto& w = lw.gdn;
+  const int64_t C = c.linear_conv_dim(), key_dim = c.linear_key_dim(), value_dim = c.linear_value_dim();
+  const int Hv = c.linear_num_value_heads;
+  Backend& be = backend_;
+  auto qkv = be.allocate(size_t(n * C)), conv = be.allocate(size_t(n * C));
+  auto z = be.allocate(size_t(n * value_dim)), core = be.allocate(size_t(n * value_dim));
+  auto b = be.allocate(size_t(n * Hv)), a = be.allocate(size_t(n * Hv));
+  auto beta = be.allocate(size_t(n * Hv)), g = be.allocate(size_t(n * Hv));
+  be.matmul(x, n, w.in_proj_qkv, qkv.get());
+  be.matmul(x, n, w.in_proj_z, z.get());
+  be.matmul(x, n, w.in_proj_b, b.get());
+  be.matmul(x, n, w.in_proj_a, a.get());
+  be.gdn_gates(b.get(), a.get(), w.a_log.data(), w.dt_bias.data(), n, Hv, beta.get(), g.get());
+
+  const DeltaRuleShape shape{c.linear_num_key_heads, Hv, c.linear_key_head_dim, c.linear_value_head_dim};
+  int64_t row = 0;
+  for (const auto& step : batch) {
+    const int64_t T = int64_t(step.tokens.size());
+    float* conv_rows = conv.get() + row * C;
+    be.causal_conv1d_silu(qkv.get() + row * C, T, C, w.conv1d.data(), c.linear_conv_kernel,
+                          state.conv(gdn_layer, step.state_slot), conv_rows);
+    // conv output columns: q [0, key_dim), k [key_dim, 2 key_dim), v [2 key_dim, C)
+    be.gated_delta_rule(shape, conv_rows, conv_rows + key_dim, C, conv_rows + 2 * key_dim, C, g.get() + row * Hv,
+                        beta.get() + row * Hv, T, state.recurrent(gdn_layer, step.state_slot),
+                        core.get() + row * value_dim);
+    row += T;
+  }
+  be.gated_rms_norm(core.get(), z.get(), n * Hv, c.linear_value_head_dim, w.norm.data(), float(c.rms_norm_eps),
+                    core.get());
+  be.matmul(core.get(), n, w.out_proj, out);
+}
+
+void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const float* x, int64_t n,
+                                  std::span<const SequenceStep> batch, KvCache& kv, float* out) const {
+  const auto& c = config();
+  const auto& w = lw.attn;
+  const int H = c.num_heads, KVH = c.num_kv_heads, hd = c.head_dim;
+  const float eps = float(c.rms_norm_eps);
+  Backend& be = backend_;
+  auto qg = be.allocate(size_t(n * H * 2 * hd));  // per head: hd query values, then hd gate values
+  auto q = be.allocate(size_t(n * H * hd)), attn = be.allocate(size_t(n * H * hd));
+  auto k = be.allocate(size_t(n * KVH * hd)), v = be.allocate(size_t(n * KVH * hd));
+  be.matmul(x, n, w.q_proj, qg.get());
+  be.matmul(x, n, w.k_proj, k.get());
+  be.matmul(x, n, w.v_proj, v.get());
+  be.rms_norm(qg.get(), n * H, hd, 2 * hd, w.q_norm.data(), eps, true, q.get(), hd);
+  be.rms_norm(k.get(), n * KVH, hd, hd, w.k_norm.data(), eps, true, k.get(), hd);
+
+  int64_t row = 0;
+  for (const auto& step : batch) {
+    const int64_t T = int64_t(step.tokens.size());
+    float* qs = q.get() + row * H * hd;
+    float* ks = k.get() + row * KVH * hd;
+    be.rope(qs, T, H, hd, c.rotary_dim(), step.start_pos, c.rope_theta);
+    be.rope(ks, T, KVH, hd, c.rotary_dim(), step.start_pos, c.rope_theta);
+    be.paged_attention(qs, ks, v.get() + row * KVH * hd, T, H, KVH, hd, step.start_pos, step.pages, kv,
+                       attn_layer, attn.get() + row * H * hd);
+    row += T;
+  }
+  be.mul_sigmoid(attn.get(), qg.get() + hd, n * H, hd, 2 * hd);
+  be.matmul(attn.get(), n, w.o_proj, out);
+}
+
+void Qwen35Model::feed_forward(const LayerWeights& lw, const float* x, int64_t n, float* out) const {
+  const auto& c = config();
+  Backend& be = backend_;
+  if (!c.is_moe) {
+    be.swiglu(lw.mlp, x, n, out);
+    return;
+  }
+  const auto& moe = lw.moe;
+  auto logits = be.allocate(size_t(n * c.num_experts));
+  be.matmul(x, n, moe.router, logits.get());
+  be.moe_experts(moe.experts, logits.get(), c.num_experts_per_tok, c.norm_topk_prob, x, n, c.hidden_size, out);
+  if (!moe.shared.gate.empty()) {
+    auto shared = be.allocate(size_t(n * c.hidden_size)), gate = be.allocate(size_t(n));
+    be.swiglu(moe.shared, x, n, shared.get());
+    be.matmul(x, n, moe.shared_gate, gate.get());
+    be.add_sigmoid_gated(out, shared.get(), gate.get(), n, c.hidden_size);
+  }
+}
+
+ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state,
+                                   bool capture_hidden) const {
+  const auto& c = config();
+  const int64_t H = c.hidden_size;
+  Backend& be = backend_;
+  check(!capture_hidden || batch.size() == 1, "hidden-state capture works on a batch of one sequence");
+
+  std::vector<int32_t> tokens;
+  for (const auto& step : batch) {
+    check(!step.tokens.empty(), "a sequence step needs at least one token");
+    tokens.insert(tokens.end(), step.tokens.begin(), step.tokens.end());
+    // A sequence starting at position 0 starts from a zero recurrent and conv state.
+    if (step.start_pos == 0) state.clear_slot(step.state_slot);
+  }
+  const int64_t n = int64_t(tokens.size());
+
+  ForwardOutput result;
+  auto h = be.allocate(size_t(n * H)), x = be.allocate(size_t(n * H)), y = be.allocate(size_t(n * H));
+  be.embed(tokens, weights_.embed, h.get());
+  auto capture = [&](const float* rows) {
+    if (capture_hidden) result.hidden_states.insert(result.hidden_states.end(), rows, rows + n * H);
+  };
+  capture(h.get());
+
+  const float eps = float(c.rms_norm_eps);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const auto& lw = weights_.layers[l];
+    be.rms_norm(h.get(), n, H, H, lw.input_norm.data(), eps, true, x.get(), H);
+    if (lw.type == LayerType::LinearAttention) {
+      gated_delta_net(lw, gdn_index_[l], x.get(), n, batch, state, y.get());
+    } else {
+      gated_attention(lw, attention_index_[l], x.get(), n, batch, kv, y.get());
+    }
+    be.add(h.get(), y.get(), size_t(n * H));
+    be.rms_norm(h.get(), n, H, H, lw.post_norm.data(), eps, true, x.get(), H);
+    feed_forward(lw, x.get(), n, y.get());
+    be.add(h.get(), y.get(), size_t(n * H));
+    if (l + 1 < c.num_layers) capture(h.get());
+  }
+
+  // Only the rows whose logits were asked for go through the final norm and the (large) lm_head.
+  std::vector<int64_t> rows;
+  int64_t row = 0;
+  for (const auto& step : batch) {
+    const int64_t T = int64_t(step.tokens.size());
+    for (int64_t t = step.all_logits ? 0 : T - 1; t < T; ++t) rows.push_back(row + t);
+    row += T;
+  }
+  if (capture_hidden) {
+    be.rms_norm(h.get(), n, H, H, weights_.final_norm.data(), eps, true, x.get(), H);
+    capture(x.get());
+  }
+  const int64_t m = int64_t(rows.size());
+  auto selected = be.allocate(size_t(m * H));
+  for (int64_t i = 0; i < m; ++i) be.copy(h.get() + rows[i] * H, selected.get() + i * H, size_t(H));
+  be.rms_norm(selected.get(), m, H, H, weights_.final_norm.data(), eps, true, selected.get(), H);
+  result.rows = m;
+  result.logits.resize(size_t(m * c.vocab_size));
+  be.matmul(selected.get(), m, weights_.lm_head, result.logits.data());
+  return result;
+}
+
+}  // namespace moeserve
