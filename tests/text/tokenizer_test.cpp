@@ -1,0 +1,175 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "test_util.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
+
+namespace moeserve::text {
+namespace {
+
+using testing::qwen3;
+using testing::qwen35_regex;
+using testing::read_text;
+
+void check_goldens(const Tokenizer& tok, const char* key) {
+  auto goldens = nlohmann::json::parse(read_text("tests/fixtures/goldens/tokenizer-goldens.json"));
+  ASSERT_GT(goldens[key].size(), 10u);
+  for (const auto& c : goldens[key]) {
+    std::string text = c["text"];
+    auto expected = c["ids"].get<std::vector<int32_t>>();
+    auto ids = tok.encode(text);
+    EXPECT_EQ(ids, expected) << key << ": " << text;
+    EXPECT_EQ(tok.decode(expected), c["decoded"].get<std::string>()) << key << ": " << text;
+  }
+}
+
+TEST(Tokenizer, Qwen3MatchesHuggingFaceGoldens) { check_goldens(qwen3(), "qwen3"); }
+TEST(Tokenizer, Qwen35RegexMatchesHuggingFaceGoldens) { check_goldens(qwen35_regex(), "qwen35_regex"); }
+
+TEST(Tokenizer, SpecialTokenIdsAndFlags) {
+  const Tokenizer& t = qwen3();
+  EXPECT_EQ(t.token_id("<|im_start|>"), 151644);
+  EXPECT_EQ(t.token_id("<|im_end|>"), 151645);
+  EXPECT_EQ(t.token_id("<think>"), 151667);
+  EXPECT_EQ(t.token_id("Hello"), 9707);
+  EXPECT_FALSE(t.token_id("definitely-not-a-token").has_value());
+  EXPECT_TRUE(t.is_special(151645));
+  EXPECT_FALSE(t.is_special(151667));  // <think> is added but not special
+  EXPECT_TRUE(t.is_added(151667));
+  EXPECT_FALSE(t.is_added(9707));
+  EXPECT_EQ(t.vocab_size(), 151669u);
+  EXPECT_EQ(t.id_to_token(220), "Ġ");
+}
+
+TEST(Tokenizer, DecodeSkipsSpecialTokensOnlyWhenAsked) {
+  const Tokenizer& t = qwen3();
+  auto ids = t.encode("<|im_start|>user\nhi<|im_end|><think>x</think>");
+  EXPECT_EQ(t.decode(ids, true), "user\nhi<think>x</think>");
+  EXPECT_EQ(t.decode(ids, false), "<|im_start|>user\nhi<|im_end|><think>x</think>");
+}
+
+TEST(Tokenizer, DecodeReplacesBrokenUtf8LikeHuggingFace) {
+  const Tokenizer& t = qwen3();
+  auto ids = t.encode("\xF0\x9D\x84\x9E");  // U+1D11E: one character, several byte tokens
+  ASSERT_GT(ids.size(), 1u);
+  std::vector<int32_t> first_only(ids.begin(), ids.begin() + 1);
+  EXPECT_EQ(t.decode(first_only), "\xEF\xBF\xBD");
+  EXPECT_THROW(t.decode(std::vector<int32_t>{1 << 29}), Error);
+}
+
+TEST(Tokenizer, EmptyInputGivesNoTokens) {
+  EXPECT_TRUE(qwen3().encode("").empty());
+  EXPECT_EQ(qwen3().decode(std::vector<int32_t>{}), "");
+}
+
+TEST(Tokenizer, InvalidUtf8IsEncodedAsReplacementCharacters) {
+  const Tokenizer& t = qwen3();
+  std::string bad = "ok \xFF\xC3 end \xE9\x9B";
+  auto ids = t.encode(bad);
+  EXPECT_EQ(ids, t.encode(utf8_lossy(bad)));
+  EXPECT_EQ(t.decode(ids), "ok \xEF\xBF\xBD\xEF\xBF\xBD end \xEF\xBF\xBD");
+}
+
+TEST(Tokenizer, MegabyteOfOneCharacterRoundTrips) {
+  // Each input is one huge pre-token (or one regex run): a quadratic merge or regex would not finish.
+  for (std::string unit : {"a", " ", "1", "!", "\n", "集", "é"}) {
+    std::string text;
+    while (text.size() < (1u << 20)) text += unit;
+    auto ids = qwen3().encode(text);
+    ASSERT_FALSE(ids.empty());
+    EXPECT_LE(ids.size(), text.size());
+    EXPECT_EQ(qwen3().decode(ids), text) << "unit '" << unit << "'";
+  }
+}
+
+TEST(Tokenizer, BatchEncodeEqualsSequentialEncode) {
+  std::vector<std::string> texts;
+  for (int i = 0; i < 64; ++i) texts.push_back("item " + std::to_string(i) + " 你好 <|im_end|> x" + std::string(i, 'z'));
+  auto batch = qwen3().encode_batch(texts);
+  ASSERT_EQ(batch.size(), texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(batch[i], qwen3().encode(texts[i]));
+}
+
+TEST(Tokenizer, NfcNormalizesCombiningSequences) {
+  // "e" + U+0301 is NFC-normalized to "é" before splitting, so both spellings encode the same.
+  EXPECT_EQ(qwen3().encode("cafe\xCC\x81"), qwen3().encode("caf\xC3\xA9"));
+}
+
+// ---- a tiny hand-made tokenizer.json, to exercise components the Qwen file does not use -------------
+
+nlohmann::json tiny_tokenizer() {
+  using nlohmann::json;
+  json vocab = json::object();
+  int id = 0;
+  for (const char* t : {"a", "b", "c", "ab", "abc", "Ġ", "Ġab", "<unk>"}) vocab[t] = id++;
+  json j = {
+      {"version", "1.0"},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Removed"}, {"invert", false}}},
+      {"model",
+       {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({"a b", json::array({"ab", "c"})})},
+        {"unk_token", "<unk>"}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"added_tokens",
+       json::array({{{"id", 8}, {"content", "<s>"}, {"special", true}, {"lstrip", true}, {"rstrip", true}}})},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", json::array({8})}}}}}}},
+  };
+  return j;
+}
+
+TEST(Tokenizer, HandMadeBpeAppliesRankedMergesUnknownAndTemplate) {
+  Tokenizer t = Tokenizer::from_json(tiny_tokenizer().dump());
+  // "abc" merges a+b then ab+c; "x" is unknown; the post-processor prepends <s> (id 8).
+  EXPECT_EQ(t.encode("abc x"), (std::vector<int32_t>{8, 4, 7}));
+  EXPECT_EQ(t.encode("abc x", false), (std::vector<int32_t>{4, 7}));
+  // lstrip/rstrip: the spaces around <s> belong to it.
+  EXPECT_EQ(t.encode("ab <s> c", false), (std::vector<int32_t>{3, 8, 2}));
+}
+
+TEST(Tokenizer, MalformedFilesGiveErrorsThatSayWhat) {
+  auto message = [](const std::string& text) {
+    try {
+      Tokenizer::from_json(text, "bad.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_THAT(message("{not json"), ::testing::HasSubstr("bad.json: not valid JSON"));
+  EXPECT_THAT(message("[]"), ::testing::HasSubstr("expected a JSON object"));
+  EXPECT_THAT(message("{}"), ::testing::HasSubstr("missing field 'model'"));
+
+  auto j = tiny_tokenizer();
+  j["model"]["type"] = "WordPiece";
+  EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("model type 'WordPiece' is not supported"));
+  j = tiny_tokenizer();
+  j["normalizer"] = {{"type", "BertNormalizer"}};
+  EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("normalizer type 'BertNormalizer' is not supported"));
+  j = tiny_tokenizer();
+  j["pre_tokenizer"] = {{"type", "Metaspace"}};
+  EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("pre-tokenizer type 'Metaspace' is not supported"));
+  j = tiny_tokenizer();
+  j["decoder"] = {{"type", "WordPiece"}};
+  EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("decoder type 'WordPiece' is not supported"));
+  j = tiny_tokenizer();
+  j["model"]["merges"].push_back("a zz");
+  EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("merges[2]: ('a', 'zz') uses a token that is not in the vocabulary"));
+  j = tiny_tokenizer();
+  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("does not compile"));
+  j = tiny_tokenizer();
+  j["model"]["vocab"]["a"] = "zero";
+  EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("vocab['a']: expected a non-negative integer id"));
+  EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), Error);
+}
+
+}  // namespace
+}  // namespace moeserve::text
