@@ -52,9 +52,9 @@ class Backend {
                               float eps, float* out) = 0;
 
   // Partial NeoX RoPE in place on x [tokens][heads][head_dim]: dims [0, rotary_dim) rotate pairs (j, j+half)
-  // at position start_pos + token; the rest pass through.
+  // by the angle (start_pos + token) * inv_freq[j] (float32, as HF computes it); the rest pass through.
   virtual void rope(float* x, int64_t tokens, int heads, int head_dim, int rotary_dim, int64_t start_pos,
-                    double theta) = 0;
+                    const float* inv_freq) = 0;
 
   // Causal attention of one sequence over the paged cache. Writes k_new/v_new [T][kv_heads][head_dim] into
   // positions [start_pos, start_pos+T) of `pages`, then out[T][heads][head_dim] = softmax(q kᵀ·scale) v over

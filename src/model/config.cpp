@@ -4,9 +4,11 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/dtype.h"
 #include "common/error.h"
 
 namespace moeserve {
@@ -54,6 +56,17 @@ std::vector<int64_t> token_ids(const json& j, const char* key) {
 
 }  // namespace
 
+std::vector<float> ModelConfig::rope_inv_freq() const {
+  const int rot = rotary_dim();
+  std::vector<float> inv_freq(static_cast<size_t>(rot / 2));
+  for (int i = 0; i < rot / 2; ++i) {
+    // HF: 1 / theta ** (arange(0, rot, 2).float() / rot), all in float32
+    float f = 1.0f / std::pow(float(rope_theta), float(2 * i) / float(rot));
+    inv_freq[size_t(i)] = rope_bf16_inv_freq ? bf16_to_f32(f32_to_bf16(f)) : f;
+  }
+  return inv_freq;
+}
+
 int ModelConfig::count_layers(LayerType t) const {
   return int(std::count(layer_types.begin(), layer_types.end(), t));
 }
@@ -75,6 +88,8 @@ ModelConfig ModelConfig::from_json(const json& root) {
     fail("config.json: unsupported model_type '{}' (supported: {})", c.model_type, kSupported);
   }
   const json& t = *text;
+  c.dtype = optional_field<std::string>(root, "dtype", optional_field<std::string>(root, "torch_dtype", ""));
+  if (c.dtype.empty()) c.dtype = optional_field<std::string>(t, "dtype", optional_field<std::string>(t, "torch_dtype", ""));
   c.is_moe = c.model_type.starts_with("qwen3_5_moe");
 
   c.vocab_size = required<int64_t>(t, "vocab_size");
@@ -246,7 +261,7 @@ json ModelConfig::to_json() const {
                                 {"weight_block_size", {fp8->block_out, fp8->block_in}},
                                 {"modules_to_not_convert", fp8->modules_to_not_convert}};
   }
-  j["dtype"] = "bfloat16";
+  j["dtype"] = dtype.empty() ? "bfloat16" : dtype;
   return j;
 }
 

@@ -24,6 +24,7 @@ struct ModelConfig {
   std::string model_type;    // as written at the top level (qwen3_5_moe, qwen3_5_moe_text, ...)
   std::string architecture;  // architectures[0], informational
   bool is_moe = true;
+  std::string dtype;  // "dtype" (or "torch_dtype") as saved: bfloat16, float16, float32
 
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -40,6 +41,12 @@ struct ModelConfig {
   double rope_theta = 1e7;
   double partial_rotary_factor = 0.25;
   int rotary_dim() const { return int(head_dim * partial_rotary_factor); }
+  // Round RoPE's inverse frequencies to bf16, as HF does when a model's buffers were cast to bf16 and back
+  // (the fixtures' references were made that way). Serving keeps float32, as vLLM/SGLang do: bf16
+  // frequencies drift by whole turns at long context.
+  bool rope_bf16_inv_freq = false;
+  // inv_freq[i] = theta^(-2i/rotary_dim), i < rotary_dim/2, in float32.
+  std::vector<float> rope_inv_freq() const;
 
   // Gated DeltaNet.
   int linear_num_key_heads = 0;

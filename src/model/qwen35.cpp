@@ -24,7 +24,8 @@ struct SequenceSlice {
 
 }  // namespace
 
-Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend) : weights_(weights), backend_(backend) {
+Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend)
+    : weights_(weights), backend_(backend), rope_inv_freq_(weights.config.rope_inv_freq()) {
   int attention = 0, gdn = 0;
   for (auto type : weights.config.layer_types) {
     attention_index_.push_back(type == LayerType::FullAttention ? attention++ : -1);
@@ -99,8 +100,8 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
     const int64_t T = int64_t(step.tokens.size());
     float* qs = q.get() + row * H * hd;
     float* ks = k.get() + row * KVH * hd;
-    be.rope(qs, T, H, hd, c.rotary_dim(), step.start_pos, c.rope_theta);
-    be.rope(ks, T, KVH, hd, c.rotary_dim(), step.start_pos, c.rope_theta);
+    be.rope(qs, T, H, hd, c.rotary_dim(), step.start_pos, rope_inv_freq_.data());
+    be.rope(ks, T, KVH, hd, c.rotary_dim(), step.start_pos, rope_inv_freq_.data());
     be.paged_attention(qs, ks, v.get() + row * KVH * hd, T, H, KVH, hd, step.start_pos, step.pages, kv,
                        attn_layer, attn.get() + row * H * hd);
     row += T;

@@ -59,6 +59,7 @@ class Qwen35Model {
   Backend& backend_;
   std::vector<int> attention_index_;  // layer -> index among attention layers (KvCache layer), or -1
   std::vector<int> gdn_index_;        // layer -> index among GDN layers (StateCache layer), or -1
+  std::vector<float> rope_inv_freq_;
 };
 
 }  // namespace moeserve

@@ -70,7 +70,9 @@ TEST_F(CpuOps, RopeRotatesOnlyTheRotaryDimsWithNeoxPairs) {
   const int heads = 2, head_dim = 16, rotary = 8;
   auto x = random_vector(size_t(3 * heads * head_dim), 7);
   auto y = x;
-  be->rope(y.data(), 3, heads, head_dim, rotary, 5, 10000.0);
+  std::vector<float> inv_freq;
+  for (int j = 0; j < rotary / 2; ++j) inv_freq.push_back(float(std::pow(10000.0, -2.0 * j / rotary)));
+  be->rope(y.data(), 3, heads, head_dim, rotary, 5, inv_freq.data());
   for (int t = 0; t < 3; ++t)
     for (int h = 0; h < heads; ++h) {
       const float* a = x.data() + (t * heads + h) * head_dim;

@@ -112,11 +112,8 @@ class CpuBackend final : public Backend {
   }
 
   void rope(float* x, int64_t tokens, int heads, int head_dim, int rotary_dim, int64_t start_pos,
-            double theta) override {
+            const float* inv_freq) override {
     const int half = rotary_dim / 2;
-    // inv_freq in float32 as HF computes it; the angle pos * inv_freq is rounded to float32 too.
-    std::vector<float> inv_freq(static_cast<size_t>(half));
-    for (int i = 0; i < half; ++i) inv_freq[i] = float(1.0 / std::pow(theta, double(2 * i) / rotary_dim));
     parallel_for(size_t(tokens), [&](size_t t0, size_t t1) {
       std::vector<float> cos_v(static_cast<size_t>(half)), sin_v(static_cast<size_t>(half));
       for (size_t t = t0; t < t1; ++t) {
