@@ -14,11 +14,14 @@
 
 namespace moeserve {
 
+class Backend;
+
+// A Buffer returns its memory to the backend that allocated it (which may keep it for the next request of
+// the same size: activations are allocated per layer, and fresh pages cost a fault each).
 struct BufferDeleter {
-  void (*release)(float*) = nullptr;
-  void operator()(float* p) const {
-    if (release) release(p);
-  }
+  Backend* owner = nullptr;
+  size_t floats = 0;
+  void operator()(float* p) const;
 };
 using Buffer = std::unique_ptr<float[], BufferDeleter>;
 
@@ -32,7 +35,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
 
+  // Uninitialised memory for `floats` values.
   virtual Buffer allocate(size_t floats) = 0;
+  virtual void release(float* p, size_t floats) = 0;
   virtual void fill_zero(float* x, size_t n) = 0;
   virtual void copy(const float* src, float* dst, size_t n) = 0;
 
@@ -89,6 +94,10 @@ class Backend {
   virtual void add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows,
                                  int64_t dim) = 0;
 };
+
+inline void BufferDeleter::operator()(float* p) const {
+  if (owner && p) owner->release(p, floats);
+}
 
 // The reference CPU backend (multi-threaded on ThreadPool::global(), SIMD via Highway).
 std::unique_ptr<Backend> make_cpu_backend();

@@ -2,6 +2,10 @@
 // thread pool. Written for clarity first; the hot loops (dot products) are SIMD via backend/cpu/simd.h.
 
 #include <algorithm>
+#include <bit>
+#include <mutex>
+#include <new>
+#include <unordered_map>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -46,8 +50,30 @@ class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
 
+  ~CpuBackend() override {
+    for (auto& [size, blocks] : free_blocks_)
+      for (float* p : blocks) ::operator delete[](p, std::align_val_t(64));
+  }
+
   Buffer allocate(size_t floats) override {
-    return Buffer(new float[std::max<size_t>(floats, 1)](), BufferDeleter{[](float* p) { delete[] p; }});
+    // Sizes are rounded up to a power of two so freed blocks serve later requests of similar size.
+    size_t size = std::bit_ceil(std::max<size_t>(floats, 16));
+    {
+      std::lock_guard lock(mutex_);
+      auto& blocks = free_blocks_[size];
+      if (!blocks.empty()) {
+        float* p = blocks.back();
+        blocks.pop_back();
+        return Buffer(p, BufferDeleter{this, size});
+      }
+    }
+    auto* p = static_cast<float*>(::operator new[](size * sizeof(float), std::align_val_t(64)));
+    return Buffer(p, BufferDeleter{this, size});
+  }
+
+  void release(float* p, size_t floats) override {
+    std::lock_guard lock(mutex_);
+    free_blocks_[floats].push_back(p);
   }
   void fill_zero(float* x, size_t n) override { std::fill_n(x, n, 0.0f); }
   void copy(const float* src, float* dst, size_t n) override { std::copy_n(src, n, dst); }
@@ -250,12 +276,12 @@ class CpuBackend final : public Backend {
   }
 
   void swiglu(const SwiGlu& w, const float* x, int64_t n, float* out) override {
-    const int64_t inter = w.gate.rows;
-    std::vector<float> gate(static_cast<size_t>(n * inter)), up(gate.size());
-    matmul(x, n, w.gate, gate.data());
-    matmul(x, n, w.up, up.data());
-    for (size_t i = 0; i < gate.size(); ++i) gate[i] = silu(gate[i]) * up[i];
-    matmul(gate.data(), n, w.down, out);
+    const size_t m = size_t(n * w.gate.rows);
+    auto gate = allocate(m), up = allocate(m);
+    matmul(x, n, w.gate, gate.get());
+    matmul(x, n, w.up, up.get());
+    for (size_t i = 0; i < m; ++i) gate[i] = silu(gate[i]) * up[i];
+    matmul(gate.get(), n, w.down, out);
   }
 
   void moe_experts(std::span<const SwiGlu> experts, const float* router_logits, int top_k, bool renormalize,
@@ -280,23 +306,25 @@ class CpuBackend final : public Backend {
         assigned[order[i]].emplace_back(t, renormalize ? probs[order[i]] / chosen : probs[order[i]]);
     }
     std::fill_n(out, n * hidden, 0.0f);
-    std::vector<float> xs, ys;
     for (int e = 0; e < E; ++e) {
       const auto& rows = assigned[e];
       if (rows.empty()) continue;
       const int64_t m = int64_t(rows.size());
-      xs.resize(size_t(m * hidden));
-      ys.resize(xs.size());
-      for (int64_t i = 0; i < m; ++i) std::copy_n(x + rows[i].first * hidden, hidden, xs.data() + i * hidden);
-      swiglu(experts[e], xs.data(), m, ys.data());
+      auto xs = allocate(size_t(m * hidden)), ys = allocate(size_t(m * hidden));
+      for (int64_t i = 0; i < m; ++i) std::copy_n(x + rows[i].first * hidden, hidden, xs.get() + i * hidden);
+      swiglu(experts[e], xs.get(), m, ys.get());
       for (int64_t i = 0; i < m; ++i)
-        cpu::axpy(rows[i].second, ys.data() + i * hidden, out + rows[i].first * hidden, size_t(hidden));
+        cpu::axpy(rows[i].second, ys.get() + i * hidden, out + rows[i].first * hidden, size_t(hidden));
     }
   }
 
   void add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows, int64_t dim) override {
     for (int64_t r = 0; r < rows; ++r) cpu::axpy(sigmoid(gate_logit[r]), y + r * dim, out + r * dim, size_t(dim));
   }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<size_t, std::vector<float*>> free_blocks_;  // size (floats) -> free blocks
 };
 
 }  // namespace
