@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "backend/backend.h"
+#include "backend/cpu/simd.h"
 #include "naive.h"
 
 namespace moeserve {
@@ -46,6 +47,15 @@ TEST_F(CpuOps, MatmulFp8AppliesBlockScalesIncludingPartialEdgeBlocks) {
   be->matmul(x.data(), 3, w, y.data());
   auto ref = testing::naive_matmul(x, 3, dequant, rows, cols);
   for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 1e-4 * (1 + std::abs(ref[i]))) << i;
+}
+
+TEST_F(CpuOps, VectorisedFp8DecodeMatchesTheTableForEveryFiniteCode) {
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 256; ++c)
+    if ((c & 0x7f) != 0x7f) codes.push_back(uint8_t(c));
+  std::vector<float> out(codes.size());
+  cpu::fp8_e4m3_to_f32(codes.data(), 0.5f, out.data(), codes.size());
+  for (size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(out[i], fp8_e4m3_to_f32(codes[i]) * 0.5f) << int(codes[i]);
 }
 
 TEST_F(CpuOps, RmsNormZeroCentredAndStrided) {

@@ -38,6 +38,18 @@ class RowReader {
   explicit RowReader(const Matrix& w) : w_(w) {}
   const float* row(int64_t r, float* scratch) const {
     if (w_.dtype == DType::F32 && !w_.scale_inv) return static_cast<const float*>(w_.data) + r * w_.cols;
+    if (w_.dtype == DType::BF16 && !w_.scale_inv) {
+      cpu::bf16_to_f32(static_cast<const uint16_t*>(w_.data) + r * w_.cols, scratch, size_t(w_.cols));
+      return scratch;
+    }
+    if (w_.dtype == DType::F8_E4M3 && w_.scale_inv) {
+      const uint8_t* src = static_cast<const uint8_t*>(w_.data) + r * w_.cols;
+      const float* scales = w_.scale_inv + (r / w_.block_rows) * w_.scale_cols();
+      for (int64_t c = 0; c < w_.cols; c += w_.block_cols)
+        cpu::fp8_e4m3_to_f32(src + c, scales[c / w_.block_cols], scratch + c,
+                             size_t(std::min<int64_t>(w_.block_cols, w_.cols - c)));
+      return scratch;
+    }
     w_.row_f32(r, scratch);
     return scratch;
   }
