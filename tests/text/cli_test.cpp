@@ -1,0 +1,61 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace moeserve::text {
+namespace {
+
+struct Result {
+  int status;
+  std::string out;
+};
+
+// Runs the built moeserve binary with a shell command line; captures stdout (stderr joins it with 2>&1).
+Result run(const std::string& args) {
+  std::string cmd = std::string(MOESERVE_BINARY) + " " + args;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) throw std::runtime_error("cannot run " + cmd);
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  int status = pclose(pipe);
+  return {WEXITSTATUS(status), out};
+}
+
+TEST(Cli, TokenizeEncodesLikeTheGoldensAndDecodes) {
+  testing::qwen3_tokenizer_path();
+  Result r = run(std::string("tokenize --tokenizer ") + testing::kQwen3Dir + " --text 'Hello, world!'");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["ids"], nlohmann::json::parse("[9707, 11, 1879, 0]"));
+  r = run(std::string("tokenize --tokenizer ") + testing::kQwen3Dir + " --decode 9707,11,1879,0");
+  EXPECT_EQ(r.out, "Hello, world!\n");
+  r = run(std::string("tokenize --tokenizer ") + testing::kQwen3Dir + " --decode 1,x 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("'x' is not an integer id"));
+}
+
+TEST(Cli, RenderMatchesTheGoldenAndReportsTemplateErrors) {
+  auto goldens = nlohmann::ordered_json::parse(testing::read_text("tests/fixtures/goldens/chat-template-goldens.json"));
+  const auto& c = goldens["cases"][2];  // qwen3_5 no_thinking
+  ASSERT_EQ(c["name"], "no_thinking");
+  std::string dir = ::testing::TempDir();
+  std::ofstream(dir + "/messages.json") << c["messages"].dump();
+  Result r = run("render --template tests/fixtures/chat-templates/qwen3_5.jinja --messages " + dir +
+                 "/messages.json --enable-thinking false");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.out, c["rendered"].get<std::string>());
+
+  std::ofstream(dir + "/request.json") << R"({"messages": [{"role": "assistant", "content": "no user"}]})";
+  r = run("render --template tests/fixtures/chat-templates/qwen3_5.jinja --request " + dir + "/request.json 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("error: TemplateError: No user query found in messages."));
+}
+
+}  // namespace
+}  // namespace moeserve::text
