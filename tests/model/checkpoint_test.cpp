@@ -17,11 +17,6 @@ using namespace moeserve::testing;
 
 const std::string kFixtures = "tests/fixtures/models/";
 
-std::vector<uint8_t> matrix_bytes(const Matrix& m) {
-  auto* p = static_cast<const uint8_t*>(m.data);
-  return {p, p + size_t(m.rows * m.cols) * dtype_size(m.dtype)};
-}
-
 std::vector<float> bf16_values(const std::vector<uint8_t>& bytes) {
   std::vector<float> out(bytes.size() / 2);
   for (size_t i = 0; i < out.size(); ++i)
@@ -34,53 +29,6 @@ size_t count_tensors(const std::string& dir, const std::string& prefix = "") {
   TensorSet set = TensorSet::open_dir(dir);
   for (const auto& t : set.tensors()) n += t.name.starts_with(prefix);
   return n;
-}
-
-// Every tensor view the model reads, for comparisons between two loads.
-std::vector<const Matrix*> all_matrices(const ModelWeights& w) {
-  std::vector<const Matrix*> out = {&w.embed, &w.lm_head};
-  for (const auto& l : w.layers) {
-    for (const Matrix* m :
-         {&l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b, &l.gdn.in_proj_a, &l.gdn.out_proj,
-          &l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj, &l.moe.router, &l.moe.shared_gate,
-          &l.moe.shared.gate, &l.moe.shared.up, &l.moe.shared.down, &l.mlp.gate, &l.mlp.up, &l.mlp.down})
-      out.push_back(m);
-    for (const auto& e : l.moe.experts)
-      for (const Matrix* m : {&e.gate, &e.up, &e.down}) out.push_back(m);
-  }
-  return out;
-}
-
-std::vector<float> dequantized(const Matrix& m) {
-  std::vector<float> out(size_t(m.rows * m.cols));
-  for (int64_t r = 0; r < m.rows; ++r) m.row_f32(r, out.data() + r * m.cols);
-  return out;
-}
-
-void expect_same_weights(const ModelWeights& a, const ModelWeights& b) {
-  auto ma = all_matrices(a), mb = all_matrices(b);
-  ASSERT_EQ(ma.size(), mb.size());
-  for (size_t i = 0; i < ma.size(); ++i) {
-    ASSERT_EQ(ma[i]->empty(), mb[i]->empty()) << i;
-    if (ma[i]->empty()) continue;
-    ASSERT_EQ(ma[i]->dtype, mb[i]->dtype) << i;
-    ASSERT_EQ(ma[i]->rows, mb[i]->rows) << i;
-    ASSERT_EQ(ma[i]->cols, mb[i]->cols) << i;
-    ASSERT_EQ(matrix_bytes(*ma[i]), matrix_bytes(*mb[i])) << i;
-    ASSERT_EQ(dequantized(*ma[i]), dequantized(*mb[i])) << i;
-  }
-  ASSERT_EQ(a.layers.size(), b.layers.size());
-  EXPECT_EQ(a.final_norm, b.final_norm);
-  for (size_t i = 0; i < a.layers.size(); ++i) {
-    EXPECT_EQ(a.layers[i].input_norm, b.layers[i].input_norm);
-    EXPECT_EQ(a.layers[i].post_norm, b.layers[i].post_norm);
-    EXPECT_EQ(a.layers[i].gdn.conv1d, b.layers[i].gdn.conv1d);
-    EXPECT_EQ(a.layers[i].gdn.a_log, b.layers[i].gdn.a_log);
-    EXPECT_EQ(a.layers[i].gdn.dt_bias, b.layers[i].gdn.dt_bias);
-    EXPECT_EQ(a.layers[i].gdn.norm, b.layers[i].gdn.norm);
-    EXPECT_EQ(a.layers[i].attn.q_norm, b.layers[i].attn.q_norm);
-    EXPECT_EQ(a.layers[i].attn.k_norm, b.layers[i].attn.k_norm);
-  }
 }
 
 TEST(Checkpoint, LoadsTinyMoeWithEveryTensorInPlace) {

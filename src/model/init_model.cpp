@@ -1,0 +1,406 @@
+#include "model/init_model.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/thread_pool.h"
+#include "model/checkpoint.h"
+#include "model/fp8_quantize.h"
+#include "model/safetensors.h"
+
+namespace moeserve {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ---- presets ---------------------------------------------------------------------------------------------
+
+struct Preset {
+  const char* name;
+  bool moe;
+  int64_t vocab, hidden;
+  int layers, heads, kv_heads, head_dim;
+  int lin_k_heads, lin_v_heads, lin_head_dim;
+  int experts, top_k;
+  int64_t moe_inter, shared_inter, dense_inter;
+  bool tie;
+  int mtp_layers;
+};
+
+// Shapes from docs/qwen35-model.md §1; tiny and small match the tiny-moe and small-moe-realdims fixtures.
+constexpr Preset kPresets[] = {
+    {"tiny", true, 512, 64, 4, 4, 2, 32, 2, 4, 16, 8, 2, 32, 32, 0, false, 0},
+    {"small", true, 1024, 256, 4, 2, 1, 256, 2, 4, 128, 16, 4, 64, 64, 0, false, 0},
+    {"35b-a3b", true, 248320, 2048, 40, 16, 2, 256, 16, 32, 128, 256, 8, 512, 512, 0, false, 1},
+    {"122b-a10b", true, 248320, 3072, 48, 32, 2, 256, 16, 64, 128, 256, 8, 1024, 1024, 0, false, 1},
+    {"397b-a17b", true, 248320, 4096, 60, 32, 2, 256, 16, 64, 128, 512, 10, 1024, 1024, 0, false, 1},
+    {"dense-0.8b", false, 248320, 1024, 24, 8, 2, 256, 16, 16, 128, 0, 0, 0, 0, 3584, true, 0},
+};
+
+// Qwen3.5's <|im_end|> and <|endoftext|>, the eos ids of the real vocabulary.
+const std::vector<int64_t> kQwen35Eos = {248046, 248044};
+
+// What Qwen's FP8 releases keep in BF16 (as in the small-moe-realdims-fp8 fixture).
+const std::vector<std::string> kQwenNotConverted = {"lm_head",
+                                                    "embed_tokens",
+                                                    "mlp.gate",
+                                                    "shared_expert_gate",
+                                                    "linear_attn.in_proj_a",
+                                                    "linear_attn.in_proj_b"};
+
+// ---- the tensor plan -------------------------------------------------------------------------------------
+
+enum class Init { Matrix, Embedding, ZeroCentredNorm, UnitNorm, ALog, DtBias, Conv };
+
+struct Planned {
+  std::string name;
+  std::vector<int64_t> shape;
+  Init init;
+};
+
+// Every tensor of the checkpoint, named as transformers 5.17 saves a ...ForCausalLM (per-expert experts).
+std::vector<Planned> plan(const ModelConfig& c, bool with_mtp) {
+  std::vector<Planned> out;
+  const int64_t h = c.hidden_size;
+  auto matrix = [&](const std::string& n, int64_t rows, int64_t cols) {
+    out.push_back({n, {rows, cols}, Init::Matrix});
+  };
+  auto vec = [&](const std::string& n, int64_t size, Init init) { out.push_back({n, {size}, init}); };
+  auto mlp = [&](const std::string& p, int64_t inter) {
+    matrix(p + "gate_proj.weight", inter, h);
+    matrix(p + "up_proj.weight", inter, h);
+    matrix(p + "down_proj.weight", h, inter);
+  };
+  auto layer = [&](const std::string& p, LayerType type) {
+    vec(p + "input_layernorm.weight", h, Init::ZeroCentredNorm);
+    if (type == LayerType::LinearAttention) {
+      std::string g = p + "linear_attn.";
+      int64_t hv = c.linear_num_value_heads;
+      matrix(g + "in_proj_qkv.weight", c.linear_conv_dim(), h);
+      matrix(g + "in_proj_z.weight", c.linear_value_dim(), h);
+      matrix(g + "in_proj_b.weight", hv, h);
+      matrix(g + "in_proj_a.weight", hv, h);
+      out.push_back({g + "conv1d.weight", {c.linear_conv_dim(), 1, c.linear_conv_kernel}, Init::Conv});
+      vec(g + "dt_bias", hv, Init::DtBias);
+      vec(g + "A_log", hv, Init::ALog);
+      vec(g + "norm.weight", c.linear_value_head_dim, Init::UnitNorm);
+      matrix(g + "out_proj.weight", h, c.linear_value_dim());
+    } else {
+      std::string s = p + "self_attn.";
+      matrix(s + "q_proj.weight", int64_t(c.num_heads) * 2 * c.head_dim, h);
+      matrix(s + "k_proj.weight", int64_t(c.num_kv_heads) * c.head_dim, h);
+      matrix(s + "v_proj.weight", int64_t(c.num_kv_heads) * c.head_dim, h);
+      matrix(s + "o_proj.weight", h, int64_t(c.num_heads) * c.head_dim);
+      vec(s + "q_norm.weight", c.head_dim, Init::ZeroCentredNorm);
+      vec(s + "k_norm.weight", c.head_dim, Init::ZeroCentredNorm);
+    }
+    vec(p + "post_attention_layernorm.weight", h, Init::ZeroCentredNorm);
+    if (c.is_moe) {
+      matrix(p + "mlp.gate.weight", c.num_experts, h);
+      for (int e = 0; e < c.num_experts; ++e)
+        mlp(fmt::format("{}mlp.experts.{}.", p, e), c.moe_intermediate_size);
+      if (c.shared_expert_intermediate_size > 0) {
+        mlp(p + "mlp.shared_expert.", c.shared_expert_intermediate_size);
+        matrix(p + "mlp.shared_expert_gate.weight", 1, h);
+      }
+    } else {
+      mlp(p + "mlp.", c.intermediate_size);
+    }
+  };
+
+  out.push_back({"model.embed_tokens.weight", {c.vocab_size, h}, Init::Embedding});
+  for (int i = 0; i < c.num_layers; ++i) layer(fmt::format("model.layers.{}.", i), c.layer_types[size_t(i)]);
+  vec("model.norm.weight", h, Init::ZeroCentredNorm);
+  if (!c.tie_word_embeddings) matrix("lm_head.weight", c.vocab_size, h);
+  // Multi-token prediction: fc over [embedding; hidden], its norms, then full-attention decoder layers.
+  if (with_mtp && c.mtp_num_layers > 0) {
+    matrix("mtp.fc.weight", h, 2 * h);
+    vec("mtp.pre_fc_norm_embedding.weight", h, Init::ZeroCentredNorm);
+    vec("mtp.pre_fc_norm_hidden.weight", h, Init::ZeroCentredNorm);
+    vec("mtp.norm.weight", h, Init::ZeroCentredNorm);
+    for (int i = 0; i < c.mtp_num_layers; ++i)
+      layer(fmt::format("mtp.layers.{}.", i), LayerType::FullAttention);
+  }
+  return out;
+}
+
+// ---- values ----------------------------------------------------------------------------------------------
+
+// splitmix64: element i of a tensor is a pure function of (seed, name, i), so the bytes do not depend on the
+// thread count or on whether the tensor is written or kept in memory.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t tensor_key(uint64_t seed, const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ull;
+  return mix(seed ^ h);
+}
+
+// Sum of four uniform 16-bit fields, centred and scaled to unit variance: near-normal, bounded by ±3.46.
+float normal(uint64_t key, uint64_t i) {
+  uint64_t r = mix(key + i);
+  float s = 0;
+  for (int k = 0; k < 4; ++k) s += float((r >> (16 * k)) & 0xffff) + 0.5f;
+  return (s / 65536.0f - 2.0f) * 1.7320508f;
+}
+
+float uniform(uint64_t key, uint64_t i) {
+  return float(mix(key + i) >> 40) * 0x1p-24f;
+}
+
+void generate(const Planned& t, uint64_t key, uint64_t begin, size_t n, float* out) {
+  float fan_in = float(t.shape.back());
+  switch (t.init) {
+    case Init::Matrix:
+    case Init::Conv: {
+      float scale = 1.0f / std::sqrt(fan_in);
+      for (size_t i = 0; i < n; ++i) out[i] = scale * normal(key, begin + i);
+      return;
+    }
+    case Init::Embedding:
+      for (size_t i = 0; i < n; ++i) out[i] = normal(key, begin + i);
+      return;
+    case Init::ZeroCentredNorm:
+      for (size_t i = 0; i < n; ++i) out[i] = 0.1f * normal(key, begin + i);
+      return;
+    case Init::UnitNorm:
+    case Init::DtBias:
+      for (size_t i = 0; i < n; ++i) out[i] = 1.0f + 0.1f * normal(key, begin + i);
+      return;
+    case Init::ALog:
+      for (size_t i = 0; i < n; ++i) out[i] = std::log(1.0f + 15.0f * uniform(key, begin + i));
+      return;
+  }
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+// A module named by a modules_to_not_convert entry: whole dotted components, so "mlp.gate" keeps the router
+// (mlp.gate.weight) in BF16 but not a dense mlp.gate_proj.
+bool not_converted(const std::string& name, const std::vector<std::string>& patterns) {
+  std::string module = "." + name.substr(0, name.rfind('.')) + ".";
+  for (const auto& p : patterns)
+    if (module.find("." + p + ".") != std::string::npos) return true;
+  return false;
+}
+
+// The tensors to write for one planned tensor: BF16, or an FP8 weight and its block scales.
+void materialize(const Planned& t, const ModelConfig& c, uint64_t seed, DType dtype,
+                 std::vector<TensorWrite>& out) {
+  const uint64_t key = tensor_key(seed, t.name);
+  bool fp8 = dtype == DType::F8_E4M3 && t.init == Init::Matrix &&
+             !not_converted(t.name, c.fp8->modules_to_not_convert);
+  if (!fp8) {
+    auto fill = [t, key](uint8_t* dst) {
+      constexpr size_t kChunk = 1 << 14;
+      size_t n = size_t(numel(t.shape));
+      ThreadPool::global().parallel_for((n + kChunk - 1) / kChunk, [&](size_t b, size_t e) {
+        std::vector<float> values(kChunk);
+        for (size_t chunk = b; chunk < e; ++chunk) {
+          size_t begin = chunk * kChunk, len = std::min(kChunk, n - begin);
+          generate(t, key, begin, len, values.data());
+          auto* out16 = reinterpret_cast<uint16_t*>(dst) + begin;
+          for (size_t i = 0; i < len; ++i) out16[i] = f32_to_bf16(values[i]);
+        }
+      });
+    };
+    out.push_back({t.name, DType::BF16, t.shape, fill});
+    return;
+  }
+  // Both tensors come from the same quantisation; each fill redoes it and keeps its own half.
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const int bo = c.fp8->block_out, bi = c.fp8->block_in;
+  const int64_t bands = (rows + bo - 1) / bo, scale_cols = (cols + bi - 1) / bi;
+  auto quantize = [=](uint8_t* weights, float* scales) {
+    ThreadPool::global().parallel_for(size_t(bands), [&](size_t b, size_t e) {
+      std::vector<float> values(size_t(bo * cols));
+      std::vector<uint8_t> q(weights ? 0 : size_t(bo * cols));
+      std::vector<float> s(static_cast<size_t>(scale_cols));
+      for (size_t band = b; band < e; ++band) {
+        int64_t r0 = int64_t(band) * bo, n = std::min<int64_t>(bo, rows - r0);
+        generate(t, key, uint64_t(r0 * cols), size_t(n * cols), values.data());
+        quantize_fp8_band(values.data(), n, cols, bi, weights ? weights + r0 * cols : q.data(),
+                          scales ? scales + int64_t(band) * scale_cols : s.data());
+      }
+    });
+  };
+  out.push_back({t.name, DType::F8_E4M3, t.shape, [quantize](uint8_t* dst) { quantize(dst, nullptr); }});
+  out.push_back({t.name + "_scale_inv", DType::F32, {bands, scale_cols}, [quantize](uint8_t* dst) {
+                   quantize(nullptr, reinterpret_cast<float*>(dst));
+                 }});
+}
+
+// MTP tensors are written to checkpoints (the real layout) but not built in memory: the text model never
+// reads them.
+std::vector<TensorWrite> checkpoint_tensors(const ModelConfig& c, uint64_t seed, DType dtype, bool with_mtp) {
+  check(dtype == DType::BF16 || dtype == DType::F8_E4M3, "random weights can be BF16 or F8_E4M3, not {}",
+        dtype_name(dtype));
+  std::vector<TensorWrite> out;
+  for (const auto& t : plan(c, with_mtp)) materialize(t, c, seed, dtype, out);
+  return out;
+}
+
+void prepare(ModelConfig& c, DType dtype) {
+  if (dtype == DType::F8_E4M3 && !c.fp8) c.fp8 = Fp8Quantization{128, 128, kQwenNotConverted};
+}
+
+// ---- tokenizer -------------------------------------------------------------------------------------------
+
+struct TokenizerFacts {
+  int64_t size = 0;  // highest id + 1
+  std::vector<int64_t> eos;
+};
+
+TokenizerFacts read_tokenizer(const std::string& path) {
+  std::ifstream in(path);
+  check(in.good(), "cannot open {}", path);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    fail("{} is not valid JSON: {}", path, e.what());
+  }
+  check(j.is_object() && j.contains("model") && j["model"].is_object() && j["model"].contains("vocab") &&
+            j["model"]["vocab"].is_object(),
+        "{}: not a tokenizer.json (no model.vocab object)", path);
+  std::map<std::string, int64_t> ids;
+  TokenizerFacts f;
+  auto note = [&](const std::string& token, const json& id) {
+    check(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: token '{}' has a bad id", path, token);
+    ids[token] = id.get<int64_t>();
+    f.size = std::max(f.size, id.get<int64_t>() + 1);
+  };
+  for (const auto& [token, id] : j["model"]["vocab"].items()) note(token, id);
+  if (auto added = j.find("added_tokens"); added != j.end() && added->is_array())
+    for (const auto& t : *added)
+      if (t.is_object() && t.contains("content") && t["content"].is_string() && t.contains("id"))
+        note(t["content"].get<std::string>(), t["id"]);
+  for (const char* eos : {"<|im_end|>", "<|endoftext|>"})
+    if (auto it = ids.find(eos); it != ids.end()) f.eos.push_back(it->second);
+  check(f.size > 0, "{}: the vocabulary is empty", path);
+  return f;
+}
+
+void copy_into(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+  check(!ec, "cannot copy {} to {}: {}", from.string(), to.string(), ec.message());
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  check(out.good(), "cannot write {}", path.string());
+}
+
+}  // namespace
+
+const std::vector<std::string>& preset_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& p : kPresets) n.push_back(p.name);
+    return n;
+  }();
+  return names;
+}
+
+ModelConfig preset_config(const std::string& name, int layers) {
+  const Preset* p = nullptr;
+  for (const auto& candidate : kPresets)
+    if (name == candidate.name) p = &candidate;
+  check(p != nullptr, "unknown preset '{}' (known: {})", name, fmt::join(preset_names(), ", "));
+  check(layers >= 0, "--layers must be positive");
+  ModelConfig c;
+  c.is_moe = p->moe;
+  c.model_type = p->moe ? "qwen3_5_moe_text" : "qwen3_5_text";
+  c.architecture = p->moe ? "Qwen3_5MoeForCausalLM" : "Qwen3_5ForCausalLM";
+  c.dtype = "bfloat16";
+  c.vocab_size = p->vocab;
+  c.hidden_size = p->hidden;
+  c.num_layers = layers > 0 ? layers : p->layers;
+  for (int i = 0; i < c.num_layers; ++i)
+    c.layer_types.push_back((i + 1) % 4 == 0 ? LayerType::FullAttention : LayerType::LinearAttention);
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = p->tie;
+  c.max_position_embeddings = 262144;
+  c.num_heads = p->heads;
+  c.num_kv_heads = p->kv_heads;
+  c.head_dim = p->head_dim;
+  c.rope_theta = 1e7;
+  c.partial_rotary_factor = 0.25;
+  c.linear_num_key_heads = p->lin_k_heads;
+  c.linear_num_value_heads = p->lin_v_heads;
+  c.linear_key_head_dim = c.linear_value_head_dim = p->lin_head_dim;
+  c.linear_conv_kernel = 4;
+  c.num_experts = p->experts;
+  c.num_experts_per_tok = p->top_k;
+  c.moe_intermediate_size = p->moe_inter;
+  c.shared_expert_intermediate_size = p->shared_inter;
+  c.intermediate_size = p->dense_inter;
+  c.mtp_num_layers = p->mtp_layers;
+  if (c.vocab_size == 248320) c.eos_token_ids = kQwen35Eos;
+  return c;
+}
+
+ModelConfig init_model(ModelConfig config, const std::string& dir, const InitModelOptions& options) {
+  TokenizerFacts tokenizer;
+  if (!options.vocab_from.empty()) {
+    tokenizer = read_tokenizer(options.vocab_from);
+    config.vocab_size = (tokenizer.size + 255) / 256 * 256;
+    config.eos_token_ids = tokenizer.eos;
+  }
+  prepare(config, options.dtype);
+  auto tensors = checkpoint_tensors(config, options.seed, options.dtype, true);
+  write_safetensors_dir(dir, tensors, options.max_shard_bytes);
+  write_text(fs::path(dir) / "config.json", config.to_json().dump(2) + "\n");
+  json generation = json::object();
+  if (config.eos_token_ids.size() == 1) generation["eos_token_id"] = config.eos_token_ids[0];
+  if (config.eos_token_ids.size() > 1) generation["eos_token_id"] = config.eos_token_ids;
+  write_text(fs::path(dir) / "generation_config.json", generation.dump(2) + "\n");
+
+  if (!options.vocab_from.empty()) {
+    fs::path beside = fs::path(options.vocab_from).parent_path();
+    copy_into(options.vocab_from, fs::path(dir) / "tokenizer.json");
+    for (const char* extra : {"tokenizer_config.json", "chat_template.jinja"})
+      if (fs::exists(beside / extra)) copy_into(beside / extra, fs::path(dir) / extra);
+  }
+  if (!options.chat_template.empty()) copy_into(options.chat_template, fs::path(dir) / "chat_template.jinja");
+  size_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.nbytes();
+  spdlog::info("wrote {}: {}; {} tensors, {:.1f} MiB, seed {}", dir, config.summary(), tensors.size(),
+               double(bytes) / (1 << 20), options.seed);
+  return config;
+}
+
+ModelWeights make_dummy_weights(ModelConfig config, uint64_t seed, DType dtype) {
+  prepare(config, dtype);
+  auto set = std::make_shared<TensorSet>();
+  for (auto& t : checkpoint_tensors(config, seed, dtype, false)) {
+    size_t n = t.nbytes();
+    std::shared_ptr<uint8_t[]> buffer(new uint8_t[n]);
+    t.fill(buffer.get());
+    set->add(TensorInfo{t.name, t.dtype, t.shape, buffer.get(), n, "dummy weights"});
+    set->keep_alive(std::move(buffer));
+  }
+  return std::move(assemble_checkpoint(std::move(config), set, "dummy weights").weights);
+}
+
+}  // namespace moeserve

@@ -1,0 +1,41 @@
+#pragma once
+// Random-weight Qwen3.5 models of the real layout: the project's demo model, full-size shapes for benchmarks,
+// and `--load-format dummy`. The same config and seed give the same bytes whether the weights are written to
+// a checkpoint (init_model) or built in memory (make_dummy_weights).
+// Weights keep activations near unit scale: matrices ~N(0, 1/cols), embeddings ~N(0, 1), zero-centred norms
+// small around 0, linear_attn.norm around 1, A_log = log(U(1, 16)), dt_bias around 1.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "model/weights.h"
+
+namespace moeserve {
+
+// tiny, small, 35b-a3b, 122b-a10b, 397b-a17b, dense-0.8b (shapes: docs/checkpoints.md). layers > 0 keeps the
+// first N layers (every 4th one attention, as in the full model). An unknown name is an error listing them.
+ModelConfig preset_config(const std::string& name, int layers = 0);
+const std::vector<std::string>& preset_names();
+
+struct InitModelOptions {
+  uint64_t seed = 0;
+  DType dtype = DType::BF16;  // BF16, or F8_E4M3 with 128x128 block scales (Qwen's modules stay BF16)
+  size_t max_shard_bytes = 5'000'000'000;
+  // A tokenizer.json: the vocabulary becomes its size (rounded up to a multiple of 256, as Qwen pads), the
+  // eos ids its <|im_end|> and <|endoftext|>, and it is copied into the checkpoint with tokenizer_config.json
+  // and chat_template.jinja when those sit beside it.
+  std::string vocab_from;
+  std::string chat_template;  // copied as chat_template.jinja
+};
+
+// Writes config.json, generation_config.json and the safetensors (sharded past max_shard_bytes) into dir.
+// Returns the config as written.
+ModelConfig init_model(ModelConfig config, const std::string& dir, const InitModelOptions& options);
+
+// The same weights in memory, owned by the result's storage; no files.
+ModelWeights make_dummy_weights(ModelConfig config, uint64_t seed, DType dtype = DType::BF16);
+
+}  // namespace moeserve
