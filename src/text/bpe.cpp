@@ -1,6 +1,7 @@
 #include "text/bpe.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <queue>
 
@@ -88,7 +89,7 @@ void BpeModel::encode_word(std::string_view word, bool byte_level, std::vector<i
       }
     }
   }
-  if (symbols.size() <= 48) {
+  if (symbols.size() <= kSmallWord) {
     merge_small(symbols);
   } else {
     merge_large(symbols);
@@ -96,11 +97,12 @@ void BpeModel::encode_word(std::string_view word, bool byte_level, std::vector<i
   out.insert(out.end(), symbols.begin(), symbols.end());
 }
 
-// Quadratic but allocation-free: the right choice for the short words that make up almost all text.
+// Quadratic in the word length but with no allocation and few cache misses: the right choice for the
+// short and medium words (up to kSmallWord symbols) that make up almost all text.
 void BpeModel::merge_small(std::vector<int32_t>& s) const {
   constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
-  int32_t rank[48];
-  int32_t merged[48];
+  int32_t rank[kSmallWord];
+  int32_t merged[kSmallWord];
   size_t n = s.size();
   auto look = [&](size_t i) {
     const MergeTable::Entry* e = merges.find(s[i], s[i + 1]);
@@ -114,11 +116,10 @@ void BpeModel::merge_small(std::vector<int32_t>& s) const {
       if (rank[i] < rank[best]) best = i;
     if (rank[best] == kNone) break;
     s[best] = merged[best];
-    for (size_t i = best + 1; i + 1 < n; ++i) {
-      s[i] = s[i + 1];
-      rank[i] = rank[i + 1];
-      merged[i] = merged[i + 1];
-    }
+    size_t tail = n - best - 2;  // entries after the removed symbol
+    std::memmove(&s[best + 1], &s[best + 2], tail * sizeof(int32_t));
+    std::memmove(&rank[best + 1], &rank[best + 2], tail * sizeof(int32_t));
+    std::memmove(&merged[best + 1], &merged[best + 2], tail * sizeof(int32_t));
     --n;
     if (best > 0) look(best - 1);
     if (best + 1 < n) look(best);

@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <deque>
 #include <fstream>
 #include <functional>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -65,14 +65,39 @@ bool is_unicode_space(uint32_t cp) {
 struct Normalizer {
   virtual ~Normalizer() = default;
   virtual void apply(std::string& s) const = 0;
+  // False when apply() would certainly leave s unchanged: lets encode skip copying the text.
+  virtual bool may_change(std::string_view) const { return true; }
 };
 
 struct UnicodeNormalizer : Normalizer {
   int options;
   explicit UnicodeNormalizer(int o) : options(o) {}
+  // True when no normalization form can change this code point in any context: below U+0300 (ASCII and
+  // precomposed Latin-1), or a starter without a canonical decomposition that never composes with what
+  // precedes it. Lets almost all real text (CJK included) skip the normalizer entirely.
+  static bool stable(uint32_t cp) {
+    if (cp < 0x300) return true;
+    if ((cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2)) return false;  // Hangul V/T jamo
+    const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(cp));
+    if (p->combining_class != 0) return false;
+    if (p->comb_index != UINT16_MAX && p->comb_index >= 0x8000) return false;  // composes with its predecessor
+    return p->decomp_seqindex == UINT16_MAX;  // conservatively: any decomposition may change
+  }
+  static bool needs_work(std::string_view s) {
+    size_t i = 0;
+    while (i < s.size()) {
+      if (static_cast<unsigned char>(s[i]) < 0x80) {
+        ++i;
+        continue;
+      }
+      if (utf8_sequence_length(s, i) == 0) return true;
+      if (!stable(utf8_decode(s, i))) return true;
+    }
+    return false;
+  }
+  bool may_change(std::string_view s) const override { return needs_work(s); }
   void apply(std::string& s) const override {
-    // ASCII is invariant under every normalization form: skip the library call for it.
-    if (std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return;
+    if (!needs_work(s)) return;
     utf8proc_uint8_t* out = nullptr;
     auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
                           &out, static_cast<utf8proc_option_t>(options | UTF8PROC_STABLE));
@@ -150,6 +175,9 @@ struct StripNormalizer : Normalizer {
 
 struct SequenceNormalizer : Normalizer {
   std::vector<std::unique_ptr<Normalizer>> steps;
+  bool may_change(std::string_view s) const override {
+    return std::any_of(steps.begin(), steps.end(), [&](const auto& n) { return n->may_change(s); });
+  }
   void apply(std::string& s) const override {
     for (const auto& n : steps) n->apply(s);
   }
@@ -211,23 +239,38 @@ void split_by_regex(const Regex& regex, std::string_view s, SplitBehavior behavi
     size_t b, e;
     bool match;
   };
+  // `from` is where the next search starts, `gap` where the current unmatched stretch began; an empty
+  // match is not a delimiter, so it only moves `from`.
+  size_t gap = 0, from = 0, b = 0, e = 0;
+  if (behavior == SplitBehavior::kIsolated && !invert) {  // the common case: pieces straight to the sink
+    while (from < s.size() && regex.find(s, from, b, e)) {
+      if (e == b) {
+        from = b + std::max<size_t>(1, utf8_sequence_length(s, b));
+        continue;
+      }
+      if (b > gap) sink(s.substr(gap, b - gap));
+      sink(s.substr(b, e - b));
+      gap = from = e;
+    }
+    if (gap < s.size()) sink(s.substr(gap));
+    return;
+  }
   std::vector<Span> spans;
-  size_t pos = 0, b = 0, e = 0;
-  while (pos < s.size() && regex.find(s, pos, b, e)) {
-    if (e == b) {  // empty match: not a delimiter; step over one character
-      pos = b + std::max<size_t>(1, utf8_sequence_length(s, b));
+  while (from < s.size() && regex.find(s, from, b, e)) {
+    if (e == b) {
+      from = b + std::max<size_t>(1, utf8_sequence_length(s, b));
       continue;
     }
-    if (b > pos) spans.push_back({pos, b, false});
+    if (b > gap) spans.push_back({gap, b, false});
     spans.push_back({b, e, true});
-    pos = e;
+    gap = from = e;
   }
-  if (pos < s.size()) spans.push_back({pos, s.size(), false});
+  if (gap < s.size()) spans.push_back({gap, s.size(), false});
   if (invert)
     for (auto& sp : spans) sp.match = !sp.match;
 
-  auto emit = [&](size_t from, size_t to) {
-    if (to > from) sink(s.substr(from, to - from));
+  auto emit = [&](size_t x, size_t y) {
+    if (y > x) sink(s.substr(x, y - x));
   };
   switch (behavior) {
     case SplitBehavior::kIsolated:
@@ -509,41 +552,32 @@ void check_decoder(const json& j, const std::string& where) {
 }
 
 // ---- word cache ----------------------------------------------------------------------------------
-// Most text repeats a small set of pre-tokens; caching their ids makes BPE nearly free. Sharded so the
-// batch encoder's threads rarely contend; a full shard is simply cleared.
+// Most text repeats a small set of pre-tokens; caching their ids makes BPE nearly free. One cache per
+// thread (no locks on the hot path), tagged with the owning tokenizer's serial number; it is cleared when
+// full or when the thread switches tokenizers.
 
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 
-class WordCache {
- public:
-  static constexpr size_t kMaxWordBytes = 64;
-  bool lookup(std::string_view word, size_t hash, std::vector<int32_t>& out) const {
-    Shard& sh = shards_[hash % kShards];
-    std::lock_guard lock(sh.mutex);
-    auto it = sh.map.find(word);
-    if (it == sh.map.end()) return false;
-    out.insert(out.end(), it->second.begin(), it->second.end());
-    return true;
-  }
-  void store(std::string_view word, size_t hash, const int32_t* ids, size_t n) const {
-    Shard& sh = shards_[hash % kShards];
-    std::lock_guard lock(sh.mutex);
-    if (sh.map.size() >= kShardCapacity) sh.map.clear();
-    sh.map.emplace(std::string(word), std::vector<int32_t>(ids, ids + n));
-  }
+struct WordCache {
+  static constexpr size_t kMaxWordBytes = 256;
+  static constexpr size_t kCapacity = 1 << 16;
+  uint64_t owner = 0;
+  std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
 
- private:
-  static constexpr size_t kShards = 32;
-  static constexpr size_t kShardCapacity = 8192;
-  struct Shard {
-    std::mutex mutex;
-    std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
-  };
-  mutable std::array<Shard, kShards> shards_;
+  static WordCache& for_tokenizer(uint64_t serial) {
+    thread_local WordCache cache;
+    if (cache.owner != serial) {
+      cache.map.clear();
+      cache.owner = serial;
+    }
+    return cache;
+  }
 };
+
+std::atomic<uint64_t> next_serial{1};
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -569,7 +603,7 @@ struct Tokenizer::Impl {
   PostProcessor post;
   std::vector<std::string> token_bytes;  // decoded bytes of each id
   std::vector<uint8_t> flags;            // bit 0: added, bit 1: special
-  WordCache cache;
+  uint64_t serial = next_serial++;       // identifies this tokenizer's entries in the per-thread cache
 
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
@@ -580,18 +614,27 @@ void Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& o
     bpe.encode_word(word, byte_level, out);
     return;
   }
-  size_t hash = StringHash{}(word);
-  if (cache.lookup(word, hash, out)) return;
+  WordCache& cache = WordCache::for_tokenizer(serial);
+  if (auto it = cache.map.find(word); it != cache.map.end()) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return;
+  }
   size_t before = out.size();
   bpe.encode_word(word, byte_level, out);
-  cache.store(word, hash, out.data() + before, out.size() - before);
+  if (cache.map.size() >= WordCache::kCapacity) cache.map.clear();
+  cache.map.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
 }
 
 // Normalizes, splits on normalized added tokens, pre-tokenizes and runs BPE on one stretch of text that
 // holds no raw added token.
 void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& out) const {
-  std::string normalized(text);
-  if (normalizer) normalizer->apply(normalized);
+  std::string copy;
+  std::string_view normalized = text;
+  if (normalizer && normalizer->may_change(text)) {
+    copy.assign(text);
+    normalizer->apply(copy);
+    normalized = copy;
+  }
   std::deque<std::string> arena;
   auto pretokenize = [&](std::string_view piece) {
     if (pretokenizer) {
