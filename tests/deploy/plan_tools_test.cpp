@@ -1,0 +1,436 @@
+// The generated files, checked by the real tools operators run them with: promtool (config, rules and a
+// rules unit test with synthetic series), nginx (-t, and live in front of a streaming backend), and
+// systemd-analyze verify. A missing tool fails the test: scripts/install-deps.sh installs them.
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "deploy/metric_names.h"
+#include "deploy/plan.h"
+#include "deploy/structured_file.h"
+#include "test_util.h"
+
+namespace moeserve::deploy {
+namespace {
+
+using testing::find_tool;
+using testing::read_file;
+using testing::run_command;
+using testing::TempDir;
+using testing::write_file;
+
+const char* kExamples[] = {"deploy/cluster-spark9.yaml", "deploy/cluster-mixed-4xtp2-1.yaml"};
+
+// Plans an example cluster into dir, with the systemd units pointing at the binary built here (verify checks
+// that ExecStart= is executable).
+Plan plan_example(const std::string& cluster_file, const std::string& dir) {
+  ClusterSpec c = ClusterSpec::load(cluster_file);
+  c.install.binary = MOESERVE_BINARY;
+  Plan p = make_plan(c);
+  write_plan(p, dir);
+  return p;
+}
+
+std::string require_tool(const std::string& name, const std::string& package) {
+  std::string path = find_tool(name);
+  if (path.empty())
+    ADD_FAILURE() << name << " is missing: install the Debian package '" << package
+                  << "' (scripts/install-deps.sh does)";
+  return path;
+}
+
+TEST(PlanTools, PromtoolAcceptsConfigAndRules) {
+  std::string promtool = require_tool("promtool", "prometheus");
+  if (promtool.empty()) return;
+  for (const char* example : kExamples) {
+    TempDir dir;
+    plan_example(example, dir.path());
+    auto config = run_command(promtool + " check config " + dir / "monitoring/prometheus.yml");
+    EXPECT_EQ(config.status, 0) << example << "\n" << config.output;
+    EXPECT_NE(config.output.find("SUCCESS: 1 rule files found"), std::string::npos) << config.output;
+    auto rules = run_command(promtool + " check rules " + dir / "monitoring/alerts.yml");
+    EXPECT_EQ(rules.status, 0) << example << "\n" << rules.output;
+    EXPECT_NE(rules.output.find("SUCCESS: 8 rules found"), std::string::npos) << rules.output;
+  }
+}
+
+// The alerts fire on the situations they are named after (promtool evaluates them over synthetic series).
+TEST(PlanTools, AlertsFireOnSyntheticSeries) {
+  std::string promtool = require_tool("promtool", "prometheus");
+  if (promtool.empty()) return;
+  TempDir dir;
+  plan_example("deploy/cluster-spark9.yaml", dir.path());
+  write_file(dir / "monitoring/alerts_test.yml", R"(rule_files:
+  - alerts.yml
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'up{job="moeserve-nodes", instance="10.0.0.11:30000", node="spark-01"}'
+        values: '1 1 0 0 0 0 0 0 0 0'
+      - series: 'up{job="moeserve-nodes", instance="10.0.0.12:30000", node="spark-02"}'
+        values: '1 1 1 1 1 1 1 1 1 1'
+      - series: 'moeserve:kv_cache_usage_perc{instance="10.0.0.12:30000", node="spark-02"}'
+        values: '0.5 0.99 0.99 0.99 0.99 0.99 0.99 0.99 0.99 0.99'
+      - series: 'moeserve:kv_cache_usage_perc{instance="10.0.0.13:30000", node="spark-03"}'
+        values: '0.5 0.6 0.6 0.6 0.6 0.6 0.6 0.6 0.6 0.6'
+      - series: 'moeserve:memory_used_bytes{instance="10.0.0.13:30000", node="spark-03"}'
+        values: '100e9 100e9 100e9 100e9 100e9 100e9 100e9 100e9 100e9 100e9'
+      - series: 'moeserve:memory_total_bytes{instance="10.0.0.13:30000", node="spark-03"}'
+        values: '128e9 128e9 128e9 128e9 128e9 128e9 128e9 128e9 128e9 128e9'
+      - series: 'moeserve:memory_used_bytes{instance="10.0.0.14:30000", node="spark-04"}'
+        values: '120e9 120e9 120e9 120e9 120e9 120e9 120e9 120e9 120e9 120e9'
+      - series: 'moeserve:memory_total_bytes{instance="10.0.0.14:30000", node="spark-04"}'
+        values: '128e9 128e9 128e9 128e9 128e9 128e9 128e9 128e9 128e9 128e9'
+      - series: 'moeserve_router:requests_total{model="qwen3.5-35b-a3b", status="200"}'
+        values: '0+60x10'
+      - series: 'moeserve_router:requests_total{model="qwen3.5-35b-a3b", status="502"}'
+        values: '0+30x10'
+    alert_rule_test:
+      - eval_time: 8m
+        alertname: MoeserveNodeDown
+        exp_alerts:
+          - exp_labels: {severity: critical, job: moeserve-nodes, instance: "10.0.0.11:30000", node: spark-01}
+            exp_annotations:
+              summary: 'moeserve node spark-01 (10.0.0.11:30000) is down'
+              description: 'Prometheus cannot scrape 10.0.0.11:30000; the router has stopped sending it traffic. Check `systemctl status moeserve` or the container logs on the node, then `moeserve doctor` there.'
+      - eval_time: 8m
+        alertname: MoeserveKvCacheExhausted
+        exp_alerts:
+          - exp_labels: {severity: warning, instance: "10.0.0.12:30000", node: spark-02}
+            exp_annotations:
+              summary: 'node spark-02: KV cache 99% full'
+              description: 'New requests queue until sequences finish; lower max_running_requests or max_model_len, or add nodes.'
+      - eval_time: 8m
+        alertname: MoeserveMemoryPressure
+        exp_alerts:
+          - exp_labels: {severity: warning, instance: "10.0.0.14:30000", node: spark-04}
+            exp_annotations:
+              summary: 'node spark-04 uses 93.75% of its memory'
+              description: 'Above the server''s pressure threshold new requests get 503. On unified-memory nodes (DGX Spark) the OS, page cache and other processes share this memory.'
+      - eval_time: 8m
+        alertname: MoeserveHighErrorRate
+        exp_alerts:
+          - exp_labels: {severity: warning, model: qwen3.5-35b-a3b}
+            exp_annotations:
+              summary: 'qwen3.5-35b-a3b: 33.33% of requests fail'
+              description: 'Server errors seen by clients through the router over 5 minutes.'
+      - eval_time: 1m
+        alertname: MoeserveNodeDown
+        exp_alerts: []
+)");
+  auto r = run_command(promtool + " test rules " + dir / "monitoring/alerts_test.yml");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("SUCCESS"), std::string::npos) << r.output;
+}
+
+// nginx -t binds the listen ports, so it runs in a private network namespace where 8000/8001 are free
+// whatever else this machine runs (the example routers listen on all addresses).
+TEST(PlanTools, NginxAcceptsTheGeneratedConfig) {
+  std::string nginx = require_tool("nginx", "nginx");
+  if (nginx.empty()) return;
+  std::string unshare = require_tool("unshare", "util-linux");
+  if (unshare.empty()) return;
+  for (const char* example : kExamples) {
+    TempDir dir;
+    plan_example(example, dir.path());
+    std::filesystem::create_directories(dir / "prefix");
+    auto r = run_command(unshare + " -n " + nginx + " -t -e stderr -p " + dir / "prefix" + " -c " +
+                         dir / "router/nginx.conf");
+    EXPECT_EQ(r.status, 0) << example << "\n" << r.output;
+    EXPECT_NE(r.output.find("test is successful"), std::string::npos) << r.output;
+  }
+}
+
+TEST(PlanTools, SystemdAcceptsTheUnits) {
+  std::string analyze = require_tool("systemd-analyze", "systemd");
+  if (analyze.empty()) return;
+  for (const char* example : kExamples) {
+    TempDir dir;
+    Plan p = plan_example(example, dir.path());
+    int units = 0;
+    for (const auto& f : p.files) {
+      if (!f.path.ends_with(".service")) continue;
+      ++units;
+      // verify wants the unit name to end in .service and prints warnings (exit 0) for unknown keys or bad
+      // values: any output is a failure.
+      std::string copy = dir / ("verify-" + std::to_string(units) + ".service");
+      write_file(copy, f.content);
+      auto r = run_command(analyze + " verify " + copy);
+      EXPECT_EQ(r.status, 0) << f.path << "\n" << r.output;
+      EXPECT_EQ(r.output, "") << f.path;
+    }
+    EXPECT_GE(units, 10) << example;
+  }
+}
+
+TEST(PlanTools, GeneratedScriptsAreValidBash) {
+  for (const char* example : kExamples) {
+    TempDir dir;
+    Plan p = plan_example(example, dir.path());
+    for (const auto& f : p.files) {
+      if (!f.path.ends_with(".sh")) continue;
+      EXPECT_TRUE(f.executable) << f.path;
+      auto r = run_command("bash -n " + dir / f.path);
+      EXPECT_EQ(r.status, 0) << f.path << "\n" << r.output;
+    }
+  }
+}
+
+// Metric names a PromQL expression reads: identifiers of our namespaces, without the histogram suffixes.
+std::set<std::string> metrics_in(const std::string& expr) {
+  std::set<std::string> out;
+  static const std::regex ident(R"((moeserve(_router)?:[A-Za-z0-9_:]+))");
+  for (auto it = std::sregex_iterator(expr.begin(), expr.end(), ident); it != std::sregex_iterator(); ++it) {
+    std::string name = (*it)[1];
+    for (const char* suffix : {"_bucket", "_sum", "_count"})
+      if (name.ends_with(suffix) && name.find("_seconds") != std::string::npos)
+        name = name.substr(0, name.size() - std::strlen(suffix));
+    out.insert(name);
+  }
+  return out;
+}
+
+TEST(PlanTools, DashboardHasTheReferencePanels) {
+  Plan p = make_plan(ClusterSpec::load("deploy/cluster-spark9.yaml"));
+  nlohmann::json d;
+  for (const auto& f : p.files)
+    if (f.path == "monitoring/grafana-dashboard.json") d = nlohmann::json::parse(f.content);
+  ASSERT_TRUE(d.is_object());
+  std::set<std::string> titles;
+  std::set<int> ids;
+  std::set<std::string> used;
+  for (const auto& panel : d["panels"]) {
+    titles.insert(panel["title"].get<std::string>());
+    EXPECT_TRUE(ids.insert(panel["id"].get<int>()).second) << "duplicate panel id";
+    if (panel["type"] == "row") continue;
+    ASSERT_FALSE(panel["targets"].empty()) << panel["title"];
+    for (const auto& t : panel["targets"]) {
+      auto names = metrics_in(t["expr"].get<std::string>());
+      EXPECT_FALSE(names.empty()) << t["expr"];
+      used.insert(names.begin(), names.end());
+    }
+  }
+  for (const char* want : {"Memory pressure per node", "Time to first token per node (p50 / p99)",
+                           "Generation throughput per node", "Load-balancing efficiency", "Error rate",
+                           "End-to-end latency (p50 / p99)", "Completion rate"})
+    EXPECT_TRUE(titles.count(want)) << want;
+  // Every series the dashboard and alerts read is one the servers and router export (metric_names.h; the
+  // live check against /metrics is in the cluster tests).
+  const std::set<std::string> exported = {metric::kRequestsRunning,
+                                          metric::kRequestsWaiting,
+                                          metric::kRequestSuccess,
+                                          metric::kRequestErrors,
+                                          metric::kPromptTokens,
+                                          metric::kGenerationTokens,
+                                          metric::kTtft,
+                                          metric::kItl,
+                                          metric::kE2e,
+                                          metric::kQueueTime,
+                                          metric::kPrefixQueries,
+                                          metric::kPrefixHits,
+                                          metric::kKvUsage,
+                                          metric::kMemoryUsed,
+                                          metric::kMemoryTotal,
+                                          metric::kThrottled,
+                                          metric::kRouterRequests,
+                                          metric::kRouterInFlight,
+                                          metric::kRouterE2e,
+                                          metric::kRouterTtfb};
+  for (const auto& name : used) EXPECT_TRUE(exported.count(name)) << name;
+  std::string rules;
+  for (const auto& f : p.files)
+    if (f.path == "monitoring/alerts.yml") rules = f.content;
+  for (const auto& name : metrics_in(rules)) EXPECT_TRUE(exported.count(name)) << name;
+}
+
+// ---- nginx live in front of a streaming backend
+// ------------------------------------------------------------
+
+// A one-connection HTTP backend that streams two SSE chunks and holds the second back until the client has
+// received the first: if nginx buffered the response, the first chunk would never arrive.
+class StreamingBackend {
+ public:
+  StreamingBackend() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    ::listen(fd_, 8);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~StreamingBackend() {
+    release_second_chunk();
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  int port() const { return port_; }
+  void release_second_chunk() {
+    std::lock_guard lock(mu_);
+    release_ = true;
+    cv_.notify_all();
+  }
+  std::string request() {
+    std::lock_guard lock(mu_);
+    return request_;
+  }
+
+ private:
+  void serve() {
+    int c = ::accept(fd_, nullptr, nullptr);
+    if (c < 0) return;
+    std::string req;
+    char buf[4096];
+    while (req.find("\r\n\r\n") == std::string::npos) {
+      ssize_t n = ::recv(c, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      req.append(buf, size_t(n));
+    }
+    {
+      std::lock_guard lock(mu_);
+      request_ = req;
+    }
+    auto send_all = [c](const std::string& s) { ::send(c, s.data(), s.size(), MSG_NOSIGNAL); };
+    auto chunk = [](const std::string& s) { return fmt::format("{:x}\r\n{}\r\n", s.size(), s); };
+    send_all("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n");
+    send_all(chunk("data: first\n\n"));
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(30), [this] { return release_; });
+    }
+    send_all(chunk("data: second\n\n") + chunk("data: [DONE]\n\n") + "0\r\n\r\n");
+    ::close(c);
+  }
+
+  int fd_ = -1, port_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool release_ = false;
+  std::string request_;
+};
+
+// Runs nginx in the foreground; stops it (and its workers) when destroyed.
+class NginxProcess {
+ public:
+  NginxProcess(const std::string& nginx, const std::string& prefix, const std::string& conf) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl(nginx.c_str(), nginx.c_str(), "-p", prefix.c_str(), "-c", conf.c_str(), "-e", "stderr", "-g",
+              "daemon off;", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~NginxProcess() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);  // fast shutdown: the master stops its workers
+    int status;
+    ::waitpid(pid_, &status, 0);
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+int connect_with_retry(int port, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(uint16_t(port));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+    ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return -1;
+}
+
+// Reads until `want` appears or the peer closes; the limit only guards against a hang.
+bool read_until(int fd, std::string& got, const std::string& want, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  char buf[4096];
+  while (got.find(want) == std::string::npos) {
+    int left =
+        int(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
+                .count());
+    if (left <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, left) <= 0) return false;
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return got.find(want) != std::string::npos;
+    got.append(buf, size_t(n));
+  }
+  return true;
+}
+
+TEST(PlanTools, NginxProxiesAndStreamsUnbuffered) {
+  std::string nginx = require_tool("nginx", "nginx");
+  if (nginx.empty()) return;
+  StreamingBackend backend;
+  int router_port = testing::free_port();
+  TempDir dir;
+  std::string yaml = fmt::format(R"(
+cluster: loopback
+nodes: [{{name: local, host: 127.0.0.1, gpu: cpu, arch: x86_64, memory: 16GB}}]
+models:
+  - {{name: tiny, path: tests/fixtures/models/tiny-moe, max_model_len: 2048, max_running_requests: 4,
+     port: {}, nodes: [local]}}
+router: {{host: 127.0.0.1, listen: 127.0.0.1, port: {}}}
+monitoring: {{prometheus_port: {}, grafana_port: {}}}
+)",
+                                 backend.port(), router_port, testing::free_port(), testing::free_port());
+  Plan p = make_plan(ClusterSpec::parse(parse_structured_text(yaml, "loopback.yaml"), "loopback.yaml", "."));
+  write_plan(p, dir.path());
+  std::filesystem::create_directories(dir / "prefix");
+  NginxProcess proc(nginx, dir / "prefix", dir / "router/nginx.conf");
+
+  int fd = connect_with_retry(router_port, std::chrono::seconds(20));
+  ASSERT_GE(fd, 0) << "nginx did not start listening; its log:\n" << read_file(dir / "prefix/error.log");
+  std::string body = R"({"model":"tiny","stream":true,"messages":[{"role":"user","content":"hi"}]})";
+  std::string req = fmt::format(
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+      "Content-Length: {}\r\nConnection: close\r\n\r\n{}",
+      body.size(), body);
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+  std::string got;
+  EXPECT_TRUE(read_until(fd, got, "data: first", std::chrono::seconds(30)))
+      << "the first chunk did not come through before the backend finished: nginx buffers\n"
+      << got;
+  EXPECT_EQ(got.find("data: second"), std::string::npos);
+  backend.release_second_chunk();
+  EXPECT_TRUE(read_until(fd, got, "data: [DONE]", std::chrono::seconds(30))) << got;
+  ::close(fd);
+  EXPECT_NE(got.find("HTTP/1.1 200"), std::string::npos) << got;
+  // The upstream request is HTTP/1.1 with the client's Connection header cleared (keep-alive upstreams).
+  std::string upstream = backend.request();
+  EXPECT_NE(upstream.find("POST /v1/chat/completions HTTP/1.1"), std::string::npos) << upstream;
+  EXPECT_EQ(upstream.find("Connection: close"), std::string::npos) << upstream;
+}
+
+}  // namespace
+}  // namespace moeserve::deploy
