@@ -1,0 +1,88 @@
+// moeserve generate: one prompt through a model on the CPU, greedy by default; prints the generated ids.
+#include <chrono>
+#include <cstdio>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "backend/backend.h"
+#include "command.h"
+#include "common/error.h"
+#include "model/checkpoint.h"
+#include "model/sequence.h"
+
+namespace moeserve::app {
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(pos, end - pos);
+    char* rest = nullptr;
+    long v = std::strtol(item.c_str(), &rest, 10);
+    check(!item.empty() && rest && *rest == '\0' && v >= 0 && v <= INT32_MAX,
+          "--prompt-ids: '{}' is not a token id (expected comma-separated non-negative integers)", item);
+    ids.push_back(int32_t(v));
+    pos = end + 1;
+  }
+  check(!ids.empty(), "--prompt-ids is empty");
+  return ids;
+}
+
+struct Options {
+  std::string model;
+  std::string prompt_ids;
+  int max_tokens = 16;
+  bool ignore_eos = false;
+};
+
+int run(const Options& o) {
+  auto weights = load_checkpoint(o.model);
+  auto backend = make_cpu_backend();
+  Qwen35Model model(weights, *backend);
+  auto prompt = parse_ids(o.prompt_ids);
+  for (int32_t id : prompt)
+    check(id < model.config().vocab_size, "--prompt-ids: token {} is outside the vocabulary (size {})", id,
+          model.config().vocab_size);
+  SequenceRunner runner(model, int64_t(prompt.size()) + o.max_tokens);
+
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  std::vector<int32_t> out;
+  std::vector<float> logits = runner.prefill(prompt).logits;
+  auto t1 = clock::now();
+  const auto& eos = model.config().eos_token_ids;
+  for (int i = 0; i < o.max_tokens; ++i) {
+    int32_t next = argmax(logits);
+    out.push_back(next);
+    if (!o.ignore_eos && std::find(eos.begin(), eos.end(), int64_t(next)) != eos.end()) break;
+    if (i + 1 < o.max_tokens) logits = runner.decode(next);
+  }
+  auto t2 = clock::now();
+  std::printf("%s\n", fmt::format("{}", fmt::join(out, ",")).c_str());
+  double prefill_s = std::chrono::duration<double>(t1 - t0).count();
+  double decode_s = std::chrono::duration<double>(t2 - t1).count();
+  std::fprintf(stderr, "%s\n",
+               fmt::format("prefill {} tokens in {:.3f}s ({:.1f} tok/s); decode {} tokens in {:.3f}s ({:.1f} tok/s)",
+                           prompt.size(), prefill_s, double(prompt.size()) / prefill_s, out.size() - 1, decode_s,
+                           out.size() > 1 ? double(out.size() - 1) / decode_s : 0.0)
+                   .c_str());
+  return 0;
+}
+
+Registration reg{{"generate", "Generate from a prompt of token ids (greedy) and print the ids", 50,
+                  [](CLI::App& cmd) {
+                    auto o = std::make_shared<Options>();
+                    cmd.add_option("--model", o->model, "checkpoint directory")->required();
+                    cmd.add_option("--prompt-ids", o->prompt_ids, "comma-separated token ids")->required();
+                    cmd.add_option("--max-tokens", o->max_tokens, "tokens to generate")
+                        ->check(CLI::Range(1, 1 << 20))
+                        ->capture_default_str();
+                    cmd.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an end-of-sequence token");
+                    return [o] { return run(*o); };
+                  }}};
+
+}  // namespace
+}  // namespace moeserve::app

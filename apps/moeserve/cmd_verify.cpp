@@ -1,0 +1,70 @@
+// moeserve verify: the forward pass against Hugging Face reference outputs; exits non-zero on a mismatch.
+#include <cstdio>
+#include <fmt/format.h>
+
+#include "backend/backend.h"
+#include "command.h"
+#include "model/checkpoint.h"
+#include "model/safetensors.h"
+#include "model/verify.h"
+
+namespace moeserve::app {
+namespace {
+
+struct Options {
+  std::string model;
+  std::string reference;
+  double tolerance = 1e-3;
+  bool layers = false;
+  std::string rope_inv_freq = "auto";
+};
+
+int run(const Options& o) {
+  auto weights = load_checkpoint(o.model);
+  // HF casts the rotary buffer along with the weights: a bf16 checkpoint's reference ran with bf16-rounded
+  // inverse frequencies, an FP8 one (dequantized to float32) with float32 ones.
+  const auto& config = weights.config;
+  weights.config.rope_bf16_inv_freq =
+      o.rope_inv_freq == "bf16" || (o.rope_inv_freq == "auto" && config.dtype == "bfloat16" && !config.fp8);
+  auto backend = make_cpu_backend();
+  Qwen35Model model(weights, *backend);
+  auto reference = TensorSet::open_file(o.reference.empty() ? o.model + "/reference.safetensors" : o.reference);
+  auto report = verify_against_reference(model, reference, {o.tolerance, o.layers});
+
+  std::printf("%s\n", weights.config.summary().c_str());
+  for (const auto& c : report.cases) {
+    bool ok = c.max_abs_error <= o.tolerance && c.tokens_match;
+    std::string tokens =
+        c.generated_tokens == 0 ? "" :
+        c.tokens_match ? fmt::format(", {} greedy tokens match", c.generated_tokens)
+                       : fmt::format(", greedy tokens differ from step {}", c.first_mismatch);
+    std::printf("%s\n", fmt::format("{:<8} {:>4} prompt tokens  max|Δlogit| {:.3e}{}  {}", c.name, c.prompt_tokens,
+                                    c.max_abs_error, tokens, ok ? "ok" : "FAIL")
+                            .c_str());
+  }
+  for (const auto& l : report.layers)
+    std::printf("%s\n", fmt::format("  {:<28} max|Δ| {:.3e}", l.name, l.max_abs_error).c_str());
+  if (!report.first_divergent_layer.empty())
+    std::printf("first layer beyond tolerance: %s\n", report.first_divergent_layer.c_str());
+  std::printf("%s\n", report.passed ? "PASS" : "FAIL");
+  return report.passed ? 0 : 1;
+}
+
+Registration reg{{"verify", "Check logits and greedy tokens against Hugging Face reference outputs", 51,
+                  [](CLI::App& cmd) {
+                    auto o = std::make_shared<Options>();
+                    cmd.add_option("--model", o->model, "checkpoint directory")->required();
+                    cmd.add_option("--reference", o->reference, "reference file (default MODEL/reference.safetensors)");
+                    cmd.add_option("--tolerance", o->tolerance, "max |Δlogit|")->capture_default_str();
+                    cmd.add_flag("--layers", o->layers, "compare prompt0.hidden_states layer by layer");
+                    // The fixtures' references ran with the rotary inverse frequencies rounded to bf16 (HF
+                    // casts buffers with the weights); serving uses float32.
+                    cmd.add_option("--rope-inv-freq", o->rope_inv_freq,
+                                   "precision of RoPE inverse frequencies the reference used")
+                        ->check(CLI::IsMember({"auto", "bf16", "f32"}))
+                        ->capture_default_str();
+                    return [o] { return run(*o); };
+                  }}};
+
+}  // namespace
+}  // namespace moeserve::app

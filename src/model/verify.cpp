@@ -1,0 +1,104 @@
+#include "model/verify.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "model/safetensors.h"
+#include "model/sequence.h"
+
+namespace moeserve {
+namespace {
+
+std::vector<int32_t> read_ids(const TensorSet& ref, const std::string& name) {
+  const TensorInfo* t = ref.find(name);
+  check(t != nullptr, "reference: missing tensor {}", name);
+  check(t->dtype == DType::I64 && t->shape.size() == 1, "reference: {} must be I64 [T], is {}", name, t->describe());
+  std::vector<int32_t> ids(size_t(t->shape[0]));
+  const auto* src = reinterpret_cast<const int64_t*>(t->data);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(src[i]);
+  return ids;
+}
+
+// A float32 reference tensor as [rows][cols] with the expected element count.
+const float* read_f32(const TensorSet& ref, const std::string& name, int64_t expected_elements) {
+  const TensorInfo* t = ref.find(name);
+  check(t != nullptr, "reference: missing tensor {}", name);
+  check(t->dtype == DType::F32 && t->numel() == expected_elements, "reference: {} is {}, expected {} float32 values",
+        name, t->describe(), expected_elements);
+  return reinterpret_cast<const float*>(t->data);
+}
+
+double max_abs_diff(const float* a, const float* b, size_t n) {
+  double m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+  return m;
+}
+
+}  // namespace
+
+VerifyReport verify_against_reference(const Qwen35Model& model, const TensorSet& reference,
+                                      const VerifyOptions& options) {
+  const auto& config = model.config();
+  const int64_t V = config.vocab_size, H = config.hidden_size;
+  VerifyReport report;
+
+  for (int i = 0; reference.find(fmt::format("prompt{}.input_ids", i)); ++i) {
+    const std::string name = fmt::format("prompt{}", i);
+    auto ids = read_ids(reference, name + ".input_ids");
+    const int64_t T = int64_t(ids.size());
+    // Not every reference carries hidden states (the FP8 fixture's does not).
+    const bool layers = options.compare_layers && i == 0 && reference.find(name + ".hidden_states");
+    SequenceRunner runner(model, T);
+    auto out = runner.prefill(ids, true, layers);
+    const float* expected = read_f32(reference, name + ".logits", T * V);
+    report.cases.push_back({name, T, 0, max_abs_diff(out.logits.data(), expected, size_t(T * V))});
+
+    if (layers) {
+      const int L = config.num_layers;
+      const float* hidden = read_f32(reference, name + ".hidden_states", (L + 1) * T * H);
+      for (int l = 0; l <= L; ++l) {
+        // Entry l is the output of layer l-1; HF replaces the last one by its final-normed form.
+        std::string layer_name = l == 0 ? std::string("embeddings")
+                                        : fmt::format("layer {} ({}){}", l - 1,
+                                                      config.layer_types[l - 1] == LayerType::FullAttention
+                                                          ? "full_attention"
+                                                          : "linear_attention",
+                                                      l == L ? " + final norm" : "");
+        double err = max_abs_diff(out.hidden_states.data() + l * T * H, hidden + l * T * H, size_t(T * H));
+        report.layers.push_back({layer_name, err});
+        if (err > options.tolerance && report.first_divergent_layer.empty())
+          report.first_divergent_layer = layer_name;
+      }
+    }
+  }
+
+  for (int i = 0; reference.find(fmt::format("gen{}.input_ids", i)); ++i) {
+    const std::string name = fmt::format("gen{}", i);
+    auto prompt = read_ids(reference, name + ".input_ids");
+    auto expected_ids = read_ids(reference, name + ".output_ids");
+    const int64_t steps = int64_t(expected_ids.size());
+    const float* scores = read_f32(reference, name + ".scores", steps * V);
+    SequenceRunner runner(model, int64_t(prompt.size()) + steps);
+    std::vector<std::vector<float>> step_logits;
+    auto generated = runner.generate_greedy(prompt, int(steps), {}, &step_logits);
+    VerifyCase c{name, int64_t(prompt.size()), steps, 0};
+    for (int64_t s = 0; s < steps; ++s) {
+      c.max_abs_error = std::max(c.max_abs_error, max_abs_diff(step_logits[s].data(), scores + s * V, size_t(V)));
+      if (generated[s] != expected_ids[s] && c.first_mismatch < 0) {
+        c.tokens_match = false;
+        c.first_mismatch = s;
+      }
+    }
+    report.cases.push_back(c);
+  }
+  check(!report.cases.empty(), "reference: no promptN or genN cases found");
+
+  report.passed = std::all_of(report.cases.begin(), report.cases.end(), [&](const VerifyCase& c) {
+    return c.max_abs_error <= options.tolerance && c.tokens_match;
+  });
+  return report;
+}
+
+}  // namespace moeserve

@@ -1,0 +1,44 @@
+#pragma once
+// Verification of the forward pass against Hugging Face reference outputs (reference.safetensors, format in
+// tests/fixtures/README.md): promptN cases compare the logits of every position (no cache); genN cases run
+// greedy generation through the caches (the decode path) and compare each step's logits and token.
+
+#include <string>
+#include <vector>
+
+#include "model/qwen35.h"
+
+namespace moeserve {
+
+class TensorSet;
+
+struct VerifyOptions {
+  double tolerance = 1e-3;    // max |Δlogit| allowed
+  bool compare_layers = false;  // also compare prompt0.hidden_states layer by layer
+};
+
+struct VerifyCase {
+  std::string name;          // "prompt0", "gen1", ...
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;  // gen cases
+  double max_abs_error = 0;
+  bool tokens_match = true;      // gen cases: every greedy token equal to the reference
+  int64_t first_mismatch = -1;   // step of the first differing token
+};
+
+struct LayerDiff {
+  std::string name;  // "embeddings", "layer 0 (linear_attention)", ..., "layer 3 (full_attention) + final norm"
+  double max_abs_error = 0;
+};
+
+struct VerifyReport {
+  std::vector<VerifyCase> cases;
+  std::vector<LayerDiff> layers;  // when compare_layers and the reference has prompt0.hidden_states
+  std::string first_divergent_layer;  // empty when none exceeds the tolerance
+  bool passed = false;
+};
+
+VerifyReport verify_against_reference(const Qwen35Model& model, const TensorSet& reference,
+                                      const VerifyOptions& options);
+
+}  // namespace moeserve
