@@ -32,7 +32,8 @@ Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt, 
 }
 
 bool Sampler::has_penalties() const {
-  return params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
+  return params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
+         params_.presence_penalty != 0.0f;
 }
 
 void Sampler::apply_penalties(std::span<float> logits) const {
@@ -54,7 +55,9 @@ void Sampler::accept(int32_t token) {
   if (params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f) ++generated_[token];
 }
 
-double Sampler::uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
+double Sampler::uniform() {
+  return double(rng_() >> 11) * 0x1.0p-53;
+}
 
 std::vector<TokenProb> Sampler::distribution(std::span<const float> raw, std::span<const int32_t> banned) {
   std::span<const float> logits = raw;
@@ -130,7 +133,8 @@ std::vector<TokenProb> Sampler::distribution(std::span<const float> raw, std::sp
     double w = exp_weight(cand[i]);
     if (w > 0) out.push_back({cand[i].token, float(w / total)});  // banned tokens (-inf) never appear
   }
-  if (out.empty()) out.push_back({cand[0].token, 1.0f});  // every logit was -inf: keep going, deterministically
+  if (out.empty())
+    out.push_back({cand[0].token, 1.0f});  // every logit was -inf: keep going, deterministically
   return out;
 }
 

@@ -11,11 +11,13 @@ namespace moeserve {
 namespace {
 
 // The textbook pipeline over the whole vocabulary: penalties, ban, softmax(l / T), sort, top-k, top-p, min-p.
-std::map<int32_t, double> naive(std::vector<float> l, const SamplingParams& p, const std::vector<int32_t>& prompt,
-                                const std::vector<int32_t>& output, const std::vector<int32_t>& banned) {
+std::map<int32_t, double> naive(std::vector<float> l, const SamplingParams& p,
+                                const std::vector<int32_t>& prompt, const std::vector<int32_t>& output,
+                                const std::vector<int32_t>& banned) {
   const size_t V = l.size();
   for (size_t t = 0; t < V; ++t) {
-    bool seen = std::count(prompt.begin(), prompt.end(), int32_t(t)) + std::count(output.begin(), output.end(), int32_t(t));
+    bool seen = std::count(prompt.begin(), prompt.end(), int32_t(t)) +
+                std::count(output.begin(), output.end(), int32_t(t));
     if (seen) l[t] = l[t] > 0 ? l[t] / p.repetition_penalty : l[t] * p.repetition_penalty;
     auto count = std::count(output.begin(), output.end(), int32_t(t));
     l[t] -= p.frequency_penalty * float(count) + (count > 0 ? p.presence_penalty : 0.0f);
@@ -28,7 +30,9 @@ std::map<int32_t, double> naive(std::vector<float> l, const SamplingParams& p, c
   double mx = *std::max_element(l.begin(), l.end()), z = 0;
   for (size_t t = 0; t < V; ++t) z += std::exp((l[t] - mx) / p.temperature);
   for (size_t t = 0; t < V; ++t) probs.push_back({std::exp((l[t] - mx) / p.temperature) / z, int32_t(t)});
-  std::sort(probs.begin(), probs.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  std::sort(probs.begin(), probs.end(), [](auto& a, auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
   if (p.top_k > 0) probs.resize(std::min(V, size_t(p.top_k)));
   auto renorm = [&] {
     double s = 0;
