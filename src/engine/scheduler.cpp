@@ -89,10 +89,34 @@ std::vector<Request*> Scheduler::admission_order() {
   return order;
 }
 
-bool Scheduler::admit(Request* r, int64_t& budget, std::vector<ScheduledChunk>& plan) {
+bool Scheduler::wait_for_shared_prefill(Request* w, int64_t hit, int64_t& budget,
+                                        std::vector<ScheduledChunk>& plan) {
+  for (Request* r : running_) {
+    if (r->uncomputed() <= 1 || r->prompt_logprobs_pending) continue;  // not prefilling
+    const auto mismatch =
+        std::mismatch(w->tokens.begin(), w->tokens.end(), r->tokens.begin(), r->tokens.end());
+    const int64_t common = int64_t(mismatch.first - w->tokens.begin());
+    const int64_t point = std::min({common, int64_t(w->tokens.size()) - 1, int64_t(r->tokens.size()) - 1});
+    if (point - hit < kMinBranchCheckpoint || point <= r->computed) continue;
+    // r stops at the point to file a snapshot there (keeping an earlier stop another waiter asked for).
+    if (r->checkpoint_at <= r->computed || r->checkpoint_at > point) r->checkpoint_at = point;
+    for (auto& c : plan) {
+      if (c.request == r && r->computed + c.tokens > r->checkpoint_at) {
+        budget += r->computed + c.tokens - r->checkpoint_at;
+        c.tokens = r->checkpoint_at - r->computed;
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
+Scheduler::Admission Scheduler::admit(Request* r, int64_t& budget, std::vector<ScheduledChunk>& plan) {
   const int64_t len = int64_t(r->tokens.size());
   const int64_t max_hit = r->prompt_logprobs_pending ? 0 : len - 1;
   const auto peek = cache_.peek(r->tokens, max_hit);
+  if (max_hit > 0 && cache_.prefix_cache_enabled() && wait_for_shared_prefill(r, peek.length, budget, plan))
+    return Admission::Deferred;
   int64_t n = std::min({len - peek.length, chunk_limit(r), budget});
   r->checkpoint_at = 0;
   const int64_t branch = std::min(peek.kv_length, len - 1);
@@ -100,7 +124,7 @@ bool Scheduler::admit(Request* r, int64_t& budget, std::vector<ScheduledChunk>& 
     r->checkpoint_at = branch;
     n = std::min(n, branch - peek.length);
   }
-  if (!cache_.start(r->cache, r->tokens, max_hit, n)) return false;
+  if (!cache_.start(r->cache, r->tokens, max_hit, n)) return Admission::NoRoom;
 
   r->computed = r->cache.cached;
   if (r->cached_tokens < 0) {  // first admission (not a resumption after preemption)
@@ -113,7 +137,7 @@ bool Scheduler::admit(Request* r, int64_t& budget, std::vector<ScheduledChunk>& 
   running_.push_back(r);
   if (r->uncomputed() > 1) budget -= n;
   plan.push_back({r, n});
-  return true;
+  return Admission::Admitted;
 }
 
 std::vector<ScheduledChunk> Scheduler::schedule() {
@@ -156,7 +180,8 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
 
     for (Request* r : admission_order()) {
       if (int(running_.size()) >= options_.max_running_requests || budget <= 0) break;
-      if (!admit(r, budget, plan)) break;  // out of slots or pages: keep the queue order, retry next step
+      // Out of slots or pages: keep the queue order, retry next step.
+      if (admit(r, budget, plan) == Admission::NoRoom) break;
     }
     if (!plan.empty() || running_.empty()) return plan;
     // Every running request waits for pages the others hold: give the least important one's back and retry.

@@ -59,7 +59,12 @@ class Scheduler {
   int64_t chunk_limit(const Request* r) const;
   void preempt(Request* r);
   Request* pick_victim(const Request* beneficiary) const;
-  bool admit(Request* r, int64_t& budget, std::vector<ScheduledChunk>& plan);
+  enum class Admission { Admitted, Deferred, NoRoom };
+  Admission admit(Request* r, int64_t& budget, std::vector<ScheduledChunk>& plan);
+  // When a running request is about to prefill a long prefix waiting request w shares beyond w's cache hit,
+  // makes it stop there to file a snapshot and tells w to wait for it (n > 1 samples of one prompt, or many
+  // requests arriving with one system prompt, compute the shared part once).
+  bool wait_for_shared_prefill(Request* w, int64_t hit, int64_t& budget, std::vector<ScheduledChunk>& plan);
   std::vector<Request*> admission_order();
 
   CacheManager& cache_;

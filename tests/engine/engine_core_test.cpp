@@ -156,6 +156,25 @@ TEST(EngineCore, SharedSystemPromptGetsASnapshotAtTheBranchPoint) {
   EXPECT_EQ(c.tokens, h.model->expected_greedy(prompt, 4));
 }
 
+TEST(EngineCore, SimultaneousRequestsComputeTheirSharedPromptOnce) {
+  EngineOptions o = Harness::defaults();
+  o.chunked_prefill_size = o.max_prefill_tokens = 256;
+  Harness h(o);
+  std::mt19937 rng(9);
+  auto prompt = random_tokens(rng, 80);
+  std::vector<std::shared_ptr<OutputStream>> samples;
+  for (int i = 0; i < 4; ++i) {  // what a server does for n = 4
+    SamplingParams p;
+    p.max_tokens = 5;
+    p.seed = uint64_t(i);
+    samples.push_back(h.submit("n" + std::to_string(i), prompt, p));
+  }
+  h.run_until_idle();
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(samples[size_t(i)]->collect().usage.cached_tokens, i == 0 ? 0 : 79) << i;
+  EXPECT_EQ(h.core->stats().prefill_tokens, 80u + 3u);
+}
+
 TEST(EngineCore, LongPromptIsSnapshottedAtChunkBoundaries) {
   Harness h;  // chunks of 32
   std::mt19937 rng(6);
