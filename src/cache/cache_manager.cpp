@@ -4,8 +4,8 @@
 
 namespace moeserve {
 
-CacheManager::CacheManager(const KvCacheSpec& kv, const StateCacheSpec& state, int live_slots, int snapshot_slots,
-                           bool prefix_cache)
+CacheManager::CacheManager(const KvCacheSpec& kv, const StateCacheSpec& state, int live_slots,
+                           int snapshot_slots, bool prefix_cache)
     : kv_(kv),
       state_(state),
       pool_(kv.num_pages),
@@ -13,8 +13,9 @@ CacheManager::CacheManager(const KvCacheSpec& kv, const StateCacheSpec& state, i
       radix_(pool_, slots_, kv.page_size),
       prefix_cache_(prefix_cache),
       seq_refs_(size_t(kv.num_pages), 0) {
-  check(state.num_slots == live_slots + snapshot_slots, "cache manager: state cache has {} slots, expected {} + {}",
-        state.num_slots, live_slots, snapshot_slots);
+  check(state.num_slots == live_slots + snapshot_slots,
+        "cache manager: state cache has {} slots, expected {} + {}", state.num_slots, live_slots,
+        snapshot_slots);
 }
 
 RadixCache::Peek CacheManager::peek(std::span<const int32_t> tokens, int64_t max_hit) const {
@@ -43,14 +44,16 @@ bool CacheManager::allocate_pages(int64_t count, std::vector<int32_t>& out) {
   return true;
 }
 
-bool CacheManager::start(CacheSeq& seq, std::span<const int32_t> tokens, int64_t max_hit, int64_t reserve_tokens) {
+bool CacheManager::start(CacheSeq& seq, std::span<const int32_t> tokens, int64_t max_hit, int64_t extra) {
   check(!seq.active(), "cache manager: start of a sequence that is already running");
   int32_t slot = slots_.allocate_live();
   if (slot < 0) return false;
 
   RadixCache::Match m;
-  if (prefix_cache_ && max_hit > 0) m = radix_.match(tokens, max_hit);
-  else m.node = const_cast<RadixCache::Node*>(radix_.root());
+  if (prefix_cache_ && max_hit > 0)
+    m = radix_.match(tokens, max_hit);
+  else
+    m.node = const_cast<RadixCache::Node*>(radix_.root());
   radix_.lock(m.node);  // before any allocation below can evict
 
   seq.slot = slot;
@@ -72,7 +75,7 @@ bool CacheManager::start(CacheSeq& seq, std::span<const int32_t> tokens, int64_t
     }
     kv_.copy_page(m.pages.back(), seq.pages.back(), rows);
   }
-  if (!reserve(seq, std::max(reserve_tokens, m.length))) {
+  if (!reserve(seq, m.length + extra)) {
     finish(seq, {}, false);
     return false;
   }
@@ -94,7 +97,8 @@ int32_t CacheManager::take_snapshot_slot() {
 void CacheManager::checkpoint(CacheSeq& seq, std::span<const int32_t> tokens) {
   if (!prefix_cache_ || slots_.snapshot_total() == 0 || tokens.empty()) return;
   RadixCache::Node* node = radix_.insert(tokens, seq.pages);
-  // Pin the new node before making room for its snapshot: evicting an old snapshot may remove unlocked leaves.
+  // Pin the new node before making room for its snapshot: evicting an old snapshot may remove unlocked
+  // leaves.
   radix_.lock(node);
   radix_.unlock(seq.locked);
   seq.locked = node;
@@ -126,8 +130,8 @@ void CacheManager::check_invariants(std::span<const CacheSeq* const> running) co
     check(s->active() && slots_.is_live(s->slot), "cache manager: a running sequence has no live slot");
     for (int32_t p : s->pages) ++seq_refs[size_t(p)];
   }
-  check(int(running.size()) == slots_.live_used(), "cache manager: {} running sequences, {} live slots in use",
-        running.size(), slots_.live_used());
+  check(int(running.size()) == slots_.live_used(),
+        "cache manager: {} running sequences, {} live slots in use", running.size(), slots_.live_used());
   int64_t used = 0;
   for (size_t p = 0; p < refs.size(); ++p) {
     check(seq_refs[p] == seq_refs_[p], "cache manager: page {} held {} times by sequences, counted {}", p,
@@ -139,8 +143,9 @@ void CacheManager::check_invariants(std::span<const CacheSeq* const> running) co
   }
   check(used == pool_.used_pages(), "cache manager: {} pages referenced, pool says {} used", used,
         pool_.used_pages());
-  check(radix_.snapshot_count() == slots_.snapshot_used(), "cache manager: tree holds {} snapshots, {} slots used",
-        radix_.snapshot_count(), slots_.snapshot_used());
+  check(radix_.snapshot_count() == slots_.snapshot_used(),
+        "cache manager: tree holds {} snapshots, {} slots used", radix_.snapshot_count(),
+        slots_.snapshot_used());
 }
 
 }  // namespace moeserve

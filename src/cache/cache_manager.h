@@ -1,13 +1,14 @@
 #pragma once
-// CacheManager: owns the KV pages, the GDN state slots and the radix prefix cache, and hands running sequences
-// their share (the scheduler decides who runs; this class decides which pages and slots they use).
+// CacheManager: owns the KV pages, the GDN state slots and the radix prefix cache, and hands running
+// sequences their share (the scheduler decides who runs; this class decides which pages and slots they use).
 //
-// A sequence's life: start() gives it a live slot and its longest cached prefix — the prefix's pages are shared
-// (ref-counted), a partially filled last page is copied so the sequence can write its next rows, and the cached
-// GDN snapshot is copied into its live slot — then reserve() grows its page table as it computes, checkpoint()
-// files what it computed so far (pages + a snapshot of its state) in the prefix cache, and finish() releases it,
-// checkpointing everything first when asked. Page allocation evicts unlocked cached pages when the pool is dry;
-// when even that is not enough the call returns false and the scheduler waits or preempts.
+// A sequence's life: start() gives it a live slot and its longest cached prefix — the prefix's pages are
+// shared (ref-counted), a partially filled last page is copied so the sequence can write its next rows, and
+// the cached GDN snapshot is copied into its live slot — then reserve() grows its page table as it computes,
+// checkpoint() files what it computed so far (pages + a snapshot of its state) in the prefix cache, and
+// finish() releases it, checkpointing everything first when asked. Page allocation evicts unlocked cached
+// pages when the pool is dry; when even that is not enough the call returns false and the scheduler waits or
+// preempts.
 
 #include <cstdint>
 #include <span>
@@ -47,15 +48,17 @@ class CacheManager {
   RadixCache::Peek peek(std::span<const int32_t> tokens, int64_t max_hit) const;
 
   // Starts seq (which must be inactive) on `tokens`: a live slot, the cached prefix (at most max_hit tokens;
-  // 0 disables the lookup) and pages for the first reserve_tokens positions (at least the cached prefix).
-  // False, holding nothing, when there is no free live slot or not enough pages.
-  bool start(CacheSeq& seq, std::span<const int32_t> tokens, int64_t max_hit, int64_t reserve_tokens);
-  // Grows seq's page table to cover `tokens` positions. False, with seq unchanged, when the pages cannot be had.
+  // 0 disables the lookup) and pages for `extra` positions after it. False, holding nothing, when there is no
+  // free live slot or not enough pages.
+  bool start(CacheSeq& seq, std::span<const int32_t> tokens, int64_t max_hit, int64_t extra);
+  // Grows seq's page table to cover `tokens` positions. False, with seq unchanged, when the pages cannot be
+  // had.
   bool reserve(CacheSeq& seq, int64_t tokens);
-  // Files tokens (all computed by seq, its live slot holding the state after the last one) in the prefix cache
-  // with a snapshot of that state, and moves seq's lock there. Does nothing without snapshot slots.
+  // Files tokens (all computed by seq, its live slot holding the state after the last one) in the prefix
+  // cache with a snapshot of that state, and moves seq's lock there. Does nothing without snapshot slots.
   void checkpoint(CacheSeq& seq, std::span<const int32_t> tokens);
-  // Releases everything seq holds; with keep, checkpoints `computed` first so a later request can resume there.
+  // Releases everything seq holds; with keep, checkpoints `computed` first so a later request can resume
+  // there.
   void finish(CacheSeq& seq, std::span<const int32_t> computed, bool keep);
 
   // Drops everything the prefix cache holds that no sequence pins.

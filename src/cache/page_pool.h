@@ -1,7 +1,7 @@
 #pragma once
-// PagePool: which KV pages are free, and how many holders each used page has. A holder is a running sequence's
-// page table or a radix-cache node; a page returns to the free list when its last holder lets go, so sharing a
-// prefix between the cache and several requests needs no ownership rules beyond ref/unref.
+// PagePool: which KV pages are free, and how many holders each used page has. A holder is a running
+// sequence's page table or a radix-cache node; a page returns to the free list when its last holder lets go,
+// so sharing a prefix between the cache and several requests needs no ownership rules beyond ref/unref.
 
 #include <cstddef>
 #include <cstdint>

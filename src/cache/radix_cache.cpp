@@ -117,7 +117,8 @@ RadixCache::Node* RadixCache::split(Node* node, int64_t upper_len) {
   int64_t upper_pages = page_count(mid) - first;       // pages up to the one holding position mid - 1
   int64_t lower_skip = first_page_index(mid) - first;  // the lower part starts in the page holding mid
   upper->pages.assign(lower->pages.begin(), lower->pages.begin() + upper_pages);
-  if (lower_skip < upper_pages) pages_.ref(lower->pages[size_t(lower_skip)]);  // a boundary page, now listed twice
+  if (lower_skip < upper_pages)
+    pages_.ref(lower->pages[size_t(lower_skip)]);  // a boundary page, now listed twice
   lower->pages.erase(lower->pages.begin(), lower->pages.begin() + lower_skip);
   lower->tokens.erase(lower->tokens.begin(), lower->tokens.begin() + upper_len);
   lower->start = mid;
@@ -222,8 +223,8 @@ bool RadixCache::evict_snapshot() {
   slots_.free_snapshot(oldest->snapshot);
   oldest->snapshot = -1;
   --snapshots_;
-  // Without a snapshot an unlocked leaf's pages can never be used again: remove it and any ancestors it leaves
-  // in the same situation.
+  // Without a snapshot an unlocked leaf's pages can never be used again: remove it and any ancestors it
+  // leaves in the same situation.
   Node* n = oldest;
   while (n != root_.get() && n->children.empty() && n->lock == 0 && n->snapshot < 0) {
     Node* parent = n->parent;
@@ -248,23 +249,28 @@ void RadixCache::check_invariants() const {
     stack.pop_back();
     int child_locks = 0;
     for (const auto& [token, child] : n->children) {
-      check(!child->tokens.empty() && child->tokens[0] == token, "radix cache: child keyed by {} starts with {}",
-            token, child->tokens.empty() ? -1 : child->tokens[0]);
+      check(!child->tokens.empty() && child->tokens[0] == token,
+            "radix cache: child keyed by {} starts with {}", token,
+            child->tokens.empty() ? -1 : child->tokens[0]);
       check(child->parent == n, "radix cache: broken parent link");
-      check(child->start == n->end(), "radix cache: child starts at {}, parent ends at {}", child->start, n->end());
+      check(child->start == n->end(), "radix cache: child starts at {}, parent ends at {}", child->start,
+            n->end());
       int64_t want = page_count(child->end()) - first_page_index(child->start);
       check(int64_t(child->pages.size()) == want, "radix cache: node [{}, {}) lists {} pages, expected {}",
             child->start, child->end(), child->pages.size(), want);
       for (int32_t p : child->pages)
-        check(p >= 0 && p < pages_.capacity() && pages_.refcount(p) > 0, "radix cache: node holds free page {}", p);
+        check(p >= 0 && p < pages_.capacity() && pages_.refcount(p) > 0,
+              "radix cache: node holds free page {}", p);
       child_locks += child->lock;
       stack.push_back(child.get());
     }
-    check(n->lock >= child_locks, "radix cache: node locked {} times, its children {} times", n->lock, child_locks);
+    check(n->lock >= child_locks, "radix cache: node locked {} times, its children {} times", n->lock,
+          child_locks);
     check(n->lock >= 0, "radix cache: negative lock count");
     if (n->snapshot >= 0) {
       check(slots_.is_snapshot(n->snapshot), "radix cache: snapshot {} is not a snapshot slot", n->snapshot);
-      check(seen_snapshots.insert(n->snapshot).second, "radix cache: snapshot slot {} held twice", n->snapshot);
+      check(seen_snapshots.insert(n->snapshot).second, "radix cache: snapshot slot {} held twice",
+            n->snapshot);
     }
     if (n != root_.get()) ++nodes;
   }

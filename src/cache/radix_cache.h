@@ -3,19 +3,21 @@
 //
 // A radix tree whose edges are token runs. A node covering positions [start, end) holds the KV pages of those
 // positions (one page-pool ref each) and, optionally, a snapshot: a state slot with the GDN state after all
-// `end` tokens of its path. A prefix is only reusable where such a snapshot exists — the recurrent state cannot
-// be rebuilt from the KV — so match() returns the longest prefix ending at a node with a snapshot.
+// `end` tokens of its path. A prefix is only reusable where such a snapshot exists — the recurrent state
+// cannot be rebuilt from the KV — so match() returns the longest prefix ending at a node with a snapshot.
 //
-// Pages are indexed by position / page_size, so a node boundary can fall inside a page. Such a boundary page is
-// listed by both nodes: by the upper one as the page holding its last rows and by the lower one as the page its
-// path continues in (the same page when one sequence wrote both, a copy-on-write copy when a second sequence
-// branched there). Along any path, the deepest node listing a page index has the right rows for the whole path,
-// and a reader that extends a path ending mid-page copies that page before writing (see CacheManager).
+// Pages are indexed by position / page_size, so a node boundary can fall inside a page. Such a boundary page
+// is listed by both nodes: by the upper one as the page holding its last rows and by the lower one as the
+// page its path continues in (the same page when one sequence wrote both, a copy-on-write copy when a second
+// sequence branched there). Along any path, the deepest node listing a page index has the right rows for the
+// whole path, and a reader that extends a path ending mid-page copies that page before writing (see
+// CacheManager).
 //
 // Locks pin a node and its ancestors while a running sequence uses their pages; eviction never touches a
-// locked node. Two independent LRU evictions: evict_pages() removes unlocked leaves (snapshot-less ones first,
-// their pages serve nobody), evict_snapshot() drops the least recently used snapshot, whether or not its node
-// is locked (a running sequence copies the snapshot into its own slot when it starts, so it no longer needs it).
+// locked node. Two independent LRU evictions: evict_pages() removes unlocked leaves (snapshot-less ones
+// first, their pages serve nobody), evict_snapshot() drops the least recently used snapshot, whether or not
+// its node is locked (a running sequence copies the snapshot into its own slot when it starts, so it no
+// longer needs it).
 
 #include <cstdint>
 #include <map>
@@ -36,9 +38,9 @@ class RadixCache {
     int64_t start = 0;
     Node* parent = nullptr;
     std::map<int32_t, std::unique_ptr<Node>> children;  // keyed by their first token
-    int lock = 0;             // sequences whose locked prefix passes through or ends here
-    uint64_t access = 0;      // logical time of the last hit or insert through here (page LRU)
-    int32_t snapshot = -1;    // state slot after the `end()` tokens of this path, or -1
+    int lock = 0;                  // sequences whose locked prefix passes through or ends here
+    uint64_t access = 0;           // logical time of the last hit or insert through here (page LRU)
+    int32_t snapshot = -1;         // state slot after the `end()` tokens of this path, or -1
     uint64_t snapshot_access = 0;  // logical time the snapshot was taken or last served a hit (snapshot LRU)
 
     int64_t end() const { return start + int64_t(tokens.size()); }
@@ -70,12 +72,12 @@ class RadixCache {
   void lock(Node* node);
   void unlock(Node* node);
 
-  // Records that tokens[0, n) have their KV in `page_table` (covering ceil(n / page_size) pages). Parts already
-  // in the tree keep the tree's pages; new parts take a ref on the caller's pages. Returns the node ending at
-  // n, splitting one if n falls inside it (the root when n == 0).
+  // Records that tokens[0, n) have their KV in `page_table` (covering ceil(n / page_size) pages). Parts
+  // already in the tree keep the tree's pages; new parts take a ref on the caller's pages. Returns the node
+  // ending at n, splitting one if n falls inside it (the root when n == 0).
   Node* insert(std::span<const int32_t> tokens, std::span<const int32_t> page_table);
-  // Gives `slot` (a snapshot slot holding the state after node->end() tokens) to node. False, leaving the slot
-  // with the caller, when the node already has one or is the root.
+  // Gives `slot` (a snapshot slot holding the state after node->end() tokens) to node. False, leaving the
+  // slot with the caller, when the node already has one or is the root.
   bool set_snapshot(Node* node, int32_t slot);
 
   // Removes unlocked leaves, least valuable first, until `pages` pages went back to the pool or nothing is

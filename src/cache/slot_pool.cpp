@@ -8,7 +8,8 @@ namespace moeserve {
 
 SlotPool::SlotPool(int live, int snapshots)
     : live_(live), snapshots_(snapshots), in_use_(size_t(live) + size_t(snapshots), false) {
-  check(live >= 0 && snapshots >= 0, "slot pool: negative slot count ({} live, {} snapshots)", live, snapshots);
+  check(live >= 0 && snapshots >= 0, "slot pool: negative slot count ({} live, {} snapshots)", live,
+        snapshots);
   for (int s = live - 1; s >= 0; --s) free_live_.push_back(s);
   for (int s = live + snapshots - 1; s >= live; --s) free_snapshot_.push_back(s);
 }
@@ -21,8 +22,12 @@ static int32_t take(std::vector<int32_t>& free, std::vector<bool>& in_use) {
   return slot;
 }
 
-int32_t SlotPool::allocate_live() { return take(free_live_, in_use_); }
-int32_t SlotPool::allocate_snapshot() { return take(free_snapshot_, in_use_); }
+int32_t SlotPool::allocate_live() {
+  return take(free_live_, in_use_);
+}
+int32_t SlotPool::allocate_snapshot() {
+  return take(free_snapshot_, in_use_);
+}
 
 void SlotPool::free_live(int32_t slot) {
   assert(is_live(slot) && in_use_[size_t(slot)] && "free of a live slot not in use");

@@ -1,8 +1,8 @@
 #pragma once
-// SlotPool: the GDN state slots of one StateCache, split by an explicit budget into live slots (one per running
-// sequence, advanced in place by every forward step) and snapshot slots (frozen copies held by radix-cache
-// nodes). Slots [0, live) are live, [live, live + snapshots) are snapshots; neither kind borrows from the other,
-// so a burst of cached snapshots can never block admission and vice versa.
+// SlotPool: the GDN state slots of one StateCache, split by an explicit budget into live slots (one per
+// running sequence, advanced in place by every forward step) and snapshot slots (frozen copies held by
+// radix-cache nodes). Slots [0, live) are live, [live, live + snapshots) are snapshots; neither kind borrows
+// from the other, so a burst of cached snapshots can never block admission and vice versa.
 
 #include <cstdint>
 #include <vector>

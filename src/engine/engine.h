@@ -4,8 +4,8 @@
 // class: submit() and cancel() put messages in a thread-safe inbox, and every request's outputs leave through
 // its own callback (GenerateRequest::on_output), called on the engine thread.
 //
-// The engine works on token ids only. Tokenising, chat templates and stop *strings* belong to the caller: when
-// its detokenised text hits a stop string it calls cancel(id) and reports "stop" itself.
+// The engine works on token ids only. Tokenising, chat templates and stop *strings* belong to the caller:
+// when its detokenised text hits a stop string it calls cancel(id) and reports "stop" itself.
 //
 // Typical use (an HTTP handler):
 //   GenerateRequest r{.id = "cmpl-1", .prompt = ids, .params = p};
@@ -23,15 +23,16 @@
 namespace moeserve {
 
 struct ModelWeights;
-class ModelRunner;  // engine/model_runner.h: what the engine needs from a model (the real one or a test double)
+class ModelRunner;  // engine/model_runner.h: what the engine needs from a model (the real one or a test
+                    // double)
 
 struct SamplingParams {
-  float temperature = 1.0f;  // 0 = greedy (argmax)
-  float top_p = 1.0f;        // nucleus mass, (0, 1]
-  int top_k = 0;             // 0 or -1 = off
-  float min_p = 0.0f;        // drop tokens with p < min_p * p_max; 0 = off
-  float presence_penalty = 0.0f;    // OpenAI semantics, over generated tokens: logit -= presence * [count > 0]
-  float frequency_penalty = 0.0f;   //                                          logit -= frequency * count
+  float temperature = 1.0f;        // 0 = greedy (argmax)
+  float top_p = 1.0f;              // nucleus mass, (0, 1]
+  int top_k = 0;                   // 0 or -1 = off
+  float min_p = 0.0f;              // drop tokens with p < min_p * p_max; 0 = off
+  float presence_penalty = 0.0f;   // OpenAI semantics, over generated tokens: logit -= presence * [count > 0]
+  float frequency_penalty = 0.0f;  //                                          logit -= frequency * count
   float repetition_penalty = 1.0f;  // HF/vLLM semantics, over prompt + generated: logit /= p if > 0 else *= p
   std::optional<uint64_t> seed;     // same seed -> same tokens, whatever else shares the batch
   std::optional<int> max_tokens;    // new tokens; unset = until the context (max_model_len) is full
@@ -40,7 +41,8 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;  // finish "stop" on any of these, in addition to the model's eos ids
   bool logprobs = false;                // logprob of each sampled token
   int top_logprobs = 0;                 // and of the top-N alternatives (needs logprobs)
-  std::optional<int> prompt_logprobs;   // logprobs of the prompt tokens plus top-N; disables the prefix-cache hit
+  std::optional<int>
+      prompt_logprobs;  // logprobs of the prompt tokens plus top-N; disables the prefix-cache hit
 };
 
 struct GenerateOutput;
@@ -80,8 +82,8 @@ struct Usage {
 // One event of a request's stream: the tokens produced since the previous event.
 struct GenerateOutput {
   std::string request_id;
-  std::vector<int32_t> tokens;                // new token ids (a stop/eos token that ended the request included)
-  std::vector<LogprobEntry> logprobs;         // one per entry of tokens, when params.logprobs
+  std::vector<int32_t> tokens;         // new token ids (a stop/eos token that ended the request included)
+  std::vector<LogprobEntry> logprobs;  // one per entry of tokens, when params.logprobs
   std::vector<LogprobEntry> prompt_logprobs;  // first event only, when asked: prompt positions 1..n-1
   bool finished = false;
   FinishReason finish_reason = FinishReason::None;
@@ -99,8 +101,8 @@ class OutputStream {
   OutputStream();
   ~OutputStream();
   std::function<void(const GenerateOutput&)> sink();  // keeps this stream alive
-  std::optional<GenerateOutput> next();                // blocks; nullopt after the final event was taken
-  std::optional<GenerateOutput> try_next();            // never blocks
+  std::optional<GenerateOutput> next();               // blocks; nullopt after the final event was taken
+  std::optional<GenerateOutput> try_next();           // never blocks
   // Blocks until the final event and returns all events merged into one (tokens, logprobs concatenated).
   GenerateOutput collect();
 
@@ -119,13 +121,13 @@ struct EngineOptions {
   int64_t cache_memory_bytes = 0;
   double mem_fraction = 0.0;
   int max_running_requests = 32;  // = live GDN state slots
-  int snapshot_slots = -1;        // GDN state snapshots the prefix cache may hold; -1 = 2 x max_running_requests
+  int snapshot_slots = -1;  // GDN state snapshots the prefix cache may hold; -1 = 2 x max_running_requests
   int chunked_prefill_size = 2048;  // prompt tokens of one request per step
   int max_prefill_tokens = 8192;    // prompt tokens of all requests per step
   int64_t max_model_len = 0;        // prompt + output limit; 0 = the model's max_position_embeddings
   SchedulePolicy policy = SchedulePolicy::Fcfs;
   bool enable_prefix_cache = true;
-  int max_queued_requests = 0;  // submit() throws when this many wait; 0 = unlimited
+  int max_queued_requests = 0;                        // submit() throws when this many wait; 0 = unlimited
   std::optional<std::vector<int32_t>> eos_token_ids;  // unset = the model config's
 };
 
@@ -175,11 +177,11 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Validates and queues. Throws moeserve::Error (a message for a 400) on an empty or out-of-vocabulary
-  // prompt, prompt + max_tokens over max_model_len, bad sampling values, a duplicate live id, a full queue, or
-  // after shutdown.
+  // prompt, prompt + max_tokens over max_model_len, bad sampling values, a duplicate live id, a full queue,
+  // or after shutdown.
   void submit(GenerateRequest request);
-  // Finishes the request with FinishReason::Abort (its final event still arrives) and frees its pages and slot
-  // within one step. False when no live request has this id.
+  // Finishes the request with FinishReason::Abort (its final event still arrives) and frees its pages and
+  // slot within one step. False when no live request has this id.
   bool cancel(const std::string& id);
 
   EngineStats stats() const;  // thread-safe snapshot, refreshed after every step

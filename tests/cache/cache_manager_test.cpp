@@ -28,7 +28,9 @@ class Simulator {
     ASSERT_LT(size_t(pos / page_size_), s.pages.size());
     cm.kv().keys(0, s.pages[size_t(pos / page_size_)])[pos % page_size_] = float(token);
   }
-  float read(const CacheSeq& s, int64_t pos) { return cm.kv().keys(0, s.pages[size_t(pos / page_size_)])[pos % page_size_]; }
+  float read(const CacheSeq& s, int64_t pos) {
+    return cm.kv().keys(0, s.pages[size_t(pos / page_size_)])[pos % page_size_];
+  }
   void set_state(const CacheSeq& s, std::span<const int32_t> tokens) {
     cm.state().conv(0, s.slot)[0] = float(tokens.size());
     cm.state().conv(0, s.slot)[1] = hash(tokens);
@@ -36,7 +38,8 @@ class Simulator {
 
   // Checks that seq's view of [0, cached) and its starting state are those of `tokens`.
   void expect_prefix_intact(const CacheSeq& s, const std::vector<int32_t>& tokens) {
-    for (int64_t p = 0; p < s.cached; ++p) ASSERT_EQ(read(s, p), float(tokens[size_t(p)])) << "position " << p;
+    for (int64_t p = 0; p < s.cached; ++p)
+      ASSERT_EQ(read(s, p), float(tokens[size_t(p)])) << "position " << p;
     if (s.cached > 0) {
       ASSERT_EQ(cm.state().conv(0, s.slot)[0], float(s.cached));
       ASSERT_EQ(cm.state().conv(0, s.slot)[1], hash({tokens.data(), size_t(s.cached)}));
@@ -65,7 +68,7 @@ TEST(CacheManager, HitCopiesPartialPageAndRestoresSnapshot) {
   Simulator sim(4, 16, 2, 2);
   std::vector<int32_t> turn1 = {5, 6, 7, 8, 9, 10};
   CacheSeq a;
-  ASSERT_TRUE(sim.cm.start(a, turn1, 5, 6));
+  ASSERT_TRUE(sim.cm.start(a, turn1, 5, 6));  // no hit: 6 positions
   for (int p = 0; p < 6; ++p) sim.write(a, p, turn1[size_t(p)]);
   sim.set_state(a, turn1);
   sim.cm.finish(a, turn1, /*keep=*/true);
@@ -73,7 +76,7 @@ TEST(CacheManager, HitCopiesPartialPageAndRestoresSnapshot) {
   std::vector<int32_t> turn2 = turn1;
   turn2.insert(turn2.end(), {11, 12, 13});
   CacheSeq b;
-  ASSERT_TRUE(sim.cm.start(b, turn2, 8, 9));
+  ASSERT_TRUE(sim.cm.start(b, turn2, 8, 3));
   EXPECT_EQ(b.cached, 6);
   sim.expect_prefix_intact(b, turn2);
   // Position 6 shares page 1 with the cached positions 4, 5: b must own a copy before writing there.
@@ -106,8 +109,8 @@ TEST(CacheManager, FullCacheDegradesToRecomputation) {
 }
 
 // Random starts, chunked computation, checkpoints, decodes and finishes against the simulator. With room for
-// everything (no eviction) every hit must be exactly the longest checkpointed prefix; under pressure every hit
-// must still read back the right tokens and state, and the books must balance after every operation.
+// everything (no eviction) every hit must be exactly the longest checkpointed prefix; under pressure every
+// hit must still read back the right tokens and state, and the books must balance after every operation.
 void soak(int page_size, int64_t pages, int live, int snapshots, bool exact, int ops, uint32_t seed) {
   Simulator sim(page_size, pages, live, snapshots);
   std::mt19937 rng(seed);
@@ -134,7 +137,7 @@ void soak(int page_size, int64_t pages, int live, int snapshots, bool exact, int
       for (int i = uniform(r->tokens.empty() ? 1 : 0, 6); i > 0; --i) r->tokens.push_back(uniform(0, 7));
       int64_t n = int64_t(r->tokens.size());
       evicting_starts += sim.cm.pages_free() < (n + page_size - 1) / page_size;
-      if (!sim.cm.start(r->seq, r->tokens, n - 1, n)) {
+      if (!sim.cm.start(r->seq, r->tokens, n - 1, n - sim.cm.peek(r->tokens, n - 1).length)) {
         ASSERT_FALSE(exact) << "start failed with room to spare";
         ASSERT_FALSE(r->seq.active());
         check_all(sim, running);

@@ -1,0 +1,282 @@
+// EngineCore: one step = schedule, run the model on the batch, sample, stream, retire.
+#include "engine/engine_core.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "engine/capacity.h"
+
+namespace moeserve {
+
+namespace {
+
+constexpr int kMaxLogprobs = 20;  // OpenAI's limit for top_logprobs
+
+void validate_request(const GenerateRequest& r, int64_t vocab, int64_t max_model_len) {
+  const SamplingParams& p = r.params;
+  check(!r.id.empty(), "the request id is empty");
+  check(!r.prompt.empty(), "request {}: the prompt is empty", r.id);
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    check(r.prompt[i] >= 0 && r.prompt[i] < vocab,
+          "request {}: prompt token {} at position {} is outside the "
+          "vocabulary [0, {})",
+          r.id, r.prompt[i], i, vocab);
+  const int64_t n = int64_t(r.prompt.size());
+  check(n < max_model_len,
+        "request {}: the prompt has {} tokens, but this model's maximum context length is {} "
+        "tokens, prompt and output together",
+        r.id, n, max_model_len);
+  if (p.max_tokens) {
+    check(*p.max_tokens >= 1, "request {}: max_tokens must be at least 1, got {}", r.id, *p.max_tokens);
+    check(n + *p.max_tokens <= max_model_len,
+          "request {}: this model's maximum context length is {} tokens, but "
+          "{} were requested ({} in the prompt, {} for the output)",
+          r.id, max_model_len, n + *p.max_tokens, n, *p.max_tokens);
+  }
+  check(std::isfinite(p.temperature) && p.temperature >= 0, "request {}: temperature must be >= 0, got {}",
+        r.id, p.temperature);
+  check(p.top_p > 0 && p.top_p <= 1, "request {}: top_p must be in (0, 1], got {}", r.id, p.top_p);
+  check(p.top_k >= -1, "request {}: top_k must be -1, 0 (off) or positive, got {}", r.id, p.top_k);
+  check(p.min_p >= 0 && p.min_p <= 1, "request {}: min_p must be in [0, 1], got {}", r.id, p.min_p);
+  check(p.repetition_penalty > 0 && std::isfinite(p.repetition_penalty),
+        "request {}: repetition_penalty must be > 0, got {}", r.id, p.repetition_penalty);
+  check(std::abs(p.presence_penalty) <= 2, "request {}: presence_penalty must be in [-2, 2], got {}", r.id,
+        p.presence_penalty);
+  check(std::abs(p.frequency_penalty) <= 2, "request {}: frequency_penalty must be in [-2, 2], got {}", r.id,
+        p.frequency_penalty);
+  check(p.min_tokens >= 0 && (!p.max_tokens || p.min_tokens <= *p.max_tokens),
+        "request {}: min_tokens must be in [0, max_tokens], got {}", r.id, p.min_tokens);
+  check(p.top_logprobs >= 0 && p.top_logprobs <= kMaxLogprobs,
+        "request {}: top_logprobs must be in [0, {}], got {}", r.id, kMaxLogprobs, p.top_logprobs);
+  check(!p.prompt_logprobs || (*p.prompt_logprobs >= 0 && *p.prompt_logprobs <= kMaxLogprobs),
+        "request {}: prompt_logprobs must be in [0, {}]", r.id, kMaxLogprobs);
+  for (int32_t t : p.stop_token_ids)
+    check(t >= 0 && t < vocab, "request {}: stop token id {} is outside the vocabulary [0, {})", r.id, t,
+          vocab);
+}
+
+}  // namespace
+
+EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& options)
+    : model_(std::move(model)), options_(options) {
+  check(model_ != nullptr, "engine: no model");
+  vocab_ = model_->vocab_size();
+  eos_ = options_.eos_token_ids ? *options_.eos_token_ids : model_->eos_token_ids();
+  capacity_ = size_caches(model_->kv_cache_spec(options_.page_size, 0), model_->state_cache_spec(0), options_,
+                          model_->max_position_embeddings(), available_memory_bytes());
+  cache_ = std::make_unique<CacheManager>(
+      model_->kv_cache_spec(capacity_.page_size, capacity_.kv_pages),
+      model_->state_cache_spec(capacity_.live_slots + capacity_.snapshot_slots), capacity_.live_slots,
+      capacity_.snapshot_slots, options_.enable_prefix_cache);
+  SchedulerOptions so;
+  so.chunked_prefill_size = std::max(options_.chunked_prefill_size, 1);
+  so.max_prefill_tokens = std::max(options_.max_prefill_tokens, so.chunked_prefill_size);
+  so.max_running_requests = capacity_.live_slots;
+  so.policy = options_.policy;
+  scheduler_ = std::make_unique<Scheduler>(*cache_, so);
+}
+
+void EngineCore::validate(const GenerateRequest& request) const {
+  validate_request(request, vocab_, capacity_.max_model_len);
+}
+
+void EngineCore::add(GenerateRequest request) {
+  auto r = std::make_unique<Request>();
+  r->id = std::move(request.id);
+  r->tokens = std::move(request.prompt);
+  r->prompt_len = int64_t(r->tokens.size());
+  r->params = std::move(request.params);
+  r->max_tokens = r->params.max_tokens ? *r->params.max_tokens : capacity_.max_model_len - r->prompt_len;
+  r->priority = request.priority;
+  r->on_output = std::move(request.on_output);
+  r->prompt_logprobs_pending = r->params.prompt_logprobs.has_value();
+  r->arrival = next_arrival_++;
+  r->sampler.emplace(r->params, r->tokens, r->params.seed ? *r->params.seed : seed_source_());
+  Request* raw = r.get();
+  check(requests_.emplace(raw->id, std::move(r)).second, "a request with id {} is already running", raw->id);
+  scheduler_->enqueue(raw);
+}
+
+bool EngineCore::cancel(const std::string& id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  finish(it->second.get(), FinishReason::Abort, true);
+  return true;
+}
+
+void EngineCore::abort_all() {
+  while (!requests_.empty()) finish(requests_.begin()->second.get(), FinishReason::Abort, false);
+}
+
+void EngineCore::step() {
+  std::vector<ScheduledChunk> plan = scheduler_->schedule();
+  if (plan.empty()) {
+    // Nothing runs and nothing can be admitted: only a request larger than the whole cache does this, and
+    // submit() rejects those. Fail it rather than spin.
+    if (scheduler_->running().empty() && !scheduler_->waiting().empty())
+      finish(scheduler_->waiting().front(), FinishReason::Error, false,
+             "the request does not fit in the KV cache");
+    return;
+  }
+
+  std::vector<SequenceStep> batch;
+  batch.reserve(plan.size());
+  for (const auto& c : plan) {
+    Request* r = c.request;
+    SequenceStep s;
+    s.tokens = std::span<const int32_t>(r->tokens.data() + r->computed, size_t(c.tokens));
+    s.start_pos = r->computed;
+    s.pages = r->cache.pages;
+    s.state_slot = r->cache.slot;
+    s.all_logits = r->prompt_logprobs_pending;
+    batch.push_back(s);
+  }
+  ForwardOutput out;
+  try {
+    out = model_->forward(batch, cache_->kv(), cache_->state());
+  } catch (const std::exception& e) {
+    spdlog::error("engine: forward pass failed: {}", e.what());
+    for (const auto& c : plan)
+      finish(c.request, FinishReason::Error, false, fmt::format("forward pass failed: {}", e.what()));
+    return;
+  }
+  ++counters_.steps;
+
+  const float* row = out.logits.data();
+  for (const auto& c : plan) {
+    Request* r = c.request;
+    const int64_t rows = r->prompt_logprobs_pending ? c.tokens : 1;
+    if (r->uncomputed() > 1 || r->generated() == 0) counters_.prefill_tokens += uint64_t(c.tokens);
+    std::vector<LogprobEntry> prompt_logprobs;
+    if (r->prompt_logprobs_pending) {
+      for (int64_t i = 0; i < rows; ++i) {
+        int64_t predicted = r->computed + i + 1;  // row i predicts this position
+        if (predicted < r->prompt_len)
+          r->prompt_logprobs.push_back(compute_logprobs(
+              {row + i * vocab_, size_t(vocab_)}, r->tokens[size_t(predicted)], *r->params.prompt_logprobs));
+      }
+    }
+    const float* last = row + (rows - 1) * vocab_;
+    row += rows * vocab_;
+    scheduler_->advance(r, c.tokens);
+    if (r->computed == int64_t(r->tokens.size())) {
+      if (r->prompt_logprobs_pending) {
+        r->prompt_logprobs_pending = false;
+        prompt_logprobs = std::move(r->prompt_logprobs);
+      }
+      sample_and_emit(r, last, std::move(prompt_logprobs));
+    }
+  }
+}
+
+void EngineCore::sample_and_emit(Request* r, const float* row, std::vector<LogprobEntry> prompt_logprobs) {
+  const SamplingParams& p = r->params;
+  std::span<const float> logits(row, size_t(vocab_));
+  std::vector<int32_t> banned;
+  if (r->generated() < p.min_tokens) {
+    if (!p.ignore_eos) banned = eos_;
+    banned.insert(banned.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+  }
+  const int32_t token = r->sampler->sample(logits, banned);
+  r->tokens.push_back(token);
+  ++counters_.generation_tokens;
+
+  GenerateOutput out;
+  out.tokens = {token};
+  if (p.logprobs) out.logprobs.push_back(compute_logprobs(logits, token, p.top_logprobs));
+  out.prompt_logprobs = std::move(prompt_logprobs);
+  const bool is_eos = !p.ignore_eos && std::find(eos_.begin(), eos_.end(), token) != eos_.end();
+  const bool is_stop =
+      std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+  if (is_eos || is_stop) {
+    out.finished = true;
+    out.finish_reason = FinishReason::Stop;
+    out.stop_token = token;
+  } else if (r->generated() >= r->max_tokens || int64_t(r->tokens.size()) >= capacity_.max_model_len) {
+    out.finished = true;
+    out.finish_reason = FinishReason::Length;
+  }
+  if (out.finished) {
+    finish(r, std::move(out), true);
+  } else {
+    emit(r, out);
+  }
+}
+
+void EngineCore::emit(Request* r, GenerateOutput& out) {
+  out.request_id = r->id;
+  out.usage.prompt_tokens = r->prompt_len;
+  out.usage.completion_tokens = r->generated();
+  out.usage.cached_tokens = std::max<int64_t>(r->cached_tokens, 0);
+  if (!r->on_output) return;
+  try {
+    r->on_output(out);
+  } catch (const std::exception& e) {
+    spdlog::warn("engine: output callback of request {} threw: {}", r->id, e.what());
+  }
+}
+
+void EngineCore::finish(Request* r, FinishReason reason, bool keep, std::string error) {
+  GenerateOutput out;
+  out.finished = true;
+  out.finish_reason = reason;
+  out.error = std::move(error);
+  finish(r, std::move(out), keep);
+}
+
+void EngineCore::finish(Request* r, GenerateOutput final_event, bool keep) {
+  scheduler_->remove(r, keep);
+  ++counters_.requests_finished;
+  if (final_event.finish_reason == FinishReason::Abort) ++counters_.requests_aborted;
+  // The id is free again before the client sees the end of its stream, so it may reuse it at once.
+  const std::string id = r->id;
+  if (on_retired_) on_retired_(id);
+  emit(r, final_event);
+  requests_.erase(id);  // r dies here
+}
+
+EngineStats EngineCore::stats() const {
+  EngineStats s = counters_;
+  s.running = int(scheduler_->running().size());
+  s.queued = int(scheduler_->waiting().size());
+  s.kv_pages_total = cache_->pages_total();
+  s.kv_pages_used = cache_->pages_in_sequences();
+  s.kv_pages_cached = cache_->pages_cached_only();
+  s.kv_pages_free = cache_->pages_free();
+  s.live_slots_total = cache_->slots().live_total();
+  s.live_slots_used = cache_->slots().live_used();
+  s.snapshot_slots_total = cache_->slots().snapshot_total();
+  s.snapshot_slots_used = cache_->slots().snapshot_used();
+  s.prefix_cache_queries = scheduler_->counters().prefix_cache_queries;
+  s.prefix_cache_hits = scheduler_->counters().prefix_cache_hits;
+  s.preemptions = scheduler_->counters().preemptions;
+  s.prompt_tokens = s.prefix_cache_queries;
+  return s;
+}
+
+void EngineCore::check_invariants() const {
+  std::vector<const CacheSeq*> running;
+  for (const Request* r : scheduler_->running()) {
+    check(r->running, "engine: request {} is in the running list but not marked running", r->id);
+    check(r->computed >= r->cache.cached && r->computed < int64_t(r->tokens.size()),
+          "engine: request {} computed {} of {} tokens (cached {})", r->id, r->computed, r->tokens.size(),
+          r->cache.cached);
+    check(int64_t(r->cache.pages.size()) * capacity_.page_size >= r->computed,
+          "engine: request {} computed {} tokens but holds {} pages", r->id, r->computed,
+          r->cache.pages.size());
+    running.push_back(&r->cache);
+  }
+  for (const Request* r : scheduler_->waiting())
+    check(!r->running && !r->cache.active() && r->computed == 0,
+          "engine: waiting request {} holds cache state", r->id);
+  check(scheduler_->running().size() + scheduler_->waiting().size() == requests_.size(),
+        "engine: {} running + {} waiting, but {} live requests", scheduler_->running().size(),
+        scheduler_->waiting().size(), requests_.size());
+  cache_->check_invariants(running);
+}
+
+}  // namespace moeserve

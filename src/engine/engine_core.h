@@ -1,0 +1,69 @@
+#pragma once
+// EngineCore: the engine without its thread — requests, scheduler, caches, model and sampling, driven one
+// step() at a time. Engine wraps it in a thread with an inbox; tests drive it directly to check invariants
+// between steps. Not thread-safe.
+
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <unordered_map>
+
+#include "cache/cache_manager.h"
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+
+namespace moeserve {
+
+class EngineCore {
+ public:
+  EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& options);
+
+  const EngineCapacity& capacity() const { return capacity_; }
+  int64_t vocab_size() const { return vocab_; }
+  const std::vector<int32_t>& eos_token_ids() const { return eos_; }
+
+  // Throws moeserve::Error when the request is invalid (see Engine::submit).
+  void validate(const GenerateRequest& request) const;
+  // Queues a validated request; its id must not be live.
+  void add(GenerateRequest request);
+  // Finishes the request with FinishReason::Abort; false when no live request has this id.
+  bool cancel(const std::string& id);
+  void abort_all();
+  void flush_cache() { cache_->flush(); }
+
+  bool idle() const { return requests_.empty(); }
+  // One forward step (nothing when idle).
+  void step();
+
+  // Called with a request's id once its final event went out.
+  void set_on_retired(std::function<void(const std::string&)> fn) { on_retired_ = std::move(fn); }
+
+  EngineStats stats() const;
+  // For tests: throws moeserve::Error on any broken invariant (caches, locks, page ownership).
+  void check_invariants() const;
+
+ private:
+  void sample_and_emit(Request* r, const float* row, std::vector<LogprobEntry> prompt_logprobs);
+  // Retires r: releases its caches (filing its tokens in the prefix cache when keep) and sends final_event.
+  void finish(Request* r, GenerateOutput final_event, bool keep);
+  void finish(Request* r, FinishReason reason, bool keep, std::string error = {});
+  void emit(Request* r, GenerateOutput& out);
+
+  std::unique_ptr<ModelRunner> model_;
+  EngineOptions options_;
+  EngineCapacity capacity_;
+  std::vector<int32_t> eos_;
+  int64_t vocab_ = 0;
+  std::unique_ptr<CacheManager> cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
+  std::mt19937_64 seed_source_{std::random_device{}()};
+  uint64_t next_arrival_ = 0;
+  EngineStats counters_;
+  std::function<void(const std::string&)> on_retired_;
+};
+
+}  // namespace moeserve

@@ -1,0 +1,41 @@
+// The engine on the real model: Qwen35Model on the CPU backend.
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "model/qwen35.h"
+
+namespace moeserve {
+
+namespace {
+
+class Qwen35Runner : public ModelRunner {
+ public:
+  explicit Qwen35Runner(const ModelWeights& weights)
+      : weights_(weights), backend_(make_cpu_backend()), model_(weights, *backend_) {}
+
+  int64_t vocab_size() const override { return weights_.config.vocab_size; }
+  int64_t max_position_embeddings() const override { return weights_.config.max_position_embeddings; }
+  std::vector<int32_t> eos_token_ids() const override {
+    return {weights_.config.eos_token_ids.begin(), weights_.config.eos_token_ids.end()};
+  }
+  KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const override {
+    return model_.kv_cache_spec(page_size, num_pages);
+  }
+  StateCacheSpec state_cache_spec(int num_slots) const override { return model_.state_cache_spec(num_slots); }
+  ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
+    return model_.forward(batch, kv, state);
+  }
+
+ private:
+  const ModelWeights& weights_;
+  std::unique_ptr<Backend> backend_;
+  Qwen35Model model_;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::create(const ModelWeights& weights, const EngineOptions& options) {
+  return create(std::make_unique<Qwen35Runner>(weights), options);
+}
+
+}  // namespace moeserve

@@ -1,0 +1,42 @@
+#pragma once
+// Request: the engine thread's record of one generation request (internal to the engine).
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/cache_manager.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+
+namespace moeserve {
+
+struct Request {
+  std::string id;
+  std::vector<int32_t> tokens;  // the prompt, then every generated token
+  int64_t prompt_len = 0;
+  SamplingParams params;
+  int64_t max_tokens = 0;  // resolved against max_model_len
+  int priority = 0;
+  uint64_t arrival = 0;  // order of submission
+  std::function<void(const GenerateOutput&)> on_output;
+  std::optional<Sampler> sampler;
+
+  // Progress through the caches.
+  CacheSeq cache;
+  int64_t computed = 0;        // tokens[0, computed) are in the KV pages and the live state
+  int64_t checkpoint_at = 0;   // a prefill chunk must end here (a branch point worth a snapshot); 0 = none
+  int64_t cached_tokens = -1;  // prompt tokens the first admission found cached (usage), -1 before it
+  bool running = false;
+
+  // Prompt logprobs, collected chunk by chunk (they need every prompt row's logits, hence no cache hit).
+  bool prompt_logprobs_pending = false;
+  std::vector<LogprobEntry> prompt_logprobs;
+
+  int64_t generated() const { return int64_t(tokens.size()) - prompt_len; }
+  int64_t uncomputed() const { return int64_t(tokens.size()) - computed; }
+};
+
+}  // namespace moeserve

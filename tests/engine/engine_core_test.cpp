@@ -1,0 +1,417 @@
+#include "engine/engine_core.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "fake_model.h"
+
+namespace moeserve {
+namespace {
+
+using fake::FakeModel;
+
+struct Harness {
+  explicit Harness(EngineOptions options = defaults(), int64_t vocab = 32) {
+    auto m = std::make_unique<FakeModel>(vocab);
+    model = m.get();
+    core = std::make_unique<EngineCore>(std::move(m), options);
+  }
+  static EngineOptions defaults() {
+    EngineOptions o;
+    o.page_size = 4;
+    o.cache_memory_bytes = 1 << 20;
+    o.max_running_requests = 16;
+    o.chunked_prefill_size = 32;
+    o.max_prefill_tokens = 64;
+    return o;
+  }
+
+  std::shared_ptr<OutputStream> submit(const std::string& id, std::vector<int32_t> prompt, SamplingParams p,
+                                       int priority = 0) {
+    GenerateRequest r{id, std::move(prompt), std::move(p), priority, {}};
+    auto stream = std::make_shared<OutputStream>();
+    r.on_output = stream->sink();
+    core->validate(r);
+    core->add(std::move(r));
+    return stream;
+  }
+  void step() {
+    core->step();
+    core->check_invariants();
+  }
+  void run_until_idle(int max_steps = 100000) {
+    for (int i = 0; i < max_steps && !core->idle(); ++i) step();
+    ASSERT_TRUE(core->idle());
+  }
+  GenerateOutput generate(const std::string& id, std::vector<int32_t> prompt, SamplingParams p) {
+    auto s = submit(id, std::move(prompt), std::move(p));
+    run_until_idle();
+    return s->collect();
+  }
+
+  FakeModel* model;
+  std::unique_ptr<EngineCore> core;
+};
+
+SamplingParams greedy(int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int vocab = 32) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = std::uniform_int_distribution<int>(1, vocab - 1)(rng);
+  return t;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(EngineCore, GreedyMatchesReference) {
+  Harness h;
+  std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  auto out = h.generate("a", prompt, greedy(12));
+  EXPECT_EQ(out.tokens, h.model->expected_greedy(prompt, 12));
+  EXPECT_EQ(out.finish_reason, FinishReason::Length);
+  EXPECT_EQ(out.usage.prompt_tokens, 8);
+  EXPECT_EQ(out.usage.completion_tokens, 12);
+}
+
+TEST(EngineCore, BatchedEqualsAlone) {
+  Harness h;
+  std::mt19937 rng(1);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (int i = 0; i < 16; ++i) {
+    prompts.push_back(random_tokens(rng, std::uniform_int_distribution<int>(1, 100)(rng)));
+    streams.push_back(h.submit("r" + std::to_string(i), prompts.back(), greedy(20)));
+  }
+  h.run_until_idle();
+  for (int i = 0; i < 16; ++i)
+    EXPECT_EQ(streams[size_t(i)]->collect().tokens, h.model->expected_greedy(prompts[size_t(i)], 20)) << i;
+  // Requests really shared steps: far fewer steps than running them one after another.
+  EXPECT_LT(h.model->steps, 16 * 20);
+}
+
+TEST(EngineCore, CacheHitEqualsMiss) {
+  Harness h;
+  std::mt19937 rng(2);
+  auto prefix = random_tokens(rng, 60);
+  auto first = h.generate("a", prefix, greedy(5));
+  auto prompt = concat(concat(prefix, first.tokens), random_tokens(rng, 10));
+  auto second = h.generate("b", prompt, greedy(8));
+  EXPECT_GE(second.usage.cached_tokens, 64);  // prompt + output of the first, but its last token
+  EXPECT_EQ(second.tokens, h.model->expected_greedy(prompt, 8));
+
+  Harness cold;
+  EXPECT_EQ(cold.generate("b", prompt, greedy(8)).tokens, second.tokens);
+}
+
+TEST(EngineCore, TenTurnConversationHitsEveryEarlierTurn) {
+  Harness h;
+  std::mt19937 rng(3);
+  std::vector<int32_t> conversation = random_tokens(rng, 20);
+  for (int turn = 0; turn < 10; ++turn) {
+    auto out = h.generate("t" + std::to_string(turn), conversation, greedy(6));
+    EXPECT_EQ(out.tokens, h.model->expected_greedy(conversation, 6));
+    if (turn > 0) {
+      EXPECT_GE(out.usage.cached_tokens, int64_t(conversation.size()) - 12) << "turn " << turn;
+    }
+    conversation = concat(concat(conversation, out.tokens), random_tokens(rng, 5));
+  }
+  auto stats = h.core->stats();
+  EXPECT_GT(stats.prefix_cache_hits, stats.prefix_cache_queries / 2);
+}
+
+TEST(EngineCore, RepeatedPromptHitsFromTheThirdTime) {
+  EngineOptions o = Harness::defaults();
+  o.chunked_prefill_size = o.max_prefill_tokens = 256;  // one chunk: no snapshot inside the prompt
+  Harness h(o);
+  std::mt19937 rng(4);
+  auto prompt = random_tokens(rng, 80);
+  EXPECT_EQ(h.generate("1", prompt, greedy(3)).usage.cached_tokens, 0);
+  // The second run finds the prompt's KV without a snapshot inside it: it files one at len - 1 on the way.
+  EXPECT_EQ(h.generate("2", prompt, greedy(3)).usage.cached_tokens, 0);
+  auto third = h.generate("3", prompt, greedy(3));
+  EXPECT_EQ(third.usage.cached_tokens, 79);
+  EXPECT_EQ(third.tokens, h.model->expected_greedy(prompt, 3));
+}
+
+TEST(EngineCore, SharedSystemPromptGetsASnapshotAtTheBranchPoint) {
+  Harness h;
+  std::mt19937 rng(5);
+  auto system = random_tokens(rng, 64);
+  h.generate("a", concat(system, random_tokens(rng, 10)), greedy(2));
+  h.generate("b", concat(system, random_tokens(rng, 10)), greedy(2));
+  auto prompt = concat(system, random_tokens(rng, 10));
+  auto c = h.generate("c", prompt, greedy(4));
+  EXPECT_EQ(c.usage.cached_tokens, 64);
+  EXPECT_EQ(c.tokens, h.model->expected_greedy(prompt, 4));
+}
+
+TEST(EngineCore, SimultaneousRequestsComputeTheirSharedPromptOnce) {
+  EngineOptions o = Harness::defaults();
+  o.chunked_prefill_size = o.max_prefill_tokens = 256;
+  Harness h(o);
+  std::mt19937 rng(9);
+  auto prompt = random_tokens(rng, 80);
+  std::vector<std::shared_ptr<OutputStream>> samples;
+  for (int i = 0; i < 4; ++i) {  // what a server does for n = 4
+    SamplingParams p;
+    p.max_tokens = 5;
+    p.seed = uint64_t(i);
+    samples.push_back(h.submit("n" + std::to_string(i), prompt, p));
+  }
+  h.run_until_idle();
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(samples[size_t(i)]->collect().usage.cached_tokens, i == 0 ? 0 : 79) << i;
+  EXPECT_EQ(h.core->stats().prefill_tokens, 80u + 3u);
+}
+
+TEST(EngineCore, LongPromptIsSnapshottedAtChunkBoundaries) {
+  Harness h;  // chunks of 32
+  std::mt19937 rng(6);
+  auto doc = random_tokens(rng, 100);
+  h.generate("a", concat(doc, random_tokens(rng, 5)), greedy(1));
+  auto prompt = concat(doc, random_tokens(rng, 5));
+  auto b = h.generate("b", prompt, greedy(3));
+  EXPECT_EQ(b.usage.cached_tokens, 96);  // the last chunk boundary inside the shared document
+  EXPECT_EQ(b.tokens, h.model->expected_greedy(prompt, 3));
+}
+
+TEST(EngineCore, PoolTooSmallPreemptsAndFinishesCorrectly) {
+  EngineOptions o = Harness::defaults();
+  o.cache_memory_bytes = 3000;  // about 160 tokens of KV for 8 requests of 90 tokens
+  o.max_running_requests = 8;
+  o.snapshot_slots = 4;
+  o.max_model_len = 100;
+  Harness h(o);
+  std::mt19937 rng(7);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(random_tokens(rng, 40));
+    streams.push_back(h.submit("r" + std::to_string(i), prompts.back(), greedy(50)));
+  }
+  h.run_until_idle();
+  for (int i = 0; i < 8; ++i) {
+    auto out = streams[size_t(i)]->collect();
+    EXPECT_EQ(out.finish_reason, FinishReason::Length);
+    EXPECT_EQ(out.tokens, h.model->expected_greedy(prompts[size_t(i)], 50)) << i;
+  }
+  auto s = h.core->stats();
+  EXPECT_GT(s.preemptions, 0u);
+  EXPECT_EQ(s.kv_pages_used, 0);
+  EXPECT_EQ(s.live_slots_used, 0);
+  h.core->flush_cache();
+  s = h.core->stats();
+  EXPECT_EQ(s.kv_pages_free, s.kv_pages_total);
+  EXPECT_EQ(s.snapshot_slots_used, 0);
+}
+
+TEST(EngineCore, CancelEndsTheStreamAndFreesPagesAtOnce) {
+  Harness h;
+  auto stream = h.submit("a", {1, 2, 3, 4, 5}, greedy(1000));
+  h.step();
+  h.step();
+  EXPECT_GT(h.core->stats().kv_pages_used, 0);
+  EXPECT_TRUE(h.core->cancel("a"));
+  EXPECT_FALSE(h.core->cancel("a"));
+  auto out = stream->collect();
+  EXPECT_EQ(out.finish_reason, FinishReason::Abort);
+  EXPECT_EQ(out.tokens.size(), 2u);
+  EXPECT_TRUE(h.core->idle());
+  EXPECT_EQ(h.core->stats().kv_pages_used, 0);
+  EXPECT_EQ(h.core->stats().requests_aborted, 1u);
+}
+
+TEST(EngineCore, StopsOnStopTokenEosAndLength) {
+  Harness h;
+  std::vector<int32_t> prompt = {7, 7, 7};
+  auto ref = h.model->expected_greedy(prompt, 10);
+  SamplingParams p = greedy(10);
+  p.stop_token_ids = {ref[3]};
+  auto out = h.generate("stop", prompt, p);
+  auto first = std::find(ref.begin(), ref.end(), ref[3]) - ref.begin();
+  EXPECT_EQ(out.tokens,
+            std::vector<int32_t>(ref.begin(), ref.begin() + first + 1));  // the stop token included
+  EXPECT_EQ(out.finish_reason, FinishReason::Stop);
+  EXPECT_EQ(out.stop_token, ref[3]);
+
+  // The model's eos, and min_tokens holding it back.
+  EngineOptions o = Harness::defaults();
+  o.eos_token_ids = std::vector<int32_t>{ref[2]};
+  Harness e(o);
+  SamplingParams q = greedy(10);
+  q.ignore_eos = false;
+  auto eos_out = e.generate("eos", prompt, q);
+  EXPECT_EQ(eos_out.finish_reason, FinishReason::Stop);
+  EXPECT_EQ(eos_out.tokens.back(), ref[2]);
+  q.min_tokens = 10;
+  auto held = e.generate("held", prompt, q);
+  EXPECT_EQ(held.finish_reason, FinishReason::Length);
+  EXPECT_EQ(held.tokens.size(), 10u);
+  for (int32_t t : held.tokens) EXPECT_NE(t, ref[2]);
+}
+
+TEST(EngineCore, SeededSamplingIsTheSameAloneOrBatched) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.9f;
+  p.seed = 1234;
+  p.max_tokens = 30;
+  p.ignore_eos = true;
+  std::vector<int32_t> prompt = {5, 6, 7, 8};
+  Harness alone;
+  auto a = alone.generate("a", prompt, p);
+
+  Harness batched;
+  std::mt19937 rng(8);
+  std::vector<std::shared_ptr<OutputStream>> others;
+  for (int i = 0; i < 6; ++i) {
+    SamplingParams q = p;
+    q.seed.reset();
+    others.push_back(batched.submit("o" + std::to_string(i), random_tokens(rng, 20), q));
+  }
+  auto s = batched.submit("a", prompt, p);
+  batched.run_until_idle();
+  EXPECT_EQ(s->collect().tokens, a.tokens);
+}
+
+TEST(EngineCore, LogprobsMatchTheModel) {
+  Harness h;
+  std::vector<int32_t> prompt = {4, 8, 15, 16, 23, 42 % 32};
+  SamplingParams p = greedy(3);
+  p.logprobs = true;
+  p.top_logprobs = 2;
+  p.prompt_logprobs = 1;
+  auto out = h.generate("a", prompt, p);
+  ASSERT_EQ(out.logprobs.size(), 3u);
+  auto expect_entry = [&](const LogprobEntry& e, std::vector<int32_t> prefix, int32_t token) {
+    auto l = h.model->logits_after(prefix);
+    LogprobEntry want = compute_logprobs(l, token, 0);
+    EXPECT_EQ(e.token, token);
+    EXPECT_NEAR(e.logprob, want.logprob, 1e-5);
+  };
+  std::vector<int32_t> seq = prompt;
+  for (size_t i = 0; i < 3; ++i) {
+    expect_entry(out.logprobs[i], seq, out.tokens[i]);
+    ASSERT_EQ(out.logprobs[i].top.size(), 2u);
+    EXPECT_EQ(out.logprobs[i].top[0].token, out.tokens[i]);  // greedy picks the top one
+    seq.push_back(out.tokens[i]);
+  }
+  ASSERT_EQ(out.prompt_logprobs.size(), prompt.size() - 1);
+  for (size_t i = 1; i < prompt.size(); ++i)
+    expect_entry(out.prompt_logprobs[i - 1], {prompt.begin(), prompt.begin() + int64_t(i)}, prompt[i]);
+}
+
+TEST(EngineCore, RejectsInvalidRequestsWithAMessage) {
+  Harness h;
+  auto bad = [&](GenerateRequest r) {
+    try {
+      h.core->validate(r);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(bad({"a", {}, {}, 0, {}}), "");
+  EXPECT_NE(bad({"a", {1, 99}, {}, 0, {}}).find("vocabulary"), std::string::npos);
+  SamplingParams p;
+  p.top_p = 0;
+  EXPECT_NE(bad({"a", {1}, p, 0, {}}).find("top_p"), std::string::npos);
+  p = {};
+  p.max_tokens = 5000;
+  EXPECT_NE(bad({"a", {1}, p, 0, {}}).find("maximum context length"), std::string::npos);
+}
+
+// Requests arrive over time with random lengths, sampling settings and cancellations, on a cache small
+// enough to evict and preempt; every invariant is checked after every step, and every greedy request that
+// finishes must match the reference.
+TEST(EngineCore, RandomSoakKeepsEveryInvariant) {
+  EngineOptions o = Harness::defaults();
+  o.cache_memory_bytes = 6000;
+  o.max_running_requests = 6;
+  o.snapshot_slots = 5;
+  o.max_model_len = 160;
+  o.chunked_prefill_size = 16;
+  o.max_prefill_tokens = 40;
+  for (SchedulePolicy policy : {SchedulePolicy::Fcfs, SchedulePolicy::Lpm}) {
+    o.policy = policy;
+    Harness h(o);
+    std::mt19937 rng(policy == SchedulePolicy::Fcfs ? 11 : 12);
+    auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    std::vector<std::vector<int32_t>> families;
+    for (int i = 0; i < 3; ++i) families.push_back(random_tokens(rng, 60));
+    struct Live {
+      std::vector<int32_t> prompt;
+      SamplingParams params;
+      std::shared_ptr<OutputStream> stream;
+      std::vector<int32_t> tokens;
+    };
+    std::map<std::string, Live> live;
+    int next = 0, finished = 0, verified = 0;
+    auto drain = [&] {
+      for (auto it = live.begin(); it != live.end();) {
+        Live& l = it->second;
+        bool done = false;
+        while (auto out = l.stream->try_next()) {
+          l.tokens.insert(l.tokens.end(), out->tokens.begin(), out->tokens.end());
+          ASSERT_NE(out->finish_reason, FinishReason::Error) << out->error;
+          done |= out->finished;
+        }
+        if (!done) {
+          ++it;
+          continue;
+        }
+        if (l.params.temperature ==
+            0) {  // greedy: every token it got, cancelled or not, must be the reference
+          EXPECT_EQ(l.tokens, h.model->expected_greedy(l.prompt, int(l.tokens.size()))) << it->first;
+          ++verified;
+        }
+        ++finished;
+        it = live.erase(it);
+      }
+    };
+    for (int step = 0; step < 1500; ++step) {
+      if (uniform(0, 2) == 0) {
+        const auto& f = families[size_t(uniform(0, 2))];
+        auto prompt = std::vector<int32_t>(f.begin(), f.begin() + uniform(0, 60));
+        prompt = concat(prompt, random_tokens(rng, uniform(1, 20)));
+        SamplingParams p = greedy(uniform(1, 30));
+        if (uniform(0, 2) == 0) {
+          p.temperature = 0.8f;
+          p.top_k = uniform(0, 10);
+          p.repetition_penalty = 1.1f;
+        }
+        std::string id = "r" + std::to_string(next++);
+        live[id] = {prompt, p, h.submit(id, prompt, p, uniform(0, 2)), {}};
+      }
+      if (!live.empty() && uniform(0, 15) == 0) {
+        auto it = std::next(live.begin(), uniform(0, int(live.size()) - 1));
+        h.core->cancel(it->first);
+      }
+      h.step();
+      drain();
+    }
+    h.run_until_idle();
+    drain();
+    EXPECT_TRUE(live.empty());
+    EXPECT_GT(verified, 100);
+    EXPECT_GT(finished, 100);
+    EXPECT_GT(h.core->stats().preemptions + h.core->stats().prefix_cache_hits, 0u);
+    EXPECT_EQ(h.core->stats().kv_pages_used, 0);
+    h.core->flush_cache();
+    EXPECT_EQ(h.core->stats().kv_pages_free, h.core->stats().kv_pages_total);
+  }
+}
+
+}  // namespace
+}  // namespace moeserve
