@@ -83,13 +83,17 @@ Admission::Ticket::State Admission::Ticket::state() const {
   return state_;
 }
 
-Admission::Ticket::State Admission::Ticket::leave() {
+Admission::Ticket::State Admission::Ticket::leave() { return leave_impl(false); }
+
+bool Admission::Ticket::leave_if_queued() { return leave_impl(true) == State::kQueued; }
+
+Admission::Ticket::State Admission::Ticket::leave_impl(bool only_if_queued) {
   std::vector<std::shared_ptr<Ticket>> admitted;
   State was;
   {
     std::lock_guard lock(owner_.mutex_);
     was = state_;
-    if (was == State::kLeft) return was;
+    if (was == State::kLeft || (only_if_queued && was != State::kQueued)) return was;
     state_ = State::kLeft;
     if (was == State::kQueued) {
       --owner_.queued_;

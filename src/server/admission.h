@@ -33,10 +33,13 @@ class Admission {
     // Gives the capacity back (running) or leaves the queue (queued). Returns the state it was in.
     // Idempotent; the destructor calls it.
     State leave();
+    // Leaves only if still queued (a queue timeout must not free capacity a racing admission just took).
+    bool leave_if_queued();
     ~Ticket();
 
    private:
     friend class Admission;
+    State leave_impl(bool only_if_queued);
     Ticket(Admission& owner, int weight, std::function<void()> on_admitted)
         : owner_(owner), weight_(weight), on_admitted_(std::move(on_admitted)) {}
     Admission& owner_;

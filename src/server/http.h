@@ -83,6 +83,8 @@ struct HttpServerOptions {
   std::chrono::seconds keep_alive_timeout{60}; // idle time between requests on one connection
   std::chrono::seconds write_timeout{60};      // a write that makes no progress this long drops the client
   std::string server_header = "moeserve";
+  // Told the status of every error the HTTP layer answers itself (400 malformed, 413, 431), for metrics.
+  std::function<void(int status)> on_protocol_error;
 };
 
 class HttpServer {

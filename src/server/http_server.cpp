@@ -2,6 +2,10 @@
 // One coroutine per connection, running on its own strand; see http.h for the response model.
 #include <sys/socket.h>
 
+// GCC 12 reports the optional<Head> inside AsyncBody::Step, held across co_await in write_deferred, as
+// "may be used uninitialized": a known false positive of its coroutine-frame analysis.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -58,6 +62,11 @@ struct HttpServer::Impl {
   net::awaitable<bool> write_deferred(beast::tcp_stream& stream, std::shared_ptr<AsyncBody> body,
                                       bool keep_alive);
   net::awaitable<void> lingering_close(beast::tcp_stream& stream);
+  // An error the HTTP layer answers itself; the connection closes after it.
+  net::awaitable<void> reject(beast::tcp_stream& stream, HttpResponse&& r) {
+    if (options.on_protocol_error) options.on_protocol_error(r.status);
+    co_await write_response(stream, std::move(r), false);
+  }
 };
 
 namespace {
@@ -270,11 +279,11 @@ net::awaitable<void> HttpServer::Impl::session(tcp::socket socket) {
         break;
       }
       if (ec == http::error::header_limit) {
-        co_await write_response(stream, error_response(431, "request headers are too large"), false);
+        co_await reject(stream, error_response(431, "request headers are too large"));
       } else if (ec == http::error::body_limit) {  // a Content-Length over the limit fails the header read
-        co_await write_response(stream, body_too_large(options.max_body_bytes), false);
+        co_await reject(stream, body_too_large(options.max_body_bytes));
       } else {
-        co_await write_response(stream, error_response(400, "malformed HTTP request: " + ec.message()), false);
+        co_await reject(stream, error_response(400, "malformed HTTP request: " + ec.message()));
       }
       co_await lingering_close(stream);
       co_return;
@@ -293,12 +302,11 @@ net::awaitable<void> HttpServer::Impl::session(tcp::socket socket) {
       auto [bec, bn] = co_await http::async_read(stream, buffer, parser, kNoThrow);
       if (bec) {
         if (bec == http::error::body_limit) {
-          co_await write_response(stream, body_too_large(options.max_body_bytes), false);
+          co_await reject(stream, body_too_large(options.max_body_bytes));
           co_await lingering_close(stream);
         } else if (bec != beast::error::timeout && bec != net::error::eof &&
                    bec != http::error::partial_message && bec != net::error::connection_reset) {
-          co_await write_response(stream, error_response(400, "malformed HTTP request: " + bec.message()),
-                                  false);
+          co_await reject(stream, error_response(400, "malformed HTTP request: " + bec.message()));
           co_await lingering_close(stream);
         }
         co_return;

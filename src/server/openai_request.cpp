@@ -8,7 +8,7 @@
 
 namespace moeserve::server {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -356,7 +356,7 @@ json parse_json_object(std::string_view body) {
     // Re-parse with exceptions only to get the position and reason of the error.
     try {
       json ignored = json::parse(body);
-    } catch (const json::parse_error& e) {
+    } catch (const nlohmann::json::parse_error& e) {
       throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), "invalid_request_error");
     }
     throw ApiError(400, "the request body is not valid JSON", "invalid_request_error");
@@ -405,9 +405,7 @@ CompletionRequest parse_completion_request(std::string_view body) {
   if (f.has("suffix")) throw invalid_param("suffix", "is not supported");
   parse_sampling(f, r.sampling, /*chat=*/false);
   parse_stream(f, r.stream);
-  if (r.sampling.max_tokens && *r.sampling.max_tokens == 0 && !r.echo) {
-    throw invalid_param("max_tokens", "must be at least 1 (0 is allowed only with echo)");
-  }
+  if (r.sampling.max_tokens && *r.sampling.max_tokens == 0) throw invalid_param("max_tokens", "must be at least 1");
   if (auto v = f.string("user")) r.user = *v;
   ignore_harmless(f);
   f.finish();

@@ -58,8 +58,8 @@ enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
 
 struct ChatRequest {
   std::optional<std::string> model;
-  nlohmann::json messages;  // validated array of message objects, content normalised to a string or null
-  nlohmann::json tools;     // validated array of {"type":"function","function":{...}}, or empty array
+  nlohmann::ordered_json messages;  // validated array of message objects, content normalised to a string or null
+  nlohmann::ordered_json tools;     // validated array of {"type":"function","function":{...}}, or empty array
   ToolChoice tool_choice = ToolChoice::kAuto;
   std::string tool_choice_name;  // kNamed
   int n = 1;
@@ -68,7 +68,7 @@ struct ChatRequest {
   bool add_generation_prompt = true;
   bool continue_final_message = false;
   bool return_token_ids = false;
-  nlohmann::json chat_template_kwargs = nlohmann::json::object();
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   SamplingSettings sampling;
   StreamSettings stream;
   std::string user;
@@ -78,7 +78,7 @@ struct ChatRequest {
 CompletionRequest parse_completion_request(std::string_view body);
 ChatRequest parse_chat_request(std::string_view body);
 
-// The JSON body as an object, or ApiError 400 that says what is wrong with it.
-nlohmann::json parse_json_object(std::string_view body);
+// The JSON body as an object (keys in the client's order, which templates render tools in), or ApiError 400 that says what is wrong with it.
+nlohmann::ordered_json parse_json_object(std::string_view body);
 
 }  // namespace moeserve::server
