@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <unistd.h>
+
 #include <fstream>
 
 #include "server/admission.h"
@@ -85,7 +87,7 @@ TEST(Admission, DrainingRefusesWith503) {
 
 class FakeRoot {
  public:
-  FakeRoot() : dir_(testing::TempDir() + "memroot-" + std::to_string(counter_++)) {
+  FakeRoot() : dir_(testing::TempDir() + "memroot-" + std::to_string(getpid()) + "-" + std::to_string(counter_++)) {
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_ + "/proc");
   }
