@@ -12,7 +12,7 @@
 
 namespace moeserve::server {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -56,7 +56,8 @@ struct GenerationJob::Choice {
   std::string engine_id;
   std::optional<text::IncrementalDetokenizer> detok;
   std::optional<text::StopStringFilter> stops;
-  std::unique_ptr<ChatOutputParser> parser;
+  std::optional<text::OutputParser> parser;
+  bool prefix_fed = false;
 
   std::vector<int32_t> tokens;
   std::vector<LogprobEntry> logprobs;
@@ -64,11 +65,7 @@ struct GenerationJob::Choice {
   size_t text_offset = 0;  // completions logprobs: offset of the next token's text
 
   std::string text;  // completions: everything emitted, echo included
-  std::string content, reasoning;  // chat
-  struct ToolCall {
-    std::string id, name, arguments;
-  };
-  std::vector<ToolCall> tool_calls;
+  std::string content;  // chat without an output parser
 
   bool finished = false;
   bool engine_done = false;
@@ -91,7 +88,7 @@ GenerationJob::GenerationJob(GenerationContext& ctx, JobSpec spec) : ctx_(ctx), 
       c->detok.emplace(*ctx_.tokenizer, spec_.skip_special_tokens);
       if (!spec_.stop.empty()) c->stops.emplace(spec_.stop);
     }
-    if (spec_.kind == JobSpec::Kind::kChat && spec_.chat_parser) c->parser = spec_.chat_parser();
+    if (spec_.kind == JobSpec::Kind::kChat && spec_.parser) c->parser.emplace(*spec_.parser);
     choices_.push_back(std::move(c));
   }
 }
@@ -386,32 +383,26 @@ void GenerationJob::process(Event& ev, std::string& sse_out) {
     return;
   }
 
-  ChatOutputParser::Delta d;
+  if (!c.prefix_fed) {
+    new_text = spec_.assistant_prefix + new_text;
+    c.prefix_fed = true;
+  }
+  text::OutputDelta d;
   if (c.parser) {
     d = c.parser->push(new_text);
     if (c.finished) {
       auto tail = c.parser->finish();
-      d.reasoning += tail.reasoning;
+      d.reasoning_content += tail.reasoning_content;
       d.content += tail.content;
       for (auto& t : tail.tool_calls) d.tool_calls.push_back(std::move(t));
     }
   } else {
     d.content = std::move(new_text);
   }
-  for (auto& t : d.tool_calls) {
-    if (t.index >= static_cast<int>(c.tool_calls.size())) {
-      c.tool_calls.resize(t.index + 1);
-      if (t.id.empty()) t.id = random_id("call_");
-      c.tool_calls[t.index].id = t.id;
-    }
-    if (!t.name.empty()) c.tool_calls[t.index].name += t.name;
-    c.tool_calls[t.index].arguments += t.arguments;
-  }
-  if (c.finished && c.finish_reason == "stop" && c.parser && c.parser->saw_tool_calls()) {
+  if (c.finished && c.finish_reason == "stop" && c.parser && !c.parser->result().tool_calls.empty()) {
     c.finish_reason = "tool_calls";
   }
-  c.content += d.content;
-  c.reasoning += d.reasoning;
+  if (!c.parser) c.content += d.content;
   if (!stream) return;
 
   auto chunk = [&](json delta, bool finish, size_t lp_from, size_t lp_to) {
@@ -428,22 +419,7 @@ void GenerationJob::process(Event& ev, std::string& sse_out) {
     c.started = true;
     chunk(json{{"role", "assistant"}, {"content", ""}}, false, 0, 0);
   }
-  json delta = json::object();
-  if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
-  if (!d.content.empty()) delta["content"] = d.content;
-  if (!d.tool_calls.empty()) {
-    json calls = json::array();
-    for (auto& t : d.tool_calls) {
-      json call = {{"index", t.index}, {"function", {{"arguments", t.arguments}}}};
-      if (!t.id.empty()) {
-        call["id"] = t.id;
-        call["type"] = "function";
-      }
-      if (!t.name.empty()) call["function"]["name"] = t.name;
-      calls.push_back(std::move(call));
-    }
-    delta["tool_calls"] = std::move(calls);
-  }
+  json delta = d.to_openai();
   bool has_delta = !delta.empty() || (want_logprobs && logprobs_to > logprobs_from);
   if (has_delta) chunk(std::move(delta), false, logprobs_from, logprobs_to);
   if (c.finished) chunk(json::object(), true, 0, 0);
@@ -456,16 +432,7 @@ std::string GenerationJob::whole_response() {
     Choice& c = *cp;
     json choice = {{"index", c.index}};
     if (chat) {
-      json message = {{"role", "assistant"}, {"content", c.content}};
-      if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;
-      if (!c.tool_calls.empty()) {
-        json calls = json::array();
-        for (auto& t : c.tool_calls) {
-          calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
-        }
-        message["tool_calls"] = std::move(calls);
-        if (c.content.empty()) message["content"] = nullptr;
-      }
+      json message = c.parser ? c.parser->result().to_openai() : json{{"role", "assistant"}, {"content", c.content}};
       choice["message"] = std::move(message);
       choice["logprobs"] = spec_.logprobs ? chat_logprobs_json(c, 0, c.tokens.size()) : json(nullptr);
     } else {

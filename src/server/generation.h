@@ -22,34 +22,13 @@
 #include "server/http.h"
 #include "server/openai_request.h"
 #include "server/server_metrics.h"
+#include "text/output_parser.h"
 
 namespace moeserve::text {
 class Tokenizer;
 }
 
 namespace moeserve::server {
-
-// Splits a chat choice's text into reasoning, content and tool calls as it streams. One per choice.
-class ChatOutputParser {
- public:
-  struct ToolCallDelta {
-    int index = 0;             // position among this choice's tool calls
-    std::string id;            // first delta of a call only
-    std::string name;          // first delta of a call only
-    std::string arguments;     // JSON text, possibly partial
-  };
-  struct Delta {
-    std::string reasoning;
-    std::string content;
-    std::vector<ToolCallDelta> tool_calls;
-    bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
-  };
-  virtual ~ChatOutputParser() = default;
-  virtual Delta push(std::string_view text) = 0;
-  virtual Delta finish() = 0;
-  virtual bool saw_tool_calls() const = 0;
-};
-using ChatParserFactory = std::function<std::unique_ptr<ChatOutputParser>()>;
 
 // What a job needs from the server; outlives every job.
 struct GenerationContext {
@@ -79,8 +58,11 @@ struct JobSpec {
   bool return_token_ids = false;
   // Completions: logprobs = number of alternatives; chat: logprobs flag + top_logprobs.
   std::optional<int> logprobs;
-  ChatParserFactory chat_parser;  // chat: how to split the output (null: all content)
-  std::string assistant_prefix;  // chat: text the template already put in the assistant turn (forced tool call)
+  // Chat: how each choice's text splits into reasoning, content and tool calls (null: all content).
+  std::optional<text::OutputParserOptions> parser;
+  // Chat: text appended to the rendered prompt to force a tool call; it is part of the assistant's output
+  // as the client sees it, so it goes through the parser before the generated text.
+  std::string assistant_prefix;
 };
 
 class GenerationJob : public AsyncBody, public std::enable_shared_from_this<GenerationJob> {

@@ -4,6 +4,7 @@
 
 #include "common/log.h"
 #include "server/api_error.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 namespace moeserve::server {
@@ -50,6 +51,7 @@ OpenAiService::OpenAiService(ServiceOptions options, Engine* engine, const text:
                              Admission& admission, ServerMetrics& metrics)
     : options_(std::move(options)),
       engine_(engine),
+      max_model_len_(max_model_len_.load()),
       tokenizer_(tokenizer),
       admission_(admission),
       metrics_(metrics),
@@ -61,8 +63,9 @@ OpenAiService::OpenAiService(ServiceOptions options, Engine* engine, const text:
   ctx_.model_name = options_.served_model_name;
 }
 
-void OpenAiService::set_engine(Engine* engine) {
+void OpenAiService::set_engine(Engine* engine, int64_t max_model_len) {
   ctx_.engine = engine;
+  max_model_len_ = max_model_len;
   engine_ = engine;
 }
 
@@ -177,7 +180,7 @@ HttpResponse OpenAiService::models(const std::string& id) const {
                 {"owned_by", "moeserve"},
                 {"root", options_.model_path},
                 {"parent", nullptr},
-                {"max_model_len", options_.max_model_len}};
+                {"max_model_len", max_model_len_.load()}};
   if (!id.empty()) {
     check_model(id);
     return json_response(model);
@@ -199,20 +202,20 @@ HttpResponse OpenAiService::tokenize(const HttpRequest& req) {
   bool add_special = body.value("add_special_tokens", true);
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
-    if (!options_.render_chat) throw invalid_param("messages", "this model has no chat template");
+    if (!options_.chat_template) throw invalid_param("messages", "this model has no chat template");
     // Reuse the chat validation: the same body shape minus generation parameters.
     json chat = {{"messages", body["messages"]}};
     for (const char* key : {"tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"}) {
       if (body.contains(key)) chat[key] = body[key];
     }
     ChatRequest cr = parse_chat_request(chat.dump());
-    ids = encode(options_.render_chat(cr), /*add_special_tokens=*/false, "messages");
+    ids = encode(render_chat(cr, nullptr), /*add_special_tokens=*/false, "messages");
   } else if (body.contains("prompt") && body["prompt"].is_string()) {
     ids = encode(body["prompt"].get<std::string>(), add_special, "prompt");
   } else {
     throw invalid_param("prompt", "send a string 'prompt' or a 'messages' array");
   }
-  json out = {{"count", ids.size()}, {"max_model_len", options_.max_model_len}, {"tokens", ids}};
+  json out = {{"count", ids.size()}, {"max_model_len", max_model_len_.load()}, {"tokens", ids}};
   if (body.value("return_token_strs", false)) {
     json strs = json::array();
     for (int32_t id : ids) strs.push_back(tokenizer_->id_to_token(id).value_or(""));
@@ -294,8 +297,8 @@ Reply OpenAiService::completions(HttpRequest& req) {
     // the context is an error instead).
     int64_t max_tokens = options_.default_completion_max_tokens;
     for (auto& p : spec.prompts) {
-      if (options_.max_model_len > 0) {
-        max_tokens = std::min<int64_t>(max_tokens, options_.max_model_len - static_cast<int64_t>(p.size()));
+      if (max_model_len_.load() > 0) {
+        max_tokens = std::min<int64_t>(max_tokens, max_model_len_.load() - static_cast<int64_t>(p.size()));
       }
     }
     spec.params.max_tokens = static_cast<int>(std::max<int64_t>(max_tokens, 1));
@@ -306,7 +309,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
     if (cr.echo) spec.params.prompt_logprobs = *cr.logprobs;
   }
   if (cr.prompt_logprobs) spec.params.prompt_logprobs = *cr.prompt_logprobs;
-  for (auto& p : spec.prompts) check_context_length(p, spec.params, options_.max_model_len, "prompt");
+  for (auto& p : spec.prompts) check_context_length(p, spec.params, max_model_len_.load(), "prompt");
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
   spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;
@@ -321,42 +324,85 @@ Reply OpenAiService::completions(HttpRequest& req) {
 Reply OpenAiService::chat_completions(HttpRequest& req) {
   ChatRequest cr = parse_chat_request(req.body);
   check_model(cr.model);
-  if (!options_.render_chat || !tokenizer_) {
+  if (!options_.chat_template || !tokenizer_) {
     throw ApiError(400, "this model has no chat template or tokenizer; use /v1/completions with token ids",
                    "invalid_request_error", "messages");
   }
-  std::string prompt;
-  try {
-    prompt = options_.render_chat(cr);
-  } catch (const ApiError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw ApiError(400, fmt::format("the chat template failed on these messages: {}", e.what()),
-                   "invalid_request_error", "messages");
+  bool tools_on = cr.tool_choice != ToolChoice::kNone;
+  if (tools_on && options_.tool_call_parser.empty()) {
+    throw invalid_param("tool_choice", "tool calls need the server to run with --tool-call-parser");
   }
+  std::string forced_prefix;
+  std::string prompt = render_chat(cr, &forced_prefix);
   JobSpec spec;
   spec.kind = JobSpec::Kind::kChat;
   spec.id = random_id("chatcmpl-");
   spec.created = static_cast<int64_t>(std::time(nullptr));
   spec.arrival = Clock::now();
   spec.queue_timeout = options_.queue_timeout;
-  spec.prompts.push_back(encode(prompt, /*add_special_tokens=*/false, "messages"));
-  spec.prompt_texts.push_back(prompt);
+  spec.prompts.push_back(encode(prompt + forced_prefix, /*add_special_tokens=*/false, "messages"));
+  spec.prompt_texts.push_back(prompt + forced_prefix);
+  spec.assistant_prefix = forced_prefix;
   spec.params = to_engine(cr.sampling);
   if (cr.logprobs) {
     spec.params.logprobs = true;
     spec.params.top_logprobs = cr.top_logprobs;
     spec.logprobs = cr.top_logprobs;
   }
-  check_context_length(spec.prompts[0], spec.params, options_.max_model_len, "messages");
+  check_context_length(spec.prompts[0], spec.params, max_model_len_.load(), "messages");
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
   spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;
   spec.skip_special_tokens = cr.sampling.skip_special_tokens;
   spec.stream = cr.stream;
   spec.return_token_ids = cr.return_token_ids;
-  if (options_.chat_parser) spec.chat_parser = options_.chat_parser(cr);
+  text::OutputParserOptions parser;
+  parser.reasoning_parser = options_.reasoning_parser;
+  parser.tool_parser = tools_on ? options_.tool_call_parser : "";
+  parser.starts_in_reasoning = !options_.reasoning_parser.empty() && text::prompt_opens_reasoning(prompt);
+  if (tools_on) parser.tools = cr.tools;
+  if (!parser.reasoning_parser.empty() || !parser.tool_parser.empty()) spec.parser = parser;
   return start_job(std::move(spec));
+}
+
+std::string OpenAiService::render_chat(const ChatRequest& cr, std::string* forced_prefix) const {
+  bool tools_on = cr.tool_choice != ToolChoice::kNone && !cr.tools.empty();
+  json tools = tools_on ? cr.tools : json(nullptr);
+  std::string prompt;
+  try {
+    if (cr.continue_final_message) {
+      // Render the conversation closed, then cut after the final message's text so the model continues it
+      // (vLLM's continue_final_message).
+      prompt = options_.chat_template->render(cr.messages, tools, false, cr.chat_template_kwargs);
+      const json& last = cr.messages.back()["content"];
+      std::string text = last.is_string() ? last.get<std::string>() : "";
+      size_t at = text.empty() ? std::string::npos : prompt.rfind(text);
+      if (at == std::string::npos) {
+        throw invalid_param("continue_final_message", "the template does not show the final message's text");
+      }
+      prompt.resize(at + text.size());
+    } else {
+      prompt = options_.chat_template->render(cr.messages, tools, cr.add_generation_prompt, cr.chat_template_kwargs);
+    }
+  } catch (const ApiError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ApiError(400, fmt::format("the chat template failed on these messages: {}", e.what()),
+                   "invalid_request_error", "messages");
+  }
+  if (forced_prefix && (cr.tool_choice == ToolChoice::kRequired || cr.tool_choice == ToolChoice::kNamed)) {
+    // No grammar backend: force the call by writing its opening into the assistant turn. A prompt that ends
+    // inside <think> is closed first, as the non-thinking template form does.
+    if (text::prompt_opens_reasoning(prompt)) prompt += "\n</think>\n\n";
+    std::string prefix = "<tool_call>\n";
+    if (cr.tool_choice == ToolChoice::kNamed) {
+      prefix += options_.tool_call_parser == "hermes"
+                    ? fmt::format("{{\"name\": \"{}\", \"arguments\": ", cr.tool_choice_name)
+                    : fmt::format("<function={}>\n", cr.tool_choice_name);
+    }
+    *forced_prefix = prefix;
+  }
+  return prompt;
 }
 
 void OpenAiService::begin_drain() {

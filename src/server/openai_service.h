@@ -17,6 +17,10 @@
 #include "server/openai_request.h"
 #include "server/server_metrics.h"
 
+namespace moeserve::text {
+class ChatTemplate;
+}
+
 namespace moeserve::server {
 
 struct ServiceOptions {
@@ -28,11 +32,10 @@ struct ServiceOptions {
   int default_completion_max_tokens = 16;  // /v1/completions without max_tokens, as in OpenAI and vLLM
   std::string version = "0.1.0";
 
-  // Chat: renders the request's messages (+ tools, kwargs) to the prompt text. Null: chat answers 400.
-  // Throws ApiError or any std::exception (a template error: 400).
-  std::function<std::string(const ChatRequest&)> render_chat;
-  // Chat: how each choice's output is split into reasoning / content / tool calls. Null: all content.
-  std::function<ChatParserFactory(const ChatRequest&)> chat_parser;
+  // Chat: the model's template (null: chat answers 400) and the output parsers ("" for none).
+  std::shared_ptr<const text::ChatTemplate> chat_template;
+  std::string reasoning_parser;  // "qwen3"
+  std::string tool_call_parser;  // "qwen3_coder" or "hermes"
 };
 
 class OpenAiService {
@@ -44,7 +47,8 @@ class OpenAiService {
   Reply handle(HttpRequest& request);  // the HttpServer handler
 
   void set_ready(bool ready) { ready_ = ready; }
-  void set_engine(Engine* engine);  // once loading finishes
+  // Once loading finishes (before set_ready): the engine and the context length it settled on.
+  void set_engine(Engine* engine, int64_t max_model_len);
   bool ready() const { return ready_ && !draining_; }
 
   // SIGTERM: /health turns 503 and new generation requests are refused; running ones continue.
@@ -67,9 +71,13 @@ class OpenAiService {
   HttpResponse detokenize(const HttpRequest& request);
   Reply start_job(JobSpec spec);
   std::vector<int32_t> encode(const std::string& text, bool add_special_tokens, const char* param) const;
+  // The prompt text of a chat request; forced_prefix (if given) receives the text appended to force a tool
+  // call (tool_choice "required" or a named function).
+  std::string render_chat(const ChatRequest& request, std::string* forced_prefix) const;
 
   ServiceOptions options_;
   std::atomic<Engine*> engine_;
+  std::atomic<int64_t> max_model_len_;
   const text::Tokenizer* tokenizer_;
   Admission& admission_;
   ServerMetrics& metrics_;
