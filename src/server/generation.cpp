@@ -68,7 +68,7 @@ struct GenerationJob::Choice {
   std::string content;  // chat without an output parser
 
   bool finished = false;
-  bool engine_done = false;
+  std::atomic<bool> engine_done{false};  // read by cancel_engine_requests from other threads
   bool started = false;  // stream: first chunk (role / echo) sent
   std::string finish_reason;
   json stop_reason;  // null, a stop string, or a stop token id (vLLM's stop_reason)

@@ -93,9 +93,9 @@ class GenerationJob : public AsyncBody, public std::enable_shared_from_this<Gene
   void deliver(int choice, const GenerateOutput& out);
   void process(Event& ev, std::string& sse);
   std::string finish_chunk(Choice& c);
-  std::string chunk_json(nlohmann::json choice_json);
-  nlohmann::json usage_json() const;
-  nlohmann::json chat_logprobs_json(const Choice& c, size_t from, size_t to) const;
+  std::string chunk_json(nlohmann::ordered_json choice_json);
+  nlohmann::ordered_json usage_json() const;
+  nlohmann::ordered_json chat_logprobs_json(const Choice& c, size_t from, size_t to) const;
   std::string whole_response();
   void complete(Step& step);
   void release();

@@ -76,6 +76,9 @@ Reply OpenAiService::handle(HttpRequest& request) {
     reply = route(request);
   } catch (const ApiError& e) {
     reply.response = error_response(e);
+  } catch (const nlohmann::json::exception& e) {
+    // A JSON value of the wrong type in a field read without a typed check: the client's input.
+    reply.response = error_response(400, std::string("invalid request body: ") + e.what());
   } catch (const std::exception& e) {
     // Input that got past validation and still broke something: an answer, never a crash.
     spdlog::error("{} {}: {}", request.method, request.path, e.what());
