@@ -1,0 +1,84 @@
+#pragma once
+// Parsing and validation of OpenAI request bodies (/v1/completions, /v1/chat/completions) into typed requests.
+// Everything a client can get wrong is caught here and reported as ApiError 400 naming the parameter, the way
+// the OpenAI API and vLLM do; unknown parameters are rejected rather than silently ignored.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace moeserve::server {
+
+// Sampling and stopping, shared by both endpoints. Field names follow the OpenAI/vLLM parameters.
+struct SamplingSettings {
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int top_k = 0;  // 0: off
+  double min_p = 0.0;
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  double repetition_penalty = 1.0;
+  std::optional<uint64_t> seed;
+  std::optional<int> max_tokens;  // nullopt: up to the context length
+  int min_tokens = 0;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;
+};
+
+struct StreamSettings {
+  bool stream = false;
+  bool include_usage = false;            // stream_options.include_usage
+  bool continuous_usage_stats = false;  // stream_options.continuous_usage_stats (vLLM): usage on every chunk
+};
+
+// A completions prompt: text to tokenize, or token ids as given.
+using Prompt = std::variant<std::string, std::vector<int32_t>>;
+
+struct CompletionRequest {
+  std::optional<std::string> model;
+  std::vector<Prompt> prompts;  // a batch; each gets n choices, indexed prompt * n + i
+  int n = 1;
+  bool echo = false;
+  std::optional<int> logprobs;  // number of top alternatives per token (0..20); nullopt: none
+  bool return_token_ids = false;  // vLLM extension: token ids in choices (useful without a tokenizer)
+  std::optional<int> prompt_logprobs;  // vLLM extension; also implied by echo + logprobs
+  SamplingSettings sampling;
+  StreamSettings stream;
+  std::string user;
+};
+
+enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
+
+struct ChatRequest {
+  std::optional<std::string> model;
+  nlohmann::ordered_json messages;  // validated array of message objects, content normalised to a string or null
+  nlohmann::ordered_json tools;     // validated array of {"type":"function","function":{...}}, or empty array
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;  // kNamed
+  int n = 1;
+  bool logprobs = false;
+  int top_logprobs = 0;
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+  bool return_token_ids = false;
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
+  SamplingSettings sampling;
+  StreamSettings stream;
+  std::string user;
+};
+
+// Throw ApiError (400) on invalid JSON, wrong types, out-of-range values and unknown parameters.
+CompletionRequest parse_completion_request(std::string_view body);
+ChatRequest parse_chat_request(std::string_view body);
+
+// The JSON body as an object (keys in the client's order, which templates render tools in), or ApiError 400 that says what is wrong with it.
+nlohmann::ordered_json parse_json_object(std::string_view body);
+
+}  // namespace moeserve::server

@@ -1,0 +1,436 @@
+#include "server/openai_service.h"
+
+#include <ctime>
+
+#include "common/log.h"
+#include "server/api_error.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace moeserve::server {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+HttpResponse json_response(const json& j, int status = 200) {
+  HttpResponse r;
+  r.status = status;
+  r.body = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return r;
+}
+
+// Compares in time independent of where the strings differ, so timing does not reveal a key's prefix.
+bool same_secret(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+SamplingParams to_engine(const SamplingSettings& s) {
+  SamplingParams p;
+  p.temperature = static_cast<float>(s.temperature);
+  p.top_p = static_cast<float>(s.top_p);
+  p.top_k = s.top_k;
+  p.min_p = static_cast<float>(s.min_p);
+  p.presence_penalty = static_cast<float>(s.presence_penalty);
+  p.frequency_penalty = static_cast<float>(s.frequency_penalty);
+  p.repetition_penalty = static_cast<float>(s.repetition_penalty);
+  p.seed = s.seed;
+  p.max_tokens = s.max_tokens;
+  p.min_tokens = s.min_tokens;
+  p.ignore_eos = s.ignore_eos;
+  p.stop_token_ids = s.stop_token_ids;
+  return p;
+}
+
+}  // namespace
+
+OpenAiService::OpenAiService(ServiceOptions options, Engine* engine, const text::Tokenizer* tokenizer,
+                             Admission& admission, ServerMetrics& metrics)
+    : options_(std::move(options)),
+      engine_(engine),
+      max_model_len_(max_model_len_.load()),
+      tokenizer_(tokenizer),
+      admission_(admission),
+      metrics_(metrics),
+      created_(static_cast<int64_t>(std::time(nullptr))) {
+  ctx_.engine = engine;
+  ctx_.tokenizer = tokenizer;
+  ctx_.admission = &admission;
+  ctx_.metrics = &metrics;
+  ctx_.model_name = options_.served_model_name;
+}
+
+void OpenAiService::set_engine(Engine* engine, int64_t max_model_len) {
+  ctx_.engine = engine;
+  max_model_len_ = max_model_len;
+  engine_ = engine;
+}
+
+Reply OpenAiService::handle(HttpRequest& request) {
+  auto t0 = Clock::now();
+  Reply reply;
+  try {
+    reply = route(request);
+  } catch (const ApiError& e) {
+    reply.response = error_response(e);
+  } catch (const nlohmann::json::exception& e) {
+    // A JSON value of the wrong type in a field read without a typed check: the client's input.
+    reply.response = error_response(400, std::string("invalid request body: ") + e.what());
+  } catch (const std::exception& e) {
+    // Input that got past validation and still broke something: an answer, never a crash.
+    spdlog::error("{} {}: {}", request.method, request.path, e.what());
+    reply.response = error_response(500, std::string("internal error: ") + e.what());
+  }
+  if (!reply.body && reply.response.status >= 400) metrics_.request_error(reply.response.status);
+  spdlog::debug("{} {} {} -> {} ({:.2f} ms{})", request.remote, request.method, request.path,
+                reply.body ? 200 : reply.response.status,
+                std::chrono::duration<double, std::milli>(Clock::now() - t0).count(),
+                reply.body ? ", streaming or deferred" : "");
+  return reply;
+}
+
+Reply OpenAiService::route(HttpRequest& req) {
+  const std::string& p = req.path;
+  auto method_is = [&](const char* m) {
+    if (req.method != m) {
+      throw ApiError(405, fmt::format("{} {} is not allowed; use {}", req.method, p, m), "method_not_allowed");
+    }
+  };
+  Reply r;
+  if (p == "/health" || p == "/v1/health") {
+    method_is("GET");
+    r.response = health();
+  } else if (p == "/metrics") {
+    method_is("GET");
+    r.response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.response.body = metrics_.registry().render();
+  } else if (p == "/version") {
+    method_is("GET");
+    r.response = json_response({{"version", options_.version}});
+  } else if (p == "/v1/models" || p.rfind("/v1/models/", 0) == 0) {
+    method_is("GET");
+    authorize(req);
+    r.response = models(p.size() > 11 ? p.substr(11) : "");
+  } else if (p == "/v1/completions") {
+    method_is("POST");
+    authorize(req);
+    return completions(req);
+  } else if (p == "/v1/chat/completions") {
+    method_is("POST");
+    authorize(req);
+    return chat_completions(req);
+  } else if (p == "/tokenize" || p == "/v1/tokenize") {
+    method_is("POST");
+    authorize(req);
+    r.response = tokenize(req);
+  } else if (p == "/detokenize" || p == "/v1/detokenize") {
+    method_is("POST");
+    authorize(req);
+    r.response = detokenize(req);
+  } else {
+    throw ApiError(404, fmt::format("no route for {} {}", req.method, p), "not_found_error");
+  }
+  return r;
+}
+
+void OpenAiService::authorize(const HttpRequest& req) const {
+  if (options_.api_key.empty()) return;
+  std::string_view auth = req.header("authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  bool ok = auth.size() > kBearer.size() && auth.substr(0, kBearer.size()) == kBearer &&
+            same_secret(auth.substr(kBearer.size()), options_.api_key);
+  if (!ok) {
+    throw ApiError(401,
+                   auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key provided",
+                   "authentication_error", std::nullopt, "invalid_api_key");
+  }
+}
+
+void OpenAiService::check_model(const std::optional<std::string>& model) const {
+  if (model && !model->empty() && *model != options_.served_model_name) {
+    throw ApiError(404, fmt::format("the model '{}' does not exist; this server serves '{}'", *model,
+                                    options_.served_model_name),
+                   "not_found_error", "model", "model_not_found");
+  }
+}
+
+void OpenAiService::check_generation_ready() const {
+  if (draining_) throw ApiError(503, "the server is shutting down and accepts no new requests", "service_unavailable");
+  if (!ready_ || !engine_.load()) {
+    ApiError e(503, "the model is still loading; retry shortly", "service_unavailable");
+    e.retry_after_s = 5;
+    throw e;
+  }
+}
+
+HttpResponse OpenAiService::health() const {
+  if (draining_) return error_response(503, "draining: the server is shutting down");
+  if (!ready_) return error_response(503, "loading: the model is not ready yet");
+  if (Engine* e = engine_.load(); e && !e->alive()) return error_response(503, "the engine has stopped");
+  HttpResponse r;
+  r.content_type = "application/json";
+  r.body = "{\"status\":\"ok\"}";
+  return r;
+}
+
+HttpResponse OpenAiService::models(const std::string& id) const {
+  json model = {{"id", options_.served_model_name},
+                {"object", "model"},
+                {"created", created_},
+                {"owned_by", "moeserve"},
+                {"root", options_.model_path},
+                {"parent", nullptr},
+                {"max_model_len", max_model_len_.load()}};
+  if (!id.empty()) {
+    check_model(id);
+    return json_response(model);
+  }
+  return json_response({{"object", "list"}, {"data", json::array({model})}});
+}
+
+std::vector<int32_t> OpenAiService::encode(const std::string& text, bool add_special_tokens,
+                                           const char* param) const {
+  if (!tokenizer_) {
+    throw invalid_param(param, "this model has no tokenizer (no tokenizer.json): send token ids instead of text");
+  }
+  return tokenizer_->encode(text, add_special_tokens);
+}
+
+HttpResponse OpenAiService::tokenize(const HttpRequest& req) {
+  json body = parse_json_object(req.body);
+  if (body.contains("model") && body["model"].is_string()) check_model(body["model"].get<std::string>());
+  bool add_special = body.value("add_special_tokens", true);
+  std::vector<int32_t> ids;
+  if (body.contains("messages")) {
+    if (!options_.chat_template) throw invalid_param("messages", "this model has no chat template");
+    // Reuse the chat validation: the same body shape minus generation parameters.
+    json chat = {{"messages", body["messages"]}};
+    for (const char* key : {"tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"}) {
+      if (body.contains(key)) chat[key] = body[key];
+    }
+    ChatRequest cr = parse_chat_request(chat.dump());
+    ids = encode(render_chat(cr, nullptr), /*add_special_tokens=*/false, "messages");
+  } else if (body.contains("prompt") && body["prompt"].is_string()) {
+    ids = encode(body["prompt"].get<std::string>(), add_special, "prompt");
+  } else {
+    throw invalid_param("prompt", "send a string 'prompt' or a 'messages' array");
+  }
+  json out = {{"count", ids.size()}, {"max_model_len", max_model_len_.load()}, {"tokens", ids}};
+  if (body.value("return_token_strs", false)) {
+    json strs = json::array();
+    for (int32_t id : ids) strs.push_back(tokenizer_->id_to_token(id).value_or(""));
+    out["token_strs"] = strs;
+  }
+  return json_response(out);
+}
+
+HttpResponse OpenAiService::detokenize(const HttpRequest& req) {
+  json body = parse_json_object(req.body);
+  if (body.contains("model") && body["model"].is_string()) check_model(body["model"].get<std::string>());
+  if (!body.contains("tokens") || !body["tokens"].is_array()) {
+    throw invalid_param("tokens", "must be an array of token ids");
+  }
+  if (!tokenizer_) throw invalid_param("tokens", "this model has no tokenizer (no tokenizer.json)");
+  std::vector<int32_t> ids;
+  for (auto& t : body["tokens"]) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() >= static_cast<int64_t>(tokenizer_->vocab_size())) {
+      throw invalid_param("tokens", "{} is not a token id of this model (vocabulary of {})", t.dump(),
+                          tokenizer_->vocab_size());
+    }
+    ids.push_back(t.get<int32_t>());
+  }
+  return json_response({{"prompt", tokenizer_->decode(ids, false)}});
+}
+
+Reply OpenAiService::start_job(JobSpec spec) {
+  check_generation_ready();  // after validation: a bad request is a 400 even while loading
+  auto job = std::make_shared<GenerationJob>(ctx_, std::move(spec));
+  job->admit();  // throws 429/503 when refused outright
+  {
+    std::lock_guard lock(jobs_mutex_);
+    std::erase_if(jobs_, [](auto& w) {
+      auto j = w.lock();
+      return !j || j->finished();
+    });
+    jobs_.push_back(job);
+  }
+  Reply r;
+  r.body = std::move(job);
+  return r;
+}
+
+Reply OpenAiService::completions(HttpRequest& req) {
+  CompletionRequest cr = parse_completion_request(req.body);
+  check_model(cr.model);
+  if (!cr.sampling.stop.empty() && !tokenizer_) {
+    throw invalid_param("stop", "stop strings need a tokenizer; this model has none (use stop_token_ids)");
+  }
+  JobSpec spec;
+  spec.kind = JobSpec::Kind::kCompletion;
+  spec.id = random_id("cmpl-");
+  spec.created = static_cast<int64_t>(std::time(nullptr));
+  spec.arrival = Clock::now();
+  spec.queue_timeout = options_.queue_timeout;
+  for (auto& prompt : cr.prompts) {
+    if (auto* text = std::get_if<std::string>(&prompt)) {
+      spec.prompts.push_back(encode(*text, true, "prompt"));
+      spec.prompt_texts.push_back(*text);
+    } else {
+      auto& ids = std::get<std::vector<int32_t>>(prompt);
+      if (tokenizer_) {
+        for (int32_t id : ids) {
+          if (id >= static_cast<int32_t>(tokenizer_->vocab_size())) {
+            throw invalid_param("prompt", "token id {} is outside the vocabulary ({} tokens)", id,
+                                tokenizer_->vocab_size());
+          }
+        }
+      }
+      spec.prompt_texts.push_back(tokenizer_ ? tokenizer_->decode(ids, false) : "");
+      spec.prompts.push_back(ids);
+    }
+  }
+  bool explicit_max_tokens = cr.sampling.max_tokens.has_value();
+  spec.params = to_engine(cr.sampling);
+  if (!explicit_max_tokens) {
+    // The OpenAI default of 16, clipped to the room the longest prompt leaves (an explicit max_tokens over
+    // the context is an error instead).
+    int64_t max_tokens = options_.default_completion_max_tokens;
+    for (auto& p : spec.prompts) {
+      if (max_model_len_.load() > 0) {
+        max_tokens = std::min<int64_t>(max_tokens, max_model_len_.load() - static_cast<int64_t>(p.size()));
+      }
+    }
+    spec.params.max_tokens = static_cast<int>(std::max<int64_t>(max_tokens, 1));
+  }
+  if (cr.logprobs) {
+    spec.params.logprobs = true;
+    spec.params.top_logprobs = *cr.logprobs;
+    if (cr.echo) spec.params.prompt_logprobs = *cr.logprobs;
+  }
+  if (cr.prompt_logprobs) spec.params.prompt_logprobs = *cr.prompt_logprobs;
+  for (auto& p : spec.prompts) check_context_length(p, spec.params, max_model_len_.load(), "prompt");
+  spec.n = cr.n;
+  spec.stop = cr.sampling.stop;
+  spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;
+  spec.skip_special_tokens = cr.sampling.skip_special_tokens;
+  spec.stream = cr.stream;
+  spec.echo = cr.echo;
+  spec.return_token_ids = cr.return_token_ids;
+  spec.logprobs = cr.logprobs;
+  return start_job(std::move(spec));
+}
+
+Reply OpenAiService::chat_completions(HttpRequest& req) {
+  ChatRequest cr = parse_chat_request(req.body);
+  check_model(cr.model);
+  if (!options_.chat_template || !tokenizer_) {
+    throw ApiError(400, "this model has no chat template or tokenizer; use /v1/completions with token ids",
+                   "invalid_request_error", "messages");
+  }
+  bool tools_on = cr.tool_choice != ToolChoice::kNone;
+  if (tools_on && options_.tool_call_parser.empty()) {
+    throw invalid_param("tool_choice", "tool calls need the server to run with --tool-call-parser");
+  }
+  std::string forced_prefix;
+  std::string prompt = render_chat(cr, &forced_prefix);
+  JobSpec spec;
+  spec.kind = JobSpec::Kind::kChat;
+  spec.id = random_id("chatcmpl-");
+  spec.created = static_cast<int64_t>(std::time(nullptr));
+  spec.arrival = Clock::now();
+  spec.queue_timeout = options_.queue_timeout;
+  spec.prompts.push_back(encode(prompt + forced_prefix, /*add_special_tokens=*/false, "messages"));
+  spec.prompt_texts.push_back(prompt + forced_prefix);
+  spec.assistant_prefix = forced_prefix;
+  spec.params = to_engine(cr.sampling);
+  if (cr.logprobs) {
+    spec.params.logprobs = true;
+    spec.params.top_logprobs = cr.top_logprobs;
+    spec.logprobs = cr.top_logprobs;
+  }
+  check_context_length(spec.prompts[0], spec.params, max_model_len_.load(), "messages");
+  spec.n = cr.n;
+  spec.stop = cr.sampling.stop;
+  spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;
+  spec.skip_special_tokens = cr.sampling.skip_special_tokens;
+  spec.stream = cr.stream;
+  spec.return_token_ids = cr.return_token_ids;
+  text::OutputParserOptions parser;
+  parser.reasoning_parser = options_.reasoning_parser;
+  parser.tool_parser = tools_on ? options_.tool_call_parser : "";
+  parser.starts_in_reasoning = !options_.reasoning_parser.empty() && text::prompt_opens_reasoning(prompt);
+  if (tools_on) parser.tools = cr.tools;
+  if (!parser.reasoning_parser.empty() || !parser.tool_parser.empty()) spec.parser = parser;
+  return start_job(std::move(spec));
+}
+
+std::string OpenAiService::render_chat(const ChatRequest& cr, std::string* forced_prefix) const {
+  bool tools_on = cr.tool_choice != ToolChoice::kNone && !cr.tools.empty();
+  json tools = tools_on ? cr.tools : json(nullptr);
+  std::string prompt;
+  try {
+    if (cr.continue_final_message) {
+      // Render the conversation closed, then cut after the final message's text so the model continues it
+      // (vLLM's continue_final_message).
+      prompt = options_.chat_template->render(cr.messages, tools, false, cr.chat_template_kwargs);
+      const json& last = cr.messages.back()["content"];
+      std::string text = last.is_string() ? last.get<std::string>() : "";
+      size_t at = text.empty() ? std::string::npos : prompt.rfind(text);
+      if (at == std::string::npos) {
+        throw invalid_param("continue_final_message", "the template does not show the final message's text");
+      }
+      prompt.resize(at + text.size());
+    } else {
+      prompt = options_.chat_template->render(cr.messages, tools, cr.add_generation_prompt, cr.chat_template_kwargs);
+    }
+  } catch (const ApiError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ApiError(400, fmt::format("the chat template failed on these messages: {}", e.what()),
+                   "invalid_request_error", "messages");
+  }
+  if (forced_prefix && (cr.tool_choice == ToolChoice::kRequired || cr.tool_choice == ToolChoice::kNamed)) {
+    // No grammar backend: force the call by writing its opening into the assistant turn. A prompt that ends
+    // inside <think> is closed first, as the non-thinking template form does.
+    if (text::prompt_opens_reasoning(prompt)) prompt += "\n</think>\n\n";
+    std::string prefix = "<tool_call>\n";
+    if (cr.tool_choice == ToolChoice::kNamed) {
+      prefix += options_.tool_call_parser == "hermes"
+                    ? fmt::format("{{\"name\": \"{}\", \"arguments\": ", cr.tool_choice_name)
+                    : fmt::format("<function={}>\n", cr.tool_choice_name);
+    }
+    *forced_prefix = prefix;
+  }
+  return prompt;
+}
+
+void OpenAiService::begin_drain() {
+  draining_ = true;
+  admission_.set_draining(true);
+}
+
+size_t OpenAiService::in_flight() {
+  std::lock_guard lock(jobs_mutex_);
+  size_t n = 0;
+  for (auto& w : jobs_) {
+    if (auto j = w.lock(); j && !j->finished()) ++n;
+  }
+  return n;
+}
+
+void OpenAiService::abort_all() {
+  std::vector<std::shared_ptr<GenerationJob>> live;
+  {
+    std::lock_guard lock(jobs_mutex_);
+    for (auto& w : jobs_) {
+      if (auto j = w.lock(); j && !j->finished()) live.push_back(std::move(j));
+    }
+  }
+  for (auto& j : live) j->abort();
+}
+
+}  // namespace moeserve::server

@@ -1,0 +1,93 @@
+#pragma once
+// The OpenAI-compatible API over one engine: routing, API-key auth, readiness and draining, the simple
+// endpoints (/health, /v1/models, /metrics, /version, /tokenize, /detokenize), and generation requests
+// (/v1/completions, /v1/chat/completions) handed to GenerationJob.
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "server/admission.h"
+#include "server/generation.h"
+#include "server/http.h"
+#include "server/openai_request.h"
+#include "server/server_metrics.h"
+
+namespace moeserve::text {
+class ChatTemplate;
+}
+
+namespace moeserve::server {
+
+struct ServiceOptions {
+  std::string served_model_name = "moeserve";
+  std::string model_path;  // "root" in /v1/models
+  std::string api_key;     // empty: no auth
+  int64_t max_model_len = 0;
+  std::chrono::milliseconds queue_timeout{std::chrono::seconds(60)};
+  int default_completion_max_tokens = 16;  // /v1/completions without max_tokens, as in OpenAI and vLLM
+  std::string version = "0.1.0";
+
+  // Chat: the model's template (null: chat answers 400) and the output parsers ("" for none).
+  std::shared_ptr<const text::ChatTemplate> chat_template;
+  std::string reasoning_parser;  // "qwen3"
+  std::string tool_call_parser;  // "qwen3_coder" or "hermes"
+};
+
+class OpenAiService {
+ public:
+  // engine and tokenizer may be null (tests of routing and errors; a model without tokenizer.json).
+  OpenAiService(ServiceOptions options, Engine* engine, const text::Tokenizer* tokenizer, Admission& admission,
+                ServerMetrics& metrics);
+
+  Reply handle(HttpRequest& request);  // the HttpServer handler
+
+  void set_ready(bool ready) { ready_ = ready; }
+  // Once loading finishes (before set_ready): the engine and the context length it settled on.
+  void set_engine(Engine* engine, int64_t max_model_len);
+  bool ready() const { return ready_ && !draining_; }
+
+  // SIGTERM: /health turns 503 and new generation requests are refused; running ones continue.
+  void begin_drain();
+  // Generation requests not yet finished (queued or running).
+  size_t in_flight();
+  // Shutdown timeout reached: stop every generation; responses end with finish_reason "abort".
+  void abort_all();
+
+ private:
+  Reply route(HttpRequest& request);
+  void authorize(const HttpRequest& request) const;
+  void check_model(const std::optional<std::string>& model) const;
+  void check_generation_ready() const;
+  Reply completions(HttpRequest& request);
+  Reply chat_completions(HttpRequest& request);
+  HttpResponse health() const;
+  HttpResponse models(const std::string& id) const;
+  HttpResponse tokenize(const HttpRequest& request);
+  HttpResponse detokenize(const HttpRequest& request);
+  Reply start_job(JobSpec spec);
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens, const char* param) const;
+  // The prompt text of a chat request; forced_prefix (if given) receives the text appended to force a tool
+  // call (tool_choice "required" or a named function).
+  std::string render_chat(const ChatRequest& request, std::string* forced_prefix) const;
+
+  ServiceOptions options_;
+  std::atomic<Engine*> engine_;
+  std::atomic<int64_t> max_model_len_;
+  const text::Tokenizer* tokenizer_;
+  Admission& admission_;
+  ServerMetrics& metrics_;
+  GenerationContext ctx_;
+  int64_t created_;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> draining_{false};
+
+  std::mutex jobs_mutex_;
+  std::vector<std::weak_ptr<GenerationJob>> jobs_;
+};
+
+}  // namespace moeserve::server

@@ -1,0 +1,114 @@
+#include "server/server_metrics.h"
+
+#include "engine/engine.h"
+
+namespace moeserve::server {
+
+namespace {
+constexpr const char* kRunning = "moeserve:num_requests_running";
+constexpr const char* kWaiting = "moeserve:num_requests_waiting";
+}  // namespace
+
+ServerMetrics::ServerMetrics(const std::string& model_name)
+    : registry_(Labels{{"model_name", model_name}}),
+      ttft(registry_.histogram("moeserve:time_to_first_token_seconds",
+                               "Time from receiving a request to its first generated token.", latency_buckets())),
+      itl(registry_.histogram("moeserve:inter_token_latency_seconds", "Time between consecutive output tokens.",
+                              fine_latency_buckets())),
+      e2e(registry_.histogram("moeserve:e2e_request_latency_seconds",
+                              "Time from receiving a request to its last token.", latency_buckets())),
+      queue_time(registry_.histogram("moeserve:request_queue_time_seconds",
+                                     "Time a request waited for admission (concurrency limit).", latency_buckets())),
+      prompt_tokens_per_request(registry_.histogram("moeserve:request_prompt_tokens",
+                                                    "Prompt tokens per finished request.", token_count_buckets())),
+      generation_tokens_per_request(registry_.histogram(
+          "moeserve:request_generation_tokens", "Generated tokens per finished request.", token_count_buckets())),
+      prompt_tokens(registry_.counter("moeserve:prompt_tokens_total", "Prompt tokens of admitted requests.")),
+      generation_tokens(registry_.counter("moeserve:generation_tokens_total", "Generated tokens.")) {
+  // Register the remaining families up front so /metrics lists them before the first request.
+  registry_.gauge(kRunning, "Sequences generating in the engine.");
+  registry_.gauge(kWaiting, "Requests waiting: in the admission queue or the engine's.");
+  for (const char* reason : {"stop", "length", "tool_calls", "abort", "error"}) {
+    registry_.counter("moeserve:request_success_total", "Finished requests by finish reason.",
+                      {{"finished_reason", reason}});
+  }
+  registry_.counter("moeserve:request_errors_total", "Responses with an error status, by status.",
+                    {{"status", "429"}});
+  registry_.counter("moeserve:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.");
+  registry_.counter("moeserve:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.");
+  registry_.gauge("moeserve:kv_cache_usage_perc", "Fraction of KV-cache pages used by running requests (0..1).");
+  registry_.gauge("moeserve:kv_cache_cached_perc", "Fraction of KV-cache pages held only by the prefix cache.");
+  registry_.gauge("moeserve:state_slots_used", "GDN recurrent-state slots held by running requests.");
+  registry_.gauge("moeserve:state_slots_total", "GDN recurrent-state slots.");
+  registry_.gauge("moeserve:state_snapshots_used", "GDN state snapshots held by the prefix cache.");
+  registry_.gauge("moeserve:state_snapshots_total", "GDN state snapshot slots.");
+  registry_.counter("moeserve:engine_steps_total", "Engine forward passes.");
+  registry_.counter("moeserve:num_preemptions_total", "Requests preempted for lack of cache space.");
+  registry_.gauge("moeserve:memory_used_bytes", "Used memory of the most pressured source (cgroup, host or GPU).");
+  registry_.gauge("moeserve:memory_total_bytes", "Memory limit of that source.");
+  registry_.gauge("moeserve:memory_pressure_threshold_ratio",
+                  "Used/total above which new requests are refused with 503 (0: off).");
+  registry_.counter("moeserve:memory_throttled_requests_total", "Requests refused for memory pressure.");
+  registry_.add_collector([this] { collect(); });
+}
+
+void ServerMetrics::request_finished(const std::string& finish_reason) {
+  registry_.counter("moeserve:request_success_total", "Finished requests by finish reason.",
+                    {{"finished_reason", finish_reason}})
+      .inc();
+}
+
+void ServerMetrics::request_error(int status) {
+  registry_.counter("moeserve:request_errors_total", "Responses with an error status, by status.",
+                    {{"status", std::to_string(status)}})
+      .inc();
+}
+
+void ServerMetrics::set_sources(std::function<std::optional<EngineStats>()> engine, Admission* admission) {
+  std::lock_guard lock(mutex_);
+  engine_ = std::move(engine);
+  admission_ = admission;
+}
+
+void ServerMetrics::collect() {
+  std::lock_guard lock(mutex_);
+  std::optional<EngineStats> engine;
+  if (engine_) engine = engine_();
+  std::optional<Admission::Stats> adm;
+  if (admission_) adm = admission_->stats();
+
+  auto& reg = registry_;
+  double running = engine ? engine->running : adm ? adm->running : 0;
+  double waiting = (engine ? engine->queued : 0) + (adm ? adm->queued : 0);
+  reg.gauge(kRunning, "").set(running);
+  reg.gauge(kWaiting, "").set(waiting);
+  if (engine) {
+    auto advance = [&](const char* name, uint64_t now, uint64_t& seen) {
+      if (now > seen) reg.counter(name, "").inc(static_cast<double>(now - seen));
+      seen = std::max(seen, now);
+    };
+    advance("moeserve:prefix_cache_queries_total", engine->prefix_cache_queries, seen_queries_);
+    advance("moeserve:prefix_cache_hits_total", engine->prefix_cache_hits, seen_hits_);
+    advance("moeserve:engine_steps_total", engine->steps, seen_steps_);
+    advance("moeserve:num_preemptions_total", engine->preemptions, seen_preemptions_);
+    double pages = static_cast<double>(std::max<int64_t>(engine->kv_pages_total, 1));
+    reg.gauge("moeserve:kv_cache_usage_perc", "").set(engine->kv_pages_used / pages);
+    reg.gauge("moeserve:kv_cache_cached_perc", "").set(engine->kv_pages_cached / pages);
+    reg.gauge("moeserve:state_slots_used", "").set(engine->live_slots_used);
+    reg.gauge("moeserve:state_slots_total", "").set(engine->live_slots_total);
+    reg.gauge("moeserve:state_snapshots_used", "").set(engine->snapshot_slots_used);
+    reg.gauge("moeserve:state_snapshots_total", "").set(engine->snapshot_slots_total);
+  }
+  if (adm) {
+    reg.gauge("moeserve:memory_used_bytes", "").set(static_cast<double>(adm->memory.used_bytes));
+    reg.gauge("moeserve:memory_total_bytes", "").set(static_cast<double>(adm->memory.limit_bytes));
+    reg.gauge("moeserve:memory_pressure_threshold_ratio", "")
+        .set(admission_->options().memory_pressure_threshold);
+    Counter& throttled = reg.counter("moeserve:memory_throttled_requests_total", "");
+    if (adm->rejected_memory > throttled.value()) {
+      throttled.inc(static_cast<double>(adm->rejected_memory) - throttled.value());
+    }
+  }
+}
+
+}  // namespace moeserve::server

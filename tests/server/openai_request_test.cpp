@@ -1,0 +1,242 @@
+// Request parsing and validation: every field of the issue, and the 400s that name the parameter.
+#include <gtest/gtest.h>
+
+#include "server/api_error.h"
+#include "server/openai_request.h"
+
+namespace moeserve::server {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// The ApiError a body produces, or a failure when it parses.
+template <typename Parse>
+ApiError error_of(Parse parse, const std::string& body) {
+  try {
+    parse(body);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected an ApiError for " << body;
+  return ApiError(0, "", "");
+}
+
+ApiError completion_error(const std::string& body) { return error_of(parse_completion_request, body); }
+ApiError chat_error(const std::string& body) { return error_of(parse_chat_request, body); }
+
+TEST(CompletionRequest, ParsesEveryPromptShape) {
+  auto r = parse_completion_request(R"({"model":"m","prompt":"hello"})");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(std::get<std::string>(r.prompts[0]), "hello");
+  EXPECT_EQ(r.model, "m");
+
+  r = parse_completion_request(R"({"prompt":[1,2,3]})");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(std::get<std::vector<int32_t>>(r.prompts[0]), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_FALSE(r.model);
+
+  r = parse_completion_request(R"({"prompt":["a","b"]})");
+  EXPECT_EQ(r.prompts.size(), 2u);
+  r = parse_completion_request(R"({"prompt":[[1,2],[3]]})");
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(std::get<std::vector<int32_t>>(r.prompts[1]), (std::vector<int32_t>{3}));
+}
+
+TEST(CompletionRequest, ParsesSamplingAndStreaming) {
+  auto r = parse_completion_request(R"({"prompt":"x","n":3,"best_of":3,"max_tokens":7,"temperature":0.5,
+      "top_p":0.9,"top_k":40,"min_p":0.05,"presence_penalty":0.5,"frequency_penalty":-0.5,
+      "repetition_penalty":1.1,"seed":-3,"stop":["a","bc"],"stop_token_ids":[5],"logprobs":2,"echo":true,
+      "stream":true,"stream_options":{"include_usage":true},"user":"u","ignore_eos":true,"min_tokens":2,
+      "return_token_ids":true,"store":false,"metadata":{"a":"b"}})");
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.sampling.max_tokens, 7);
+  EXPECT_DOUBLE_EQ(r.sampling.temperature, 0.5);
+  EXPECT_DOUBLE_EQ(r.sampling.top_p, 0.9);
+  EXPECT_EQ(r.sampling.top_k, 40);
+  EXPECT_DOUBLE_EQ(r.sampling.min_p, 0.05);
+  EXPECT_DOUBLE_EQ(r.sampling.presence_penalty, 0.5);
+  EXPECT_DOUBLE_EQ(r.sampling.frequency_penalty, -0.5);
+  EXPECT_DOUBLE_EQ(r.sampling.repetition_penalty, 1.1);
+  EXPECT_EQ(r.sampling.seed, static_cast<uint64_t>(-3));
+  EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_EQ(r.sampling.stop_token_ids, (std::vector<int32_t>{5}));
+  EXPECT_EQ(r.logprobs, 2);
+  EXPECT_TRUE(r.echo);
+  EXPECT_TRUE(r.stream.stream);
+  EXPECT_TRUE(r.stream.include_usage);
+  EXPECT_EQ(r.user, "u");
+  EXPECT_TRUE(r.sampling.ignore_eos);
+  EXPECT_EQ(r.sampling.min_tokens, 2);
+  EXPECT_TRUE(r.return_token_ids);
+}
+
+TEST(CompletionRequest, ExplicitNullMeansDefault) {
+  auto r = parse_completion_request(R"({"prompt":"x","temperature":null,"max_tokens":null,"stop":null})");
+  EXPECT_DOUBLE_EQ(r.sampling.temperature, 1.0);
+  EXPECT_FALSE(r.sampling.max_tokens);
+  EXPECT_TRUE(r.sampling.stop.empty());
+}
+
+TEST(CompletionRequest, IntegralFloatsAreIntegers) {
+  EXPECT_EQ(parse_completion_request(R"({"prompt":"x","max_tokens":4.0})").sampling.max_tokens, 4);
+  EXPECT_EQ(completion_error(R"({"prompt":"x","max_tokens":4.5})").param, "max_tokens");
+}
+
+TEST(CompletionRequest, InvalidValuesNameTheParameter) {
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  for (auto c : std::vector<Case>{
+           {R"({"prompt":"x","temperature":2.5})", "temperature"},
+           {R"({"prompt":"x","temperature":"hot"})", "temperature"},
+           {R"({"prompt":"x","top_p":0})", "top_p"},
+           {R"({"prompt":"x","top_p":1.5})", "top_p"},
+           {R"({"prompt":"x","top_k":-2})", "top_k"},
+           {R"({"prompt":"x","min_p":2})", "min_p"},
+           {R"({"prompt":"x","presence_penalty":3})", "presence_penalty"},
+           {R"({"prompt":"x","frequency_penalty":-3})", "frequency_penalty"},
+           {R"({"prompt":"x","repetition_penalty":0})", "repetition_penalty"},
+           {R"({"prompt":"x","n":0})", "n"},
+           {R"({"prompt":"x","n":1000})", "n"},
+           {R"({"prompt":"x","n":2,"best_of":3})", "best_of"},
+           {R"({"prompt":"x","max_tokens":-1})", "max_tokens"},
+           {R"({"prompt":"x","max_tokens":0})", "max_tokens"},
+           {R"({"prompt":"x","max_tokens":true})", "max_tokens"},
+           {R"({"prompt":"x","logprobs":21})", "logprobs"},
+           {R"({"prompt":"x","logprobs":true})", "logprobs"},
+           {R"({"prompt":"x","stop":5})", "stop"},
+           {R"({"prompt":"x","stop":[""]})", "stop"},
+           {R"({"prompt":"x","stop_token_ids":[-1]})", "stop_token_ids"},
+           {R"({"prompt":"x","seed":"1"})", "seed"},
+           {R"({"prompt":"x","stream":"yes"})", "stream"},
+           {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
+           {R"({"prompt":"x","stream":true,"stream_options":{"include_usage":1}})", "stream_options.include_usage"},
+           {R"({"prompt":"x","stream":true,"stream_options":{"bogus":1}})", "stream_options.bogus"},
+           {R"({"prompt":"x","suffix":"y"})", "suffix"},
+           {R"({"prompt":"x","logit_bias":{"5":1}})", "logit_bias"},
+           {R"({"prompt":"x","min_tokens":5,"max_tokens":2})", "min_tokens"},
+           {R"({"prompt":"x","model":7})", "model"},
+           {R"({"prompt":""})", "prompt"},
+           {R"({"prompt":[]})", "prompt"},
+           {R"({"prompt":[1,"a"]})", "prompt"},
+           {R"({"prompt":[1,-5]})", "prompt"},
+           {R"({"prompt":{"a":1}})", "prompt"},
+           {R"({"max_tokens":3})", "prompt"},
+           {R"({"prompt":"x","frobnicate":1})", "frobnicate"},
+       }) {
+    ApiError e = completion_error(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.type, "invalid_request_error") << c.body;
+    ASSERT_TRUE(e.param) << c.body;
+    EXPECT_EQ(*e.param, c.param) << c.body << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find(c.param), std::string::npos) << e.what();
+  }
+}
+
+TEST(RequestBody, MalformedJsonIs400WithoutParam) {
+  for (const char* body : {"", "{", "{\"prompt\": }", "[1,2]", "\"str\"", "null", "{\"a\":1}garbage",
+                           "\xff\xfe{}"}) {
+    ApiError e = completion_error(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_FALSE(e.param) << body;
+  }
+}
+
+TEST(ChatRequest, ParsesMessagesToolsAndTemplateArguments) {
+  auto r = parse_chat_request(R"({"model":"m","messages":[
+      {"role":"developer","content":"be brief"},
+      {"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]},
+      {"role":"assistant","content":null,"reasoning_content":"hmm",
+       "tool_calls":[{"id":"call_1","type":"function","function":{"name":"get","arguments":"{\"x\":1}"}}]},
+      {"role":"tool","tool_call_id":"call_1","content":"42"}],
+    "tools":[{"type":"function","function":{"name":"get","parameters":{"type":"object"}}}],
+    "tool_choice":{"type":"function","function":{"name":"get"}},
+    "logprobs":true,"top_logprobs":3,"max_completion_tokens":9,"max_tokens":100,
+    "chat_template_kwargs":{"enable_thinking":false},"parallel_tool_calls":true})");
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[0]["role"], "system");
+  EXPECT_EQ(r.messages[1]["content"], "hi there");
+  EXPECT_EQ(r.messages[2]["reasoning_content"], "hmm");
+  EXPECT_EQ(r.messages[2]["tool_calls"][0]["function"]["arguments"], json({{"x", 1}}));
+  EXPECT_EQ(r.messages[3]["tool_call_id"], "call_1");
+  EXPECT_EQ(r.tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(r.tool_choice_name, "get");
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.top_logprobs, 3);
+  EXPECT_EQ(r.sampling.max_tokens, 9);
+  EXPECT_EQ(r.chat_template_kwargs["enable_thinking"], false);
+}
+
+TEST(ChatRequest, ToolChoiceDefaults) {
+  auto r = parse_chat_request(R"({"messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(r.tool_choice, ToolChoice::kNone);
+  r = parse_chat_request(R"({"messages":[{"role":"user","content":"x"}],
+      "tools":[{"type":"function","function":{"name":"f"}}]})");
+  EXPECT_EQ(r.tool_choice, ToolChoice::kAuto);
+  r = parse_chat_request(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required",
+      "tools":[{"type":"function","function":{"name":"f"}}]})");
+  EXPECT_EQ(r.tool_choice, ToolChoice::kRequired);
+}
+
+TEST(ChatRequest, InvalidValuesNameTheParameter) {
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const std::string user = R"("messages":[{"role":"user","content":"x"}])";
+  for (auto c : std::vector<Case>{
+           {R"({})", "messages"},
+           {R"({"messages":[]})", "messages"},
+           {R"({"messages":"hi"})", "messages"},
+           {R"({"messages":[5]})", "messages[0]"},
+           {R"({"messages":[{"content":"x"}]})", "messages[0].role"},
+           {R"({"messages":[{"role":"wizard","content":"x"}]})", "messages[0].role"},
+           {R"({"messages":[{"role":"user","content":5}]})", "messages[0].content"},
+           {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})",
+            "messages[0].content[0].type"},
+           {R"({"messages":[{"role":"user","content":"x","colour":"red"}]})", "messages[0].colour"},
+           {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", "messages[0].tool_calls"},
+           {R"({"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{"}}]}]})",
+            "messages[0].tool_calls[0].function.arguments"},
+           {R"({"messages":[{"role":"user","content":"x"}],"tools":{}})", "tools"},
+           {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools[0].function"},
+           {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"retrieval"}]})", "tools[0].type"},
+           {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes",
+               "tools":[{"type":"function","function":{"name":"f"}}]})", "tool_choice"},
+           {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice"},
+           {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function","function":{"name":"g"}},
+               "tools":[{"type":"function","function":{"name":"f"}}]})", "tool_choice"},
+           {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
+           {R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", "logprobs"},
+           {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})", "chat_template_kwargs"},
+           {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
+            "response_format"},
+           {R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", "functions"},
+           {R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":0})", "max_tokens"},
+           {R"({"messages":[{"role":"user","content":"x"}],"continue_final_message":true})",
+            "continue_final_message"},
+           {R"({"messages":[{"role":"user","content":"x"}],"prompt":"x"})", "prompt"},
+       }) {
+    ApiError e = chat_error(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    ASSERT_TRUE(e.param) << c.body << ": " << e.what();
+    EXPECT_EQ(*e.param, c.param) << c.body << ": " << e.what();
+  }
+}
+
+TEST(ApiErrorJson, HasTheOpenAiShape) {
+  ApiError e = invalid_param("temperature", "must be in [0, 2], got {}", 3);
+  json j = json::parse(error_json(e));
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "temperature");
+  EXPECT_EQ(j["error"]["code"], 400);
+  EXPECT_EQ(j["error"]["message"], "'temperature': must be in [0, 2], got 3");
+  HttpResponse r = error_response(429, "busy");
+  EXPECT_EQ(r.status, 429);
+  EXPECT_EQ(json::parse(r.body)["error"]["type"], "rate_limit_error");
+  EXPECT_TRUE(json::parse(r.body)["error"]["param"].is_null());
+}
+
+}  // namespace
+}  // namespace moeserve::server

