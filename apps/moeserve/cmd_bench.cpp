@@ -127,8 +127,8 @@ int run_bench(const Flags& f, bool concurrency_given, bool rate_given) {
   }
   config.tokenizer = f.tokenizer;
   config.progress = !f.quiet && bench::stderr_is_terminal();
-  check(f.tokenizer.empty(), "--tokenizer: token-exact prompts need the text module, which this build lacks");
-  bench::PromptGenerator prompts(f.seed);
+  bench::PromptGenerator prompts(
+      f.seed, f.tokenizer.empty() ? bench::TokenCounter{} : bench::load_token_counter(f.tokenizer));
 
   json doc = bench::run_benchmark(config, prompts, [&](const json& document, const json& run) {
     std::cout << bench::format_run(run) << std::flush;

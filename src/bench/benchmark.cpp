@@ -84,6 +84,7 @@ json run_benchmark(BenchConfig config, const PromptGenerator& prompts,
     for (size_t concurrency : config.concurrencies) {
       WorkloadOptions workload = config.workload;
       workload.scenario = scenario;
+      workload.prompt_set = doc["runs"].size();
       LoadOptions load = config.load;
       load.concurrency = concurrency;
       if (load.num_requests == 0 && load.duration_s == 0)

@@ -61,20 +61,25 @@ std::string tick_label(double v) {
 struct Axis {
   double lo = 0, hi = 1;
   bool log = false;
+  double base = 10;  // of a log axis: 10 for latencies, 2 for concurrency
   double pixel_lo = 0, pixel_hi = 1;
 
   double map(double v) const {
-    double t = log ? (std::log10(std::max(v, lo)) - std::log10(lo)) / (std::log10(hi) - std::log10(lo))
-                   : (v - lo) / (hi - lo);
+    double t = log ? std::log(std::max(v, lo) / lo) / std::log(hi / lo) : (v - lo) / (hi - lo);
     return pixel_lo + std::clamp(t, 0.0, 1.0) * (pixel_hi - pixel_lo);
   }
 
   std::vector<double> ticks() const {
     std::vector<double> out;
     if (log) {
-      for (double decade = std::pow(10, std::floor(std::log10(lo))); decade <= hi; decade *= 10)
-        for (double m : {1.0, 2.0, 5.0})
-          if (m * decade >= lo * 0.999 && m * decade <= hi * 1.001) out.push_back(m * decade);
+      // Powers of the base; for a few decades also 2x and 5x, which keeps labels from colliding.
+      double decades = std::log10(hi / lo);
+      std::vector<double> steps =
+          base == 10 && decades <= 3 ? std::vector<double>{1, 2, 5} : std::vector<double>{1};
+      double stride = base == 10 && decades > 6 ? 100 : base;
+      for (double p = std::pow(base, std::floor(std::log(lo) / std::log(base))); p <= hi * 1.001; p *= stride)
+        for (double m : steps)
+          if (m * p >= lo * 0.999 && m * p <= hi * 1.001) out.push_back(m * p);
       return out;
     }
     double step = nice_step((hi - lo) / 5);
@@ -360,8 +365,9 @@ std::string plot_svg(const json& document) {
     const double half_w = (width - 2 * margin - gap) / 2;
     svg.panel(margin, y, half_w, panel_h, "TTFT per turn (median, band p10–p90)", "turn", "ms", turn_axis,
               Axis::fit(0, ttft_max, false), ttft);
-    svg.panel(margin + half_w + gap, y, half_w, panel_h, "Prompt tokens served from the prefix cache", "turn",
-              "% of prompt tokens (usage.cached_tokens)", turn_axis, pct, cached);
+    svg.panel(margin + half_w + gap, y, half_w, panel_h,
+              "Prompt tokens served from the prefix cache (usage cached_tokens)", "turn",
+              "% of prompt tokens", turn_axis, pct, cached);
     y += panel_h + gap;
   }
 
@@ -408,8 +414,14 @@ std::string plot_svg(const json& document) {
       ttft.push_back(std::move(t1));
       tpot.push_back(std::move(t2));
     }
-    Axis conc = Axis::fit(c_lo, c_hi, true);
-    if (!conc.log) conc.lo = 0;
+    // Concurrency sweeps are usually powers of two: a log2 axis spaces them evenly.
+    Axis conc = Axis::fit(0, c_hi, false);
+    if (c_hi / c_lo >= 8) {
+      conc.log = true;
+      conc.base = 2;
+      conc.lo = std::pow(2, std::floor(std::log2(c_lo)));
+      conc.hi = std::pow(2, std::ceil(std::log2(c_hi)));
+    }
     const double third_w = (width - 2 * margin - 2 * gap) / 3;
     svg.panel(margin, y, third_w, panel_h, "Throughput (solid output, dashed total)", "concurrency",
               "tokens/s", conc, Axis::fit(0, tp_max, false), throughput, true);

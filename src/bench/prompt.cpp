@@ -1,6 +1,9 @@
 #include "bench/prompt.h"
 
+#include <filesystem>
+
 #include "common/error.h"
+#include "text/tokenizer.h"
 
 namespace moeserve::bench {
 namespace {
@@ -83,6 +86,13 @@ void append_unit(std::string& out, const std::vector<std::string>& words, Rng& r
 }
 
 }  // namespace
+
+TokenCounter load_token_counter(const std::string& path) {
+  std::string file = std::filesystem::is_directory(path) ? path + "/tokenizer.json" : path;
+  auto tokenizer = std::make_shared<text::Tokenizer>(text::Tokenizer::from_file(file));
+  return
+      [tokenizer](std::string_view t) { return tokenizer->encode(t, /*add_special_tokens=*/false).size(); };
+}
 
 PromptGenerator::PromptGenerator(uint64_t seed, TokenCounter counter)
     : seed_(seed), counter_(std::move(counter)) {

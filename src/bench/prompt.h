@@ -15,6 +15,11 @@ namespace moeserve::bench {
 
 using TokenCounter = std::function<size_t(std::string_view)>;
 
+// Counts tokens with a Hugging Face tokenizer.json (`path` is the file or the folder holding it); the count
+// is of the text alone, without special tokens. Throws moeserve::Error when the file is missing or
+// unsupported.
+TokenCounter load_token_counter(const std::string& path);
+
 class PromptGenerator {
  public:
   explicit PromptGenerator(uint64_t seed, TokenCounter counter = {});

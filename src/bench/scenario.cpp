@@ -99,7 +99,8 @@ TurnRequest Conversation::next() {
   TurnRequest request;
   request.turn = turn_;
   // Each (dialogue, turn) pair reads its own stream of the generator: no two prompts share a prefix.
-  uint64_t stream = static_cast<uint64_t>(index_) * 1024 + turn_;
+  uint64_t stream = ((options_.prompt_set * 4 + static_cast<uint64_t>(options_.scenario)) << 40) +
+                    static_cast<uint64_t>(index_) * 1024 + turn_;
   bool exact_length = true;
   size_t max_tokens = options_.output_len;
   if (options_.scenario == Scenario::tool_call && turn_ == 0) {

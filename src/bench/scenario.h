@@ -35,6 +35,9 @@ struct WorkloadOptions {
   double temperature = 0;
   std::string tool_choice = "auto";
   nlohmann::json extra_body = nlohmann::json::object();  // merged into every request body
+  // Runs with different prompt sets share no prompt (a sweep's second run must not hit the prefix cache
+  // the first one filled); the scenario is mixed in too.
+  size_t prompt_set = 0;
 };
 
 // Requests one dialogue of this scenario sends when every turn succeeds.

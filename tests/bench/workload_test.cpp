@@ -52,6 +52,17 @@ TEST(Prompt, TokenCounterMakesLengthsExact) {
     for (uint64_t stream = 0; stream < 5; ++stream) EXPECT_EQ(merging_counter(g.text(n, stream)), n);
 }
 
+// The real Qwen3 tokenizer (scripts/fetch-test-data.sh puts it in .cache/): every length is exact.
+TEST(Prompt, ExactLengthsWithTheQwen3Tokenizer) {
+  TokenCounter qwen3 = load_token_counter(".cache/tokenizer-qwen3");
+  PromptGenerator g(11, qwen3);
+  for (size_t n : {1, 2, 16, 128, 256, 1000, 4096})
+    for (uint64_t stream = 0; stream < 3; ++stream)
+      EXPECT_EQ(qwen3(g.text(n, stream)), n) << n << " " << stream;
+  EXPECT_EQ(load_token_counter(".cache/tokenizer-qwen3/tokenizer.json")("Hello world"), 2u);
+  EXPECT_THROW(load_token_counter("/nonexistent/tokenizer.json"), Error);
+}
+
 TEST(Prompt, RejectsATokenizerThatSplitsWords) {
   EXPECT_THROW(PromptGenerator(1, [](std::string_view t) { return t.size(); }), Error);
 }
@@ -131,6 +142,19 @@ TEST(Scenario, MultiTurnCarriesTheConversationForward) {
   EXPECT_EQ(third["messages"][3], (json{{"role", "assistant"}, {"content", "answer two"}}));
   EXPECT_EQ(third["messages"][4]["role"], "user");
   EXPECT_NE(third["messages"][4]["content"], third["messages"][2]["content"]);
+}
+
+TEST(Scenario, PromptSetsAndScenariosShareNoPrompt) {
+  PromptGenerator g(1);
+  auto first_prompt = [&](Scenario s, size_t set) {
+    auto o = options(s);
+    o.prompt_set = set;
+    Conversation c(o, g, 0);
+    return json::parse(c.next().body)["messages"][0]["content"].get<std::string>();
+  };
+  EXPECT_EQ(first_prompt(Scenario::single_turn, 0), first_prompt(Scenario::single_turn, 0));
+  EXPECT_NE(first_prompt(Scenario::single_turn, 0), first_prompt(Scenario::single_turn, 1));
+  EXPECT_NE(first_prompt(Scenario::single_turn, 0), first_prompt(Scenario::multi_turn, 0));
 }
 
 TEST(Scenario, FailedTurnEndsTheDialogue) {
