@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -70,35 +71,56 @@ TEST(Client, TimingsFollowTheScriptedDelays) {
   script.ttft_s = 0.10;
   script.itl_s = 0.02;
   FakeOpenAiServer server(script);
-  LoadResult result = run(server, closed_loop(4, 8), workload(Scenario::single_turn, 24, 10));
+  // One at a time, so the n-th record and the n-th request the server saw are the same request.
+  LoadResult result = run(server, closed_loop(1, 8), workload(Scenario::single_turn, 24, 10));
+  auto served = server.served();
   ASSERT_EQ(result.records.size(), 8u);
-  std::vector<double> ttft, itl_mean;
-  for (const auto& r : result.records) {
+  ASSERT_EQ(served.size(), 8u);
+  auto seconds = [](auto d) { return std::chrono::duration<double>(d).count(); };
+  std::vector<double> ttft_excess, itl_excess;
+  for (size_t i = 0; i < 8; ++i) {
+    const RequestRecord& r = result.records[i];
     ASSERT_TRUE(r.ok) << r.error_cause << ": " << r.error_message;
     EXPECT_EQ(r.http_status, 200);
     EXPECT_EQ(r.completion_tokens, 10u);
     EXPECT_EQ(r.chunks, 10u);
     EXPECT_EQ(r.itl_s.size(), 9u);
+    EXPECT_TRUE(r.usage_reported);
     // The server slept at least this long, so the client cannot have measured less.
     EXPECT_GE(r.ttft_s, 0.10);
     EXPECT_GE(r.e2e_s, 0.10 + 9 * 0.02);
-    EXPECT_TRUE(r.usage_reported);
-    ttft.push_back(r.ttft_s);
-    double sum = 0;
-    for (double g : r.itl_s) sum += g;
-    itl_mean.push_back(sum / 9);
+    // Against what the server actually did (its sleeps overshoot on a busy machine): the client's TTFT
+    // contains the server's, and its mean gap matches the server's mean gap between sends.
+    ASSERT_EQ(served[i].token_sent.size(), 10u);
+    double server_ttft = seconds(served[i].token_sent[0] - served[i].received);
+    double server_itl = seconds(served[i].token_sent[9] - served[i].token_sent[0]) / 9;
+    double client_itl = 0;
+    for (double g : r.itl_s) client_itl += g / 9;
+    EXPECT_GE(r.ttft_s, server_ttft);
+    ttft_excess.push_back(r.ttft_s - server_ttft);
+    itl_excess.push_back(std::fabs(client_itl - server_itl));
   }
-  std::sort(ttft.begin(), ttft.end());
-  std::sort(itl_mean.begin(), itl_mean.end());
-  EXPECT_NEAR(ttft[4], 0.10, 0.10);      // median within 100 ms of the script
-  EXPECT_NEAR(itl_mean[4], 0.02, 0.01);  // median of per-request mean gaps within 10 ms
-  EXPECT_LE(server.connections(), 4u);   // kept-alive connections are reused
-  for (const auto& s : server.served()) {
+  std::sort(ttft_excess.begin(), ttft_excess.end());
+  std::sort(itl_excess.begin(), itl_excess.end());
+  EXPECT_LT(ttft_excess[4], 0.05);  // median: loopback and parsing cost well under 50 ms
+  EXPECT_LT(itl_excess[4], 0.005);  // median: mean gaps within 5 ms of the server's
+  for (const auto& s : served) {
     EXPECT_EQ(s.body["max_tokens"], 10);
     EXPECT_EQ(s.body["ignore_eos"], true);
     EXPECT_EQ(s.body["messages"][0]["role"], "user");
   }
-  EXPECT_GT(result.duration_s, 0.2);
+  EXPECT_EQ(server.connections(), 1u);  // the kept-alive connection is reused
+  EXPECT_GT(result.duration_s, 8 * 0.28);
+}
+
+TEST(Client, ConcurrentRequestsShareKeptAliveConnections) {
+  FakeScript script;
+  script.itl_s = 0.002;
+  FakeOpenAiServer server(script);
+  LoadResult result = run(server, closed_loop(4, 16), workload(Scenario::single_turn, 24, 10));
+  ASSERT_EQ(result.records.size(), 16u);
+  for (const auto& r : result.records) EXPECT_TRUE(r.ok) << r.error_cause;
+  EXPECT_LE(server.connections(), 4u);
 }
 
 TEST(Client, MultiTurnReportsTheCachedPrefixOfEachTurn) {
@@ -291,7 +313,7 @@ TEST(Client, DurationBoundsTheRun) {
   ASSERT_GT(result.records.size(), 2u);
   for (const auto& r : result.records) {
     EXPECT_TRUE(r.ok);
-    EXPECT_LT(r.start_s, 0.4 + 0.2);  // nothing starts after the bound (plus the time to connect)
+    EXPECT_LT(r.start_s, 0.4 + 1.0);  // nothing starts after the bound (plus the time to connect)
   }
 }
 
