@@ -36,6 +36,7 @@ struct RouteFlags {
   int balance_abs_threshold = 64;
   double balance_rel_threshold = 1.5;
   int64_t max_tree_size = int64_t{1} << 23;
+  std::string tokenizer;
   bool session_affinity = false;
   std::string api_key;
   std::string admin_key;
@@ -86,6 +87,8 @@ std::function<int()> setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--max-tree-size", f.max_tree_size, "cache_aware: symbols kept per backend (LRU beyond)")
       ->capture_default_str();
+  app.add_option("--tokenizer", f.tokenizer,
+                 "cache_aware: tokenizer.json, to match token ids instead of text");
   app.add_flag("--session-affinity", f.session_affinity, "pin X-Session-ID / \"user\" to a backend");
   app.add_option("--api-key", f.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
   app.add_option("--admin-key", f.admin_key, "key for /backends/add|drain|remove (default: --api-key)");
@@ -128,6 +131,7 @@ std::function<int()> setup(CLI::App& app) {
       check(f.max_tree_size > 0, "--max-tree-size must be positive");
       config.max_tree_symbols = static_cast<size_t>(f.max_tree_size);
     }
+    if (given("--tokenizer")) config.tokenizer = f.tokenizer;
     if (given("--session-affinity")) config.session_affinity = f.session_affinity;
     if (given("--api-key")) config.api_key = f.api_key;
     if (given("--admin-key")) config.admin_key = f.admin_key;

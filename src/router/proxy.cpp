@@ -108,7 +108,7 @@ struct Router::Impl {
 
   Impl(RouterConfig c, std::shared_ptr<const KeyEncoder> e, std::function<TimePoint()> clock)
       : config(std::move(c)),
-        encoder(e ? std::move(e) : std::make_shared<KeyEncoder>()),
+        encoder(e ? std::move(e) : make_key_encoder(config.tokenizer)),
         balancer(config, std::move(clock)) {}
 
   // ---- client side ------------------------------------------------------------------------------------
@@ -526,37 +526,43 @@ struct Router::Impl {
 
     std::vector<char> chunk(kRelayChunk);
     std::string failure;
-    while (!parser->is_done()) {
+    for (;;) {
       parser->get().body().data = chunk.data();
       parser->get().body().size = chunk.size();
-      upstream->expires_after(config.read_timeout);
-      auto [rec, rn] = co_await http::async_read_some(*upstream, buffer, *parser, use_tuple);
-      if (rec == http::error::need_buffer) rec = {};
-      if (rec) {
-        failure = rec == beast::error::timeout ? "read timeout mid-response" : "backend closed mid-response";
-        break;
+      // Each side's timer runs only while that side is awaited, so that a slow client is never taken for a
+      // slow backend (a failure counted against it) and the reverse.
+      if (!parser->is_done()) {  // an empty body (Content-Length: 0) is complete with the head
+        client.expires_never();
+        upstream->expires_after(config.read_timeout);
+        auto [rec, rn] = co_await http::async_read_some(*upstream, buffer, *parser, use_tuple);
+        if (rec == http::error::need_buffer) rec = {};
+        if (rec) {
+          failure =
+              rec == beast::error::timeout ? "read timeout mid-response" : "backend closed mid-response";
+          break;
+        }
       }
       size_t got = chunk.size() - parser->get().body().size;
-      if (got == 0) continue;
-      response.body().data = chunk.data();
+      bool upstream_done = parser->is_done();
+      if (upstream_done) {
+        // The backend's part is over: release it before the last bytes go out, as nginx does, so that a
+        // client that sends its next request at once already sees the backend's in-flight count without this
+        // one.
+        balancer.finish(selection, outcome, fmt::format("status {}", status));
+        balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
+        if (parser->keep_alive() && buffer.size() == 0) put_idle(worker, backend.id, std::move(upstream));
+      } else {
+        upstream->expires_never();
+        if (got == 0) continue;
+      }
+      response.body().data = got ? chunk.data() : nullptr;
       response.body().size = got;
-      response.body().more = true;
+      response.body().more = !upstream_done;
       client.expires_after(config.send_timeout);
       auto [wec, wn] = co_await http::async_write(client, serializer, use_tuple);
       if (wec == http::error::need_buffer) wec = {};
+      if (upstream_done) co_return AttemptResult{AttemptEnd::delivered, !wec, {}};
       if (wec) co_return client_gone();
-    }
-
-    if (failure.empty()) {
-      response.body().data = nullptr;
-      response.body().size = 0;
-      response.body().more = false;
-      client.expires_after(config.send_timeout);
-      auto [wec, wn] = co_await http::async_write(client, serializer, use_tuple);
-      balancer.finish(selection, outcome, fmt::format("status {}", status));
-      balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
-      if (parser->keep_alive() && buffer.size() == 0) put_idle(worker, backend.id, std::move(upstream));
-      co_return AttemptResult{AttemptEnd::delivered, !wec, {}};
     }
 
     // The backend failed after the client got part of the response: no retry is possible any more.

@@ -2,6 +2,7 @@
 // What the router reads from a request body to route it: the model it names, the text a prefix cache would
 // see (for cache_aware) and the session it belongs to (for affinity). Also reads the load a backend reports.
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,6 +19,10 @@ class KeyEncoder {
   virtual ~KeyEncoder() = default;
   virtual std::vector<uint32_t> encode(std::string_view text) const;
 };
+
+// The byte encoder, or one over the tokenizer.json at `tokenizer_path` (throws moeserve::Error if
+// unreadable).
+std::shared_ptr<const KeyEncoder> make_key_encoder(const std::string& tokenizer_path);
 
 struct BodyNeeds {
   bool key = false;      // cache_aware

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "common/error.h"
 #include "router/request_info.h"
 
@@ -108,6 +110,29 @@ TEST(RequestInfo, ReadsLoadReportedByServers) {
   EXPECT_LT(none.requests, 0);
   EXPECT_EQ(parse_retry_after("7"), 7.0);
   EXPECT_FALSE(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT").has_value());
+}
+
+}  // namespace
+}  // namespace moeserve::router
+
+namespace moeserve::router {
+namespace {
+
+TEST(RequestInfo, KeysAreTokenIdsWithATokenizer) {
+  const std::string path = ".cache/tokenizer-qwen3/tokenizer.json";
+  ASSERT_TRUE(std::ifstream(path).good()) << path << " is missing: run scripts/fetch-test-data.sh first";
+  auto tokens = make_key_encoder(path);
+  BodyNeeds needs{.key = true, .session = false, .model = false};
+  auto turn1 = describe_request(R"({"messages":[{"role":"user","content":"Tell me about the sea."}]})", "",
+                                needs, *tokens);
+  auto turn2 = describe_request(
+      R"({"messages":[{"role":"user","content":"Tell me about the sea."},{"role":"assistant","content":"It is big."}]})",
+      "", needs, *tokens);
+  std::string text = "user\nTell me about the sea.\n";
+  ASSERT_FALSE(turn1.key.empty());
+  EXPECT_LT(turn1.key.size(), text.size()) << "expected token ids, not bytes";
+  ASSERT_LT(turn1.key.size(), turn2.key.size());
+  EXPECT_TRUE(std::equal(turn1.key.begin(), turn1.key.end(), turn2.key.begin()));
 }
 
 }  // namespace

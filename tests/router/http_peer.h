@@ -166,6 +166,12 @@ class Process {
   int status_ = -1;
 };
 
+// nginx.conf for the reference deployment's tuning (least_conn, max_fails=3 fail_timeout=30s, keepalive 32
+// with a 300 s idle timeout, 300 s read/send timeouts, proxy_buffering off), one worker, everything under
+// `dir`.
+std::string nginx_reference_config(const std::string& dir, uint16_t port,
+                                   const std::vector<std::string>& urls, bool least_conn = true);
+
 // A minimal OpenAI-like chat completion in SSE, `pieces` deltas, for backends that just answer.
 std::string sse_event(const std::string& content);
 

@@ -111,41 +111,14 @@ std::vector<std::string> drive(uint16_t port, Backends& backends, const std::str
   return served;
 }
 
-std::string nginx_config(const fs::path& dir, uint16_t port, const std::vector<std::string>& urls,
-                         bool least_conn) {
-  std::string servers;
-  for (const auto& url : urls) servers += "    server " + url.substr(7) + " max_fails=3 fail_timeout=30s;\n";
-  std::string d = dir.string();
-  return "worker_processes 1;\ndaemon off;\nmaster_process off;\npid " + d + "/nginx.pid;\nerror_log " + d +
-         "/error.log warn;\nevents { worker_connections 1024; }\nhttp {\n  access_log off;\n"
-         "  client_body_temp_path " +
-         d + "/body;\n  proxy_temp_path " + d +
-         "/proxy;\n"
-         "  fastcgi_temp_path " +
-         d + "/fastcgi;\n  uwsgi_temp_path " + d +
-         "/uwsgi;\n"
-         "  scgi_temp_path " +
-         d +
-         "/scgi;\n"
-         "  upstream llm {\n" +
-         (least_conn ? "    least_conn;\n" : "") + servers +
-         "    keepalive 32;\n    keepalive_timeout 300s;\n  }\n"
-         "  server {\n    listen 127.0.0.1:" +
-         std::to_string(port) +
-         ";\n    location / {\n"
-         "      proxy_pass http://llm;\n      proxy_http_version 1.1;\n      proxy_set_header Connection "
-         "\"\";\n"
-         "      proxy_buffering off;\n      proxy_read_timeout 300s;\n      proxy_send_timeout 300s;\n"
-         "    }\n  }\n}\n";
-}
-
 std::vector<std::string> through_nginx(Backends& backends, bool least_conn) {
   EXPECT_EQ(std::system("test -x /usr/sbin/nginx"), 0)
       << "nginx not found: run scripts/install-deps.sh (Debian package 'nginx')";
   fs::path dir = fs::path(::testing::TempDir()) / ("router-nginx-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   uint16_t port = free_port();
-  std::ofstream(dir / "nginx.conf") << nginx_config(dir, port, backends.urls(), least_conn);
+  std::ofstream(dir / "nginx.conf") << nginx_reference_config(dir.string(), port, backends.urls(),
+                                                              least_conn);
   Process nginx({"/usr/sbin/nginx", "-p", dir.string(), "-e", (dir / "error.log").string(), "-c",
                  (dir / "nginx.conf").string()},
                 (dir / "stdout.log").string());

@@ -99,6 +99,22 @@ TEST(RouterProxy, StreamsEachChunkBeforeTheBackendFinishes) {
   EXPECT_NE(response.body.find("[DONE]"), std::string::npos);
 }
 
+TEST(RouterProxy, ReusesUpstreamConnectionsAndRelaysEmptyBodies) {
+  FakeBackend backend([](const HttpRequest& r, BackendConnection& c) {
+    c.respond(200, r.target == "/empty" ? "" : R"({"ok":true})");
+  });
+  Router router(config_for({backend.url()}));
+  router.start();
+  HttpClient client(router.port());
+  for (const char* target : {"/empty", "/v1/models", "/empty", "/v1/completions"}) {
+    client.send("POST", target, "{}");
+    HttpResponse response = client.read_response();
+    EXPECT_EQ(response.status, 200) << target;
+    EXPECT_TRUE(response.complete) << target;
+  }
+  EXPECT_EQ(backend.connections_accepted(), 1u) << "keep-alive upstream connections must be reused";
+}
+
 TEST(RouterProxy, LeastConnSpreadsConcurrentStreamsEvenly) {
   Gate release;
   auto hold = [&](const HttpRequest&, BackendConnection& c) {
