@@ -9,7 +9,7 @@ packages=(
   libpcre2-dev libutf8proc-dev libhwy-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   libyaml-cpp-dev
-  # Test peers of the deploy tests: promtool checks generated Prometheus files, nginx runs the generated
+  # Test peers of the deploy and router tests: promtool checks Prometheus files and /metrics, nginx runs the generated
   # nginx.conf, systemd-analyze verifies generated units.
   prometheus nginx systemd
   # xmllint checks that moeserve bench's SVG plots are well-formed XML.

@@ -1,0 +1,771 @@
+// The router's I/O: one Asio io_context per worker thread, a coroutine per client connection, keep-alive
+// pools of upstream connections per worker (as nginx keeps them per worker process), active health checks.
+//
+// Streaming: a response is relayed with a fixed buffer; the next upstream read starts only after the previous
+// chunk was written to the client, so a slow client slows the backend through TCP flow control and memory per
+// connection stays bounded. Until the response head has been sent to the client an attempt can fail over to
+// another backend; after that a failure ends the response (an SSE error event when it is a stream).
+#include <sys/socket.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <condition_variable>
+#include <deque>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "router/request_info.h"
+#include "router/router.h"
+
+namespace moeserve::router {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using net::awaitable;
+
+namespace {
+
+constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
+constexpr size_t kRelayChunk = 32 * 1024;            // one read from a backend, one write to the client
+constexpr size_t kUpstreamBufferLimit = 128 * 1024;  // raw bytes read ahead of the parser (head + body)
+constexpr uint32_t kHeaderLimit = 64 * 1024;
+
+using Request = http::request<http::string_body>;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+bool hop_by_hop(http::field name) {
+  switch (name) {
+    case http::field::connection:
+    case http::field::keep_alive:
+    case http::field::proxy_connection:
+    case http::field::te:
+    case http::field::trailer:
+    case http::field::transfer_encoding:
+    case http::field::upgrade:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string error_json(std::string_view message, std::string_view type, int code) {
+  nlohmann::json body = {
+      {"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", code}}}};
+  return body.dump();
+}
+
+// Whether an idle keep-alive connection is still usable: no EOF, reset or stray bytes waiting on it.
+bool idle_connection_usable(tcp::socket& socket) {
+  char byte;
+  ssize_t n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+struct IdleConnection {
+  std::unique_ptr<beast::tcp_stream> stream;
+  Clock::time_point since;
+};
+
+struct Worker {
+  net::io_context ioc{1};
+  net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
+  std::thread thread;
+  // Touched only from this worker's thread.
+  std::unordered_map<int, std::deque<IdleConnection>> pools;  // backend id -> idle connections, newest last
+};
+
+enum class AttemptEnd { delivered, client_gone, retry };
+
+struct AttemptResult {
+  AttemptEnd end = AttemptEnd::retry;
+  bool client_reusable = false;
+  std::string reason;  // why it should be retried
+};
+
+}  // namespace
+
+struct Router::Impl {
+  RouterConfig config;
+  std::shared_ptr<const KeyEncoder> encoder;
+  Balancer balancer;
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::optional<tcp::acceptor> acceptor;
+  uint16_t bound_port = 0;
+  std::atomic<size_t> next_worker{0};
+  std::atomic<int> active_requests{0};
+  std::atomic<bool> draining{false};
+  std::atomic<bool> stopping{false};
+  std::mutex join_mu;
+
+  Impl(RouterConfig c, std::shared_ptr<const KeyEncoder> e, std::function<TimePoint()> clock)
+      : config(std::move(c)),
+        encoder(e ? std::move(e) : make_key_encoder(config.tokenizer)),
+        balancer(config, std::move(clock)) {}
+
+  // ---- client side ------------------------------------------------------------------------------------
+
+  awaitable<void> accept_loop() {
+    while (!stopping) {
+      Worker& target = *workers[next_worker++ % workers.size()];
+      auto [ec, socket] = co_await acceptor->async_accept(target.ioc, use_tuple);
+      if (ec) {
+        if (!acceptor->is_open() || ec == net::error::operation_aborted) co_return;
+        // Out of file descriptors or similar: back off instead of spinning.
+        spdlog::warn("route: accept failed: {}", ec.message());
+        net::steady_timer pause(acceptor->get_executor(), std::chrono::milliseconds(50));
+        co_await pause.async_wait(use_tuple);
+        continue;
+      }
+      net::co_spawn(target.ioc, session(target, std::move(socket)), net::detached);
+    }
+  }
+
+  awaitable<void> session(Worker& worker, tcp::socket socket) {
+    beast::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    std::string client_address = socket.remote_endpoint(ignored).address().to_string();
+    beast::tcp_stream client(std::move(socket));
+    beast::flat_buffer buffer;
+    std::vector<char> relay(kRelayChunk);
+    try {
+      for (;;) {
+        http::request_parser<http::string_body> parser;
+        parser.header_limit(kHeaderLimit);
+        parser.body_limit(config.max_body_bytes);
+        client.expires_after(config.client_header_timeout);
+        auto [ec, n] = co_await http::async_read_header(client, buffer, parser, use_tuple);
+        if (ec == http::error::body_limit) {  // a Content-Length over the limit is refused before the body
+          co_await send_local(client, http::status::payload_too_large, 11, false, body_too_large());
+          break;
+        }
+        if (ec) {
+          if (ec != http::error::end_of_stream && ec != beast::error::timeout && ec != net::error::eof &&
+              ec != net::error::connection_reset)
+            co_await send_local(
+                client, http::status::bad_request, 11, false,
+                error_json(fmt::format("malformed request: {}", ec.message()), "invalid_request_error", 400));
+          break;
+        }
+        auto& head = parser.get();
+        if (beast::iequals(head[http::field::expect], "100-continue")) {
+          static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+          co_await net::async_write(client, net::buffer(kContinue), use_tuple);
+        }
+        if (!parser.is_done()) {
+          std::tie(ec, n) = co_await http::async_read(client, buffer, parser, use_tuple);
+          if (ec == http::error::body_limit) {
+            co_await send_local(client, http::status::payload_too_large, head.version(), false,
+                                body_too_large());
+            break;
+          }
+          if (ec) break;
+        }
+        Request request = parser.release();
+        bool keep_alive = request.keep_alive();
+        ++active_requests;
+        bool reusable = co_await handle(worker, client, request, client_address);
+        --active_requests;
+        if (!reusable || !keep_alive || draining) break;
+      }
+    } catch (const std::exception& e) {
+      spdlog::error("route: connection from {} ended by an internal error: {}", client_address, e.what());
+    }
+    client.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    client.close();
+  }
+
+  std::string body_too_large() const {
+    return error_json(fmt::format("request body over the router's limit of {} bytes (--max-body-size)",
+                                  config.max_body_bytes),
+                      "invalid_request_error", 413);
+  }
+
+  // A response the router writes itself. Returns whether the connection may serve another request.
+  awaitable<bool> send_local(beast::tcp_stream& client, http::status status, unsigned version,
+                             bool keep_alive, std::string body,
+                             std::string_view content_type = "application/json") {
+    http::response<http::string_body> res{status, version == 10 ? 10u : 11u};
+    res.set(http::field::server, "moeserve-route");
+    res.set(http::field::content_type, content_type);
+    res.keep_alive(keep_alive && !draining);
+    res.body() = std::move(body);
+    res.prepare_payload();
+    balancer.count_client_response(static_cast<int>(status));
+    client.expires_after(config.send_timeout);
+    auto [ec, n] = co_await http::async_write(client, res, use_tuple);
+    co_return !ec && res.keep_alive();
+  }
+
+  bool authorized(const Request& request, const std::string& key) const {
+    return request[http::field::authorization] == "Bearer " + key;
+  }
+
+  awaitable<bool> handle(Worker& worker, beast::tcp_stream& client, Request& request,
+                         const std::string& client_address) {
+    std::string_view target = request.target();
+    std::string_view path = target.substr(0, target.find('?'));
+    unsigned version = request.version();
+    bool keep_alive = request.keep_alive();
+    bool get = request.method() == http::verb::get;
+
+    if (get && path == "/health") {
+      int available = 0;
+      for (const auto& b : balancer.backends()) available += balancer.available(*b) ? 1 : 0;
+      bool ok = !draining && available > 0;
+      nlohmann::json body = {{"status", draining ? "draining" : (ok ? "ok" : "no_backend")},
+                             {"backends_available", available}};
+      co_return co_await send_local(client, ok ? http::status::ok : http::status::service_unavailable,
+                                    version, keep_alive, body.dump());
+    }
+    if (get && path == "/metrics") {
+      co_return co_await send_local(client, http::status::ok, version, keep_alive, balancer.metrics_text(),
+                                    "text/plain; version=0.0.4; charset=utf-8");
+    }
+    if (get && path == "/backends") {
+      co_return co_await send_local(client, http::status::ok, version, keep_alive,
+                                    balancer.describe().dump(2));
+    }
+    if (path.starts_with("/backends/")) co_return co_await admin(client, request, path);
+
+    if (!config.api_key.empty() && path.starts_with("/v1/") && !authorized(request, config.api_key)) {
+      co_return co_await send_local(client, http::status::unauthorized, version, keep_alive,
+                                    error_json("missing or wrong API key (send 'Authorization: Bearer KEY')",
+                                               "authentication_error", 401));
+    }
+    if (get && path == "/v1/models") {
+      auto cards = balancer.model_cards();
+      if (!cards.empty()) {
+        std::string body = R"({"object":"list","data":[)";
+        for (size_t i = 0; i < cards.size(); ++i) body += (i ? "," : "") + cards[i];
+        body += "]}";
+        co_return co_await send_local(client, http::status::ok, version, keep_alive, std::move(body));
+      }
+    }
+    co_return co_await proxy(worker, client, request, client_address);
+  }
+
+  awaitable<bool> admin(beast::tcp_stream& client, Request& request, std::string_view path) {
+    unsigned version = request.version();
+    bool keep_alive = request.keep_alive();
+    const std::string& key = config.admin_key.empty() ? config.api_key : config.admin_key;
+    if (key.empty()) {
+      co_return co_await send_local(
+          client, http::status::forbidden, version, keep_alive,
+          error_json("admin calls are disabled: start the router with --admin-key KEY (or --api-key KEY)",
+                     "permission_error", 403));
+    }
+    if (!authorized(request, key)) {
+      co_return co_await send_local(client, http::status::unauthorized, version, keep_alive,
+                                    error_json("missing or wrong admin key", "authentication_error", 401));
+    }
+    if (request.method() != http::verb::post) {
+      co_return co_await send_local(client, http::status::method_not_allowed, version, keep_alive,
+                                    error_json("use POST", "invalid_request_error", 405));
+    }
+    auto body = nlohmann::json::parse(request.body(), nullptr, false);
+    if (!body.is_object() || !body.contains("url") || !body["url"].is_string()) {
+      co_return co_await send_local(
+          client, http::status::bad_request, version, keep_alive,
+          error_json("body must be {\"url\": \"http://host:port\"}", "invalid_request_error", 400));
+    }
+    std::string url = body["url"];
+    std::string action(path.substr(std::string_view("/backends/").size()));
+    bool done = false;
+    std::string message;
+    std::string invalid;
+    try {
+      if (action == "add") {
+        BackendSpec spec;
+        spec.url = url;
+        spec.weight = body.value("weight", 1);
+        check(spec.weight >= 1, "weight must be at least 1");
+        auto added = balancer.add(spec);
+        done = added != nullptr;
+        message = done ? "added" : "already present";
+        if (added) net::co_spawn(workers[0]->ioc, health_check(added), net::detached);
+      } else if (action == "drain") {
+        done = balancer.drain(url);
+        message = done ? "draining: no new requests, in-flight ones finish" : "unknown backend";
+      } else if (action == "remove") {
+        done = balancer.remove(url);
+        message = done ? "removed" : "unknown backend";
+      } else {
+        invalid = "unknown admin action (use /backends/add, /backends/drain or /backends/remove)";
+      }
+    } catch (const Error& e) {
+      invalid = e.what();
+    }
+    if (!invalid.empty()) {
+      co_return co_await send_local(client, http::status::bad_request, version, keep_alive,
+                                    error_json(invalid, "invalid_request_error", 400));
+    }
+    if (done) spdlog::info("route: admin {} {}", action, url);
+    nlohmann::json reply = {{"url", url}, {"result", message}};
+    co_return co_await send_local(client, done ? http::status::ok : http::status::conflict, version,
+                                  keep_alive, reply.dump());
+  }
+
+  // ---- proxying -----------------------------------------------------------------------------------------
+
+  awaitable<bool> proxy(Worker& worker, beast::tcp_stream& client, Request& request,
+                        const std::string& client_address) {
+    BodyNeeds needs;
+    needs.key = config.policy == Policy::cache_aware;
+    needs.session = config.session_affinity;
+    needs.model = balancer.serves_several_models();
+    std::string_view session_header;
+    if (auto it = request.find("X-Session-ID"); it != request.end()) session_header = it->value();
+    RouteRequest route = describe_request(request.body(), session_header, needs, *encoder);
+
+    bool client_keep_alive = request.keep_alive();
+    unsigned client_version = request.version();
+    std::string original_target(request.target());
+    for (auto field :
+         {http::field::connection, http::field::keep_alive, http::field::proxy_connection, http::field::te,
+          http::field::trailer, http::field::transfer_encoding, http::field::upgrade, http::field::expect})
+      request.erase(field);
+    std::string forwarded(request["X-Forwarded-For"]);
+    request.set("X-Forwarded-For", forwarded.empty() ? client_address : forwarded + ", " + client_address);
+    request.version(11);
+    request.keep_alive(true);
+    request.prepare_payload();
+
+    std::vector<int> tried;
+    std::string last_error = "no backend is available (all ejected, unhealthy, draining or busy)";
+    for (int attempt = 0; attempt <= config.retries; ++attempt) {
+      auto selection = balancer.pick(route, tried);
+      if (!selection) break;
+      tried.push_back(selection->backend->id);
+      bool may_retry = attempt < config.retries;
+      AttemptResult result = co_await attempt_on(worker, *selection, client, request, original_target, route,
+                                                 tried, may_retry, client_keep_alive, client_version);
+      if (result.end == AttemptEnd::delivered) co_return result.client_reusable&& client_keep_alive;
+      if (result.end == AttemptEnd::client_gone) co_return false;
+      last_error = fmt::format("backend {}: {}", selection->backend->url, result.reason);
+      balancer.count_retry(result.reason);
+      spdlog::debug("route: retrying {} elsewhere after {}", original_target, last_error);
+    }
+    std::string message =
+        tried.empty() ? last_error
+                      : fmt::format("no backend could serve the request after {} attempt(s); last: {}",
+                                    tried.size(), last_error);
+    co_return co_await send_local(
+        client, tried.empty() ? http::status::service_unavailable : http::status::bad_gateway, client_version,
+        client_keep_alive, error_json(message, "server_error", 502));
+  }
+
+  awaitable<std::unique_ptr<beast::tcp_stream>> connect(const BackendAddress& address, Duration timeout,
+                                                        std::string& error) {
+    auto stream = std::make_unique<beast::tcp_stream>(co_await net::this_coro::executor);
+    tcp::resolver resolver(co_await net::this_coro::executor);
+    auto [rec, endpoints] =
+        co_await resolver.async_resolve(address.host, std::to_string(address.port), use_tuple);
+    if (rec) {
+      error = "cannot resolve " + address.host + ": " + rec.message();
+      co_return nullptr;
+    }
+    stream->expires_after(timeout);
+    auto [ec, endpoint] = co_await stream->async_connect(endpoints, use_tuple);
+    if (ec) {
+      error = ec == beast::error::timeout ? "connect timeout" : "connect failed: " + ec.message();
+      co_return nullptr;
+    }
+    beast::error_code ignored;
+    stream->socket().set_option(tcp::no_delay(true), ignored);
+    co_return stream;
+  }
+
+  std::unique_ptr<beast::tcp_stream> take_idle(Worker& worker, int backend_id) {
+    auto it = worker.pools.find(backend_id);
+    if (it == worker.pools.end()) return nullptr;
+    auto& idle = it->second;
+    auto now = Clock::now();
+    while (!idle.empty()) {
+      IdleConnection connection = std::move(idle.back());
+      idle.pop_back();
+      if (now - connection.since < config.keepalive_timeout &&
+          idle_connection_usable(connection.stream->socket()))
+        return std::move(connection.stream);
+    }
+    return nullptr;
+  }
+
+  void put_idle(Worker& worker, int backend_id, std::unique_ptr<beast::tcp_stream> stream) {
+    if (config.keepalive <= 0) return;
+    auto& idle = worker.pools[backend_id];
+    stream->expires_never();
+    idle.push_back({std::move(stream), Clock::now()});
+    // nginx `keepalive N`: at most N idle connections per worker; the least recently used are closed.
+    while (idle.size() > static_cast<size_t>(config.keepalive)) idle.pop_front();
+  }
+
+  awaitable<void> sweep_idle(Worker& worker) {
+    net::steady_timer timer(worker.ioc);
+    auto period = std::clamp<Duration>(config.keepalive_timeout / 4, Duration(100), Duration(10'000));
+    while (!stopping) {
+      timer.expires_after(period);
+      co_await timer.async_wait(use_tuple);
+      auto now = Clock::now();
+      for (auto& [id, idle] : worker.pools)
+        std::erase_if(idle, [&](IdleConnection& c) {
+          return now - c.since >= config.keepalive_timeout || !idle_connection_usable(c.stream->socket());
+        });
+    }
+  }
+
+  awaitable<AttemptResult> attempt_on(Worker& worker, const Selection& selection, beast::tcp_stream& client,
+                                      Request& request, const std::string& original_target,
+                                      const RouteRequest& route, const std::vector<int>& tried,
+                                      bool may_retry, bool client_keep_alive, unsigned client_version) {
+    Backend& backend = *selection.backend;
+    auto started = Clock::now();
+    request.target(backend.address.prefix + original_target);
+    request.set(http::field::host, backend.address.host_header);
+
+    auto fail_attempt = [&](std::string reason) {
+      balancer.finish(selection, Outcome::failure, reason);
+      balancer.record_response(backend, "error", -1, -1);
+      return AttemptResult{AttemptEnd::retry, false, std::move(reason)};
+    };
+
+    std::unique_ptr<beast::tcp_stream> upstream;
+    beast::flat_buffer buffer(kUpstreamBufferLimit);
+    std::optional<http::response_parser<http::buffer_body>> parser;
+    // A pooled connection can have been closed by the backend an instant ago (the keep-alive race); that is
+    // no failure of the backend, so the request goes again on a fresh connection to the same backend.
+    for (;;) {
+      upstream = take_idle(worker, backend.id);
+      bool reused = upstream != nullptr;
+      if (!reused) {
+        std::string error;
+        upstream = co_await connect(backend.address, config.connect_timeout, error);
+        if (!upstream) co_return fail_attempt(error);
+      }
+      upstream->expires_after(config.send_timeout);
+      auto [wec, wn] = co_await http::async_write(*upstream, request, use_tuple);
+      if (wec) {
+        if (reused) continue;
+        co_return fail_attempt(wec == beast::error::timeout ? "send timeout"
+                                                            : "send failed: " + wec.message());
+      }
+      parser.emplace();
+      parser->header_limit(kHeaderLimit);
+      parser->body_limit(boost::none);
+      if (request.method() == http::verb::head) parser->skip(true);
+      buffer.clear();
+      upstream->expires_after(config.read_timeout);
+      auto [rec, rn] = co_await http::async_read_header(*upstream, buffer, *parser, use_tuple);
+      if (rec) {
+        if (reused && buffer.size() == 0 && rec != beast::error::timeout) continue;
+        co_return fail_attempt(rec == beast::error::timeout ? "read timeout"
+                                                            : "no response: " + rec.message());
+      }
+      break;
+    }
+    double ttfb = seconds_since(started);
+    auto& head = parser->get();
+    int status = head.result_int();
+
+    if ((status == 502 || status == 503 || status == 504 || status == 429) && may_retry &&
+        balancer.can_route(route, tried)) {
+      if (status == 429) {
+        if (auto wait = parse_retry_after(head[http::field::retry_after]))
+          balancer.retry_after(backend, Duration(static_cast<int64_t>(*wait * 1000)));
+        balancer.finish(selection, Outcome::neutral);
+      } else {
+        balancer.finish(selection, Outcome::failure, fmt::format("status {}", status));
+      }
+      balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
+      co_return AttemptResult{AttemptEnd::retry, false, fmt::format("status {}", status)};
+    }
+    // The response is committed to this backend from here on.
+    Outcome outcome = (status == 502 || status == 503 || status == 504) ? Outcome::failure : Outcome::success;
+    if (status == 429) outcome = Outcome::neutral;
+
+    http::response<http::buffer_body> response{head.result(), client_version == 10 ? 10u : 11u};
+    response.reason(head.reason());
+    for (const auto& field : head)
+      if (!hop_by_hop(field.name())) response.insert(field.name_string(), field.value());
+    bool no_body =
+        request.method() == http::verb::head || status / 100 == 1 || status == 204 || status == 304;
+    bool event_stream = head[http::field::content_type].starts_with("text/event-stream");
+    if (!no_body) {
+      if (auto length = parser->content_length())
+        response.content_length(*length);
+      else
+        response.chunked(true);
+    }
+    response.keep_alive(client_keep_alive && !draining);
+    http::response_serializer<http::buffer_body> serializer{response};
+    balancer.count_client_response(status);
+
+    auto client_gone = [&]() {
+      balancer.finish(selection, Outcome::neutral);
+      balancer.record_response(backend, std::to_string(status), ttfb, -1);
+      return AttemptResult{AttemptEnd::client_gone, false, {}};
+    };
+
+    client.expires_after(config.send_timeout);
+    auto [hec, hn] = co_await http::async_write_header(client, serializer, use_tuple);
+    if (hec) co_return client_gone();
+    if (no_body) {
+      balancer.finish(selection, outcome, fmt::format("status {}", status));
+      balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
+      if (parser->keep_alive() && buffer.size() == 0) put_idle(worker, backend.id, std::move(upstream));
+      co_return AttemptResult{AttemptEnd::delivered, true, {}};
+    }
+
+    std::vector<char> chunk(kRelayChunk);
+    std::string failure;
+    for (;;) {
+      parser->get().body().data = chunk.data();
+      parser->get().body().size = chunk.size();
+      // Each side's timer runs only while that side is awaited, so that a slow client is never taken for a
+      // slow backend (a failure counted against it) and the reverse.
+      if (!parser->is_done()) {  // an empty body (Content-Length: 0) is complete with the head
+        client.expires_never();
+        upstream->expires_after(config.read_timeout);
+        auto [rec, rn] = co_await http::async_read_some(*upstream, buffer, *parser, use_tuple);
+        if (rec == http::error::need_buffer) rec = {};
+        if (rec) {
+          failure =
+              rec == beast::error::timeout ? "read timeout mid-response" : "backend closed mid-response";
+          break;
+        }
+      }
+      size_t got = chunk.size() - parser->get().body().size;
+      bool upstream_done = parser->is_done();
+      if (upstream_done) {
+        // The backend's part is over: release it before the last bytes go out, as nginx does, so that a
+        // client that sends its next request at once already sees the backend's in-flight count without this
+        // one.
+        balancer.finish(selection, outcome, fmt::format("status {}", status));
+        balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
+        if (parser->keep_alive() && buffer.size() == 0) put_idle(worker, backend.id, std::move(upstream));
+      } else {
+        upstream->expires_never();
+        if (got == 0) continue;
+      }
+      response.body().data = got ? chunk.data() : nullptr;
+      response.body().size = got;
+      response.body().more = !upstream_done;
+      client.expires_after(config.send_timeout);
+      auto [wec, wn] = co_await http::async_write(client, serializer, use_tuple);
+      if (wec == http::error::need_buffer) wec = {};
+      if (upstream_done) co_return AttemptResult{AttemptEnd::delivered, !wec, {}};
+      if (wec) co_return client_gone();
+    }
+
+    // The backend failed after the client got part of the response: no retry is possible any more.
+    spdlog::warn("route: backend {} failed mid-response for {}: {}", backend.url, original_target, failure);
+    balancer.finish(selection, Outcome::failure, failure);
+    balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
+    if (event_stream && response.chunked()) {
+      std::string event =
+          "data: " +
+          error_json(fmt::format("backend {}: {}; the response is incomplete", backend.url, failure),
+                     "server_error", 502) +
+          "\n\n";
+      response.body().data = event.data();
+      response.body().size = event.size();
+      response.body().more = false;
+      client.expires_after(config.send_timeout);
+      co_await http::async_write(client, serializer, use_tuple);
+    }
+    co_return AttemptResult{AttemptEnd::delivered, false, {}};
+  }
+
+  // ---- health checks -----------------------------------------------------------------------------------
+
+  // One GET on an open connection; nullopt when it failed.
+  awaitable<std::optional<http::response<http::string_body>>> fetch(beast::tcp_stream& stream,
+                                                                    const Backend& backend,
+                                                                    std::string target) {
+    Request request{http::verb::get, backend.address.prefix + target, 11};
+    request.set(http::field::host, backend.address.host_header);
+    request.set(http::field::user_agent, "moeserve-route-health");
+    if (!config.api_key.empty()) request.set(http::field::authorization, "Bearer " + config.api_key);
+    request.keep_alive(true);
+    stream.expires_after(config.health_timeout);
+    auto [wec, wn] = co_await http::async_write(stream, request, use_tuple);
+    if (wec) co_return std::nullopt;
+    beast::flat_buffer buffer;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(8 << 20);
+    auto [rec, rn] = co_await http::async_read(stream, buffer, parser, use_tuple);
+    if (rec) co_return std::nullopt;
+    co_return parser.release();
+  }
+
+  awaitable<void> health_check(std::shared_ptr<Backend> backend) {
+    std::string error;
+    auto stream = co_await connect(backend->address, config.health_timeout, error);
+    bool ok = false;
+    if (stream) {
+      auto health = co_await fetch(*stream, *backend, config.health_path);
+      ok = health && health->result_int() / 100 == 2;
+      if (ok) {
+        if (auto models = co_await fetch(*stream, *backend, "/v1/models");
+            models && models->result_int() == 200) {
+          auto doc = nlohmann::json::parse(models->body(), nullptr, false);
+          if (doc.is_object() && doc.contains("data") && doc["data"].is_array()) {
+            std::vector<std::string> ids, cards;
+            for (const auto& card : doc["data"]) {
+              if (!card.is_object() || !card.contains("id") || !card["id"].is_string()) continue;
+              ids.push_back(card["id"]);
+              cards.push_back(card.dump());
+            }
+            balancer.set_models(*backend, std::move(ids), std::move(cards));
+          }
+        }
+        if (auto metrics = co_await fetch(*stream, *backend, "/metrics");
+            metrics && metrics->result_int() == 200) {
+          ReportedLoad load = parse_reported_load(metrics->body());
+          balancer.set_reported_load(*backend, load.requests, load.kv_usage);
+        }
+      }
+    }
+    if (!ok)
+      spdlog::debug("route: health check of {} failed{}", backend->url, error.empty() ? "" : ": " + error);
+    balancer.health_result(*backend, ok);
+  }
+
+  awaitable<void> health_loop() {
+    net::steady_timer timer(workers[0]->ioc);
+    while (!stopping) {
+      for (const auto& backend : balancer.backends())
+        net::co_spawn(workers[0]->ioc, health_check(backend), net::detached);
+      timer.expires_after(config.health_interval);
+      co_await timer.async_wait(use_tuple);
+    }
+  }
+
+  // ---- lifecycle -----------------------------------------------------------------------------------------
+
+  void start() {
+    size_t count = config.workers > 0 ? config.workers : std::max(1u, std::thread::hardware_concurrency());
+    for (size_t i = 0; i < count; ++i) workers.push_back(std::make_unique<Worker>());
+    beast::error_code ec;
+    auto address = net::ip::make_address(config.host == "localhost" ? "127.0.0.1" : config.host, ec);
+    check(!ec, "--host '{}' is not an IP address", config.host);
+    tcp::endpoint endpoint(address, config.port);
+    acceptor.emplace(workers[0]->ioc);
+    acceptor->open(endpoint.protocol(), ec);
+    if (!ec) acceptor->set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor->bind(endpoint, ec);
+    if (!ec) acceptor->listen(net::socket_base::max_listen_connections, ec);
+    check(!ec, "cannot listen on {}:{}: {}", config.host, config.port, ec.message());
+    bound_port = acceptor->local_endpoint().port();
+
+    net::co_spawn(workers[0]->ioc, accept_loop(), net::detached);
+    if (config.health_interval.count() > 0) net::co_spawn(workers[0]->ioc, health_loop(), net::detached);
+    for (auto& worker : workers) {
+      net::co_spawn(worker->ioc, sweep_idle(*worker), net::detached);
+      worker->thread = std::thread([w = worker.get()] { w->ioc.run(); });
+    }
+  }
+
+  void drain() {
+    if (draining.exchange(true)) return;
+    spdlog::info("route: draining: {} request(s) in flight, up to {} ms to finish", active_requests.load(),
+                 config.shutdown_timeout.count());
+    net::post(workers[0]->ioc, [this] {
+      beast::error_code ignored;
+      acceptor->close(ignored);
+    });
+    net::co_spawn(
+        workers[0]->ioc,
+        [this]() -> awaitable<void> {
+          net::steady_timer timer(workers[0]->ioc);
+          auto deadline = Clock::now() + config.shutdown_timeout;
+          while (active_requests > 0 && Clock::now() < deadline) {
+            timer.expires_after(std::chrono::milliseconds(50));
+            co_await timer.async_wait(use_tuple);
+          }
+          stop();
+        },
+        net::detached);
+  }
+
+  void stop() {
+    stopping = true;
+    for (auto& worker : workers) {
+      worker->guard.reset();
+      worker->ioc.stop();
+    }
+  }
+
+  void wait() {
+    std::lock_guard lock(join_mu);
+    for (auto& worker : workers)
+      if (worker->thread.joinable()) worker->thread.join();
+  }
+};
+
+Router::Router(RouterConfig config, std::shared_ptr<const KeyEncoder> encoder,
+               std::function<TimePoint()> clock)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(encoder), std::move(clock))) {}
+
+Router::~Router() {
+  impl_->stop();
+  impl_->wait();
+}
+
+void Router::start() {
+  impl_->start();
+}
+uint16_t Router::port() const {
+  return impl_->bound_port;
+}
+void Router::drain() {
+  impl_->drain();
+}
+void Router::stop() {
+  impl_->stop();
+}
+void Router::wait() {
+  impl_->wait();
+}
+Balancer& Router::balancer() {
+  return impl_->balancer;
+}
+
+int run_router(const RouterConfig& config, std::shared_ptr<const KeyEncoder> encoder) {
+  Router router(config, std::move(encoder));
+  router.start();
+  spdlog::info("route: listening on http://{}:{} — policy {}, {} backend(s), max_fails={} fail_timeout={}ms",
+               config.host, router.port(), policy_name(config.policy), config.backends.size(),
+               config.max_fails, config.fail_timeout.count());
+  net::io_context signals_context;
+  net::signal_set signals(signals_context, SIGINT, SIGTERM);
+  int received = 0;
+  std::function<void(const beast::error_code&, int)> on_signal = [&](const beast::error_code& ec, int) {
+    if (ec) return;
+    if (++received == 1) {
+      router.drain();
+      signals.async_wait(on_signal);
+    } else {
+      router.stop();
+    }
+  };
+  signals.async_wait(on_signal);
+  std::thread waiter([&] {
+    router.wait();
+    signals_context.stop();
+  });
+  signals_context.run();
+  waiter.join();
+  spdlog::info("route: stopped");
+  return 0;
+}
+
+}  // namespace moeserve::router

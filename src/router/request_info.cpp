@@ -1,0 +1,130 @@
+#include "router/request_info.h"
+
+#include <charconv>
+#include <nlohmann/json.hpp>
+
+namespace moeserve::router {
+
+namespace {
+
+using json = nlohmann::json;
+
+void append_content(std::string& out, const json& content) {
+  if (content.is_string()) {
+    out += content.get_ref<const std::string&>();
+  } else if (content.is_array()) {
+    for (const auto& part : content) {
+      if (!part.is_object()) continue;
+      if (auto text = part.find("text"); text != part.end() && text->is_string()) {
+        out += text->get_ref<const std::string&>();
+      } else if (auto image = part.find("image_url"); image != part.end()) {
+        // Different images must not look like a shared prefix.
+        out += image->is_object() ? image->value("url", "") : image->dump();
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<uint32_t> KeyEncoder::encode(std::string_view text) const {
+  return std::vector<uint32_t>(reinterpret_cast<const unsigned char*>(text.data()),
+                               reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+}
+
+RouteRequest describe_request(std::string_view body, std::string_view session_header, const BodyNeeds& needs,
+                              const KeyEncoder& encoder) {
+  RouteRequest out;
+  out.session = std::string(session_header);
+  if (!(needs.key || needs.session || needs.model) || body.empty()) return out;
+  json doc = json::parse(body, nullptr, false);
+  if (!doc.is_object()) return out;
+  if (auto model = doc.find("model"); model != doc.end() && model->is_string())
+    out.model = model->get<std::string>();
+  if (needs.session && out.session.empty()) {
+    if (auto user = doc.find("user"); user != doc.end() && user->is_string())
+      out.session = user->get<std::string>();
+  }
+  if (!needs.key) return out;
+  std::string text;
+  if (auto messages = doc.find("messages"); messages != doc.end() && messages->is_array()) {
+    for (const auto& message : *messages) {
+      if (!message.is_object()) continue;
+      text += message.value("role", "");
+      text += '\n';
+      if (auto content = message.find("content"); content != message.end()) append_content(text, *content);
+      text += '\n';
+    }
+  } else {
+    const json* prompt = nullptr;
+    for (const char* name : {"prompt", "text", "input_ids", "input"}) {
+      if (auto it = doc.find(name); it != doc.end()) {
+        prompt = &*it;
+        break;
+      }
+    }
+    if (prompt == nullptr) return out;
+    const json* first = prompt;
+    // A batch of prompts routes by its first one.
+    if (prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number()) first = &(*prompt)[0];
+    if (first->is_string()) {
+      text = first->get<std::string>();
+    } else if (first->is_array()) {
+      for (const auto& id : *first)
+        if (id.is_number_integer()) out.key.push_back(id.get<uint32_t>());
+      return out;
+    }
+  }
+  out.key = encoder.encode(text);
+  return out;
+}
+
+ReportedLoad parse_reported_load(std::string_view text) {
+  static constexpr std::string_view kRequestGauges[] = {
+      "moeserve:num_requests_running", "moeserve:num_requests_waiting", "vllm:num_requests_running",
+      "vllm:num_requests_waiting",     "sglang:num_running_reqs",       "sglang:num_queue_reqs"};
+  static constexpr std::string_view kKvGauges[] = {"moeserve:kv_cache_usage_perc", "vllm:kv_cache_usage_perc",
+                                                   "sglang:token_usage"};
+  ReportedLoad out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.empty() || line.front() == '#') continue;
+    size_t name_end = line.find_first_of("{ ");
+    if (name_end == std::string_view::npos) continue;
+    std::string_view name = line.substr(0, name_end);
+    size_t value_start = line.rfind(' ');
+    if (line[name_end] == '{') {
+      size_t close = line.find('}', name_end);
+      if (close == std::string_view::npos) continue;
+      value_start = line.find(' ', close);
+    } else {
+      value_start = name_end;
+    }
+    if (value_start == std::string_view::npos) continue;
+    std::string_view value_text = line.substr(value_start + 1);
+    value_text = value_text.substr(0, value_text.find(' '));  // drop a timestamp
+    double value = 0;
+    auto [ptr, ec] = std::from_chars(value_text.data(), value_text.data() + value_text.size(), value);
+    if (ec != std::errc()) continue;
+    for (auto gauge : kRequestGauges)
+      if (name == gauge) out.requests = std::max(0.0, out.requests) + value;
+    for (auto gauge : kKvGauges)
+      if (name == gauge) out.kv_usage = std::max(out.kv_usage, value);
+  }
+  return out;
+}
+
+std::optional<double> parse_retry_after(std::string_view value) {
+  while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
+  while (!value.empty() && value.back() == ' ') value.remove_suffix(1);
+  double seconds = 0;
+  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
+  if (ec != std::errc() || ptr != value.data() + value.size() || seconds < 0) return std::nullopt;
+  return seconds;
+}
+
+}  // namespace moeserve::router

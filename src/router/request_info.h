@@ -1,0 +1,49 @@
+#pragma once
+// What the router reads from a request body to route it: the model it names, the text a prefix cache would
+// see (for cache_aware) and the session it belongs to (for affinity). Also reads the load a backend reports.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "router/balancer.h"
+
+namespace moeserve::router {
+
+// Turns text into the symbols cache_aware matches on. The default keeps one symbol per byte of the rendered
+// text; a tokenizer-backed one yields token ids (what the backend's radix cache actually keys on).
+class KeyEncoder {
+ public:
+  virtual ~KeyEncoder() = default;
+  virtual std::vector<uint32_t> encode(std::string_view text) const;
+};
+
+// The byte encoder, or one over the tokenizer.json at `tokenizer_path` (throws moeserve::Error if
+// unreadable).
+std::shared_ptr<const KeyEncoder> make_key_encoder(const std::string& tokenizer_path);
+
+struct BodyNeeds {
+  bool key = false;      // cache_aware
+  bool session = false;  // affinity by the "user" field
+  bool model = false;    // backends serve different models
+};
+
+// `body` is the request body (JSON for the OpenAI routes; anything else routes with an empty RouteRequest).
+// Chat messages render as "role\ncontent\n" per message, in order, so conversations that share their first
+// turns share a prefix; completions use the prompt (text, or token ids as they are).
+RouteRequest describe_request(std::string_view body, std::string_view session_header, const BodyNeeds& needs,
+                              const KeyEncoder& encoder);
+
+struct ReportedLoad {
+  double requests = -1;  // running + waiting
+  double kv_usage = -1;  // 0..1
+};
+// Reads the running/waiting request gauges and KV usage from a moeserve, vLLM or SGLang /metrics page.
+ReportedLoad parse_reported_load(std::string_view metrics_text);
+
+// Retry-After as delta-seconds (the form servers use for 429); nullopt for anything else.
+std::optional<double> parse_retry_after(std::string_view value);
+
+}  // namespace moeserve::router

@@ -1,0 +1,139 @@
+#include "router/config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "common/error.h"
+#include "router/request_info.h"
+
+namespace moeserve::router {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(RouterConfig, ParsesDurationsLikeNginx) {
+  EXPECT_EQ(parse_duration("30s"), 30s);
+  EXPECT_EQ(parse_duration("30"), 30s);
+  EXPECT_EQ(parse_duration("250ms"), 250ms);
+  EXPECT_EQ(parse_duration("5m"), 300s);
+  EXPECT_THROW(parse_duration("soon"), Error);
+  EXPECT_THROW(parse_duration("3 days"), Error);
+}
+
+TEST(RouterConfig, ParsesBackendUrls) {
+  auto a = parse_backend_url("http://10.0.0.7:30000");
+  EXPECT_EQ(a.host, "10.0.0.7");
+  EXPECT_EQ(a.port, 30000);
+  EXPECT_EQ(a.prefix, "");
+  auto b = parse_backend_url("http://node3/api/");
+  EXPECT_EQ(b.host, "node3");
+  EXPECT_EQ(b.port, 80);
+  EXPECT_EQ(b.prefix, "/api");
+  auto c = parse_backend_url("[::1]:8080");
+  EXPECT_EQ(c.host, "::1");
+  EXPECT_EQ(c.port, 8080);
+  EXPECT_THROW(parse_backend_url("https://x"), Error);
+  EXPECT_THROW(parse_backend_url("http://x:99999"), Error);
+}
+
+TEST(RouterConfig, ReadsAClusterFileInYaml) {
+  auto config = parse_config(R"(
+router:
+  port: 8100
+  policy: cache_aware
+  max-fails: 5
+  fail_timeout: 10s
+  keepalive: 16
+  cache_threshold: 0.5
+backends:
+  - http://10.0.0.1:30000
+  - url: http://10.0.0.2:30000
+    weight: 2
+    models: [qwen3.5-35b-a3b]
+)",
+                             "yaml", "cluster.yaml");
+  EXPECT_EQ(config.port, 8100);
+  EXPECT_EQ(config.policy, Policy::cache_aware);
+  EXPECT_EQ(config.max_fails, 5);
+  EXPECT_EQ(config.fail_timeout, 10s);
+  EXPECT_EQ(config.keepalive, 16);
+  EXPECT_DOUBLE_EQ(config.cache_threshold, 0.5);
+  ASSERT_EQ(config.backends.size(), 2u);
+  EXPECT_EQ(config.backends[1].weight, 2);
+  EXPECT_EQ(config.backends[1].models, std::vector<std::string>{"qwen3.5-35b-a3b"});
+  validate(config);
+}
+
+TEST(RouterConfig, ReadsJsonAndRejectsUnknownKeys) {
+  auto config = parse_config(R"({"policy": "round_robin", "backends": ["http://a:1"]})", "json", "c.json");
+  EXPECT_EQ(config.policy, Policy::round_robin);
+  try {
+    parse_config("polcy: least_conn\n", "yaml", "cluster.yaml");
+    FAIL() << "a misspelt key must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("polcy"), std::string::npos);
+  }
+  EXPECT_THROW(validate(RouterConfig{}), Error);  // no backends
+}
+
+TEST(RequestInfo, RendersChatMessagesSoTurnsSharePrefixes) {
+  KeyEncoder bytes;
+  BodyNeeds needs{.key = true, .session = true};
+  auto turn1 = describe_request(
+      R"({"model":"m","user":"u1","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]})",
+      "", needs, bytes);
+  auto turn2 = describe_request(
+      R"({"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"},)"
+      R"({"role":"assistant","content":"hello"},{"role":"user","content":[{"type":"text","text":"more"}]}]})",
+      "s9", needs, bytes);
+  std::string text1(turn1.key.begin(), turn1.key.end());
+  std::string text2(turn2.key.begin(), turn2.key.end());
+  EXPECT_EQ(text1, "system\nbe brief\nuser\nhi\n");
+  EXPECT_EQ(text2.substr(0, text1.size()), text1);
+  EXPECT_EQ(turn1.model, "m");
+  EXPECT_EQ(turn1.session, "u1");
+  EXPECT_EQ(turn2.session, "s9");  // the header wins over the body
+  auto ids = describe_request(R"({"prompt":[1,2,3]})", "", needs, bytes);
+  EXPECT_EQ(ids.key, (std::vector<uint32_t>{1, 2, 3}));
+  auto junk = describe_request("not json", "", needs, bytes);
+  EXPECT_TRUE(junk.key.empty());
+}
+
+TEST(RequestInfo, ReadsLoadReportedByServers) {
+  auto vllm = parse_reported_load(
+      "# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name=\"m\"} 3.0\n"
+      "vllm:num_requests_waiting{model_name=\"m\"} 2.0\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n");
+  EXPECT_DOUBLE_EQ(vllm.requests, 5);
+  EXPECT_DOUBLE_EQ(vllm.kv_usage, 0.25);
+  auto none = parse_reported_load("other_metric 1\n");
+  EXPECT_LT(none.requests, 0);
+  EXPECT_EQ(parse_retry_after("7"), 7.0);
+  EXPECT_FALSE(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT").has_value());
+}
+
+}  // namespace
+}  // namespace moeserve::router
+
+namespace moeserve::router {
+namespace {
+
+TEST(RequestInfo, KeysAreTokenIdsWithATokenizer) {
+  const std::string path = ".cache/tokenizer-qwen3/tokenizer.json";
+  ASSERT_TRUE(std::ifstream(path).good()) << path << " is missing: run scripts/fetch-test-data.sh first";
+  auto tokens = make_key_encoder(path);
+  BodyNeeds needs{.key = true, .session = false, .model = false};
+  auto turn1 = describe_request(R"({"messages":[{"role":"user","content":"Tell me about the sea."}]})", "",
+                                needs, *tokens);
+  auto turn2 = describe_request(
+      R"({"messages":[{"role":"user","content":"Tell me about the sea."},{"role":"assistant","content":"It is big."}]})",
+      "", needs, *tokens);
+  std::string text = "user\nTell me about the sea.\n";
+  ASSERT_FALSE(turn1.key.empty());
+  EXPECT_LT(turn1.key.size(), text.size()) << "expected token ids, not bytes";
+  ASSERT_LT(turn1.key.size(), turn2.key.size());
+  EXPECT_TRUE(std::equal(turn1.key.begin(), turn1.key.end(), turn2.key.begin()));
+}
+
+}  // namespace
+}  // namespace moeserve::router

@@ -1,0 +1,138 @@
+// The `moeserve route` binary as an operator runs it: memory stays bounded when a client stops reading a
+// large stream (backpressure reaches the backend), SIGTERM drains, and a cluster file works in place of
+// flags.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <csignal>
+#include <fstream>
+
+#include "http_peer.h"
+
+namespace moeserve::router {
+namespace {
+
+using namespace testing;
+using namespace std::chrono_literals;
+
+Process start_router(uint16_t port, const std::vector<std::string>& backends, const std::string& log,
+                     std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {MOESERVE_BINARY,      "route",     "--host", "127.0.0.1", "--port",
+                                   std::to_string(port), "--workers", "1"};
+  for (const auto& b : backends) {
+    argv.push_back("--backend");
+    argv.push_back(b);
+  }
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return Process(argv, ::testing::TempDir() + log);
+}
+
+TEST(RouterProcess, MemoryStaysBoundedWhenTheClientStopsReading) {
+  constexpr size_t kTotal = size_t{128} << 20;
+  constexpr size_t kPiece = 64 << 10;
+  std::atomic<size_t> sent{0};
+  FakeBackend firehose([&](const HttpRequest&, BackendConnection& c) {
+    c.start_stream(200, "application/octet-stream");
+    std::string piece(kPiece, 'x');
+    for (size_t done = 0; done < kTotal; done += kPiece) {
+      if (!c.chunk(piece)) return;
+      sent += kPiece;
+    }
+    c.end_stream();
+  });
+  uint16_t port = free_port();
+  Process router = start_router(port, {firehose.url()}, "router-memory.log");
+  ASSERT_TRUE(wait_listening(port));
+  long rss_before = router.rss_kib();
+
+  HttpClient client(port, /*receive_buffer=*/64 << 10);
+  client.send("GET", "/big");
+  HttpResponse response;
+  ASSERT_TRUE(client.read_head(response));
+  // The client reads nothing more. Wait until the backend cannot send any further (its writes block). Kernel
+  // socket buffers on the way (up to tcp_rmem's 32 MiB on the router's side) still take some; a router that
+  // buffered would let the backend send all of it within a second.
+  size_t last = 0;
+  for (int stable = 0, i = 0; stable < 5 && i < 60; ++i) {
+    std::this_thread::sleep_for(100ms);
+    size_t now = sent.load();
+    stable = now == last ? stable + 1 : 0;
+    last = now;
+  }
+  long rss_stalled = router.rss_kib();
+  EXPECT_LT(sent.load(), size_t{64} << 20)
+      << "the router kept reading from the backend for a client that reads nothing";
+  EXPECT_LT(rss_stalled - rss_before, 32 * 1024) << "router RSS grew from " << rss_before << " KiB";
+
+  size_t received = response.body.size();
+  while (auto piece = client.read_chunk(response)) {
+    received += piece->size();
+    response.body.clear();  // keep the test's own memory small
+  }
+  EXPECT_TRUE(response.complete);
+  EXPECT_EQ(received, kTotal);
+}
+
+TEST(RouterProcess, SigtermLetsStreamsInFlightFinishThenExits) {
+  Gate release;
+  FakeBackend slow([&](const HttpRequest&, BackendConnection& c) {
+    c.start_stream();
+    c.chunk(sse_event("one"));
+    release.wait();
+    c.chunk(sse_event("two"));
+    c.chunk("data: [DONE]\n\n");
+    c.end_stream();
+  });
+  uint16_t port = free_port();
+  Process router = start_router(port, {slow.url()}, "router-drain.log", {"--shutdown-timeout", "20s"});
+  ASSERT_TRUE(wait_listening(port));
+  HttpClient client(port);
+  client.send("POST", "/v1/chat/completions", R"({"model":"m","stream":true,"messages":[]})");
+  HttpResponse response;
+  ASSERT_TRUE(client.read_head(response));
+  ASSERT_TRUE(client.read_chunk(response));
+  router.signal(SIGTERM);
+  // Draining: no new connections are accepted...
+  bool refused = false;
+  for (int i = 0; i < 100 && !refused; ++i) {
+    HttpClient probe(port);
+    refused = !probe.connected();
+    if (!refused) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(refused);
+  EXPECT_TRUE(router.running()) << "the router must wait for the stream in flight";
+  // ...and the stream in flight completes.
+  release.open();
+  while (client.read_chunk(response)) {
+  }
+  EXPECT_TRUE(response.complete);
+  EXPECT_NE(response.body.find("[DONE]"), std::string::npos);
+  EXPECT_EQ(router.wait(), 0);
+}
+
+TEST(RouterProcess, ReadsAClusterFile) {
+  FakeBackend a([](const HttpRequest&, BackendConnection& c) { c.respond(200, R"({"backend":"a"})"); });
+  uint16_t port = free_port();
+  std::string path = ::testing::TempDir() + "router-cluster.yaml";
+  std::ofstream(path) << "router:\n  host: 127.0.0.1\n  port: " << port
+                      << "\n  policy: round_robin\n  health_interval: 0\nbackends:\n  - " << a.url() << "\n";
+  Process router({MOESERVE_BINARY, "route", "--config", path}, ::testing::TempDir() + "router-config.log");
+  ASSERT_TRUE(wait_listening(port));
+  auto response = http_request(port, "POST", "/v1/completions", R"({"prompt":"hi"})");
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.body, R"({"backend":"a"})");
+  router.signal(SIGTERM);
+  EXPECT_EQ(router.wait(), 0);
+}
+
+TEST(RouterProcess, RefusesABadConfigurationWithAReason) {
+  Process router({MOESERVE_BINARY, "route", "--backend", "https://x:1"},
+                 ::testing::TempDir() + "router-bad.log");
+  EXPECT_EQ(router.wait(), 1);
+  std::ifstream log(::testing::TempDir() + "router-bad.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("only http://"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace moeserve::router
