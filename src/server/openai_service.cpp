@@ -51,7 +51,7 @@ OpenAiService::OpenAiService(ServiceOptions options, Engine* engine, const text:
                              Admission& admission, ServerMetrics& metrics)
     : options_(std::move(options)),
       engine_(engine),
-      max_model_len_(max_model_len_.load()),
+      max_model_len_(options_.max_model_len),
       tokenizer_(tokenizer),
       admission_(admission),
       metrics_(metrics),

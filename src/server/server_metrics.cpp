@@ -39,9 +39,9 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
   registry_.gauge("moeserve:kv_cache_usage_perc", "Fraction of KV-cache pages used by running requests (0..1).");
   registry_.gauge("moeserve:kv_cache_cached_perc", "Fraction of KV-cache pages held only by the prefix cache.");
   registry_.gauge("moeserve:state_slots_used", "GDN recurrent-state slots held by running requests.");
-  registry_.gauge("moeserve:state_slots_total", "GDN recurrent-state slots.");
+  registry_.gauge("moeserve:state_slots_capacity", "GDN recurrent-state slots.");
   registry_.gauge("moeserve:state_snapshots_used", "GDN state snapshots held by the prefix cache.");
-  registry_.gauge("moeserve:state_snapshots_total", "GDN state snapshot slots.");
+  registry_.gauge("moeserve:state_snapshots_capacity", "GDN state snapshot slots.");
   registry_.counter("moeserve:engine_steps_total", "Engine forward passes.");
   registry_.counter("moeserve:num_preemptions_total", "Requests preempted for lack of cache space.");
   registry_.gauge("moeserve:memory_used_bytes", "Used memory of the most pressured source (cgroup, host or GPU).");
@@ -95,9 +95,9 @@ void ServerMetrics::collect() {
     reg.gauge("moeserve:kv_cache_usage_perc", "").set(engine->kv_pages_used / pages);
     reg.gauge("moeserve:kv_cache_cached_perc", "").set(engine->kv_pages_cached / pages);
     reg.gauge("moeserve:state_slots_used", "").set(engine->live_slots_used);
-    reg.gauge("moeserve:state_slots_total", "").set(engine->live_slots_total);
+    reg.gauge("moeserve:state_slots_capacity", "").set(engine->live_slots_total);
     reg.gauge("moeserve:state_snapshots_used", "").set(engine->snapshot_slots_used);
-    reg.gauge("moeserve:state_snapshots_total", "").set(engine->snapshot_slots_total);
+    reg.gauge("moeserve:state_snapshots_capacity", "").set(engine->snapshot_slots_total);
   }
   if (adm) {
     reg.gauge("moeserve:memory_used_bytes", "").set(static_cast<double>(adm->memory.used_bytes));
