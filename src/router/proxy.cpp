@@ -541,6 +541,19 @@ struct Router::Impl {
               rec == beast::error::timeout ? "read timeout mid-response" : "backend closed mid-response";
           break;
         }
+        // Parse whatever else has already arrived (often several SSE chunks) into the same buffer, so that
+        // the client gets them in one write instead of one write per upstream chunk.
+        while (!parser->is_done() && buffer.size() > 0 && parser->get().body().size > 0) {
+          beast::error_code pec;
+          size_t used = parser->put(buffer.data(), pec);
+          buffer.consume(used);
+          if (pec == http::error::need_more || pec == http::error::need_buffer || used == 0) break;
+          if (pec) {
+            failure = "malformed response body: " + pec.message();
+            break;
+          }
+        }
+        if (!failure.empty()) break;
       }
       size_t got = chunk.size() - parser->get().body().size;
       bool upstream_done = parser->is_done();
