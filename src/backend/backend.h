@@ -2,13 +2,19 @@
 // Backend: the primitive ops of the Qwen3.5 forward pass. model/qwen35.cpp is written once against this
 // interface; the CPU backend is the reference, the CUDA backend must agree with it on the fixtures.
 //
-// Conventions: activations are float32, row-major, in memory the backend allocated (Buffer). Weights are
-// Matrix views (any stored dtype). "rows" counts tokens (or token×head pairs where stated).
+// Conventions: activations are float32, row-major, in memory the backend allocated (Buffer); host data
+// enters and leaves it through upload/download. Weights are Matrix views (any stored dtype) and float
+// vectors in host memory (or already in the backend's memory); a backend that runs elsewhere keeps its own
+// copy of each, made by prepare() or on first use, so a weight must stay alive and unchanged while the
+// backend lives. "rows" counts tokens (or token×head pairs where stated).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 
+#include "cache/cache_memory.h"
 #include "cache/kv_cache.h"
 #include "common/matrix.h"
 
@@ -40,6 +46,28 @@ class Backend {
   virtual void release(float* p, size_t floats) = 0;
   virtual void fill_zero(float* x, size_t n) = 0;
   virtual void copy(const float* src, float* dst, size_t n) = 0;
+  // Host memory into backend memory and back (plain copies on the CPU). download returns once `host` holds
+  // the data, except inside run_step, where it holds it when run_step returns.
+  virtual void upload(const float* host, float* dst, size_t n) { copy(host, dst, n); }
+  virtual void download(const float* src, float* host, size_t n) { copy(src, host, n); }
+
+  // Makes a weight resident where the ops run, ahead of the first step (nothing to do on the CPU).
+  virtual void prepare(const Matrix& w) { (void)w; }
+  virtual void prepare(const float* weights, size_t n) { (void)weights, (void)n; }
+  // Memory for the KV pages and GDN state slots (nullptr: host memory).
+  virtual CacheMemory* cache_memory() { return nullptr; }
+
+  // Runs `step` (a forward step: ops, then downloads of its results) so that a backend may record the device
+  // work the first times it sees `key` and replay the recording afterwards (CUDA graphs). On a replay the host
+  // code of `step` runs again with the ops only staging their host inputs; a step whose ops differ from the
+  // recording in anything but those inputs (token ids, positions, page tables) is run afresh. The CPU runs it.
+  virtual void run_step(uint64_t key, const std::function<void()>& step) {
+    (void)key;
+    step();
+  }
+
+  // Greedy sampling: out[r] = index of the largest value of row r of x [rows][cols] (the first on ties).
+  virtual void argmax(const float* x, int64_t rows, int64_t cols, int32_t* out_host);
 
   // y[n][w.rows] = x[n][w.cols] · wᵀ
   virtual void matmul(const float* x, int64_t n, const Matrix& w, float* y) = 0;
@@ -47,6 +75,12 @@ class Backend {
   virtual void embed(std::span<const int32_t> tokens, const Matrix& table, float* out) = 0;
   // x += y
   virtual void add(float* x, const float* y, size_t n) = 0;
+  // The residual add fused with the next zero-centred RMSNorm: h += y, then out = rms_norm(h) (rows of dim).
+  virtual void add_rms_norm(float* h, const float* y, int64_t rows, int64_t dim, const float* w, float eps,
+                            float* out) {
+    add(h, y, size_t(rows * dim));
+    rms_norm(h, rows, dim, dim, w, eps, true, out, dim);
+  }
 
   // RMSNorm over rows of `dim`: out = x * rsqrt(mean(x²) + eps) * (zero_centred ? 1 + w : w).
   // Rows start every x_stride (resp. out_stride) floats, so a norm can read heads out of interleaved rows.
@@ -101,5 +135,16 @@ inline void BufferDeleter::operator()(float* p) const {
 
 // The reference CPU backend (multi-threaded on ThreadPool::global(), SIMD via Highway).
 std::unique_ptr<Backend> make_cpu_backend();
+
+struct BackendOptions {
+  // CUDA: keep float32 activations in every matmul (no bf16 rounding for the tensor cores); slower prefill,
+  // but agrees with the CPU to float32 rounding.
+  bool fp32_matmul = false;
+};
+
+// A backend by device name: "cpu", or "cuda" (a build with -DMOESERVE_CUDA=ON and a visible GPU).
+std::unique_ptr<Backend> make_backend(std::string_view device, const BackendOptions& options = {});
+// Whether make_backend("cuda") can work here: the CUDA backend is built in and a device is visible.
+bool cuda_available();
 
 }  // namespace moeserve

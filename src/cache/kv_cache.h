@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cache/cache_memory.h"
+
 namespace moeserve {
 
 struct KvCacheSpec {
@@ -15,6 +17,7 @@ struct KvCacheSpec {
   int head_dim = 0;
   int page_size = 16;
   int64_t num_pages = 0;
+  CacheMemory* memory = nullptr;  // where the pages live (nullptr: host memory)
 
   int64_t floats_per_page() const { return int64_t(page_size) * num_kv_heads * head_dim; }
   // K and V over every attention layer, float32.
@@ -24,13 +27,16 @@ struct KvCacheSpec {
 class KvCache {
  public:
   explicit KvCache(const KvCacheSpec& spec);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
   const KvCacheSpec& spec() const { return spec_; }
 
-  // Page `page` of attention layer `layer`: [page_size][num_kv_heads][head_dim].
-  float* keys(int layer, int64_t page) { return k_.data() + offset(layer, page); }
-  float* values(int layer, int64_t page) { return v_.data() + offset(layer, page); }
-  const float* keys(int layer, int64_t page) const { return k_.data() + offset(layer, page); }
-  const float* values(int layer, int64_t page) const { return v_.data() + offset(layer, page); }
+  // Page `page` of attention layer `layer`: [page_size][num_kv_heads][head_dim] (in spec().memory when set).
+  float* keys(int layer, int64_t page) { return k_ + offset(layer, page); }
+  float* values(int layer, int64_t page) { return v_ + offset(layer, page); }
+  const float* keys(int layer, int64_t page) const { return k_ + offset(layer, page); }
+  const float* values(int layer, int64_t page) const { return v_ + offset(layer, page); }
 
   // Copies the first `rows` positions of page src into page dst in every layer (copy-on-write of a shared tail).
   void copy_page(int64_t src, int64_t dst, int rows);
@@ -40,7 +46,9 @@ class KvCache {
     return (int64_t(layer) * spec_.num_pages + page) * spec_.floats_per_page();
   }
   KvCacheSpec spec_;
-  std::vector<float> k_, v_;
+  std::vector<float> host_;  // K then V, when spec.memory is null
+  float* k_ = nullptr;
+  float* v_ = nullptr;
 };
 
 }  // namespace moeserve

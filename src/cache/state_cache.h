@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cache/cache_memory.h"
+
 namespace moeserve {
 
 struct StateCacheSpec {
@@ -16,6 +18,7 @@ struct StateCacheSpec {
   int k_head_dim = 0;
   int v_head_dim = 0;
   int num_slots = 0;
+  CacheMemory* memory = nullptr;  // where the slots live (nullptr: host memory)
 
   int64_t conv_floats() const { return conv_dim * (conv_kernel - 1); }
   int64_t recurrent_floats() const { return int64_t(num_v_heads) * k_head_dim * v_head_dim; }
@@ -25,13 +28,16 @@ struct StateCacheSpec {
 class StateCache {
  public:
   explicit StateCache(const StateCacheSpec& spec);
+  ~StateCache();
+  StateCache(const StateCache&) = delete;
+  StateCache& operator=(const StateCache&) = delete;
   const StateCacheSpec& spec() const { return spec_; }
 
-  // [conv_dim][kernel-1], oldest column first.
-  float* conv(int layer, int slot) { return conv_.data() + (int64_t(slot) * spec_.num_layers + layer) * spec_.conv_floats(); }
+  // [conv_dim][kernel-1], oldest column first (in spec().memory when set).
+  float* conv(int layer, int slot) { return conv_ + (int64_t(slot) * spec_.num_layers + layer) * spec_.conv_floats(); }
   // [Hv][dk][dv]
   float* recurrent(int layer, int slot) {
-    return rec_.data() + (int64_t(slot) * spec_.num_layers + layer) * spec_.recurrent_floats();
+    return rec_ + (int64_t(slot) * spec_.num_layers + layer) * spec_.recurrent_floats();
   }
 
   void clear_slot(int slot);
@@ -39,7 +45,9 @@ class StateCache {
 
  private:
   StateCacheSpec spec_;
-  std::vector<float> conv_, rec_;
+  std::vector<float> host_;  // conv states then recurrent states, when spec.memory is null
+  float* conv_ = nullptr;
+  float* rec_ = nullptr;
 };
 
 }  // namespace moeserve

@@ -31,17 +31,52 @@ Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend)
     attention_index_.push_back(type == LayerType::FullAttention ? attention++ : -1);
     gdn_index_.push_back(type == LayerType::LinearAttention ? gdn++ : -1);
   }
+  // Weights go where the backend runs now rather than inside the first step.
+  auto prepare = [&](const std::vector<float>& v) { backend.prepare(v.data(), v.size()); };
+  auto prepare_ffn = [&](const SwiGlu& f) {
+    for (const Matrix* m : {&f.gate, &f.up, &f.down})
+      if (!m->empty()) backend.prepare(*m);
+  };
+  backend.prepare(weights.embed);
+  backend.prepare(weights.lm_head);
+  prepare(weights.final_norm);
+  prepare(rope_inv_freq_);
+  for (const auto& lw : weights.layers) {
+    prepare(lw.input_norm);
+    prepare(lw.post_norm);
+    if (lw.type == LayerType::LinearAttention) {
+      for (const Matrix* m : {&lw.gdn.in_proj_qkv, &lw.gdn.in_proj_z, &lw.gdn.in_proj_b, &lw.gdn.in_proj_a,
+                              &lw.gdn.out_proj})
+        backend.prepare(*m);
+      for (const auto* v : {&lw.gdn.conv1d, &lw.gdn.dt_bias, &lw.gdn.a_log, &lw.gdn.norm}) prepare(*v);
+    } else {
+      for (const Matrix* m : {&lw.attn.q_proj, &lw.attn.k_proj, &lw.attn.v_proj, &lw.attn.o_proj})
+        backend.prepare(*m);
+      prepare(lw.attn.q_norm);
+      prepare(lw.attn.k_norm);
+    }
+    if (weights.config.is_moe) {
+      backend.prepare(lw.moe.router);
+      for (const auto& e : lw.moe.experts) prepare_ffn(e);
+      prepare_ffn(lw.moe.shared);
+      if (!lw.moe.shared_gate.empty()) backend.prepare(lw.moe.shared_gate);
+    } else {
+      prepare_ffn(lw.mlp);
+    }
+  }
 }
 
 KvCacheSpec Qwen35Model::kv_cache_spec(int page_size, int64_t num_pages) const {
   const auto& c = config();
-  return {c.count_layers(LayerType::FullAttention), c.num_kv_heads, c.head_dim, page_size, num_pages};
+  return {c.count_layers(LayerType::FullAttention), c.num_kv_heads, c.head_dim, page_size, num_pages,
+          backend_.cache_memory()};
 }
 
 StateCacheSpec Qwen35Model::state_cache_spec(int num_slots) const {
   const auto& c = config();
   return {c.count_layers(LayerType::LinearAttention), c.linear_conv_dim(), c.linear_conv_kernel,
-          c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim, num_slots};
+          c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim, num_slots,
+          backend_.cache_memory()};
 }
 
 void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const float* x, int64_t n,
@@ -131,6 +166,19 @@ void Qwen35Model::feed_forward(const LayerWeights& lw, const float* x, int64_t n
 
 ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state,
                                    bool capture_hidden) const {
+  // Decode steps (one new token per sequence) of the same batch size repeat the same device work, so the
+  // backend may record and replay them (CUDA graphs); prefill chunks vary and run directly.
+  const bool decode = !capture_hidden && std::all_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
+    return s.tokens.size() == 1 && s.start_pos > 0 && !s.all_logits;
+  });
+  if (!decode) return forward_step(batch, kv, state, capture_hidden);
+  ForwardOutput result;
+  backend_.run_step(uint64_t(batch.size()), [&] { result = forward_step(batch, kv, state, false); });
+  return result;
+}
+
+ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state,
+                                        bool capture_hidden) const {
   const auto& c = config();
   const int64_t H = c.hidden_size;
   Backend& be = backend_;
@@ -149,22 +197,29 @@ ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache&
   auto h = be.allocate(size_t(n * H)), x = be.allocate(size_t(n * H)), y = be.allocate(size_t(n * H));
   be.embed(tokens, weights_.embed, h.get());
   auto capture = [&](const float* rows) {
-    if (capture_hidden) result.hidden_states.insert(result.hidden_states.end(), rows, rows + n * H);
+    if (!capture_hidden) return;
+    result.hidden_states.resize(result.hidden_states.size() + size_t(n * H));
+    be.download(rows, result.hidden_states.data() + result.hidden_states.size() - size_t(n * H), size_t(n * H));
   };
   capture(h.get());
 
   const float eps = float(c.rms_norm_eps);
   for (int l = 0; l < c.num_layers; ++l) {
     const auto& lw = weights_.layers[l];
-    be.rms_norm(h.get(), n, H, H, lw.input_norm.data(), eps, true, x.get(), H);
+    // x = input_norm(h); after layer 0 the previous layer's last residual add produced it already.
+    if (l == 0 || capture_hidden) be.rms_norm(h.get(), n, H, H, lw.input_norm.data(), eps, true, x.get(), H);
     if (lw.type == LayerType::LinearAttention) {
       gated_delta_net(lw, gdn_index_[l], x.get(), n, batch, state, y.get());
     } else {
       gated_attention(lw, attention_index_[l], x.get(), n, batch, kv, y.get());
     }
-    be.add(h.get(), y.get(), size_t(n * H));
-    be.rms_norm(h.get(), n, H, H, lw.post_norm.data(), eps, true, x.get(), H);
+    be.add_rms_norm(h.get(), y.get(), n, H, lw.post_norm.data(), eps, x.get());
     feed_forward(lw, x.get(), n, y.get());
+    // The residual add of the last feed-forward goes with the next layer's input norm (or the final norm).
+    if (l + 1 < c.num_layers && !capture_hidden) {
+      be.add_rms_norm(h.get(), y.get(), n, H, weights_.layers[l + 1].input_norm.data(), eps, x.get());
+      continue;
+    }
     be.add(h.get(), y.get(), size_t(n * H));
     if (l + 1 < c.num_layers) capture(h.get());
   }
@@ -187,7 +242,9 @@ ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache&
   be.rms_norm(selected.get(), m, H, H, weights_.final_norm.data(), eps, true, selected.get(), H);
   result.rows = m;
   result.logits.resize(size_t(m * c.vocab_size));
-  be.matmul(selected.get(), m, weights_.lm_head, result.logits.data());
+  auto logits = be.allocate(size_t(m * c.vocab_size));
+  be.matmul(selected.get(), m, weights_.lm_head, logits.get());
+  be.download(logits.get(), result.logits.data(), result.logits.size());
   return result;
 }
 

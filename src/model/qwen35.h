@@ -40,6 +40,7 @@ class Qwen35Model {
   // Both must outlive the model.
   Qwen35Model(const ModelWeights& weights, Backend& backend);
   const ModelConfig& config() const { return weights_.config; }
+  Backend& backend() const { return backend_; }
 
   // Cache shapes this model needs (page/slot counts are the caller's choice).
   KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const;
@@ -49,6 +50,8 @@ class Qwen35Model {
                         bool capture_hidden = false) const;
 
  private:
+  ForwardOutput forward_step(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state,
+                             bool capture_hidden) const;
   void gated_delta_net(const LayerWeights& lw, int gdn_layer, const float* x, int64_t n,
                        std::span<const SequenceStep> batch, StateCache& state, float* out) const;
   void gated_attention(const LayerWeights& lw, int attn_layer, const float* x, int64_t n,

@@ -1,0 +1,273 @@
+// Paged causal attention (GQA) in float32: new K/V rows are written into their pages, then a flash-style kernel
+// streams key tiles through shared memory with an online softmax. A block takes 32 query rows (token × head of
+// one KV group) and one KV head, so each K/V tile it loads serves the whole group; decode-sized calls split the
+// key range over blocks (split-K) and a second kernel combines the partial results.
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr int kRows = 32;     // query rows per block
+constexpr int kKeys = 32;     // keys per tile
+constexpr int kThreads = 256;
+constexpr int kPtLd = kRows + 4;
+
+template <int D>
+constexpr size_t attention_smem_floats() {
+  return size_t(kRows + 2 * kKeys) * (D + 4) + size_t(kKeys) * kPtLd + 3 * kRows;
+}
+
+__global__ void kv_write_kernel(const float* __restrict__ k_new, const float* __restrict__ v_new, int64_t T,
+                                int row_floats, const int64_t* __restrict__ start_pos,
+                                const int32_t* __restrict__ pages, int page_size, float* k_cache, float* v_cache) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // float4 index
+  const int per_row = row_floats / 4;
+  if (i >= T * per_row) return;
+  const int64_t t = i / per_row, c = i % per_row;
+  const int64_t pos = *start_pos + t;
+  const int64_t dst = (int64_t(pages[pos / page_size]) * page_size + pos % page_size) * row_floats + c * 4;
+  *reinterpret_cast<float4*>(k_cache + dst) = reinterpret_cast<const float4*>(k_new)[i];
+  *reinterpret_cast<float4*>(v_cache + dst) = reinterpret_cast<const float4*>(v_new)[i];
+}
+
+template <int D>
+__global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
+  extern __shared__ float4 smem4[];
+  constexpr int LD = D + 4;
+  constexpr int D4 = D / 4;
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* Qs = smem;
+  float* Ks = Qs + kRows * LD;
+  float* Vs = Ks + kKeys * LD;
+  float* Pt = Vs + kKeys * LD;  // probabilities, transposed: [key][row]
+  float* alpha_s = Pt + kKeys * kPtLd;
+  float* m_s = alpha_s + kRows;
+  float* l_s = m_s + kRows;
+
+  const int G = a.heads / a.kv_heads;
+  const int kvh = blockIdx.y;
+  const int64_t rows_total = a.T * G;
+  const int64_t rho0 = int64_t(blockIdx.x) * kRows;
+  const int64_t start = *a.start_pos;
+  const int row_floats = a.kv_heads * D;
+  const float scale = 1.0f / sqrtf(float(D));
+
+  for (int l = threadIdx.x; l < kRows * D4; l += kThreads) {
+    const int r = l / D4, c4 = l % D4;
+    const int64_t rho = rho0 + r;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (rho < rows_total) {
+      const int64_t t = rho / G;
+      const int h = kvh * G + int(rho % G);
+      v = reinterpret_cast<const float4*>(a.q + (t * a.heads + h) * D)[c4];
+    }
+    *reinterpret_cast<float4*>(Qs + r * LD + c4 * 4) = v;
+  }
+
+  // Keys this block needs: up to the last query's position; this split takes a contiguous run of tiles.
+  const int64_t t_last = (imin(rho0 + kRows, rows_total) - 1) / G;
+  const int64_t kv_len = start + t_last + 1;
+  const int64_t tiles = (kv_len + kKeys - 1) / kKeys;
+  const int64_t per_split = (tiles + a.splits - 1) / a.splits;
+  const int64_t tile_begin = int64_t(blockIdx.z) * per_split, tile_end = imin(tiles, tile_begin + per_split);
+
+  // Score phase: thread owns rows {sr, sr+16} × keys {sk, sk+16} of the tile.
+  const int sr = threadIdx.x / 16, sk = threadIdx.x % 16;
+  int64_t qpos[2];
+  bool rvalid[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t rho = rho0 + sr + 16 * i;
+    rvalid[i] = rho < rows_total;
+    qpos[i] = start + rho / G;
+  }
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  // Value phase: warp pr owns rows 4pr..4pr+3, lane pc owns D/32 columns.
+  const int pr = threadIdx.x / 32, pc = threadIdx.x % 32;
+  constexpr int kCols = D / 32;
+  float acc[4][kCols] = {};
+
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    const int64_t kt0 = tile * kKeys;
+    __syncthreads();  // the previous tile is consumed (and Qs is written, on the first pass)
+    for (int l = threadIdx.x; l < kKeys * D4; l += kThreads) {
+      const int j = l / D4, c4 = l % D4;
+      const int64_t kp = kt0 + j;
+      float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+      if (kp < kv_len) {
+        const int64_t off =
+            (int64_t(a.pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_floats + int64_t(kvh) * D;
+        kv = __ldg(reinterpret_cast<const float4*>(a.k_cache + off) + c4);
+        vv = __ldg(reinterpret_cast<const float4*>(a.v_cache + off) + c4);
+      }
+      *reinterpret_cast<float4*>(Ks + j * LD + c4 * 4) = kv;
+      *reinterpret_cast<float4*>(Vs + j * LD + c4 * 4) = vv;
+    }
+    __syncthreads();
+
+    float s[2][2] = {};
+#pragma unroll 4
+    for (int d4 = 0; d4 < D4; ++d4) {
+      float4 q[2], k[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        q[i] = *reinterpret_cast<const float4*>(Qs + (sr + 16 * i) * LD + d4 * 4);
+        k[i] = *reinterpret_cast<const float4*>(Ks + (sk + 16 * i) * LD + d4 * 4);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          s[i][jj] = fmaf(q[i].x, k[jj].x, s[i][jj]);
+          s[i][jj] = fmaf(q[i].y, k[jj].y, s[i][jj]);
+          s[i][jj] = fmaf(q[i].z, k[jj].z, s[i][jj]);
+          s[i][jj] = fmaf(q[i].w, k[jj].w, s[i][jj]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int64_t kp = kt0 + sk + 16 * jj;
+        s[i][jj] = (rvalid[i] && kp <= qpos[i]) ? s[i][jj] * scale : -INFINITY;
+      }
+      float mx = fmaxf(s[i][0], s[i][1]);
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_new = fmaxf(m_run[i], mx);
+      float p0 = 0.f, p1 = 0.f, alpha = 1.f;
+      if (m_new != -INFINITY) {
+        p0 = expf(s[i][0] - m_new);
+        p1 = expf(s[i][1] - m_new);
+        alpha = expf(m_run[i] - m_new);
+      }
+      float psum = p0 + p1;
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
+      l_run[i] = l_run[i] * alpha + psum;
+      m_run[i] = m_new;
+      const int r = sr + 16 * i;
+      Pt[sk * kPtLd + r] = p0;
+      Pt[(sk + 16) * kPtLd + r] = p1;
+      if (sk == 0) alpha_s[r] = alpha;
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int r4 = 0; r4 < 4; ++r4) {
+      const float al = alpha_s[pr * 4 + r4];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[r4][c] *= al;
+    }
+#pragma unroll 4
+    for (int j = 0; j < kKeys; ++j) {
+      const float4 p4 = *reinterpret_cast<const float4*>(Pt + j * kPtLd + pr * 4);
+      const float p[4] = {p4.x, p4.y, p4.z, p4.w};
+      float v[kCols];
+      if constexpr (kCols >= 4) {
+#pragma unroll
+        for (int q = 0; q < kCols / 4; ++q) {
+          const float4 v4 = *reinterpret_cast<const float4*>(Vs + j * LD + (q * 32 + pc) * 4);
+          v[4 * q] = v4.x, v[4 * q + 1] = v4.y, v[4 * q + 2] = v4.z, v[4 * q + 3] = v4.w;
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < kCols; ++q) v[q] = Vs[j * LD + q * 32 + pc];
+      }
+#pragma unroll
+      for (int r4 = 0; r4 < 4; ++r4)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) acc[r4][c] = fmaf(p[r4], v[c], acc[r4][c]);
+    }
+  }
+
+  if (sk == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) m_s[sr + 16 * i] = m_run[i], l_s[sr + 16 * i] = l_run[i];
+  }
+  __syncthreads();
+  const int64_t out_rows = a.T * a.heads;
+#pragma unroll
+  for (int r4 = 0; r4 < 4; ++r4) {
+    const int r = pr * 4 + r4;
+    const int64_t rho = rho0 + r;
+    if (rho >= rows_total) continue;
+    const int64_t row = (rho / G) * a.heads + kvh * G + rho % G;
+    auto column = [&](int c) { return kCols >= 4 ? ((c / 4) * 32 + pc) * 4 + c % 4 : c * 32 + pc; };
+    if (a.splits == 1) {
+      const float inv = 1.0f / l_s[r];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) a.out[row * D + column(c)] = acc[r4][c] * inv;
+    } else {
+      const int64_t prow = int64_t(blockIdx.z) * out_rows + row;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) a.part_out[prow * D + column(c)] = acc[r4][c];
+      if (pc == 0) a.part_m[prow] = m_s[r], a.part_l[prow] = l_s[r];
+    }
+  }
+}
+
+// One block per output row: weights e^(m_s − M) over the splits.
+__global__ void attention_combine_kernel(AttentionArgs a) {
+  const int64_t rows = a.T * a.heads, row = blockIdx.x;
+  float M = -INFINITY;
+  for (int s = 0; s < a.splits; ++s) M = fmaxf(M, a.part_m[s * rows + row]);
+  float total = 0.f;
+  for (int s = 0; s < a.splits; ++s) {
+    const float m = a.part_m[s * rows + row];
+    if (m != -INFINITY) total += expf(m - M) * a.part_l[s * rows + row];
+  }
+  for (int c = threadIdx.x; c < a.head_dim; c += blockDim.x) {
+    float o = 0.f;
+    for (int s = 0; s < a.splits; ++s) {
+      const float m = a.part_m[s * rows + row];
+      if (m != -INFINITY) o += expf(m - M) * a.part_out[(s * rows + row) * a.head_dim + c];
+    }
+    a.out[row * a.head_dim + c] = o / total;
+  }
+}
+
+template <int D>
+void launch_for(const AttentionArgs& a, cudaStream_t s) {
+  constexpr size_t bytes = attention_smem_floats<D>() * sizeof(float);
+  static bool configured = false;  // the attribute is per kernel and process
+  if (!configured) {
+    cudaFuncSetAttribute(attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    configured = true;
+  }
+  const int G = a.heads / a.kv_heads;
+  const dim3 grid(blocks_for(a.T * G, kRows), unsigned(a.kv_heads), unsigned(a.splits));
+  attention_kernel<D><<<grid, kThreads, bytes, s>>>(a);
+}
+
+}  // namespace
+
+bool attention_head_dim_supported(int head_dim) {
+  return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+int attention_splits(int64_t T, int heads, int kv_heads, int64_t capacity) {
+  const int64_t blocks = (T * (heads / kv_heads) + kRows - 1) / kRows * kv_heads;
+  if (blocks >= 64) return 1;
+  return int(std::clamp<int64_t>(capacity / 128, 1, 64));
+}
+
+void launch_attention(const AttentionArgs& a, cudaStream_t s) {
+  if (a.T == 0) return;
+  const int row_floats = a.kv_heads * a.head_dim;
+  const int64_t writes = a.T * row_floats / 4;
+  kv_write_kernel<<<blocks_for(writes, 256), 256, 0, s>>>(a.k_new, a.v_new, a.T, row_floats, a.start_pos, a.pages,
+                                                          a.page_size, a.k_cache, a.v_cache);
+  switch (a.head_dim) {
+    case 32: launch_for<32>(a, s); break;
+    case 64: launch_for<64>(a, s); break;
+    case 128: launch_for<128>(a, s); break;
+    default: launch_for<256>(a, s); break;
+  }
+  if (a.splits > 1) attention_combine_kernel<<<unsigned(a.T * a.heads), 128, 0, s>>>(a);
+}
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,148 @@
+#pragma once
+// Device helpers shared by the kernels: weight loads of every stored dtype, warp/block reductions.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+
+namespace moeserve::cuda {
+
+// The arithmetic matches the CPU reference's (exact float32 functions: no fast-math intrinsics).
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ float fp8_to_float(uint8_t v) {
+  __half_raw h = __nv_cvt_fp8_to_halfraw(v, __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// Per stored dtype: bytes per element, elements per 16-byte vector, and loads widening to float32.
+template <WType T>
+struct W;
+
+template <>
+struct W<WType::F32> {
+  static constexpr int kBytes = 4, kVec = 4;
+  __device__ static void load_vec(const void* p, float* o) {
+    float4 v = __ldg(reinterpret_cast<const float4*>(p));
+    o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
+  }
+  __device__ static float load(const void* base, int64_t i) { return __ldg(static_cast<const float*>(base) + i); }
+};
+
+template <>
+struct W<WType::BF16> {
+  static constexpr int kBytes = 2, kVec = 8;
+  __device__ static void load_vec(const void* p, float* o) {
+    uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[2 * i] = bf16_lo(w[i]), o[2 * i + 1] = bf16_hi(w[i]);
+  }
+  __device__ static float load(const void* base, int64_t i) {
+    return __uint_as_float(uint32_t(__ldg(static_cast<const unsigned short*>(base) + i)) << 16);
+  }
+};
+
+template <>
+struct W<WType::F16> {
+  static constexpr int kBytes = 2, kVec = 8;
+  __device__ static void load_vec(const void* p, float* o) {
+    uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      __half2 h = *reinterpret_cast<const __half2*>(&w[i]);
+      float2 f = __half22float2(h);
+      o[2 * i] = f.x, o[2 * i + 1] = f.y;
+    }
+  }
+  __device__ static float load(const void* base, int64_t i) {
+    return __half2float(__ldg(static_cast<const __half*>(base) + i));
+  }
+};
+
+template <>
+struct W<WType::FP8> {
+  static constexpr int kBytes = 1, kVec = 16;
+  __device__ static void load_vec(const void* p, float* o) {
+    uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) o[4 * i + j] = fp8_to_float(uint8_t(w[i] >> (8 * j)));
+  }
+  __device__ static float load(const void* base, int64_t i) {
+    return fp8_to_float(__ldg(static_cast<const uint8_t*>(base) + i));
+  }
+};
+
+// Element (r, c) of a weight matrix in float32, block scale applied.
+template <WType T>
+__device__ __forceinline__ float weight_at(const WeightView& w, int64_t r, int64_t c) {
+  float v = W<T>::load(w.data, r * w.cols + c);
+  if constexpr (T == WType::FP8) v *= w.scale_inv[(r / w.block_rows) * w.scale_cols + c / w.block_cols];
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, ≤ 1024); every thread gets the total. `scratch` holds 32
+// floats; the call ends with the block synchronised.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int i = 0; i < warps; ++i) total += scratch[i];
+  return total;
+}
+
+// Dispatches a runtime WType to a template parameter.
+#define MOESERVE_DISPATCH_WTYPE(type, T, ...)              \
+  switch (type) {                                          \
+    case WType::F32: {                                     \
+      constexpr WType T = WType::F32;                      \
+      __VA_ARGS__;                                         \
+    } break;                                               \
+    case WType::F16: {                                     \
+      constexpr WType T = WType::F16;                      \
+      __VA_ARGS__;                                         \
+    } break;                                               \
+    case WType::BF16: {                                    \
+      constexpr WType T = WType::BF16;                     \
+      __VA_ARGS__;                                         \
+    } break;                                               \
+    case WType::FP8: {                                     \
+      constexpr WType T = WType::FP8;                      \
+      __VA_ARGS__;                                         \
+    } break;                                               \
+  }
+
+// min/max over int64_t without relying on which integer overloads the CUDA headers declare.
+template <typename T>
+__host__ __device__ __forceinline__ T imin(T a, T b) { return a < b ? a : b; }
+
+inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+}  // namespace moeserve::cuda

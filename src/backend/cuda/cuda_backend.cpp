@@ -1,0 +1,1001 @@
+// The CUDA backend: device memory (weights, activations, caches), op dispatch to the kernels of kernels.h and
+// cuBLAS, and the record/replay of decode steps as CUDA graphs.
+//
+// Everything runs on one stream, so device work is ordered like the calls; the host waits only in download()
+// (and argmax), where the caller needs the data. Activations come from a caching pool: a buffer freed by the
+// host while kernels still use it is handed out again only to work queued after them.
+//
+// Graphs (run_step): the first call with a key runs the step eagerly with its allocations in a pool of the
+// key's own; the second records it (stream capture) and replays it; later calls run the step's host code in
+// "fill" mode, where ops issue nothing but restage their host inputs (positions, page tables, token ids) into
+// the key's pinned arena, which the graph's first node copies to the device. Each op folds the arguments the
+// graph baked in into a signature; a fill whose signature or allocation sequence differs from the recording
+// is discarded and the step runs eagerly instead.
+
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "common/error.h"
+
+namespace moeserve {
+namespace {
+
+using cuda::WeightView;
+using cuda::WType;
+
+void cuda_ok(cudaError_t e, const char* what, int line) {
+  if (e != cudaSuccess)
+    fail("CUDA error {} ({}) in {} (cuda_backend.cpp:{})", cudaGetErrorName(e), cudaGetErrorString(e), what, line);
+}
+void cublas_ok(cublasStatus_t s, const char* what, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS error {} in {} (cuda_backend.cpp:{})", int(s), what, line);
+}
+#define CUDA_OK(expr) cuda_ok((expr), #expr, __LINE__)
+#define CUBLAS_OK(expr) cublas_ok((expr), #expr, __LINE__)
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
+
+// Matmuls of at most this many rows stream the weights (GEMV); larger ones are tiled GEMMs.
+constexpr int64_t kGemvMaxRows = 8;
+// Routed (token, expert) pairs from which the MoE uses tensor-core tiles instead of the GEMV-style kernels.
+constexpr int64_t kMoeMmaMinPairs = 1024;
+
+WType wtype(DType t) {
+  switch (t) {
+    case DType::F32: return WType::F32;
+    case DType::F16: return WType::F16;
+    case DType::BF16: return WType::BF16;
+    case DType::F8_E4M3: return WType::FP8;
+    default: fail("the CUDA backend cannot use {} weights", dtype_name(t));
+  }
+}
+
+bool is_device_pointer(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+// A caching allocator: freed blocks wait in per-size free lists (LIFO). Sizes are rounded to a power of two
+// up to 1 MiB and to whole MiB above, so a step's buffers find their blocks again on the next step.
+class DevicePool {
+ public:
+  DevicePool() = default;
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+  ~DevicePool() { free_all(); }
+
+  void* allocate(size_t bytes) {
+    const size_t size = bucket(bytes);
+    auto& list = free_[size];
+    void* p = nullptr;
+    if (!list.empty()) {
+      p = list.back();
+      list.pop_back();
+    } else {
+      if (cudaMalloc(&p, size) != cudaSuccess) {
+        cudaGetLastError();
+        release_cached();
+        CUDA_OK(cudaMalloc(&p, size));
+      }
+      blocks_.emplace(p, size);
+    }
+    live_.emplace(p, size);
+    return p;
+  }
+  bool owns(void* p) const { return live_.count(p) != 0; }
+  void release(void* p) {
+    auto it = live_.find(p);
+    if (it == live_.end()) return;
+    free_[it->second].push_back(p);
+    live_.erase(it);
+  }
+  size_t held_bytes() const {
+    size_t total = 0;
+    for (const auto& [p, size] : blocks_) total += size;
+    return total;
+  }
+
+ private:
+  static size_t bucket(size_t bytes) {
+    bytes = std::max<size_t>(bytes, kAlign);
+    constexpr size_t kMiB = size_t(1) << 20;
+    return bytes <= kMiB ? std::bit_ceil(bytes) : align_up(bytes, kMiB);
+  }
+  // Out of memory: give the cached free blocks back (after the work that may still use them).
+  void release_cached() {
+    cudaDeviceSynchronize();
+    for (auto& [size, list] : free_)
+      for (void* p : list) {
+        cudaFree(p);
+        blocks_.erase(p);
+      }
+    free_.clear();
+  }
+  void free_all() {
+    for (const auto& [p, size] : blocks_) cudaFree(p);
+    blocks_.clear();
+    free_.clear();
+    live_.clear();
+  }
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  std::unordered_map<void*, size_t> live_;
+  std::unordered_map<void*, size_t> blocks_;
+};
+
+// Long-lived device memory handed out by bumping through large chunks (weights, expert tables).
+class DeviceArena {
+ public:
+  ~DeviceArena() {
+    for (void* c : chunks_) cudaFree(c);
+  }
+  void* allocate(size_t bytes) {
+    bytes = align_up(std::max<size_t>(bytes, 1));
+    if (used_ + bytes > size_) {
+      const size_t chunk = std::max(bytes, kChunk);
+      void* p = nullptr;
+      CUDA_OK(cudaMalloc(&p, chunk));
+      chunks_.push_back(p);
+      base_ = static_cast<char*>(p);
+      size_ = chunk;
+      used_ = 0;
+      total_ += chunk;
+    }
+    void* p = base_ + used_;
+    used_ += bytes;
+    return p;
+  }
+  size_t total() const { return total_; }
+
+ private:
+  static constexpr size_t kChunk = size_t(256) << 20;
+  std::vector<void*> chunks_;
+  char* base_ = nullptr;
+  size_t size_ = 0, used_ = 0, total_ = 0;
+};
+
+// Pinned host memory mirrored by device memory: host inputs of ops are written here and copied over.
+struct StagingArena {
+  char* host = nullptr;
+  char* dev = nullptr;
+  size_t capacity = 0;
+  size_t used = 0;
+
+  void reserve(size_t bytes) {
+    release();
+    capacity = std::max<size_t>(bytes, kAlign);
+    CUDA_OK(cudaMallocHost(reinterpret_cast<void**>(&host), capacity));
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&dev), capacity));
+    used = 0;
+  }
+  void release() {
+    if (host) cudaFreeHost(host);
+    if (dev) cudaFree(dev);
+    host = dev = nullptr;
+    capacity = used = 0;
+  }
+};
+
+enum class Mode { Eager, Measure, Capture, Fill };
+
+struct PinnedBuffer {
+  void* host = nullptr;
+  size_t bytes = 0;
+};
+
+// One recorded step.
+struct StepGraph {
+  enum class State { Fresh, Seen, Ready, Disabled } state = State::Fresh;
+  DevicePool pool;
+  StagingArena arena;
+  size_t dyn_bytes = 0;
+  std::vector<size_t> download_sizes;  // in call order
+  std::vector<PinnedBuffer> staging;   // one per download
+  std::vector<std::pair<void*, size_t>> allocations;  // recorded (address, bytes) in call order
+  size_t replay_at = 0;
+  uint64_t signature = 0;
+  cudaGraphExec_t exec = nullptr;
+  int failures = 0;  // consecutive recordings that could not be replayed
+
+  ~StepGraph() { reset(); }
+  void reset() {
+    if (exec) cudaGraphExecDestroy(exec);
+    exec = nullptr;
+    arena.release();
+    for (auto& s : staging) cudaFreeHost(s.host);
+    staging.clear();
+    download_sizes.clear();
+    allocations.clear();
+  }
+};
+
+struct ExpertTableEntry {
+  cuda::ExpertTable table;
+  size_t count = 0;
+};
+
+struct ProfileEntry {
+  int64_t calls = 0;
+  double ms = 0;
+};
+
+class CudaBackend final : public Backend, public CacheMemory {
+ public:
+  explicit CudaBackend(const BackendOptions& options) : fp32_matmul_(options.fp32_matmul) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      fail("no CUDA device is visible (driver missing, or CUDA_VISIBLE_DEVICES empty)");
+    }
+    CUDA_OK(cudaSetDevice(0));
+    CUDA_OK(cudaGetDeviceProperties(&props_, 0));
+    CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUBLAS_OK(cublasCreate(&cublas_));
+    CUBLAS_OK(cublasSetStream(cublas_, stream_));
+    CUDA_OK(cudaMalloc(&cublas_workspace_, kCublasWorkspace));
+    CUBLAS_OK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
+    eager_.reserve(size_t(8) << 20);
+    CUDA_OK(cudaEventCreate(&ev_start_));
+    CUDA_OK(cudaEventCreate(&ev_stop_));
+    sync_each_op_ = std::getenv("MOESERVE_CUDA_SYNC") != nullptr;
+  }
+
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    graphs_.clear();
+    for (auto& [p, size] : caches_) cudaFree(const_cast<char*>(p));
+    eager_.release();
+    cudaFree(cublas_workspace_);
+    cublasDestroy(cublas_);
+    cudaEventDestroy(ev_start_);
+    cudaEventDestroy(ev_stop_);
+    cudaStreamDestroy(stream_);
+  }
+
+  const char* name() const override { return "cuda"; }
+
+  // ---- memory ------------------------------------------------------------------------------------------
+  Buffer allocate(size_t floats) override {
+    const size_t bytes = std::max<size_t>(floats, 1) * sizeof(float);
+    void* p = nullptr;
+    if (mode_ == Mode::Fill) {
+      p = replay_allocation(bytes);
+    } else if (graph_) {
+      p = graph_->pool.allocate(bytes);
+      if (mode_ == Mode::Capture) graph_->allocations.emplace_back(p, bytes);
+    } else {
+      p = pool_.allocate(bytes);
+    }
+    return Buffer(static_cast<float*>(p), BufferDeleter{this, floats});
+  }
+  void release(float* p, size_t) override {
+    if (mode_ == Mode::Fill) return;
+    if (graph_ && graph_->pool.owns(p)) graph_->pool.release(p);
+    else pool_.release(p);
+  }
+  void fill_zero(float* x, size_t n) override {
+    if (auto op = start("fill_zero", x, n)) CUDA_OK(cudaMemsetAsync(x, 0, n * sizeof(float), stream_));
+  }
+  void copy(const float* src, float* dst, size_t n) override {
+    if (auto op = start("copy", src, dst, n))
+      CUDA_OK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  }
+  void upload(const float* host, float* dst, size_t n) override {
+    if (mode_ == Mode::Eager || mode_ == Mode::Measure) {
+      if (auto op = start("upload", dst, n))
+        CUDA_OK(cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+      return;
+    }
+    const void* staged = stage(host, n * sizeof(float));
+    if (auto op = start("upload", staged, dst, n))
+      CUDA_OK(cudaMemcpyAsync(dst, staged, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  }
+  void download(const float* src, float* host, size_t n) override { download_bytes(src, host, n * sizeof(float)); }
+
+  void prepare(const Matrix& w) override { weight(w); }
+  void prepare(const float* weights, size_t n) override { vec(weights, n); }
+  CacheMemory* cache_memory() override { return this; }
+
+  // CacheMemory
+  float* allocate_cache(size_t floats) override {
+    void* p = nullptr;
+    const size_t bytes = std::max<size_t>(floats, 1) * sizeof(float);
+    CUDA_OK(cudaMalloc(&p, bytes));
+    CUDA_OK(cudaMemsetAsync(p, 0, bytes, stream_));
+    caches_.emplace(static_cast<char*>(p), bytes);
+    return static_cast<float*>(p);
+  }
+  void free_cache(float* p) override {
+    auto it = caches_.find(reinterpret_cast<char*>(p));
+    if (it == caches_.end()) return;
+    cudaStreamSynchronize(stream_);
+    cudaFree(p);
+    caches_.erase(it);
+  }
+  void zero_cache(float* p, size_t floats) override { fill_zero(p, floats); }
+  void copy_cache(const float* src, float* dst, size_t floats) override { copy(src, dst, floats); }
+
+  // ---- graphs ------------------------------------------------------------------------------------------
+  void run_step(uint64_t key, const std::function<void()>& step) override {
+    if (!graphs_enabled_ || mode_ != Mode::Eager || profiling_) {
+      step();
+      return;
+    }
+    auto& g = graphs_[key];
+    if (!g) g = std::make_unique<StepGraph>();
+    switch (g->state) {
+      case StepGraph::State::Disabled: step(); return;
+      case StepGraph::State::Fresh: measure(*g, step); return;
+      case StepGraph::State::Seen: capture(*g, step); return;
+      case StepGraph::State::Ready: replay(*g, step); return;
+    }
+  }
+
+  // ---- ops ---------------------------------------------------------------------------------------------
+  void matmul(const float* x, int64_t n, const Matrix& w, float* y) override {
+    check(n >= 0, "matmul: negative row count");
+    const WeightView v = weight(w);
+    const char* label = matmul_label(v);
+    if (n <= kGemvMaxRows) {
+      if (auto op = start(label, x, n, v.data, y)) cuda::launch_gemv(x, n, v, y, stream_);
+      return;
+    }
+    if (fp32_matmul_ || v.type == WType::F32 || v.type == WType::F16) {
+      if (auto op = start(label, x, n, v.data, y)) cuda::launch_gemm_simt(x, n, v, y, stream_);
+      return;
+    }
+    // bf16 tensor cores through cuBLAS: activations rounded to bf16, FP8 weights widened to bf16 first.
+    auto xb = allocate(size_t((n * v.cols + 1) / 2));
+    Buffer wb;
+    if (v.type == WType::FP8) wb = allocate(size_t((v.rows * v.cols + 1) / 2));
+    if (auto op = start(label, x, n, v.data, y, xb.get(), wb.get())) {
+      auto* xh = reinterpret_cast<uint16_t*>(xb.get());
+      cuda::launch_to_bf16(x, xh, n * v.cols, stream_);
+      const void* wdata = v.data;
+      if (wb) {
+        cuda::launch_dequant_bf16(v, reinterpret_cast<uint16_t*>(wb.get()), stream_);
+        wdata = wb.get();
+      }
+      const float one = 1.0f, zero = 0.0f;
+      CUBLAS_OK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(v.rows), int(n), int(v.cols), &one, wdata,
+                             CUDA_R_16BF, int(v.cols), xh, CUDA_R_16BF, int(v.cols), &zero, y, CUDA_R_32F,
+                             int(v.rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+  }
+
+  void embed(std::span<const int32_t> tokens, const Matrix& table, float* out) override {
+    for (int32_t t : tokens)
+      check(t >= 0 && t < table.rows, "token id {} is outside the vocabulary (0..{})", t, table.rows - 1);
+    const WeightView v = weight(table);
+    const void* ids = stage(tokens.data(), tokens.size_bytes());
+    if (auto op = start("embed", ids, tokens.size(), v.data, out))
+      cuda::launch_embed(static_cast<const int32_t*>(ids), int64_t(tokens.size()), v, out, stream_);
+  }
+
+  void add(float* x, const float* y, size_t n) override {
+    if (auto op = start("add", x, y, n)) cuda::launch_add(x, y, int64_t(n), stream_);
+  }
+
+  void add_rms_norm(float* h, const float* y, int64_t rows, int64_t dim, const float* w, float eps,
+                    float* out) override {
+    const float* wd = vec(w, size_t(dim));
+    if (auto op = start("add_rms_norm", h, y, rows, dim, wd, eps, out))
+      cuda::launch_add_rms_norm(h, y, rows, dim, wd, eps, out, stream_);
+  }
+
+  void rms_norm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, float eps,
+                bool zero_centred, float* out, int64_t out_stride) override {
+    const float* wd = vec(w, size_t(dim));
+    if (auto op = start("rms_norm", x, rows, dim, x_stride, wd, eps, zero_centred, out, out_stride))
+      cuda::launch_rms_norm(x, rows, dim, x_stride, wd, eps, zero_centred, out, out_stride, stream_);
+  }
+
+  void gated_rms_norm(const float* o, const float* z, int64_t rows, int64_t dim, const float* w, float eps,
+                      float* out) override {
+    const float* wd = vec(w, size_t(dim));
+    if (auto op = start("gated_rms_norm", o, z, rows, dim, wd, eps, out))
+      cuda::launch_gated_rms_norm(o, z, rows, dim, wd, eps, out, stream_);
+  }
+
+  void rope(float* x, int64_t tokens, int heads, int head_dim, int rotary_dim, int64_t start_pos,
+            const float* inv_freq) override {
+    const float* f = vec(inv_freq, size_t(rotary_dim / 2));
+    const auto* pos = static_cast<const int64_t*>(stage(&start_pos, sizeof start_pos));
+    if (auto op = start("rope", x, tokens, heads, head_dim, rotary_dim, pos, f))
+      cuda::launch_rope(x, tokens, heads, head_dim, rotary_dim, pos, f, stream_);
+  }
+
+  void paged_attention(const float* q, const float* k_new, const float* v_new, int64_t T, int heads, int kv_heads,
+                       int head_dim, int64_t start_pos, std::span<const int32_t> pages, KvCache& kv, int layer,
+                       float* out) override {
+    const auto& spec = kv.spec();
+    check(spec.memory == this, "attention: the KV cache is not in this GPU's memory (size it with the model's "
+                               "kv_cache_spec(), which asks the backend for its cache memory)");
+    check(cuda::attention_head_dim_supported(head_dim), "attention: head_dim {} is not supported on CUDA "
+                                                        "(32, 64, 128 or 256)", head_dim);
+    check(kv_heads > 0 && heads % kv_heads == 0, "attention: {} heads do not group over {} KV heads", heads,
+          kv_heads);
+    const int64_t capacity = int64_t(pages.size()) * spec.page_size;
+    check(capacity >= start_pos + T, "attention: page table covers {} positions, need {}", capacity, start_pos + T);
+    cuda::AttentionArgs a;
+    a.q = q, a.k_new = k_new, a.v_new = v_new, a.T = T;
+    a.heads = heads, a.kv_heads = kv_heads, a.head_dim = head_dim;
+    a.start_pos = static_cast<const int64_t*>(stage(&start_pos, sizeof start_pos));
+    a.pages = static_cast<const int32_t*>(stage(pages.data(), pages.size_bytes()));
+    a.num_pages = int64_t(pages.size());
+    a.k_cache = kv.keys(layer, 0), a.v_cache = kv.values(layer, 0), a.page_size = spec.page_size;
+    a.out = out;
+    a.splits = cuda::attention_splits(T, heads, kv_heads, capacity);
+    Buffer part_out, part_m, part_l;
+    if (a.splits > 1) {
+      const size_t rows = size_t(a.splits * T * heads);
+      part_out = allocate(rows * size_t(head_dim));
+      part_m = allocate(rows);
+      part_l = allocate(rows);
+      a.part_out = part_out.get(), a.part_m = part_m.get(), a.part_l = part_l.get();
+    }
+    if (auto op = start("paged_attention", q, k_new, v_new, T, heads, kv_heads, head_dim, a.start_pos, a.pages,
+                        a.num_pages, a.k_cache, a.v_cache, out, a.splits, a.part_out))
+      cuda::launch_attention(a, stream_);
+  }
+
+  void mul_sigmoid(float* x, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride) override {
+    if (auto op = start("mul_sigmoid", x, gate, rows, dim, gate_stride))
+      cuda::launch_mul_sigmoid(x, gate, rows, dim, gate_stride, stream_);
+  }
+
+  void causal_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel, float* state,
+                          float* out) override {
+    check(kernel >= 1 && kernel <= 8, "causal conv: kernel size {} is not supported on CUDA (1..8)", kernel);
+    check_cache_memory(state, "causal conv state");
+    const float* wd = vec(w, size_t(channels * kernel));
+    if (auto op = start("causal_conv1d_silu", x, T, channels, wd, kernel, state, out))
+      cuda::launch_conv1d_silu(x, T, channels, wd, kernel, state, out, stream_);
+  }
+
+  void gdn_gates(const float* b, const float* a, const float* a_log, const float* dt_bias, int64_t T, int v_heads,
+                 float* beta, float* g) override {
+    const float* al = vec(a_log, size_t(v_heads));
+    const float* dt = vec(dt_bias, size_t(v_heads));
+    if (auto op = start("gdn_gates", b, a, al, dt, T, v_heads, beta, g))
+      cuda::launch_gdn_gates(b, a, al, dt, T, v_heads, beta, g, stream_);
+  }
+
+  void gated_delta_rule(const DeltaRuleShape& s, const float* q, const float* k, int64_t qk_stride, const float* v,
+                        int64_t v_stride, const float* g, const float* beta, int64_t T, float* state,
+                        float* out) override {
+    check(s.k_dim <= 128, "gated delta rule: key head dim {} is not supported on CUDA (at most 128)", s.k_dim);
+    check(s.k_heads > 0 && s.v_heads % s.k_heads == 0, "gated delta rule: {} value heads over {} key heads",
+          s.v_heads, s.k_heads);
+    check_cache_memory(state, "gated delta rule state");
+    const size_t qk = size_t(T) * s.k_heads * s.k_dim;
+    auto qn = allocate(qk), kn = allocate(qk);
+    if (auto op = start("gated_delta_rule", q, k, qk_stride, v, v_stride, g, beta, T, state, out, qn.get(),
+                        kn.get(), s.k_heads, s.v_heads, s.k_dim, s.v_dim)) {
+      cuda::launch_l2norm_qk(q, k, qk_stride, T, s.k_heads, s.k_dim, 1.0f / std::sqrt(float(s.k_dim)), qn.get(),
+                             kn.get(), stream_);
+      cuda::launch_delta_rule(qn.get(), kn.get(), s.k_heads, s.k_dim, v, v_stride, s.v_heads, s.v_dim, g, beta, T,
+                              state, out, stream_);
+    }
+  }
+
+  void swiglu(const SwiGlu& w, const float* x, int64_t n, float* out) override {
+    const WeightView g = weight(w.gate), u = weight(w.up), d = weight(w.down);
+    auto h = allocate(size_t(n * g.rows));
+    if (n <= kGemvMaxRows && g.type == u.type && g.rows == u.rows && g.cols == u.cols) {
+      if (auto op = start("swiglu", x, n, g.data, u.data, d.data, h.get(), out)) {
+        cuda::launch_gemv_swiglu(x, n, g, u, h.get(), stream_);
+        cuda::launch_gemv(h.get(), n, d, out, stream_);
+      }
+      return;
+    }
+    // Larger batches: three matmuls (tensor cores where they apply) around an elementwise silu-mul. The outer
+    // scope times them as one op; in fill mode the nested ops still stage and sign themselves.
+    auto up = allocate(size_t(n * u.rows));
+    auto op = start("swiglu", x, n, g.data, u.data, d.data, h.get(), up.get(), out);
+    matmul(x, n, w.gate, h.get());
+    matmul(x, n, w.up, up.get());
+    if (auto silu = start("silu_mul", h.get(), up.get(), n))
+      cuda::launch_silu_mul(h.get(), up.get(), h.get(), n * g.rows, stream_);
+    matmul(h.get(), n, w.down, out);
+  }
+
+  void moe_experts(std::span<const SwiGlu> experts, const float* router_logits, int top_k, bool renormalize,
+                   const float* x, int64_t n, int64_t hidden, float* out) override {
+    const auto& table = expert_table(experts);
+    check(table.hidden == hidden, "moe: experts take {} inputs, the activations have {}", table.hidden, hidden);
+    check(top_k >= 1 && top_k <= 16 && top_k <= table.experts, "moe: top-k {} is not supported on CUDA (1..16)",
+          top_k);
+    const int64_t P = n * top_k;
+    const bool tc = !fp32_matmul_ && P >= kMoeMmaMinPairs && cuda::moe_mma_supported(table);
+    const int tile = tc ? cuda::kMoeMmaTile : cuda::kMoeSimtTile;
+    const int64_t max_items = cuda::moe_max_items(P, table.experts, tile);
+    auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
+    auto ids = ints(P), weights = allocate(size_t(P)), sorted = ints(P), pair_row = ints(P);
+    auto items = ints(3 * max_items), num_items = ints(1);
+    auto h = tc ? allocate(size_t((P * table.inter + 1) / 2)) : allocate(size_t(P * table.inter));
+    auto xb = tc ? allocate(size_t((P * hidden + 1) / 2)) : Buffer();
+    auto y = allocate(size_t(P * hidden));
+    cuda::MoeScratch s;
+    s.ids = reinterpret_cast<int32_t*>(ids.get());
+    s.weights = weights.get();
+    s.sorted = reinterpret_cast<int32_t*>(sorted.get());
+    s.pair_row = reinterpret_cast<int32_t*>(pair_row.get());
+    s.items = reinterpret_cast<int32_t*>(items.get());
+    s.num_items = reinterpret_cast<int32_t*>(num_items.get());
+    s.h = h.get();
+    s.xb = reinterpret_cast<uint16_t*>(xb.get());
+    s.y = y.get();
+    if (auto op = start("moe_experts", router_logits, top_k, renormalize, x, n, out, tc, s.ids, s.h, s.y,
+                        table.gate))
+      cuda::launch_moe(table, router_logits, top_k, renormalize, x, n, tc, s, out, stream_);
+  }
+
+  void add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows, int64_t dim) override {
+    if (auto op = start("add_sigmoid_gated", out, y, gate_logit, rows, dim))
+      cuda::launch_add_sigmoid_gated(out, y, gate_logit, rows, dim, stream_);
+  }
+
+  void argmax(const float* x, int64_t rows, int64_t cols, int32_t* out_host) override {
+    auto ids = allocate(size_t(rows));
+    if (auto op = start("argmax", x, rows, cols, ids.get()))
+      cuda::launch_argmax(x, rows, cols, reinterpret_cast<int32_t*>(ids.get()), stream_);
+    download_bytes(ids.get(), out_host, size_t(rows) * sizeof(int32_t));
+  }
+
+  // ---- tools -------------------------------------------------------------------------------------------
+  void* allocate_device(size_t bytes) { return weights_arena_.allocate(bytes); }
+  void fill_random(void* data, DType dtype, int64_t n, uint64_t seed, float scale) {
+    cuda::launch_fill_random(data, wtype(dtype), n, seed, scale, stream_);
+    CUDA_OK(cudaGetLastError());
+  }
+  void synchronize() { CUDA_OK(cudaStreamSynchronize(stream_)); }
+  void set_profiling(bool on) {
+    synchronize();
+    profiling_ = on;
+  }
+  void reset_profile() { profile_.clear(); }
+  void set_graphs(bool on) { graphs_enabled_ = on; }
+  std::string profile_report() const {
+    std::vector<std::pair<std::string, ProfileEntry>> rows(profile_.begin(), profile_.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    double total = 0;
+    for (const auto& r : rows) total += r.second.ms;
+    std::string s = fmt::format("{:<34} {:>8} {:>10} {:>9} {:>6}\n", "op", "calls", "total ms", "us/call", "%");
+    for (const auto& [name, e] : rows)
+      s += fmt::format("{:<34} {:>8} {:>10.3f} {:>9.1f} {:>5.1f}%\n", name, e.calls, e.ms, 1000 * e.ms / e.calls,
+                       100 * e.ms / total);
+    s += fmt::format("{:<34} {:>8} {:>10.3f}\n", "total", "", total);
+    return s;
+  }
+  std::string device_summary() const {
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    return fmt::format("{} (sm_{}{}, {} SMs, {:.1f} GiB; {:.1f} GiB in use: weights {:.1f}, activations {:.1f})",
+                       props_.name, props_.major, props_.minor, props_.multiProcessorCount, total_b / 1073741824.0,
+                       (total_b - free_b) / 1073741824.0, weights_arena_.total() / 1073741824.0,
+                       pool_.held_bytes() / 1073741824.0);
+  }
+
+ private:
+  static constexpr size_t kCublasWorkspace = size_t(32) << 20;
+
+  // ---- op scopes: signature, eager error checks and profiling ------------------------------------------
+  class OpScope {
+   public:
+    OpScope(CudaBackend* be, const char* name, bool issue, bool timed) : be_(be), name_(name), issue_(issue),
+                                                                        timed_(timed) {
+      ++be_->depth_;
+      if (timed_) CUDA_OK(cudaEventRecord(be_->ev_start_, be_->stream_));
+    }
+    OpScope(const OpScope&) = delete;
+    ~OpScope() noexcept(false) {
+      --be_->depth_;
+      if (!issue_ || std::uncaught_exceptions()) return;
+      if (be_->mode_ == Mode::Eager || be_->mode_ == Mode::Measure) {
+        CUDA_OK(cudaGetLastError());
+        if (be_->sync_each_op_) {
+          const cudaError_t e = cudaStreamSynchronize(be_->stream_);
+          if (e != cudaSuccess) fail("CUDA error {} in op {}: {}", cudaGetErrorName(e), name_, cudaGetErrorString(e));
+        }
+      }
+      if (timed_) {
+        CUDA_OK(cudaEventRecord(be_->ev_stop_, be_->stream_));
+        CUDA_OK(cudaEventSynchronize(be_->ev_stop_));
+        float ms = 0;
+        CUDA_OK(cudaEventElapsedTime(&ms, be_->ev_start_, be_->ev_stop_));
+        auto& e = be_->profile_[name_];
+        e.calls += 1;
+        e.ms += ms;
+      }
+    }
+    explicit operator bool() const { return issue_; }
+
+   private:
+    CudaBackend* be_;
+    const char* name_;
+    bool issue_, timed_;
+  };
+
+  template <typename... Args>
+  OpScope start(const char* name, const Args&... statics) {
+    if (mode_ == Mode::Capture || mode_ == Mode::Fill) {
+      fold(name);
+      (fold(statics), ...);
+    }
+    const bool issue = mode_ != Mode::Fill;
+    const bool timed = issue && profiling_ && depth_ == 0;
+    return OpScope(this, name, issue, timed);
+  }
+
+  // "matmul ROWSxCOLS" for the profile (stable storage, so the op name can be a const char*).
+  const char* matmul_label(const WeightView& v) {
+    if (!profiling_) return "matmul";
+    auto& label = matmul_labels_[{v.rows, v.cols}];
+    if (label.empty()) label = fmt::format("matmul {}x{}", v.rows, v.cols);
+    return label.c_str();
+  }
+
+  template <typename T>
+  void fold(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    unsigned char bytes[sizeof(T)];
+    std::memcpy(bytes, &v, sizeof(T));
+    for (unsigned char b : bytes) signature_ = (signature_ ^ b) * 0x100000001b3ull;
+  }
+  void fold(const char* s) {
+    for (; *s; ++s) signature_ = (signature_ ^ uint8_t(*s)) * 0x100000001b3ull;
+  }
+
+  // ---- host inputs staged for the device ---------------------------------------------------------------
+  const void* stage(const void* data, size_t bytes) {
+    const size_t size = align_up(std::max<size_t>(bytes, 1), 16);
+    if (mode_ == Mode::Eager || mode_ == Mode::Measure) {
+      if (graph_) graph_->dyn_bytes += size;
+      if (eager_.used + size > eager_.capacity) {
+        CUDA_OK(cudaStreamSynchronize(stream_));  // every earlier copy out of the ring has run
+        if (size > eager_.capacity) eager_.reserve(std::max(size, 2 * eager_.capacity));
+        eager_.used = 0;
+      }
+      char* h = eager_.host + eager_.used;
+      char* d = eager_.dev + eager_.used;
+      std::memcpy(h, data, bytes);
+      eager_.used += size;
+      CUDA_OK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream_));
+      return d;
+    }
+    StagingArena& a = graph_->arena;
+    if (a.used + size > a.capacity) {
+      step_failed_ = true;  // the step stages more than when it was measured
+      return a.dev;
+    }
+    std::memcpy(a.host + a.used, data, bytes);
+    const void* d = a.dev + a.used;
+    a.used += size;
+    return d;
+  }
+
+  void download_bytes(const void* src, void* host, size_t bytes) {
+    if (mode_ == Mode::Eager || mode_ == Mode::Measure) {
+      if (mode_ == Mode::Measure) graph_->download_sizes.push_back(bytes);
+      if (auto op = start("download", src, bytes)) {
+        CUDA_OK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
+        CUDA_OK(cudaStreamSynchronize(stream_));
+      }
+      return;
+    }
+    const size_t i = downloads_seen_++;
+    if (i >= graph_->staging.size() || graph_->staging[i].bytes != bytes) {
+      step_failed_ = true;
+      return;
+    }
+    void* pinned = graph_->staging[i].host;
+    if (auto op = start("download", src, bytes))
+      CUDA_OK(cudaMemcpyAsync(pinned, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    deferred_.push_back({host, pinned, bytes});
+  }
+
+  void* replay_allocation(size_t bytes) {
+    StepGraph& g = *graph_;
+    if (g.replay_at >= g.allocations.size() || g.allocations[g.replay_at].second != bytes) {
+      step_failed_ = true;
+      return g.allocations.empty() ? nullptr : g.allocations.front().first;
+    }
+    return g.allocations[g.replay_at++].first;
+  }
+
+  // ---- step recording ----------------------------------------------------------------------------------
+  void measure(StepGraph& g, const std::function<void()>& step) {
+    g.reset();
+    g.dyn_bytes = 0;
+    graph_ = &g;
+    mode_ = Mode::Measure;
+    try {
+      step();
+    } catch (...) {
+      mode_ = Mode::Eager;
+      graph_ = nullptr;
+      throw;
+    }
+    mode_ = Mode::Eager;
+    graph_ = nullptr;
+    g.arena.reserve(g.dyn_bytes);
+    for (size_t bytes : g.download_sizes) {
+      PinnedBuffer b;
+      b.bytes = bytes;
+      CUDA_OK(cudaMallocHost(&b.host, bytes));
+      g.staging.push_back(b);
+    }
+    g.state = StepGraph::State::Seen;
+  }
+
+  void begin_graph_mode(StepGraph& g, Mode mode) {
+    graph_ = &g;
+    mode_ = mode;
+    signature_ = 0xcbf29ce484222325ull;
+    step_failed_ = false;
+    downloads_seen_ = 0;
+    deferred_.clear();
+    g.arena.used = 0;
+    g.replay_at = 0;
+  }
+  void end_graph_mode() {
+    mode_ = Mode::Eager;
+    graph_ = nullptr;
+  }
+
+  void capture(StepGraph& g, const std::function<void()>& step) {
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    g.allocations.clear();
+    begin_graph_mode(g, Mode::Capture);
+    cudaGraph_t graph = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    try {
+      // First node: this step's staged host inputs, copied when the graph runs.
+      CUDA_OK(cudaMemcpyAsync(g.arena.dev, g.arena.host, g.arena.capacity, cudaMemcpyHostToDevice, stream_));
+      step();
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      end_graph_mode();
+      g.state = StepGraph::State::Disabled;
+      throw;
+    }
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    end_graph_mode();
+    if (ended != cudaSuccess || step_failed_ || !graph ||
+        cudaGraphInstantiate(&g.exec, graph, 0) != cudaSuccess) {
+      cudaGetLastError();
+      if (graph) cudaGraphDestroy(graph);
+      give_up(g);
+      step();
+      return;
+    }
+    cudaGraphDestroy(graph);
+    g.signature = signature_;
+    g.state = StepGraph::State::Ready;
+    launch(g);
+  }
+
+  void replay(StepGraph& g, const std::function<void()>& step) {
+    begin_graph_mode(g, Mode::Fill);
+    try {
+      step();
+    } catch (...) {
+      end_graph_mode();
+      throw;
+    }
+    end_graph_mode();
+    if (step_failed_ || signature_ != g.signature || g.replay_at != g.allocations.size() ||
+        downloads_seen_ != g.staging.size()) {
+      // Something the recording baked in changed (another cache, batch composition): record afresh on the
+      // next call and run this one directly; a key that keeps changing stops being recorded.
+      if (++g.failures > 3) {
+        g.reset();
+        g.state = StepGraph::State::Disabled;
+      } else {
+        g.state = StepGraph::State::Fresh;
+      }
+      deferred_.clear();
+      step();
+      return;
+    }
+    g.failures = 0;
+    launch(g);
+  }
+
+  void launch(StepGraph& g) {
+    CUDA_OK(cudaGraphLaunch(g.exec, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    for (const auto& d : deferred_) std::memcpy(d.host, d.pinned, d.bytes);
+    deferred_.clear();
+  }
+
+  void give_up(StepGraph& g) {
+    g.reset();
+    g.state = ++g.failures > 3 ? StepGraph::State::Disabled : StepGraph::State::Fresh;
+  }
+
+  // ---- weights -----------------------------------------------------------------------------------------
+  WeightView weight(const Matrix& w) {
+    check(!w.empty(), "a weight matrix is missing");
+    auto it = weights_.find(w.data);
+    if (it != weights_.end()) return it->second;
+    WeightView v;
+    v.type = wtype(w.dtype);
+    v.rows = w.rows, v.cols = w.cols;
+    v.block_rows = w.block_rows, v.block_cols = w.block_cols;
+    v.scale_cols = w.scale_cols();
+    check(v.type != WType::FP8 || (w.scale_inv && w.block_rows > 0 && w.block_cols > 0),
+          "an FP8 weight [{} x {}] has no block scales", w.rows, w.cols);
+    const size_t scale_floats = w.scale_inv ? size_t((w.rows + w.block_rows - 1) / w.block_rows * v.scale_cols) : 0;
+    if (is_device_pointer(w.data)) {
+      v.data = w.data;
+      v.scale_inv = w.scale_inv;
+      if (w.scale_inv && !is_device_pointer(w.scale_inv)) v.scale_inv = upload_floats(w.scale_inv, scale_floats);
+    } else {
+      const size_t bytes = size_t(w.rows) * size_t(w.cols) * dtype_size(w.dtype);
+      void* d = weights_arena_.allocate(bytes);
+      CUDA_OK(cudaMemcpy(d, w.data, bytes, cudaMemcpyHostToDevice));
+      v.data = d;
+      if (w.scale_inv) v.scale_inv = upload_floats(w.scale_inv, scale_floats);
+    }
+    weights_.emplace(w.data, v);
+    return v;
+  }
+
+  const float* upload_floats(const float* host, size_t n) {
+    void* d = weights_arena_.allocate(n * sizeof(float));
+    CUDA_OK(cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    return static_cast<const float*>(d);
+  }
+
+  // A weight vector (norm weights, gates, conv taps, RoPE frequencies) in device memory.
+  const float* vec(const float* p, size_t n) {
+    auto it = vectors_.find(p);
+    if (it != vectors_.end()) return it->second;
+    const float* d = is_device_pointer(p) ? p : upload_floats(p, n);
+    vectors_.emplace(p, d);
+    return d;
+  }
+
+  const cuda::ExpertTable& expert_table(std::span<const SwiGlu> experts) {
+    check(!experts.empty(), "moe: no experts");
+    auto it = expert_tables_.find(experts.data());
+    if (it != expert_tables_.end() && it->second.count == experts.size()) return it->second.table;
+    const size_t E = experts.size();
+    check(E <= 512, "moe: {} experts; the CUDA backend takes at most 512", E);
+    std::vector<const void*> ptrs(6 * E);
+    cuda::ExpertTable t;
+    bool scaled = false;
+    for (size_t e = 0; e < E; ++e) {
+      const WeightView g = weight(experts[e].gate), u = weight(experts[e].up), d = weight(experts[e].down);
+      if (e == 0) {
+        t.type = g.type, t.hidden = g.cols, t.inter = g.rows;
+        t.block_rows = g.block_rows, t.block_cols = g.block_cols;
+        scaled = g.scale_inv != nullptr;
+      }
+      for (const WeightView* m : {&g, &u, &d})
+        check(m->type == t.type && m->block_rows == t.block_rows && m->block_cols == t.block_cols,
+              "moe: experts mix weight types or scale blocks");
+      check(g.rows == t.inter && u.rows == t.inter && g.cols == t.hidden && u.cols == t.hidden &&
+                d.rows == t.hidden && d.cols == t.inter,
+            "moe: expert {} has a different shape", e);
+      ptrs[e] = g.data, ptrs[E + e] = u.data, ptrs[2 * E + e] = d.data;
+      ptrs[3 * E + e] = g.scale_inv, ptrs[4 * E + e] = u.scale_inv, ptrs[5 * E + e] = d.scale_inv;
+    }
+    auto* dev = static_cast<const void**>(weights_arena_.allocate(ptrs.size() * sizeof(void*)));
+    CUDA_OK(cudaMemcpy(dev, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    t.experts = int(E);
+    t.gate = dev, t.up = dev + E, t.down = dev + 2 * E;
+    if (scaled) {
+      t.gate_scale = reinterpret_cast<const float* const*>(dev + 3 * E);
+      t.up_scale = reinterpret_cast<const float* const*>(dev + 4 * E);
+      t.down_scale = reinterpret_cast<const float* const*>(dev + 5 * E);
+    }
+    auto& entry = expert_tables_[experts.data()];
+    entry.table = t;
+    entry.count = E;
+    return entry.table;
+  }
+
+  void check_cache_memory(const float* p, const char* what) {
+    auto it = caches_.upper_bound(reinterpret_cast<const char*>(p));
+    const bool inside = it != caches_.begin() && [&] {
+      --it;
+      return reinterpret_cast<const char*>(p) < it->first + it->second;
+    }();
+    check(inside, "{}: not in this GPU's cache memory (size the cache with the model's state_cache_spec(), "
+                  "which asks the backend for its cache memory)", what);
+  }
+
+  struct Deferred {
+    void* host;
+    const void* pinned;
+    size_t bytes;
+  };
+
+  bool fp32_matmul_ = false;
+  cudaDeviceProp props_{};
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* cublas_workspace_ = nullptr;
+  DevicePool pool_;
+  DeviceArena weights_arena_;
+  StagingArena eager_;
+  std::unordered_map<const void*, WeightView> weights_;
+  std::unordered_map<const void*, const float*> vectors_;
+  std::unordered_map<const void*, ExpertTableEntry> expert_tables_;
+  std::map<const char*, size_t> caches_;  // cache allocations: base -> bytes
+
+  Mode mode_ = Mode::Eager;
+  StepGraph* graph_ = nullptr;
+  std::unordered_map<uint64_t, std::unique_ptr<StepGraph>> graphs_;
+  bool graphs_enabled_ = true;
+  uint64_t signature_ = 0;
+  bool step_failed_ = false;
+  size_t downloads_seen_ = 0;
+  std::vector<Deferred> deferred_;
+
+  int depth_ = 0;
+  bool sync_each_op_ = false;
+  bool profiling_ = false;
+  std::map<std::pair<int64_t, int64_t>, std::string> matmul_labels_;
+  cudaEvent_t ev_start_ = nullptr, ev_stop_ = nullptr;
+  std::unordered_map<std::string, ProfileEntry> profile_;
+};
+
+CudaBackend& cuda_of(Backend& b) {
+  auto* c = dynamic_cast<CudaBackend*>(&b);
+  check(c != nullptr, "not a CUDA backend");
+  return *c;
+}
+
+}  // namespace
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
+}
+
+namespace cuda_tools {
+void* allocate_device(Backend& b, size_t bytes) { return cuda_of(b).allocate_device(bytes); }
+void fill_random(Backend& b, void* data, DType dtype, int64_t n, uint64_t seed, float scale) {
+  cuda_of(b).fill_random(data, dtype, n, seed, scale);
+}
+void synchronize(Backend& b) { cuda_of(b).synchronize(); }
+void set_profiling(Backend& b, bool on) { cuda_of(b).set_profiling(on); }
+std::string profile_report(Backend& b) { return cuda_of(b).profile_report(); }
+void reset_profile(Backend& b) { cuda_of(b).reset_profile(); }
+void set_graphs(Backend& b, bool on) { cuda_of(b).set_graphs(on); }
+std::string device_summary(Backend& b) { return cuda_of(b).device_summary(); }
+}  // namespace cuda_tools
+
+}  // namespace moeserve

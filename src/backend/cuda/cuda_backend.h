@@ -1,0 +1,36 @@
+#pragma once
+// The CUDA backend (built with -DMOESERVE_CUDA=ON): make_backend("cuda") returns it. Design, kernels, numerics
+// and measurements: docs/cuda.md.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "common/dtype.h"
+
+namespace moeserve {
+
+// Visible CUDA devices (0 when there is no driver or no device).
+int cuda_device_count();
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options = {});
+
+// Tools for benchmarks and tests; `backend` must come from make_cuda_backend.
+namespace cuda_tools {
+// Device memory owned by the backend until it is destroyed (weights made on the GPU).
+void* allocate_device(Backend& backend, size_t bytes);
+// Fills n elements of a float-like dtype with reproducible values uniform in [-scale, scale).
+void fill_random(Backend& backend, void* data, DType dtype, int64_t n, uint64_t seed, float scale);
+void synchronize(Backend& backend);
+// Per-op GPU time: with profiling on, every op synchronises and is timed with CUDA events (launch latency
+// included), so totals are per-op costs, not the overlapped wall time of a step.
+void set_profiling(Backend& backend, bool on);
+std::string profile_report(Backend& backend);
+void reset_profile(Backend& backend);
+// Whether run_step may record and replay CUDA graphs (on by default).
+void set_graphs(Backend& backend, bool on);
+// Device name, memory in use and total (for reports).
+std::string device_summary(Backend& backend);
+}  // namespace cuda_tools
+
+}  // namespace moeserve

@@ -1,0 +1,248 @@
+// Elementwise and per-row kernels: residual adds, RMSNorm variants, RoPE, embedding, gates, conversions.
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += y[i];
+}
+
+// One block per row. out may alias x (each element is read before it is written, by the same thread).
+template <bool kZeroCentred>
+__global__ void rms_norm_kernel(const float* x, int64_t dim, int64_t x_stride, const float* __restrict__ w,
+                                float eps, float* out, int64_t out_stride) {
+  __shared__ float scratch[32];
+  const float* xr = x + blockIdx.x * x_stride;
+  float* o = out + blockIdx.x * out_stride;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+  const float scale = 1.0f / sqrtf(block_sum(ss, scratch) / float(dim) + eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float wi = kZeroCentred ? 1.0f + w[i] : w[i];
+    o[i] = xr[i] * scale * wi;
+  }
+}
+
+// h += y, then out = zero-centred RMSNorm(h); one block per row.
+__global__ void add_rms_norm_kernel(float* h, const float* __restrict__ y, int64_t dim, const float* __restrict__ w,
+                                    float eps, float* __restrict__ out) {
+  __shared__ float scratch[32];
+  float* hr = h + blockIdx.x * dim;
+  const float* yr = y + blockIdx.x * dim;
+  float* o = out + blockIdx.x * dim;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = hr[i] + yr[i];
+    hr[i] = v;
+    ss += v * v;
+  }
+  const float scale = 1.0f / sqrtf(block_sum(ss, scratch) / float(dim) + eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) o[i] = hr[i] * scale * (1.0f + w[i]);
+}
+
+__global__ void gated_rms_norm_kernel(const float* o, const float* __restrict__ z, int64_t dim,
+                                      const float* __restrict__ w, float eps, float* out) {
+  __shared__ float scratch[32];
+  const float* orow = o + blockIdx.x * dim;
+  const float* zrow = z + blockIdx.x * dim;
+  float* dst = out + blockIdx.x * dim;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += orow[i] * orow[i];
+  const float scale = 1.0f / sqrtf(block_sum(ss, scratch) / float(dim) + eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = w[i] * (orow[i] * scale) * siluf_(zrow[i]);
+}
+
+int row_threads(int64_t dim) {
+  int t = 32;
+  while (t < 256 && t * 4 < dim) t *= 2;
+  return t;
+}
+
+// One thread per (token, head, rotary pair).
+__global__ void rope_kernel(float* x, int64_t tokens, int heads, int head_dim, int half,
+                            const int64_t* __restrict__ start_pos, const float* __restrict__ inv_freq) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= tokens * heads * half) return;
+  const int j = int(i % half);
+  const int64_t th = i / half, t = th / heads;
+  const float angle = float(*start_pos + t) * inv_freq[j];
+  const float c = cosf(angle), s = sinf(angle);
+  float* v = x + th * head_dim;
+  const float a = v[j], b = v[j + half];
+  v[j] = a * c - b * s;
+  v[j + half] = b * c + a * s;
+}
+
+template <WType T>
+__global__ void embed_kernel(const int32_t* __restrict__ tokens, WeightView table, float* __restrict__ out) {
+  const int64_t row = tokens[blockIdx.x];
+  float* o = out + blockIdx.x * table.cols;
+  for (int64_t c = threadIdx.x; c < table.cols; c += blockDim.x) o[c] = weight_at<T>(table, row, c);
+}
+
+__global__ void mul_sigmoid_kernel(float* x, const float* __restrict__ gate, int64_t rows, int64_t dim,
+                                   int64_t gate_stride) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= rows * dim) return;
+  const int64_t r = i / dim, c = i % dim;
+  x[i] *= sigmoidf_(gate[r * gate_stride + c]);
+}
+
+__global__ void add_sigmoid_gated_kernel(float* out, const float* __restrict__ y, const float* __restrict__ gate,
+                                         int64_t rows, int64_t dim) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= rows * dim) return;
+  out[i] = fmaf(sigmoidf_(gate[i / dim]), y[i], out[i]);
+}
+
+__global__ void silu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, float* out, int64_t n) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = siluf_(g[i]) * u[i];
+}
+
+__global__ void to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ out, int64_t n) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(x[i]);
+}
+
+template <WType T>
+__global__ void dequant_bf16_kernel(WeightView w, __nv_bfloat16* __restrict__ out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= w.rows * w.cols) return;
+  out[i] = __float2bfloat16_rn(weight_at<T>(w, i / w.cols, i % w.cols));
+}
+
+// One block per row: the largest value, the lowest index on ties.
+__global__ void argmax_kernel(const float* __restrict__ x, int64_t cols, int32_t* __restrict__ out) {
+  __shared__ float best_v[32];
+  __shared__ int32_t best_i[32];
+  const float* row = x + blockIdx.x * cols;
+  float v = -INFINITY;
+  int32_t idx = INT32_MAX;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    if (row[c] > v) v = row[c], idx = int32_t(c);  // ascending c: the first maximum wins
+  auto better = [](float av, int32_t ai, float bv, int32_t bi) { return bv > av || (bv == av && bi < ai); };
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (better(v, idx, ov, oi)) v = ov, idx = oi;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) best_v[warp] = v, best_i[warp] = idx;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x >> 5); ++w)
+      if (better(v, idx, best_v[w], best_i[w])) v = best_v[w], idx = best_i[w];
+    out[blockIdx.x] = idx == INT32_MAX ? 0 : idx;
+  }
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_random_kernel(void* data, WType type, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float u = float(mix64(seed ^ mix64(uint64_t(i))) >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    const float v = (2.0f * u - 1.0f) * scale;
+    switch (type) {
+      case WType::F32: static_cast<float*>(data)[i] = v; break;
+      case WType::F16: static_cast<__half*>(data)[i] = __float2half_rn(v); break;
+      case WType::BF16: static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16_rn(v); break;
+      case WType::FP8: static_cast<__nv_fp8_e4m3*>(data)[i] = __nv_fp8_e4m3(v); break;
+    }
+  }
+}
+
+}  // namespace
+
+void launch_add(float* x, const float* y, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  add_kernel<<<unsigned(std::min<int64_t>(blocks_for(n, kThreads), 4096)), kThreads, 0, s>>>(x, y, n);
+}
+
+void launch_rms_norm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, float eps,
+                     bool zero_centred, float* out, int64_t out_stride, cudaStream_t s) {
+  if (rows == 0) return;
+  const int t = row_threads(dim);
+  if (zero_centred)
+    rms_norm_kernel<true><<<unsigned(rows), t, 0, s>>>(x, dim, x_stride, w, eps, out, out_stride);
+  else
+    rms_norm_kernel<false><<<unsigned(rows), t, 0, s>>>(x, dim, x_stride, w, eps, out, out_stride);
+}
+
+void launch_add_rms_norm(float* h, const float* y, int64_t rows, int64_t dim, const float* w, float eps, float* out,
+                         cudaStream_t s) {
+  if (rows == 0) return;
+  add_rms_norm_kernel<<<unsigned(rows), row_threads(dim), 0, s>>>(h, y, dim, w, eps, out);
+}
+
+void launch_gated_rms_norm(const float* o, const float* z, int64_t rows, int64_t dim, const float* w, float eps,
+                           float* out, cudaStream_t s) {
+  if (rows == 0) return;
+  gated_rms_norm_kernel<<<unsigned(rows), row_threads(dim), 0, s>>>(o, z, dim, w, eps, out);
+}
+
+void launch_rope(float* x, int64_t tokens, int heads, int head_dim, int rotary_dim, const int64_t* start_pos,
+                 const float* inv_freq, cudaStream_t s) {
+  const int half = rotary_dim / 2;
+  const int64_t n = tokens * heads * half;
+  if (n == 0) return;
+  rope_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, tokens, heads, head_dim, half, start_pos, inv_freq);
+}
+
+void launch_embed(const int32_t* tokens, int64_t n, const WeightView& table, float* out, cudaStream_t s) {
+  if (n == 0) return;
+  MOESERVE_DISPATCH_WTYPE(table.type, T, embed_kernel<T><<<unsigned(n), 256, 0, s>>>(tokens, table, out));
+}
+
+void launch_mul_sigmoid(float* x, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride,
+                        cudaStream_t s) {
+  if (rows * dim == 0) return;
+  mul_sigmoid_kernel<<<blocks_for(rows * dim, kThreads), kThreads, 0, s>>>(x, gate, rows, dim, gate_stride);
+}
+
+void launch_add_sigmoid_gated(float* out, const float* y, const float* gate, int64_t rows, int64_t dim,
+                              cudaStream_t s) {
+  if (rows * dim == 0) return;
+  add_sigmoid_gated_kernel<<<blocks_for(rows * dim, kThreads), kThreads, 0, s>>>(out, y, gate, rows, dim);
+}
+
+void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  silu_mul_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(gate, up, out, n);
+}
+
+void launch_to_bf16(const float* x, uint16_t* out, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  to_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, reinterpret_cast<__nv_bfloat16*>(out), n);
+}
+
+void launch_dequant_bf16(const WeightView& w, uint16_t* out, cudaStream_t s) {
+  const int64_t n = w.rows * w.cols;
+  if (n == 0) return;
+  auto* o = reinterpret_cast<__nv_bfloat16*>(out);
+  MOESERVE_DISPATCH_WTYPE(w.type, T, dequant_bf16_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, s>>>(w, o));
+}
+
+void launch_argmax(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t s) {
+  if (rows == 0) return;
+  argmax_kernel<<<unsigned(rows), 1024, 0, s>>>(x, cols, out);
+}
+
+void launch_fill_random(void* data, WType type, int64_t n, uint64_t seed, float scale, cudaStream_t s) {
+  if (n == 0) return;
+  fill_random_kernel<<<unsigned(std::min<int64_t>(blocks_for(n, kThreads), 65536)), kThreads, 0, s>>>(
+      data, type, n, seed, scale);
+}
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,199 @@
+// Gated DeltaNet kernels: gates, the causal depthwise conv, q/k l2-normalisation and the recurrent delta rule.
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+
+namespace moeserve::cuda {
+namespace {
+
+__global__ void gdn_gates_kernel(const float* __restrict__ b, const float* __restrict__ a,
+                                 const float* __restrict__ a_log, const float* __restrict__ dt_bias, int64_t n,
+                                 int v_heads, float* __restrict__ beta, float* __restrict__ g) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const int h = int(i % v_heads);
+  beta[i] = sigmoidf_(b[i]);
+  const float x = a[i] + dt_bias[h];
+  const float softplus = x > 20.0f ? x : log1pf(expf(x));  // torch's default threshold
+  g[i] = -expf(a_log[h]) * softplus;
+}
+
+// One thread per (channel, block of kTokens tokens). Input at time τ < 0 comes from the state, whose column j
+// holds time j - (kernel-1). When the launch has a single token block, each thread also advances its channel's
+// state (it has read all of it by then); otherwise conv_state_kernel does that afterwards.
+constexpr int kConvTokens = 64;
+constexpr int kMaxKernel = 8;
+
+// kKernel > 0 fixes the kernel size at compile time (the window then lives in registers).
+template <int kKernel>
+__global__ void conv1d_silu_kernel(const float* __restrict__ x, int64_t T, int64_t C, const float* __restrict__ w,
+                                   int runtime_kernel, float* state, float* __restrict__ out) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const int kernel = kKernel > 0 ? kKernel : runtime_kernel;
+  const int hist = kernel - 1;
+  const int64_t t0 = int64_t(blockIdx.y) * kConvTokens, t1 = imin(T, t0 + kConvTokens);
+  float* st = state + c * hist;
+  auto input = [&](int64_t tau) { return tau >= 0 ? x[tau * C + c] : st[tau + hist]; };
+  float wc[kMaxKernel], win[kMaxKernel];
+#pragma unroll
+  for (int j = 0; j < (kKernel > 0 ? kKernel : kMaxKernel); ++j)
+    if (j < kernel) wc[j] = w[c * kernel + j];
+#pragma unroll
+  for (int j = 0; j < (kKernel > 0 ? kKernel : kMaxKernel) - 1; ++j)
+    if (j < hist) win[j] = input(t0 - hist + j);
+  for (int64_t t = t0; t < t1; ++t) {
+    win[hist] = x[t * C + c];
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < (kKernel > 0 ? kKernel : kMaxKernel); ++j)
+      if (j < kernel) acc += wc[j] * win[j];
+    out[t * C + c] = siluf_(acc);
+#pragma unroll
+    for (int j = 0; j < (kKernel > 0 ? kKernel : kMaxKernel) - 1; ++j)
+      if (j < hist) win[j] = win[j + 1];
+  }
+  if (gridDim.y == 1) {
+    // New state: inputs at times T-hist .. T-1 (from x, or from the old state when T < hist).
+    for (int j = 0; j < hist; ++j) {
+      const int64_t tau = T - hist + j;
+      st[j] = tau >= 0 ? x[tau * C + c] : st[tau + hist];  // tau + hist > j: not yet overwritten
+    }
+  }
+}
+
+__global__ void conv_state_kernel(const float* __restrict__ x, int64_t T, int64_t C, int kernel, float* state) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const int hist = kernel - 1;
+  float* st = state + c * hist;
+  for (int j = 0; j < hist; ++j) {
+    const int64_t tau = T - hist + j;
+    st[j] = tau >= 0 ? x[tau * C + c] : st[tau + hist];
+  }
+}
+
+// One warp per (token, key head): qn = q / ||q|| * q_scale, kn = k / ||k|| (norms with +1e-6 inside the root).
+__global__ void l2norm_qk_kernel(const float* __restrict__ q, const float* __restrict__ k, int64_t stride, int64_t T,
+                                 int heads, int dim, float q_scale, float* __restrict__ qn, float* __restrict__ kn) {
+  const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (row >= T * heads) return;
+  const int64_t t = row / heads;
+  const int h = int(row % heads);
+  const float* qs = q + t * stride + int64_t(h) * dim;
+  const float* ks = k + t * stride + int64_t(h) * dim;
+  float sq = 0.0f, sk = 0.0f;
+  for (int i = lane; i < dim; i += 32) sq += qs[i] * qs[i], sk += ks[i] * ks[i];
+  const float qi = 1.0f / sqrtf(warp_sum(sq) + 1e-6f), ki = 1.0f / sqrtf(warp_sum(sk) + 1e-6f);
+  for (int i = lane; i < dim; i += 32) {
+    qn[row * dim + i] = qs[i] * qi * q_scale;
+    kn[row * dim + i] = ks[i] * ki;
+  }
+}
+
+// The recurrent gated delta rule. Block = (value head, slab of 32 value columns), 4 warps; lane owns column j
+// of the slab, warp w owns state rows i ≡ w (mod 4), so each thread keeps up to 32 state entries in registers
+// for the whole sequence. Per token: S *= e^g; kv = Sᵀk; δ = (v − kv)β; S += k ⊗ δ; o = Sᵀq.
+constexpr int kDeltaWarps = 4;
+constexpr int kDeltaMaxDim = 128;
+constexpr int kDeltaRows = kDeltaMaxDim / kDeltaWarps;
+
+__global__ __launch_bounds__(128) void delta_rule_kernel(const float* __restrict__ qn, const float* __restrict__ kn,
+                                                         int k_heads, int dk, const float* __restrict__ v,
+                                                         int64_t v_stride, int v_heads, int dv,
+                                                         const float* __restrict__ g,
+                                                         const float* __restrict__ beta, int64_t T, float* state,
+                                                         float* __restrict__ out) {
+  __shared__ float ks[kDeltaMaxDim], qs[kDeltaMaxDim];
+  __shared__ float red_kv[kDeltaWarps][32], red_o[kDeltaWarps][32];
+  const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int j = blockIdx.y * 32 + lane;
+  const bool col = j < dv;
+  const int kh = h / (v_heads / k_heads);
+  float* S = state + int64_t(h) * dk * dv;
+
+  float s[kDeltaRows];
+#pragma unroll
+  for (int m = 0; m < kDeltaRows; ++m) {
+    const int i = warp + kDeltaWarps * m;
+    s[m] = (col && i < dk) ? S[int64_t(i) * dv + j] : 0.0f;
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    const float* kt = kn + (t * k_heads + kh) * dk;
+    const float* qt = qn + (t * k_heads + kh) * dk;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) ks[i] = kt[i], qs[i] = qt[i];
+    const float decay = expf(g[t * v_heads + h]), b = beta[t * v_heads + h];
+    const float vj = col ? v[t * v_stride + int64_t(h) * dv + j] : 0.0f;
+    __syncthreads();
+    float part = 0.0f;
+#pragma unroll
+    for (int m = 0; m < kDeltaRows; ++m) {
+      const int i = warp + kDeltaWarps * m;
+      if (i < dk) {
+        s[m] *= decay;
+        part += s[m] * ks[i];
+      }
+    }
+    red_kv[warp][lane] = part;
+    __syncthreads();
+    const float kv = red_kv[0][lane] + red_kv[1][lane] + red_kv[2][lane] + red_kv[3][lane];
+    const float delta = (vj - kv) * b;
+    float o = 0.0f;
+#pragma unroll
+    for (int m = 0; m < kDeltaRows; ++m) {
+      const int i = warp + kDeltaWarps * m;
+      if (i < dk) {
+        s[m] += ks[i] * delta;
+        o += s[m] * qs[i];
+      }
+    }
+    red_o[warp][lane] = o;
+    __syncthreads();
+    if (warp == 0 && col)
+      out[(t * v_heads + h) * int64_t(dv) + j] = red_o[0][lane] + red_o[1][lane] + red_o[2][lane] + red_o[3][lane];
+  }
+#pragma unroll
+  for (int m = 0; m < kDeltaRows; ++m) {
+    const int i = warp + kDeltaWarps * m;
+    if (col && i < dk) S[int64_t(i) * dv + j] = s[m];
+  }
+}
+
+}  // namespace
+
+void launch_gdn_gates(const float* b, const float* a, const float* a_log, const float* dt_bias, int64_t T,
+                      int v_heads, float* beta, float* g, cudaStream_t s) {
+  const int64_t n = T * v_heads;
+  if (n == 0) return;
+  gdn_gates_kernel<<<blocks_for(n, 256), 256, 0, s>>>(b, a, a_log, dt_bias, n, v_heads, beta, g);
+}
+
+void launch_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel, float* state,
+                        float* out, cudaStream_t s) {
+  if (T == 0) return;
+  const unsigned token_blocks = unsigned((T + kConvTokens - 1) / kConvTokens);
+  const dim3 grid(blocks_for(channels, 128), token_blocks);
+  if (kernel == 4)
+    conv1d_silu_kernel<4><<<grid, 128, 0, s>>>(x, T, channels, w, kernel, state, out);
+  else
+    conv1d_silu_kernel<0><<<grid, 128, 0, s>>>(x, T, channels, w, kernel, state, out);
+  if (token_blocks > 1) conv_state_kernel<<<blocks_for(channels, 128), 128, 0, s>>>(x, T, channels, kernel, state);
+}
+
+void launch_l2norm_qk(const float* q, const float* k, int64_t stride, int64_t T, int k_heads, int dim, float q_scale,
+                      float* qn, float* kn, cudaStream_t s) {
+  const int64_t rows = T * k_heads;
+  if (rows == 0) return;
+  l2norm_qk_kernel<<<blocks_for(rows * 32, 256), 256, 0, s>>>(q, k, stride, T, k_heads, dim, q_scale, qn, kn);
+}
+
+void launch_delta_rule(const float* qn, const float* kn, int k_heads, int k_dim, const float* v, int64_t v_stride,
+                       int v_heads, int v_dim, const float* g, const float* beta, int64_t T, float* state,
+                       float* out, cudaStream_t s) {
+  const dim3 grid(unsigned(v_heads), unsigned((v_dim + 31) / 32));
+  delta_rule_kernel<<<grid, 32 * kDeltaWarps, 0, s>>>(qn, kn, k_heads, k_dim, v, v_stride, v_heads, v_dim, g, beta,
+                                                      T, state, out);
+}
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,85 @@
+#pragma once
+// The inner loop of the weight-streaming GEMV kernels (dense and per-expert): one warp, kRows weight rows,
+// up to kTokens activation rows given by pointer.
+
+#include "backend/cuda/common.cuh"
+
+namespace moeserve::cuda {
+
+// Whether rows can be read as 16-byte vectors: the row length is whole vectors and the base is aligned.
+template <WType T>
+inline bool vector_rows(const WeightView& w) {
+  bool ok = (w.cols * W<T>::kBytes) % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.cols % 4 == 0;
+  if constexpr (T == WType::FP8) ok = ok && w.block_cols % W<T>::kVec == 0;  // a vector never straddles scales
+  return ok;
+}
+
+// acc[r][t] += w[row0 + r] · x[t] over this lane's share of the columns (the caller reduces across the warp);
+// rows ≥ w.rows contribute 0, tokens ≥ nt are skipped. In the vector form the x rows must be 16-byte aligned.
+template <WType T, int kRows, int kTokens, bool kVector>
+__device__ __forceinline__ void gemv_lane(const float* const (&x)[kTokens], int nt, const WeightView& w,
+                                          int64_t row0, float (&acc)[kRows][kTokens]) {
+  const int lane = threadIdx.x & 31;
+  const int64_t K = w.cols;
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  if constexpr (kVector) {
+    constexpr int V = W<T>::kVec;
+    const int64_t chunks = K / V;
+#pragma unroll 2
+    for (int64_t c = lane; c < chunks; c += 32) {
+      float wv[kRows][V];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = row0 + r;
+        if (row < w.rows) {
+          W<T>::load_vec(base + (row * K + c * V) * W<T>::kBytes, wv[r]);
+          if constexpr (T == WType::FP8) {
+            const float sc = w.scale_inv[(row / w.block_rows) * w.scale_cols + (c * V) / w.block_cols];
+#pragma unroll
+            for (int e = 0; e < V; ++e) wv[r][e] *= sc;
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < V; ++e) wv[r][e] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        if (t < nt) {
+          const float4* xp = reinterpret_cast<const float4*>(x[t] + c * V);
+          float xv[V];
+#pragma unroll
+          for (int e = 0; e < V / 4; ++e) {
+            const float4 f = __ldg(xp + e);
+            xv[4 * e] = f.x, xv[4 * e + 1] = f.y, xv[4 * e + 2] = f.z, xv[4 * e + 3] = f.w;
+          }
+#pragma unroll
+          for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int e = 0; e < V; ++e) acc[r][t] = fmaf(wv[r][e], xv[e], acc[r][t]);
+        }
+      }
+    }
+  } else {
+    for (int64_t k = lane; k < K; k += 32) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = row0 + r;
+        const float wk = row < w.rows ? weight_at<T>(w, row, k) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t)
+          if (t < nt) acc[r][t] = fmaf(wk, x[t][k], acc[r][t]);
+      }
+    }
+  }
+}
+
+template <int kRows, int kTokens>
+__device__ __forceinline__ void warp_reduce_all(float (&acc)[kRows][kTokens]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) acc[r][t] = warp_sum(acc[r][t]);
+}
+
+}  // namespace moeserve::cuda

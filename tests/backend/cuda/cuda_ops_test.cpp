@@ -1,0 +1,312 @@
+// Every CUDA backend op against the CPU backend (the reference) on random inputs, at the fixtures' small
+// shapes and at the 35B-A3B shapes. Outputs are poisoned with NaN first, so an unwritten element fails.
+// Tolerances: float32 paths agree to summation order (1e-5..1e-4 of the output's scale); the bf16 tensor-core
+// paths (cuBLAS, WMMA experts) round activations to bf16 (2^-9 relative), so they get 2e-2.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "backend/cuda/cuda_backend.h"
+#include "cuda_test_util.h"
+
+namespace moeserve {
+namespace {
+
+using testing::poisoned;
+using testing::random_vector;
+using testing::rel_error;
+using testing::to_device;
+using testing::to_host;
+using testing::WeightStore;
+
+constexpr double kExact = 2e-5;
+constexpr double kBf16 = 2e-2;
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MOESERVE_REQUIRE_GPU();
+    gpu = make_backend("cuda");
+    gpu32 = make_backend("cuda", {.fp32_matmul = true});
+  }
+  std::unique_ptr<Backend> cpu = make_cpu_backend(), gpu, gpu32;
+  WeightStore store;
+};
+
+TEST_F(CudaOps, MatmulEveryDtypeAndBatchSize) {
+  for (DType dt : {DType::BF16, DType::F32, DType::F16, DType::F8_E4M3})
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{7, 33}, {130, 256}, {520, 2048}}) {
+      if (dt == DType::F8_E4M3 && cols % 16) continue;
+      Matrix w = store.make(dt, rows, cols, uint32_t(rows + cols));
+      for (int64_t n : {1, 3, 8, 9, 64}) {
+        auto x = random_vector(size_t(n * cols), uint32_t(n));
+        std::vector<float> ref(size_t(n * rows));
+        cpu->matmul(x.data(), n, w, ref.data());
+        for (Backend* be : {gpu32.get(), gpu.get()}) {
+          auto xd = to_device(*be, x);
+          auto yd = poisoned(*be, ref.size());
+          be->matmul(xd.get(), n, w, yd.get());
+          const bool rounded = be == gpu.get() && n > 8 && (dt == DType::BF16 || dt == DType::F8_E4M3);
+          EXPECT_LT(rel_error(to_host(*be, yd.get(), ref.size()), ref), rounded ? kBf16 : kExact)
+              << dtype_name(dt) << " " << rows << "x" << cols << " n=" << n << " on " << be->name()
+              << (be == gpu32.get() ? " fp32" : " bf16");
+        }
+      }
+    }
+}
+
+TEST_F(CudaOps, NormsRopeAndElementwise) {
+  const int64_t rows = 5, dim = 256, stride = 512;
+  auto x = random_vector(size_t(rows * stride), 1), w = random_vector(dim, 2, 0.1f);
+  for (bool zc : {true, false}) {
+    std::vector<float> ref(size_t(rows * dim));
+    cpu->rms_norm(x.data(), rows, dim, stride, w.data(), 1e-6f, zc, ref.data(), dim);
+    auto xd = to_device(*gpu, x);
+    auto out = poisoned(*gpu, ref.size());
+    gpu->rms_norm(xd.get(), rows, dim, stride, w.data(), 1e-6f, zc, out.get(), dim);
+    EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), kExact) << "rms_norm zero_centred=" << zc;
+  }
+  {  // in place, as the model normalises k heads
+    auto y = random_vector(size_t(rows * dim), 3), ref = y;
+    cpu->rms_norm(ref.data(), rows, dim, dim, w.data(), 1e-6f, true, ref.data(), dim);
+    auto yd = to_device(*gpu, y);
+    gpu->rms_norm(yd.get(), rows, dim, dim, w.data(), 1e-6f, true, yd.get(), dim);
+    EXPECT_LT(rel_error(to_host(*gpu, yd.get(), ref.size()), ref), kExact) << "rms_norm in place";
+  }
+  {  // the fused residual add
+    const int64_t H = 2048;
+    auto h = random_vector(size_t(3 * H), 4), y = random_vector(size_t(3 * H), 5), wn = random_vector(H, 6, 0.1f);
+    auto h_ref = h;
+    std::vector<float> ref(h.size());
+    cpu->add_rms_norm(h_ref.data(), y.data(), 3, H, wn.data(), 1e-6f, ref.data());
+    auto hd = to_device(*gpu, h), yd = to_device(*gpu, y);
+    auto out = poisoned(*gpu, ref.size());
+    gpu->add_rms_norm(hd.get(), yd.get(), 3, H, wn.data(), 1e-6f, out.get());
+    EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), kExact) << "add_rms_norm out";
+    EXPECT_LT(rel_error(to_host(*gpu, hd.get(), h.size()), h_ref), kExact) << "add_rms_norm residual";
+  }
+  {  // gated norm, in place
+    auto o = random_vector(12 * 128, 7), z = random_vector(12 * 128, 8), wg = random_vector(128, 9);
+    auto ref = o;
+    cpu->gated_rms_norm(ref.data(), z.data(), 12, 128, wg.data(), 1e-6f, ref.data());
+    auto od = to_device(*gpu, o), zd = to_device(*gpu, z);
+    gpu->gated_rms_norm(od.get(), zd.get(), 12, 128, wg.data(), 1e-6f, od.get());
+    EXPECT_LT(rel_error(to_host(*gpu, od.get(), ref.size()), ref), kExact) << "gated_rms_norm";
+  }
+  {  // partial RoPE at a large position
+    const int heads = 3, hd = 256, rot = 64;
+    std::vector<float> inv_freq;
+    for (int j = 0; j < rot / 2; ++j) inv_freq.push_back(float(std::pow(1e7, -2.0 * j / rot)));
+    auto q = random_vector(size_t(5 * heads * hd), 10), ref = q;
+    cpu->rope(ref.data(), 5, heads, hd, rot, 70000, inv_freq.data());
+    auto qd = to_device(*gpu, q);
+    gpu->rope(qd.get(), 5, heads, hd, rot, 70000, inv_freq.data());
+    EXPECT_LT(rel_error(to_host(*gpu, qd.get(), ref.size()), ref), 1e-4) << "rope";
+  }
+  {  // elementwise
+    auto a = random_vector(1000, 11), b = random_vector(1000, 12), g = random_vector(1000, 13);
+    auto ref = a;
+    cpu->add(ref.data(), b.data(), ref.size());
+    auto ad = to_device(*gpu, a), bd = to_device(*gpu, b), gd = to_device(*gpu, g);
+    gpu->add(ad.get(), bd.get(), a.size());
+    EXPECT_LT(rel_error(to_host(*gpu, ad.get(), a.size()), ref), kExact) << "add";
+    cpu->mul_sigmoid(ref.data(), g.data(), 10, 50, 100);
+    gpu->mul_sigmoid(ad.get(), gd.get(), 10, 50, 100);
+    EXPECT_LT(rel_error(to_host(*gpu, ad.get(), 500), std::vector<float>(ref.begin(), ref.begin() + 500)), kExact)
+        << "mul_sigmoid";
+    cpu->add_sigmoid_gated(ref.data(), b.data(), g.data(), 10, 100);
+    gpu->add_sigmoid_gated(ad.get(), bd.get(), gd.get(), 10, 100);
+    EXPECT_LT(rel_error(to_host(*gpu, ad.get(), a.size()), ref), kExact) << "add_sigmoid_gated";
+    auto cd = poisoned(*gpu, 1000);
+    gpu->copy(ad.get(), cd.get(), 1000);
+    gpu->fill_zero(cd.get(), 10);
+    auto c = to_host(*gpu, cd.get(), 1000);
+    EXPECT_EQ(std::count(c.begin(), c.begin() + 10, 0.0f), 10);
+    EXPECT_EQ(std::vector<float>(c.begin() + 10, c.end()), std::vector<float>(ref.begin() + 10, ref.end()));
+  }
+  {  // gates of the delta rule
+    auto b = random_vector(7 * 32, 14), a = random_vector(7 * 32, 15, 10.0f), al = random_vector(32, 16),
+         dt = random_vector(32, 17);
+    std::vector<float> beta(b.size()), g(b.size());
+    cpu->gdn_gates(b.data(), a.data(), al.data(), dt.data(), 7, 32, beta.data(), g.data());
+    auto bd = to_device(*gpu, b), ad = to_device(*gpu, a);
+    auto betad = poisoned(*gpu, b.size()), gd = poisoned(*gpu, b.size());
+    gpu->gdn_gates(bd.get(), ad.get(), al.data(), dt.data(), 7, 32, betad.get(), gd.get());
+    EXPECT_LT(rel_error(to_host(*gpu, betad.get(), b.size()), beta), kExact) << "beta";
+    EXPECT_LT(rel_error(to_host(*gpu, gd.get(), b.size()), g), kExact) << "g";
+  }
+}
+
+TEST_F(CudaOps, EmbedAndArgmax) {
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    Matrix table = store.make(dt, 1000, 256, 20);
+    std::vector<int32_t> tokens = {0, 999, 17, 17, 500};
+    std::vector<float> ref(tokens.size() * 256);
+    cpu->embed(tokens, table, ref.data());
+    auto out = poisoned(*gpu, ref.size());
+    gpu->embed(tokens, table, out.get());
+    EXPECT_EQ(to_host(*gpu, out.get(), ref.size()), ref) << dtype_name(dt);
+  }
+  const int64_t cols = 248320;
+  auto x = random_vector(size_t(3 * cols), 21);
+  x[5] = 100.0f;                                // row 0: a clear maximum
+  x[cols + 7] = x[cols + 9000] = 50.0f;         // row 1: a tie goes to the first
+  x[2 * cols + cols - 1] = 60.0f;               // row 2: the last column
+  auto xd = to_device(*gpu, x);
+  int32_t ids[3];
+  gpu->argmax(xd.get(), 3, cols, ids);
+  EXPECT_EQ(ids[0], 5);
+  EXPECT_EQ(ids[1], 7);
+  EXPECT_EQ(ids[2], cols - 1);
+}
+
+TEST_F(CudaOps, CausalConvCarriesStateAcrossChunks) {
+  const int64_t C = 300;
+  const int K = 4;
+  auto w = random_vector(size_t(C * K), 30);
+  std::vector<float> cpu_state(size_t(C * (K - 1)), 0.0f);
+  CacheMemory& mem = *gpu->cache_memory();
+  float* gpu_state = mem.allocate_cache(cpu_state.size());
+  int64_t seed = 31;
+  for (int64_t T : {130, 1, 2, 70, 1}) {  // multi-block, shorter than the history, and decode steps
+    auto x = random_vector(size_t(T * C), uint32_t(seed++));
+    std::vector<float> ref(x.size());
+    cpu->causal_conv1d_silu(x.data(), T, C, w.data(), K, cpu_state.data(), ref.data());
+    auto xd = to_device(*gpu, x);
+    auto out = poisoned(*gpu, x.size());
+    gpu->causal_conv1d_silu(xd.get(), T, C, w.data(), K, gpu_state, out.get());
+    EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), kExact) << "T=" << T;
+    EXPECT_LT(rel_error(to_host(*gpu, gpu_state, cpu_state.size()), cpu_state), kExact) << "state after T=" << T;
+  }
+  mem.free_cache(gpu_state);
+}
+
+TEST_F(CudaOps, GatedDeltaRuleMatchesCpuAcrossChunks) {
+  for (DeltaRuleShape s : {DeltaRuleShape{2, 4, 16, 16}, DeltaRuleShape{16, 32, 128, 128}}) {
+    const int64_t key_dim = int64_t(s.k_heads) * s.k_dim, C = 2 * key_dim + int64_t(s.v_heads) * s.v_dim;
+    const size_t state_n = size_t(s.v_heads) * s.k_dim * s.v_dim;
+    auto cpu_state = random_vector(state_n, 40, 0.1f);
+    float* gpu_state = gpu->cache_memory()->allocate_cache(state_n);
+    gpu->upload(cpu_state.data(), gpu_state, state_n);
+    uint32_t seed = 41;
+    for (int64_t T : {40, 1, 1, 17}) {  // chunked and recurrent forms on the CPU
+      auto qkv = random_vector(size_t(T * C), seed++);
+      auto b = random_vector(size_t(T * s.v_heads), seed++), a = random_vector(size_t(T * s.v_heads), seed++);
+      std::vector<float> beta(b.size()), g(b.size());
+      for (size_t i = 0; i < b.size(); ++i) beta[i] = float(testing::sigmoid(b[i])), g[i] = -std::abs(a[i]) * 0.3f;
+      std::vector<float> ref(size_t(T * s.v_heads * s.v_dim));
+      cpu->gated_delta_rule(s, qkv.data(), qkv.data() + key_dim, C, qkv.data() + 2 * key_dim, C, g.data(),
+                            beta.data(), T, cpu_state.data(), ref.data());
+      auto qd = to_device(*gpu, qkv), gd = to_device(*gpu, g), bd = to_device(*gpu, beta);
+      auto out = poisoned(*gpu, ref.size());
+      gpu->gated_delta_rule(s, qd.get(), qd.get() + key_dim, C, qd.get() + 2 * key_dim, C, gd.get(), bd.get(), T,
+                            gpu_state, out.get());
+      EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), 1e-4) << "dk=" << s.k_dim << " T=" << T;
+      EXPECT_LT(rel_error(to_host(*gpu, gpu_state, state_n), cpu_state), 1e-4) << "state dk=" << s.k_dim;
+    }
+    gpu->cache_memory()->free_cache(gpu_state);
+  }
+}
+
+TEST_F(CudaOps, PagedAttentionPrefillDecodeAndSplitK) {
+  struct Case {
+    int heads, kv_heads, hd;
+    std::vector<int64_t> chunks;
+  };
+  for (const Case& c : {Case{4, 2, 32, {45, 1, 1, 20}}, Case{2, 1, 256, {70, 1, 33}},
+                        Case{16, 2, 256, {300, 1, 1}}, Case{8, 8, 64, {5, 1}}}) {
+    const int page_size = 16;
+    const int64_t total = std::accumulate(c.chunks.begin(), c.chunks.end(), int64_t(0));
+    const int64_t num_pages = (total + page_size - 1) / page_size + 40;  // spare capacity: more split-K
+    std::vector<int32_t> pages(static_cast<size_t>(num_pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::reverse(pages.begin(), pages.end());
+    KvCache cpu_kv({1, c.kv_heads, c.hd, page_size, num_pages});
+    KvCache gpu_kv({1, c.kv_heads, c.hd, page_size, num_pages, gpu->cache_memory()});
+    int64_t pos = 0;
+    uint32_t seed = 50;
+    for (int64_t T : c.chunks) {
+      auto q = random_vector(size_t(T * c.heads * c.hd), seed++), k = random_vector(size_t(T * c.kv_heads * c.hd), seed++),
+           v = random_vector(size_t(T * c.kv_heads * c.hd), seed++);
+      std::vector<float> ref(q.size());
+      cpu->paged_attention(q.data(), k.data(), v.data(), T, c.heads, c.kv_heads, c.hd, pos, pages, cpu_kv, 0,
+                           ref.data());
+      auto qd = to_device(*gpu, q), kd = to_device(*gpu, k), vd = to_device(*gpu, v);
+      auto out = poisoned(*gpu, q.size());
+      gpu->paged_attention(qd.get(), kd.get(), vd.get(), T, c.heads, c.kv_heads, c.hd, pos, pages, gpu_kv, 0,
+                           out.get());
+      EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), 1e-4)
+          << c.heads << "/" << c.kv_heads << " hd " << c.hd << " T=" << T << " at " << pos;
+      pos += T;
+    }
+  }
+}
+
+TEST_F(CudaOps, SwigluAndMoeExperts) {
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    struct Case {
+      int E, top_k;
+      int64_t hidden, inter;
+      std::vector<int64_t> ns;
+    };
+    for (const Case& c : {Case{16, 4, 256, 64, {1, 5, 300}}, Case{256, 8, 2048, 512, {1, 3, 200}}}) {
+      std::vector<SwiGlu> experts;
+      for (int e = 0; e < c.E; ++e)
+        experts.push_back({store.make(dt, c.inter, c.hidden, uint32_t(1000 + 3 * e), 0.05f),
+                           store.make(dt, c.inter, c.hidden, uint32_t(1001 + 3 * e), 0.05f),
+                           store.make(dt, c.hidden, c.inter, uint32_t(1002 + 3 * e), 0.05f)});
+      for (int64_t n : c.ns) {
+        auto x = random_vector(size_t(n * c.hidden), uint32_t(n + 60)),
+             logits = random_vector(size_t(n * c.E), uint32_t(n + 61));
+        std::vector<float> ref(x.size());
+        cpu->moe_experts(experts, logits.data(), c.top_k, true, x.data(), n, c.hidden, ref.data());
+        for (Backend* be : {gpu32.get(), gpu.get()}) {
+          auto xd = to_device(*be, x), ld = to_device(*be, logits);
+          auto out = poisoned(*be, x.size());
+          be->moe_experts(experts, ld.get(), c.top_k, true, xd.get(), n, c.hidden, out.get());
+          const bool tensor_cores = be == gpu.get() && n * c.top_k >= 1024;
+          EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref), tensor_cores ? kBf16 : 1e-4)
+              << dtype_name(dt) << " E=" << c.E << " n=" << n << (be == gpu32.get() ? " fp32" : " bf16");
+        }
+      }
+      // The shared expert / dense MLP path.
+      for (int64_t n : {1, 5, 40}) {
+        auto x = random_vector(size_t(n * c.hidden), uint32_t(n + 70));
+        std::vector<float> ref(x.size());
+        cpu->swiglu(experts[0], x.data(), n, ref.data());
+        for (Backend* be : {gpu32.get(), gpu.get()}) {
+          auto xd = to_device(*be, x);
+          auto out = poisoned(*be, x.size());
+          be->swiglu(experts[0], xd.get(), n, out.get());
+          EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref), be == gpu.get() && n > 8 ? kBf16 : 1e-4)
+              << "swiglu " << dtype_name(dt) << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, RunStepReplaysWithFreshInputs) {
+  // A step with host inputs (a position, uploaded data) and a download, recorded and replayed.
+  const int heads = 2, hd = 64, rot = 32;
+  std::vector<float> inv_freq;
+  for (int j = 0; j < rot / 2; ++j) inv_freq.push_back(float(std::pow(1e4, -2.0 * j / rot)));
+  gpu->prepare(inv_freq.data(), inv_freq.size());
+  for (int i = 0; i < 6; ++i) {
+    const int tokens = i == 4 ? 2 : 1;  // step 4 changes shape: it must run directly, and still be right
+    auto x = random_vector(size_t(tokens * heads * hd), uint32_t(80 + i)), ref = x;
+    cpu->rope(ref.data(), tokens, heads, hd, rot, 10 * i + 3, inv_freq.data());
+    std::vector<float> got(x.size(), NAN);
+    gpu->run_step(7, [&] {
+      auto d = gpu->allocate(x.size());
+      gpu->upload(x.data(), d.get(), x.size());
+      gpu->rope(d.get(), tokens, heads, hd, rot, 10 * i + 3, inv_freq.data());
+      gpu->download(d.get(), got.data(), got.size());
+    });
+    EXPECT_LT(rel_error(got, ref), 1e-5) << "step " << i;
+  }
+}
+
+}  // namespace
+}  // namespace moeserve

@@ -1,0 +1,82 @@
+#pragma once
+// Helpers for the CUDA backend tests: skipping without a GPU, device copies of host data, weights of every
+// dtype kept alive for a whole test (the backend keys its device copies by host address), and error norms.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/dtype.h"
+#include "naive.h"
+
+namespace moeserve::testing {
+
+#define MOESERVE_REQUIRE_GPU()                                                                    \
+  do {                                                                                           \
+    if (!::moeserve::cuda_available())                                                            \
+      GTEST_SKIP() << "no CUDA device visible: the CUDA backend tests run on a GPU machine";    \
+  } while (0)
+
+// max |a - b| / max(1, max |b|); NaN anywhere (an unwritten, poisoned output) gives infinity.
+inline double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double scale = 1, err = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    scale = std::max(scale, double(std::abs(b[i])));
+    err = std::max(err, double(std::abs(a[i] - b[i])));
+  }
+  return err / scale;
+}
+
+// Device buffer holding a copy of host data (poisoned with NaN when made from a size only).
+inline Buffer to_device(Backend& be, const std::vector<float>& host) {
+  auto b = be.allocate(host.size());
+  be.upload(host.data(), b.get(), host.size());
+  return b;
+}
+inline Buffer poisoned(Backend& be, size_t n) { return to_device(be, std::vector<float>(n, NAN)); }
+inline std::vector<float> to_host(Backend& be, const float* d, size_t n) {
+  std::vector<float> h(n);
+  be.download(d, h.data(), n);
+  return h;
+}
+
+// Weight matrices of any dtype whose storage lives as long as the store.
+class WeightStore {
+ public:
+  // Random values ~ N(0, scale); FP8 gets 128x128 block scales.
+  Matrix make(DType dtype, int64_t rows, int64_t cols, uint32_t seed, float scale = 0.2f) {
+    auto raw = random_vector(size_t(rows * cols), seed, scale);
+    auto& bytes = storage_.emplace_back(size_t(rows * cols) * dtype_size(dtype));
+    Matrix m{dtype, rows, cols, bytes.data()};
+    for (size_t i = 0; i < raw.size(); ++i) {
+      switch (dtype) {
+        case DType::F32: reinterpret_cast<float*>(bytes.data())[i] = raw[i]; break;
+        case DType::F16: reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_f16(raw[i]); break;
+        case DType::BF16: reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_bf16(raw[i]); break;
+        case DType::F8_E4M3: bytes[i] = f32_to_fp8_e4m3(raw[i] * 8.0f); break;
+        default: break;
+      }
+    }
+    if (dtype == DType::F8_E4M3) {
+      m.block_rows = m.block_cols = 128;
+      const size_t blocks = size_t((rows + 127) / 128 * m.scale_cols());
+      auto s = random_vector(blocks, seed + 7, 1.0f);
+      auto& scales = scales_.emplace_back(blocks);
+      for (size_t i = 0; i < blocks; ++i) scales[i] = scale / 8.0f * (0.5f + std::abs(s[i]));
+      m.scale_inv = scales.data();
+    }
+    return m;
+  }
+
+ private:
+  std::deque<std::vector<uint8_t>> storage_;
+  std::deque<std::vector<float>> scales_;
+};
+
+}  // namespace moeserve::testing
