@@ -12,15 +12,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-.cuda-bundle}
 ARCHS=${2:-90a}
-BUILD=build-cuda-bundle
+BUILD=${BUILD:-build-cuda-bundle}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESERVE_CUDA=ON \
   -DMOESERVE_CUDA_ARCHITECTURES="$ARCHS" -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc >/dev/null
-TARGETS=(moeserve cuda_backend_tests cuda_ops_bench cuda_model_bench)
+# TARGETS (space-separated) narrows what is built, e.g. TARGETS="cuda_backend_tests" while iterating.
+read -r -a TARGETS <<<"${TARGETS:-moeserve cuda_backend_tests cuda_ops_bench cuda_model_bench}"
 cmake --build "$BUILD" --target "${TARGETS[@]}" -j2
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib"
-cp "$BUILD/moeserve" "$BUILD/bench/cuda_ops_bench" "$BUILD/bench/cuda_model_bench" \
-   "$BUILD/tests/backend/cuda/cuda_backend_tests" "$OUT/bin/"
+for t in "${TARGETS[@]}"; do
+  find "$BUILD" -type f -name "$t" -perm -u+x -exec cp {} "$OUT/bin/" \;
+done
 strip --strip-debug "$OUT"/bin/*
 # Libraries outside glibc, the C++ runtime and CUDA itself.
 for bin in "$OUT"/bin/*; do

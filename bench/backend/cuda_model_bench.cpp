@@ -119,6 +119,7 @@ int run(const Options& o) {
     };
     for (int i = 0; i < 3; ++i) decode_step();  // measure, record, first replay of the step graph
     cuda_tools::synchronize(*be);
+    cuda_tools::graph_timing(*be);  // reset
     auto td = Clock::now();
     for (int i = 0; i < o.decode_steps; ++i) decode_step();
     const double s = seconds_since(td) / o.decode_steps;
@@ -126,6 +127,7 @@ int run(const Options& o) {
                 long(o.context), s * 1e3, B / s,
                 o.layers == 40 ? "" : fmt::format("  (~{:.0f} tok/s at 40 layers)", B / (s * per_layer)).c_str(),
                 double(B * o.context) / prefill_s);
+    std::printf("  %s\n", cuda_tools::graph_timing(*be).c_str());
   }
 
   if (o.profile) {

@@ -252,7 +252,7 @@ bool attention_head_dim_supported(int head_dim) {
 int attention_splits(int64_t T, int heads, int kv_heads, int64_t capacity) {
   const int64_t blocks = (T * (heads / kv_heads) + kRows - 1) / kRows * kv_heads;
   if (blocks >= 64) return 1;
-  return int(std::clamp<int64_t>(capacity / 128, 1, 64));
+  return int(std::clamp<int64_t>(capacity / 64, 1, 128));  // two key tiles per split at full capacity
 }
 
 void launch_attention(const AttentionArgs& a, cudaStream_t s) {

@@ -52,6 +52,8 @@ size_t align_up(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
 
 // Matmuls of at most this many rows stream the weights (GEMV); larger ones are tiled GEMMs.
 constexpr int64_t kGemvMaxRows = 8;
+// Matrices with fewer rows than this keep float32 activations at every batch size.
+constexpr int64_t kTensorCoreMinRows = 512;
 // Routed (token, expert) pairs from which the MoE uses tensor-core tiles instead of the GEMV-style kernels.
 constexpr int64_t kMoeMmaMinPairs = 1024;
 
@@ -299,7 +301,7 @@ class CudaBackend final : public Backend, public CacheMemory {
       CUDA_OK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
   }
   void upload(const float* host, float* dst, size_t n) override {
-    if (mode_ == Mode::Eager || mode_ == Mode::Measure) {
+    if (mode_ == Mode::Eager) {
       if (auto op = start("upload", dst, n))
         CUDA_OK(cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
       return;
@@ -354,10 +356,14 @@ class CudaBackend final : public Backend, public CacheMemory {
     check(n >= 0, "matmul: negative row count");
     const WeightView v = weight(w);
     const char* label = matmul_label(v);
-    if (n <= kGemvMaxRows) {
+    // Few rows, or matrices with few outputs (router, gates, GDN b/a): the weight-streaming kernel, float32
+    // activations, token groups of 8 re-reading an L2-resident matrix. Exact, and no rounding can flip the
+    // router's top-k.
+    if (n <= kGemvMaxRows || v.rows < kTensorCoreMinRows) {
       if (auto op = start(label, x, n, v.data, y)) cuda::launch_gemv(x, n, v, y, stream_);
       return;
     }
+    // Float32 tiled GEMM for exact mode and dtypes cuBLAS does not take here.
     if (fp32_matmul_ || v.type == WType::F32 || v.type == WType::F16) {
       if (auto op = start(label, x, n, v.data, y)) cuda::launch_gemm_simt(x, n, v, y, stream_);
       return;
@@ -526,7 +532,7 @@ class CudaBackend final : public Backend, public CacheMemory {
           top_k);
     const int64_t P = n * top_k;
     const bool tc = !fp32_matmul_ && P >= kMoeMmaMinPairs && cuda::moe_mma_supported(table);
-    const int tile = tc ? cuda::kMoeMmaTile : cuda::kMoeSimtTile;
+    const int tile = cuda::moe_tile(n, top_k, table.experts, tc);
     const int64_t max_items = cuda::moe_max_items(P, table.experts, tile);
     auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
     auto ids = ints(P), weights = allocate(size_t(P)), sorted = ints(P), pair_row = ints(P);
@@ -586,6 +592,14 @@ class CudaBackend final : public Backend, public CacheMemory {
     s += fmt::format("{:<34} {:>8} {:>10.3f}\n", "total", "", total);
     return s;
   }
+  std::string graph_timing() {
+    std::string s = fmt::format("{} graph replays: host fill {:.1f} us, launch + run + sync {:.1f} us per replay",
+                                replays_, replays_ ? 1e6 * fill_seconds_ / replays_ : 0.0,
+                                replays_ ? 1e6 * launch_seconds_ / replays_ : 0.0);
+    replays_ = 0;
+    fill_seconds_ = launch_seconds_ = 0;
+    return s;
+  }
   std::string device_summary() const {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
@@ -641,7 +655,8 @@ class CudaBackend final : public Backend, public CacheMemory {
       fold(name);
       (fold(statics), ...);
     }
-    const bool issue = mode_ != Mode::Fill;
+    // A recording that already went wrong issues nothing more (it is discarded and the step rerun).
+    const bool issue = mode_ != Mode::Fill && !(mode_ == Mode::Capture && step_failed_);
     const bool timed = issue && profiling_ && depth_ == 0;
     return OpScope(this, name, issue, timed);
   }
@@ -684,8 +699,8 @@ class CudaBackend final : public Backend, public CacheMemory {
     }
     StagingArena& a = graph_->arena;
     if (a.used + size > a.capacity) {
-      step_failed_ = true;  // the step stages more than when it was measured
-      return a.dev;
+      step_failed_ = true;  // the step stages more than when it was measured; nothing more is issued
+      return nullptr;
     }
     std::memcpy(a.host + a.used, data, bytes);
     const void* d = a.dev + a.used;
@@ -797,6 +812,7 @@ class CudaBackend final : public Backend, public CacheMemory {
   }
 
   void replay(StepGraph& g, const std::function<void()>& step) {
+    const auto t0 = std::chrono::steady_clock::now();
     begin_graph_mode(g, Mode::Fill);
     try {
       step();
@@ -805,6 +821,7 @@ class CudaBackend final : public Backend, public CacheMemory {
       throw;
     }
     end_graph_mode();
+    fill_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (step_failed_ || signature_ != g.signature || g.replay_at != g.allocations.size() ||
         downloads_seen_ != g.staging.size()) {
       // Something the recording baked in changed (another cache, batch composition): record afresh on the
@@ -820,7 +837,10 @@ class CudaBackend final : public Backend, public CacheMemory {
       return;
     }
     g.failures = 0;
+    const auto t1 = std::chrono::steady_clock::now();
     launch(g);
+    launch_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    ++replays_;
   }
 
   void launch(StepGraph& g) {
@@ -855,7 +875,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     } else {
       const size_t bytes = size_t(w.rows) * size_t(w.cols) * dtype_size(w.dtype);
       void* d = weights_arena_.allocate(bytes);
-      CUDA_OK(cudaMemcpy(d, w.data, bytes, cudaMemcpyHostToDevice));
+      copy_in(d, w.data, bytes);
       v.data = d;
       if (w.scale_inv) v.scale_inv = upload_floats(w.scale_inv, scale_floats);
     }
@@ -865,8 +885,15 @@ class CudaBackend final : public Backend, public CacheMemory {
 
   const float* upload_floats(const float* host, size_t n) {
     void* d = weights_arena_.allocate(n * sizeof(float));
-    CUDA_OK(cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    copy_in(d, host, n * sizeof(float));
     return static_cast<const float*>(d);
+  }
+
+  // A synchronous host-to-device copy ordered with the stream. (A plain cudaMemcpy from pageable memory may
+  // return before its DMA lands, and the legacy stream it uses does not order with ours.)
+  void copy_in(void* dst, const void* host, size_t bytes) {
+    CUDA_OK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
   }
 
   // A weight vector (norm weights, gates, conv taps, RoPE frequencies) in device memory.
@@ -904,7 +931,7 @@ class CudaBackend final : public Backend, public CacheMemory {
       ptrs[3 * E + e] = g.scale_inv, ptrs[4 * E + e] = u.scale_inv, ptrs[5 * E + e] = d.scale_inv;
     }
     auto* dev = static_cast<const void**>(weights_arena_.allocate(ptrs.size() * sizeof(void*)));
-    CUDA_OK(cudaMemcpy(dev, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    copy_in(dev, ptrs.data(), ptrs.size() * sizeof(void*));
     t.experts = int(E);
     t.gate = dev, t.up = dev + E, t.down = dev + 2 * E;
     if (scaled) {
@@ -956,6 +983,9 @@ class CudaBackend final : public Backend, public CacheMemory {
   size_t downloads_seen_ = 0;
   std::vector<Deferred> deferred_;
 
+  int64_t replays_ = 0;
+  double fill_seconds_ = 0, launch_seconds_ = 0;
+
   int depth_ = 0;
   bool sync_each_op_ = false;
   bool profiling_ = false;
@@ -996,6 +1026,7 @@ std::string profile_report(Backend& b) { return cuda_of(b).profile_report(); }
 void reset_profile(Backend& b) { cuda_of(b).reset_profile(); }
 void set_graphs(Backend& b, bool on) { cuda_of(b).set_graphs(on); }
 std::string device_summary(Backend& b) { return cuda_of(b).device_summary(); }
+std::string graph_timing(Backend& b) { return cuda_of(b).graph_timing(); }
 }  // namespace cuda_tools
 
 }  // namespace moeserve

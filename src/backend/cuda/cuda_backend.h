@@ -29,6 +29,8 @@ std::string profile_report(Backend& backend);
 void reset_profile(Backend& backend);
 // Whether run_step may record and replay CUDA graphs (on by default).
 void set_graphs(Backend& backend, bool on);
+// Where replayed steps spend their time since the last call: host fill pass vs graph launch + run + sync.
+std::string graph_timing(Backend& backend);
 // Device name, memory in use and total (for reports).
 std::string device_summary(Backend& backend);
 }  // namespace cuda_tools

@@ -8,12 +8,13 @@ namespace moeserve::cuda {
 namespace {
 
 constexpr int kGemvWarps = 8;
-constexpr int kGemvRowsPerWarp = 2;
 constexpr int kGemvMaxTokens = 8;
+// Matrices with at most this many rows take one row per warp (more blocks for short, wide matrices).
+constexpr int64_t kGemvOneRowMax = 4096;
 
 // y[t][r] = x[t] · w[r]. Block = kGemvWarps warps, each owning kGemvRowsPerWarp rows; blockIdx.y picks a group
 // of kTokens tokens.
-template <WType T, int kTokens, bool kVector>
+template <WType T, int kTokens, bool kVector, int kGemvRowsPerWarp>
 __global__ __launch_bounds__(kGemvWarps * 32) void gemv_kernel(const float* __restrict__ x, int64_t n, WeightView w,
                                                                float* __restrict__ y) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -26,7 +27,7 @@ __global__ __launch_bounds__(kGemvWarps * 32) void gemv_kernel(const float* __re
   for (int t = 0; t < kTokens; ++t) xr[t] = x + (t0 + t) * w.cols;
   float acc[kGemvRowsPerWarp][kTokens] = {};
   gemv_lane<T, kGemvRowsPerWarp, kTokens, kVector>(xr, nt, w, row0, acc);
-  warp_reduce_all(acc);
+  warp_reduce_all(acc, nt);
   if (lane == 0)
 #pragma unroll
     for (int r = 0; r < kGemvRowsPerWarp; ++r)
@@ -35,7 +36,7 @@ __global__ __launch_bounds__(kGemvWarps * 32) void gemv_kernel(const float* __re
         if (t < nt && row0 + r < w.rows) y[(t0 + t) * w.rows + row0 + r] = acc[r][t];
 }
 
-template <WType T, int kTokens, bool kVector>
+template <WType T, int kTokens, bool kVector, int kGemvRowsPerWarp>
 __global__ __launch_bounds__(kGemvWarps * 32) void gemv_swiglu_kernel(const float* __restrict__ x, int64_t n,
                                                                       WeightView gate, WeightView up,
                                                                       float* __restrict__ h) {
@@ -50,8 +51,8 @@ __global__ __launch_bounds__(kGemvWarps * 32) void gemv_swiglu_kernel(const floa
   float ag[kGemvRowsPerWarp][kTokens] = {}, au[kGemvRowsPerWarp][kTokens] = {};
   gemv_lane<T, kGemvRowsPerWarp, kTokens, kVector>(xr, nt, gate, row0, ag);
   gemv_lane<T, kGemvRowsPerWarp, kTokens, kVector>(xr, nt, up, row0, au);
-  warp_reduce_all(ag);
-  warp_reduce_all(au);
+  warp_reduce_all(ag, nt);
+  warp_reduce_all(au, nt);
   if (lane == 0)
 #pragma unroll
     for (int r = 0; r < kGemvRowsPerWarp; ++r)
@@ -60,18 +61,24 @@ __global__ __launch_bounds__(kGemvWarps * 32) void gemv_swiglu_kernel(const floa
         if (t < nt && row0 + r < gate.rows) h[(t0 + t) * gate.rows + row0 + r] = siluf_(ag[r][t]) * au[r][t];
 }
 
+template <WType T, int kTokens, int kRows>
+void gemv_launch(const float* x, int64_t n, const WeightView& w, const WeightView* up, float* y, cudaStream_t s) {
+  const dim3 grid(blocks_for(w.rows, kGemvWarps * kRows), unsigned((n + kTokens - 1) / kTokens));
+  const bool vec = vector_rows<T>(w) && (!up || vector_rows<T>(*up)) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (up) {
+    if (vec) gemv_swiglu_kernel<T, kTokens, true, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, *up, y);
+    else gemv_swiglu_kernel<T, kTokens, false, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, *up, y);
+  } else {
+    if (vec) gemv_kernel<T, kTokens, true, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, y);
+    else gemv_kernel<T, kTokens, false, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, y);
+  }
+}
+
 template <WType T, int kTokens>
 void gemv_dispatch(const float* x, int64_t n, const WeightView& w, const WeightView* up, float* y,
                    cudaStream_t s) {
-  const dim3 grid(blocks_for(w.rows, kGemvWarps * kGemvRowsPerWarp), unsigned((n + kTokens - 1) / kTokens));
-  const bool vec = vector_rows<T>(w) && (!up || vector_rows<T>(*up)) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  if (up) {
-    if (vec) gemv_swiglu_kernel<T, kTokens, true><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, *up, y);
-    else gemv_swiglu_kernel<T, kTokens, false><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, *up, y);
-  } else {
-    if (vec) gemv_kernel<T, kTokens, true><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, y);
-    else gemv_kernel<T, kTokens, false><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, y);
-  }
+  if (w.rows <= kGemvOneRowMax) gemv_launch<T, kTokens, 1>(x, n, w, up, y, s);
+  else gemv_launch<T, kTokens, 2>(x, n, w, up, y, s);
 }
 
 template <WType T>

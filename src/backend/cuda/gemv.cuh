@@ -74,12 +74,14 @@ __device__ __forceinline__ void gemv_lane(const float* const (&x)[kTokens], int 
   }
 }
 
+// Warp sums of the accumulators of the first nt tokens (nt is the same for the whole warp).
 template <int kRows, int kTokens>
-__device__ __forceinline__ void warp_reduce_all(float (&acc)[kRows][kTokens]) {
+__device__ __forceinline__ void warp_reduce_all(float (&acc)[kRows][kTokens], int nt) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
-    for (int t = 0; t < kTokens; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    for (int t = 0; t < kTokens; ++t)
+      if (t < nt) acc[r][t] = warp_sum(acc[r][t]);
 }
 
 }  // namespace moeserve::cuda

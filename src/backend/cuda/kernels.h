@@ -52,6 +52,8 @@ void launch_conv1d_silu(const float* x, int64_t T, int64_t channels, const float
 // q, k: rows of [k_heads][dim] every stride floats -> qn, kn [T][k_heads][dim], l2-normalised, qn scaled.
 void launch_l2norm_qk(const float* q, const float* k, int64_t stride, int64_t T, int k_heads, int dim,
                       float q_scale, float* qn, float* kn, cudaStream_t s);
+// qn, kn [T][k_heads][k_dim] normalised; v rows of [v_heads][v_dim] every v_stride floats; state
+// [v_heads][k_dim][v_dim]; out [T][v_heads][v_dim].
 void launch_delta_rule(const float* qn, const float* kn, int k_heads, int k_dim, const float* v, int64_t v_stride,
                        int v_heads, int v_dim, const float* g, const float* beta, int64_t T, float* state,
                        float* out, cudaStream_t s);
@@ -117,6 +119,8 @@ struct MoeScratch {
 };
 constexpr int kMoeSimtTile = 8;    // tokens per work item, SIMT path
 constexpr int kMoeMmaTile = 64;    // tokens per work item, tensor-core path
+// Rows per work item for n tokens: kMoeMmaTile, kMoeSimtTile, or 1 when pairs are spread thin (decode).
+int moe_tile(int64_t n, int top_k, int experts, bool tensor_cores);
 int64_t moe_max_items(int64_t pairs, int experts, int tile);
 bool moe_mma_supported(const ExpertTable& t);
 void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize, const float* x,

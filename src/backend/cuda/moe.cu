@@ -9,6 +9,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/gemv.cuh"
 
@@ -19,11 +20,11 @@ constexpr int kMaxExperts = 512;
 constexpr int kMaxTopK = 16;
 constexpr int kPerLane = kMaxExperts / 32;
 
-__global__ void moe_route_kernel(const float* __restrict__ logits, int64_t n, int E, int k, bool renormalize,
-                                 int32_t* __restrict__ ids, float* __restrict__ weights) {
-  const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
+// One warp routes one token.
+__device__ __forceinline__ void route_token(const float* __restrict__ logits, int64_t row, int E, int k,
+                                            bool renormalize, int32_t* __restrict__ ids,
+                                            float* __restrict__ weights) {
   const int lane = threadIdx.x & 31;
-  if (row >= n) return;
   const float* l = logits + row * E;
   float mx = -INFINITY;
   for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
@@ -59,10 +60,16 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int64_t n, in
   if (renormalize && lane < k) weights[row * k + lane] /= chosen;
 }
 
-// One block. Shared: counts, offsets, cursors and item offsets per expert.
-__global__ void moe_plan_kernel(const int32_t* __restrict__ ids, int64_t P, int E, int tile,
-                                int32_t* __restrict__ sorted, int32_t* __restrict__ pair_row,
-                                int32_t* __restrict__ items, int32_t* __restrict__ num_items) {
+__global__ void moe_route_kernel(const float* __restrict__ logits, int64_t n, int E, int k, bool renormalize,
+                                 int32_t* __restrict__ ids, float* __restrict__ weights) {
+  const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
+  if (row < n) route_token(logits, row, E, k, renormalize, ids, weights);
+}
+
+// Groups the pairs by expert; run by one whole block. Shared: counts, offsets, cursors, item offsets.
+__device__ __forceinline__ void plan_block(const int32_t* __restrict__ ids, int64_t P, int E, int tile,
+                                           int32_t* __restrict__ sorted, int32_t* __restrict__ pair_row,
+                                           int32_t* __restrict__ items, int32_t* __restrict__ num_items) {
   __shared__ int counts[kMaxExperts], offsets[kMaxExperts], cursor[kMaxExperts], item_off[kMaxExperts];
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0, cursor[e] = 0;
   __syncthreads();
@@ -101,6 +108,24 @@ __global__ void moe_plan_kernel(const int32_t* __restrict__ ids, int64_t P, int 
   }
 }
 
+__global__ void moe_plan_kernel(const int32_t* __restrict__ ids, int64_t P, int E, int tile,
+                                int32_t* __restrict__ sorted, int32_t* __restrict__ pair_row,
+                                int32_t* __restrict__ items, int32_t* __restrict__ num_items) {
+  plan_block(ids, P, E, tile, sorted, pair_row, items, num_items);
+}
+
+// Small batches: routing and planning in one launch (one block; warp w routes tokens w, w+32, ...).
+constexpr int64_t kFusedRouteMaxTokens = 256;
+__global__ void moe_route_plan_kernel(const float* __restrict__ logits, int64_t n, int E, int k, bool renormalize,
+                                      int tile, int32_t* __restrict__ ids, float* __restrict__ weights,
+                                      int32_t* __restrict__ sorted, int32_t* __restrict__ pair_row,
+                                      int32_t* __restrict__ items, int32_t* __restrict__ num_items) {
+  for (int64_t row = threadIdx.x >> 5; row < n; row += blockDim.x >> 5)
+    route_token(logits, row, E, k, renormalize, ids, weights);
+  __syncthreads();  // the block's global writes of ids are visible to all of it
+  plan_block(ids, n * k, E, tile, sorted, pair_row, items, num_items);
+}
+
 __device__ __forceinline__ WeightView expert_view(const ExpertTable& t, const void* const* data,
                                                   const float* const* scales, int e, int64_t rows, int64_t cols) {
   WeightView w;
@@ -116,7 +141,7 @@ __device__ __forceinline__ WeightView expert_view(const ExpertTable& t, const vo
 constexpr int kSimtWarps = 8, kSimtRows = 2;
 
 // h[row] = silu(x_row · gate_i) * (x_row · up_i) for the item's rows, x rows gathered through `sorted`.
-template <WType T, bool kVector>
+template <WType T, bool kVector, int kTile>
 __global__ __launch_bounds__(kSimtWarps * 32) void moe_gate_up_simt(ExpertTable t, const float* __restrict__ x,
                                                                     int top_k, const int32_t* __restrict__ sorted,
                                                                     const int32_t* __restrict__ items,
@@ -130,25 +155,25 @@ __global__ __launch_bounds__(kSimtWarps * 32) void moe_gate_up_simt(ExpertTable 
   if (row0 >= t.inter) return;
   const WeightView g = expert_view(t, t.gate, t.gate_scale, e, t.inter, t.hidden);
   const WeightView u = expert_view(t, t.up, t.up_scale, e, t.inter, t.hidden);
-  const float* xr[kMoeSimtTile];
+  const float* xr[kTile];
 #pragma unroll
-  for (int b = 0; b < kMoeSimtTile; ++b) xr[b] = x + int64_t(sorted[first + imin(b, count - 1)] / top_k) * t.hidden;
-  float ag[kSimtRows][kMoeSimtTile] = {}, au[kSimtRows][kMoeSimtTile] = {};
-  gemv_lane<T, kSimtRows, kMoeSimtTile, kVector>(xr, count, g, row0, ag);
-  gemv_lane<T, kSimtRows, kMoeSimtTile, kVector>(xr, count, u, row0, au);
-  warp_reduce_all(ag);
-  warp_reduce_all(au);
+  for (int b = 0; b < kTile; ++b) xr[b] = x + int64_t(sorted[first + imin(b, count - 1)] / top_k) * t.hidden;
+  float ag[kSimtRows][kTile] = {}, au[kSimtRows][kTile] = {};
+  gemv_lane<T, kSimtRows, kTile, kVector>(xr, count, g, row0, ag);
+  gemv_lane<T, kSimtRows, kTile, kVector>(xr, count, u, row0, au);
+  warp_reduce_all(ag, count);
+  warp_reduce_all(au, count);
   if (lane == 0)
 #pragma unroll
     for (int r = 0; r < kSimtRows; ++r)
 #pragma unroll
-      for (int b = 0; b < kMoeSimtTile; ++b)
+      for (int b = 0; b < kTile; ++b)
         if (b < count && row0 + r < t.inter)
           h[int64_t(first + b) * t.inter + row0 + r] = siluf_(ag[r][b]) * au[r][b];
 }
 
 // y[row] = h[row] · down_j for the item's rows.
-template <WType T, bool kVector>
+template <WType T, bool kVector, int kTile>
 __global__ __launch_bounds__(kSimtWarps * 32) void moe_down_simt(ExpertTable t, const float* __restrict__ h,
                                                                  const int32_t* __restrict__ items,
                                                                  const int32_t* __restrict__ num_items,
@@ -160,17 +185,17 @@ __global__ __launch_bounds__(kSimtWarps * 32) void moe_down_simt(ExpertTable t, 
   const int64_t row0 = (int64_t(blockIdx.x) * kSimtWarps + warp) * kSimtRows;
   if (row0 >= t.hidden) return;
   const WeightView d = expert_view(t, t.down, t.down_scale, e, t.hidden, t.inter);
-  const float* hr[kMoeSimtTile];
+  const float* hr[kTile];
 #pragma unroll
-  for (int b = 0; b < kMoeSimtTile; ++b) hr[b] = h + int64_t(first + imin(b, count - 1)) * t.inter;
-  float acc[kSimtRows][kMoeSimtTile] = {};
-  gemv_lane<T, kSimtRows, kMoeSimtTile, kVector>(hr, count, d, row0, acc);
-  warp_reduce_all(acc);
+  for (int b = 0; b < kTile; ++b) hr[b] = h + int64_t(first + imin(b, count - 1)) * t.inter;
+  float acc[kSimtRows][kTile] = {};
+  gemv_lane<T, kSimtRows, kTile, kVector>(hr, count, d, row0, acc);
+  warp_reduce_all(acc, count);
   if (lane == 0)
 #pragma unroll
     for (int r = 0; r < kSimtRows; ++r)
 #pragma unroll
-      for (int b = 0; b < kMoeSimtTile; ++b)
+      for (int b = 0; b < kTile; ++b)
         if (b < count && row0 + r < t.hidden) y[int64_t(first + b) * t.hidden + row0 + r] = acc[r][b];
 }
 
@@ -319,8 +344,8 @@ __global__ void moe_combine_kernel(const int32_t* __restrict__ ids, const float*
 }
 
 template <WType T>
-void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, bool tensor_cores, int64_t max_items,
-                 const MoeScratch& s, cudaStream_t stream) {
+void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, bool tensor_cores, int tile,
+                 int64_t max_items, const MoeScratch& s, cudaStream_t stream) {
   const int64_t P = n * top_k;
   if (tensor_cores) {
     if constexpr (T == WType::BF16 || T == WType::FP8) {
@@ -340,16 +365,30 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
   const dim3 g1(blocks_for(t.inter, rows_per_block), unsigned(max_items));
   const dim3 g2(blocks_for(t.hidden, rows_per_block), unsigned(max_items));
   float* h = static_cast<float*>(s.h);
+  auto launch = [&](auto vector, auto rows) {
+    constexpr bool V = decltype(vector)::value;
+    constexpr int Tile = decltype(rows)::value;
+    moe_gate_up_simt<T, V, Tile><<<g1, kSimtWarps * 32, 0, stream>>>(t, x, top_k, s.sorted, s.items, s.num_items, h);
+    moe_down_simt<T, V, Tile><<<g2, kSimtWarps * 32, 0, stream>>>(t, h, s.items, s.num_items, s.y);
+  };
+  using One = std::integral_constant<int, 1>;
+  using Full = std::integral_constant<int, kMoeSimtTile>;
   if (vec) {
-    moe_gate_up_simt<T, true><<<g1, kSimtWarps * 32, 0, stream>>>(t, x, top_k, s.sorted, s.items, s.num_items, h);
-    moe_down_simt<T, true><<<g2, kSimtWarps * 32, 0, stream>>>(t, h, s.items, s.num_items, s.y);
+    if (tile == 1) launch(std::true_type{}, One{});
+    else launch(std::true_type{}, Full{});
   } else {
-    moe_gate_up_simt<T, false><<<g1, kSimtWarps * 32, 0, stream>>>(t, x, top_k, s.sorted, s.items, s.num_items, h);
-    moe_down_simt<T, false><<<g2, kSimtWarps * 32, 0, stream>>>(t, h, s.items, s.num_items, s.y);
+    if (tile == 1) launch(std::false_type{}, One{});
+    else launch(std::false_type{}, Full{});
   }
 }
 
 }  // namespace
+
+int moe_tile(int64_t n, int top_k, int experts, bool tensor_cores) {
+  if (tensor_cores) return kMoeMmaTile;
+  // Few pairs per expert (decode): one row per work item, so no warp reduces accumulators it does not use.
+  return n * top_k <= 2 * int64_t(experts) / 8 ? 1 : kMoeSimtTile;
+}
 
 int64_t moe_max_items(int64_t pairs, int experts, int tile) {
   return std::min<int64_t>(pairs, (pairs + tile - 1) / tile + std::min<int64_t>(experts, pairs));
@@ -365,12 +404,17 @@ void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, boo
                 int64_t n, bool tensor_cores, const MoeScratch& s, float* out, cudaStream_t stream) {
   if (n == 0) return;
   const int64_t P = n * top_k;
-  const int tile = tensor_cores ? kMoeMmaTile : kMoeSimtTile;
-  moe_route_kernel<<<blocks_for(n * 32, 256), 256, 0, stream>>>(router_logits, n, t.experts, top_k, renormalize,
-                                                                s.ids, s.weights);
-  moe_plan_kernel<<<1, 1024, 0, stream>>>(s.ids, P, t.experts, tile, s.sorted, s.pair_row, s.items, s.num_items);
+  const int tile = moe_tile(n, top_k, t.experts, tensor_cores);
+  if (n <= kFusedRouteMaxTokens) {
+    moe_route_plan_kernel<<<1, 1024, 0, stream>>>(router_logits, n, t.experts, top_k, renormalize, tile, s.ids,
+                                                  s.weights, s.sorted, s.pair_row, s.items, s.num_items);
+  } else {
+    moe_route_kernel<<<blocks_for(n * 32, 256), 256, 0, stream>>>(router_logits, n, t.experts, top_k, renormalize,
+                                                                  s.ids, s.weights);
+    moe_plan_kernel<<<1, 1024, 0, stream>>>(s.ids, P, t.experts, tile, s.sorted, s.pair_row, s.items, s.num_items);
+  }
   const int64_t max_items = moe_max_items(P, t.experts, tile);
-  MOESERVE_DISPATCH_WTYPE(t.type, T, run_experts<T>(t, x, n, top_k, tensor_cores, max_items, s, stream));
+  MOESERVE_DISPATCH_WTYPE(t.type, T, run_experts<T>(t, x, n, top_k, tensor_cores, tile, max_items, s, stream));
   moe_combine_kernel<<<unsigned(n), 256, 0, stream>>>(s.ids, s.weights, s.pair_row, top_k, s.y, t.hidden, out);
 }
 
