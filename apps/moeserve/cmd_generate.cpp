@@ -36,11 +36,13 @@ struct Options {
   std::string prompt_ids;
   int max_tokens = 16;
   bool ignore_eos = false;
+  std::string device = "cpu";
+  std::string matmul = "bf16";
 };
 
 int run(const Options& o) {
   auto weights = load_checkpoint(o.model);
-  auto backend = make_cpu_backend();
+  auto backend = make_backend(o.device, {.fp32_matmul = o.matmul == "fp32"});
   Qwen35Model model(weights, *backend);
   auto prompt = parse_ids(o.prompt_ids);
   for (int32_t id : prompt)
@@ -81,6 +83,12 @@ Registration reg{{"generate", "Generate from a prompt of token ids (greedy) and 
                         ->check(CLI::Range(1, 1 << 20))
                         ->capture_default_str();
                     cmd.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an end-of-sequence token");
+                    cmd.add_option("--device", o->device, "backend: cpu or cuda")
+                        ->check(CLI::IsMember({"cpu", "cuda"}))
+                        ->capture_default_str();
+                    cmd.add_option("--matmul", o->matmul, "CUDA matmul precision for prompts: bf16 (tensor cores) or fp32")
+                        ->check(CLI::IsMember({"fp32", "bf16"}))
+                        ->capture_default_str();
                     return [o] { return run(*o); };
                   }}};
 

@@ -17,6 +17,8 @@ struct Options {
   double tolerance = 1e-3;
   bool layers = false;
   std::string rope_inv_freq = "auto";
+  std::string device = "cpu";
+  std::string matmul = "fp32";
 };
 
 int run(const Options& o) {
@@ -26,7 +28,7 @@ int run(const Options& o) {
   const auto& config = weights.config;
   weights.config.rope_bf16_inv_freq =
       o.rope_inv_freq == "bf16" || (o.rope_inv_freq == "auto" && config.dtype == "bfloat16" && !config.fp8);
-  auto backend = make_cpu_backend();
+  auto backend = make_backend(o.device, {.fp32_matmul = o.matmul == "fp32"});
   Qwen35Model model(weights, *backend);
   auto reference = TensorSet::open_file(o.reference.empty() ? o.model + "/reference.safetensors" : o.reference);
   auto report = verify_against_reference(model, reference, {o.tolerance, o.layers});
@@ -57,6 +59,14 @@ Registration reg{{"verify", "Check logits and greedy tokens against Hugging Face
                     cmd.add_option("--reference", o->reference, "reference file (default MODEL/reference.safetensors)");
                     cmd.add_option("--tolerance", o->tolerance, "max |Δlogit|")->capture_default_str();
                     cmd.add_flag("--layers", o->layers, "compare prompt0.hidden_states layer by layer");
+                    cmd.add_option("--device", o->device, "backend: cpu or cuda")
+                        ->check(CLI::IsMember({"cpu", "cuda"}))
+                        ->capture_default_str();
+                    // The references are float32; bf16 tensor-core matmuls (the serving default) need a looser
+                    // --tolerance (docs/cuda.md).
+                    cmd.add_option("--matmul", o->matmul, "CUDA matmul precision: fp32 or bf16 (tensor cores)")
+                        ->check(CLI::IsMember({"fp32", "bf16"}))
+                        ->capture_default_str();
                     // The fixtures' references ran with the rotary inverse frequencies rounded to bf16 (HF
                     // casts buffers with the weights); serving uses float32.
                     cmd.add_option("--rope-inv-freq", o->rope_inv_freq,
