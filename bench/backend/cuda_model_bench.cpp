@@ -1,10 +1,11 @@
 // The Qwen3.5 forward pass on the CUDA backend with random ("dummy") weights made directly in GPU memory:
-// prefill tok/s, decode tok/s at several batch sizes (decode steps are CUDA graphs), and the per-op time split.
+// prefill tok/s, decode tok/s at several batch sizes (decode steps are CUDA graphs), and the per-op time
+// split.
 // `--layers` takes a slice of the 40-layer stack (the 3 GDN + 1 attention pattern); per-layer figures then
 // extrapolate to 40 layers, which the report does and says.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <numeric>
@@ -30,7 +31,9 @@ struct Options {
 };
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 int run(const Options& o) {
   if (!cuda_available()) {
@@ -84,10 +87,17 @@ int run(const Options& o) {
     std::iota(pages.begin(), pages.end(), 0);
     auto prompt = ids(T, 1);
     SequenceStep step{prompt, 0, pages, 0, false};
-    const double s = bench::time_direct(*be, [&] { model.forward({&step, 1}, kv, state); }, 2);
+    const double s = bench::time_direct(
+        *be,
+        [&] {
+          model.forward({&step, 1}, kv, state);
+        },
+        2);
     std::printf("prefill %6ld tokens: %8.1f ms  %9.0f tok/s%s\n", long(T), s * 1e3, T / s,
-                o.layers == 40 ? "" : fmt::format("  (x{:.1f} layers: ~{:.0f} tok/s at 40 layers, lm_head once)",
-                                                  per_layer, T / (s * per_layer)).c_str());
+                o.layers == 40 ? ""
+                               : fmt::format("  (x{:.1f} layers: ~{:.0f} tok/s at 40 layers, lm_head once)",
+                                             per_layer, T / (s * per_layer))
+                                     .c_str());
   }
 
   // Decode: B sequences of `context` tokens each, then steps of one token per sequence.
@@ -123,10 +133,11 @@ int run(const Options& o) {
     auto td = Clock::now();
     for (int i = 0; i < o.decode_steps; ++i) decode_step();
     const double s = seconds_since(td) / o.decode_steps;
-    std::printf("decode batch %3d (context %ld): %7.3f ms/step  %8.0f tok/s%s   [batched prefill %.0f tok/s]\n", B,
-                long(o.context), s * 1e3, B / s,
-                o.layers == 40 ? "" : fmt::format("  (~{:.0f} tok/s at 40 layers)", B / (s * per_layer)).c_str(),
-                double(B * o.context) / prefill_s);
+    std::printf(
+        "decode batch %3d (context %ld): %7.3f ms/step  %8.0f tok/s%s   [batched prefill %.0f tok/s]\n", B,
+        long(o.context), s * 1e3, B / s,
+        o.layers == 40 ? "" : fmt::format("  (~{:.0f} tok/s at 40 layers)", B / (s * per_layer)).c_str(),
+        double(B * o.context) / prefill_s);
     std::printf("  %s\n", cuda_tools::graph_timing(*be).c_str());
   }
 

@@ -64,23 +64,27 @@ class OpsBench {
                        copy_bw_ / 1e9);
   }
   std::string tflops(double flops, double s) {
-    return fmt::format("{:7.1f} TFLOP/s ({:4.1f}% of bf16 GEMM {:.0f})", flops / s / 1e12, 100 * flops / s / gemm_rate_,
-                       gemm_rate_ / 1e12);
+    return fmt::format("{:7.1f} TFLOP/s ({:4.1f}% of bf16 GEMM {:.0f})", flops / s / 1e12,
+                       100 * flops / s / gemm_rate_, gemm_rate_ / 1e12);
   }
-  void add(std::string what, double s, std::string rate) { rows_.push_back({std::move(what), s * 1e6, std::move(rate)}); }
+  void add(std::string what, double s, std::string rate) {
+    rows_.push_back({std::move(what), s * 1e6, std::move(rate)});
+  }
 
   void ceilings() {
     const size_t n = size_t(1) << 28;  // 1 GiB of floats
     auto src = be_->allocate(n), dst = be_->allocate(n);
     cuda_tools::fill_random(*be_, src.get(), DType::F32, int64_t(n), 1, 1.0f);
-    double s = time_replays(*be_, [&] { be_->copy(src.get(), dst.get(), n); }, 1, key_++);
+    double s = time_replays(
+        *be_, [&] { be_->copy(src.get(), dst.get(), n); }, 1, key_++);
     copy_bw_ = 2.0 * n * 4 / s;
     add("ceiling: device copy 1 GiB (read + write)", s, fmt::format("{:7.0f} GB/s", copy_bw_ / 1e9));
     const int64_t N = 8192;
     Matrix w = matrix(DType::BF16, N, N, 2);
     float* x = floats(size_t(N * N), 3);
     auto y = be_->allocate(size_t(N * N));
-    s = time_replays(*be_, [&] { be_->matmul(x, N, w, y.get()); }, 1, key_++);
+    s = time_replays(
+        *be_, [&] { be_->matmul(x, N, w, y.get()); }, 1, key_++);
     gemm_rate_ = 2.0 * N * N * N / s;
     add("ceiling: matmul 8192^3 (cuBLAS bf16, incl. rounding x)", s,
         fmt::format("{:7.1f} TFLOP/s", gemm_rate_ / 1e12));
@@ -92,9 +96,9 @@ class OpsBench {
       int64_t rows, cols;
     };
     for (DType dt : {DType::BF16, DType::F8_E4M3})
-      for (const Shape& sh : {Shape{"in_proj_qkv", 8192, 2048}, Shape{"out_proj", 2048, 4096},
-                              Shape{"q_proj", 8192, 2048}, Shape{"router", 256, 2048},
-                              Shape{"lm_head", 248320, 2048}}) {
+      for (const Shape& sh :
+           {Shape{"in_proj_qkv", 8192, 2048}, Shape{"out_proj", 2048, 4096}, Shape{"q_proj", 8192, 2048},
+            Shape{"router", 256, 2048}, Shape{"lm_head", 248320, 2048}}) {
         const double bytes = double(sh.rows) * sh.cols * dtype_size(dt);
         const int copies = bytes < 256e6 ? 8 : 1;  // rotate through more than the L2
         std::vector<Matrix> ws;
@@ -103,10 +107,14 @@ class OpsBench {
           float* x = floats(size_t(n * sh.cols), 20);
           auto y = be_->allocate(size_t(n * sh.rows));
           const int reps = copies * 2;
-          double s = time_replays(*be_, [&] {
-            for (int r = 0; r < reps; ++r) be_->matmul(x, n, ws[size_t(r % copies)], y.get());
-          }, reps, key_++);
-          add(fmt::format("gemv {} {}x{} {} n={}", sh.name, sh.rows, sh.cols, dtype_name(dt), n), s, gbs(bytes, s));
+          double s = time_replays(
+              *be_,
+              [&] {
+                for (int r = 0; r < reps; ++r) be_->matmul(x, n, ws[size_t(r % copies)], y.get());
+              },
+              reps, key_++);
+          add(fmt::format("gemv {} {}x{} {} n={}", sh.name, sh.rows, sh.cols, dtype_name(dt), n), s,
+              gbs(bytes, s));
         }
       }
   }
@@ -117,7 +125,8 @@ class OpsBench {
     for (DType dt : {DType::BF16, DType::F8_E4M3}) {
       std::vector<SwiGlu> experts;
       for (int e = 0; e < E; ++e)
-        experts.push_back({matrix(dt, I, H, 100 + 3 * e), matrix(dt, I, H, 101 + 3 * e), matrix(dt, H, I, 102 + 3 * e)});
+        experts.push_back(
+            {matrix(dt, I, H, 100 + 3 * e), matrix(dt, I, H, 101 + 3 * e), matrix(dt, H, I, 102 + 3 * e)});
       const double expert_bytes = 3.0 * H * I * dtype_size(dt);
       for (int64_t n : {1, 4, 16, 64, 256, 2048, 8192}) {
         if (dt == DType::F8_E4M3 && n > 64 && n < 2048) continue;
@@ -127,10 +136,13 @@ class OpsBench {
         float* x = floats(size_t(n * H), 30);
         auto out = be_->allocate(size_t(n * H));
         const int reps = n <= 64 ? 16 : 1;
-        double s = time_replays(*be_, [&] {
-          for (int r = 0; r < reps; ++r)
-            be_->moe_experts(experts, logits[size_t(r % variants)], k, true, x, n, H, out.get());
-        }, reps, key_++, n >= 2048 ? 3 : 5, n >= 2048 ? 1 : 3);
+        double s = time_replays(
+            *be_,
+            [&] {
+              for (int r = 0; r < reps; ++r)
+                be_->moe_experts(experts, logits[size_t(r % variants)], k, true, x, n, H, out.get());
+            },
+            reps, key_++, n >= 2048 ? 3 : 5, n >= 2048 ? 1 : 3);
         // Distinct experts a call reads, in expectation for uniform routing.
         const double touched = E * (1.0 - std::pow(1.0 - double(k) / E, double(n)));
         const double flops = 2.0 * double(n) * k * 3 * H * I;
@@ -156,11 +168,15 @@ class OpsBench {
       float* kn = floats(size_t(kvh * hd), 43);
       auto out = be_->allocate(size_t(heads * hd));
       const int reps = 8;
-      double s = time_replays(*be_, [&] {
-        for (int r = 0; r < reps; ++r)
-          be_->paged_attention(q, kn, kn, 1, heads, kvh, hd, ctx - 1, pages, kv, 0, out.get());
-      }, reps, key_++);
-      add(fmt::format("attention decode ctx={} (fp32 KV, split-K)", ctx), s, gbs(2.0 * ctx * kvh * hd * 4, s));
+      double s = time_replays(
+          *be_,
+          [&] {
+            for (int r = 0; r < reps; ++r)
+              be_->paged_attention(q, kn, kn, 1, heads, kvh, hd, ctx - 1, pages, kv, 0, out.get());
+          },
+          reps, key_++);
+      add(fmt::format("attention decode ctx={} (fp32 KV, split-K)", ctx), s,
+          gbs(2.0 * ctx * kvh * hd * 4, s));
     }
     for (int64_t T : {1024, 8192}) {
       const int64_t pages_n = T / page_size + 1;
@@ -170,10 +186,10 @@ class OpsBench {
       float* q = floats(size_t(T * heads * hd), 44);
       float* kn = floats(size_t(T * kvh * hd), 45);
       auto out = be_->allocate(size_t(T * heads * hd));
-      double s = bench::time_direct(*be_, [&] {
-        be_->paged_attention(q, kn, kn, T, heads, kvh, hd, 0, pages, kv, 0, out.get());
-      });
-      add(fmt::format("attention prefill T={} (fp32 SIMT)", T), s, tflops(4.0 * heads * hd * T * (T + 1) / 2, s));
+      double s = bench::time_direct(
+          *be_, [&] { be_->paged_attention(q, kn, kn, T, heads, kvh, hd, 0, pages, kv, 0, out.get()); });
+      add(fmt::format("attention prefill T={} (fp32 SIMT)", T), s,
+          tflops(4.0 * heads * hd * T * (T + 1) / 2, s));
     }
   }
 
@@ -192,10 +208,12 @@ class OpsBench {
       const int reps = T == 1 ? 16 : 1;
       auto delta = [&] {
         for (int r = 0; r < reps; ++r)
-          be_->gated_delta_rule(sh, qkv, qkv + key_dim, C, qkv + 2 * key_dim, C, g, beta, T, state, out.get());
+          be_->gated_delta_rule(sh, qkv, qkv + key_dim, C, qkv + 2 * key_dim, C, g, beta, T, state,
+                                out.get());
       };
       auto conv = [&] {
-        for (int r = 0; r < reps; ++r) be_->causal_conv1d_silu(qkv, T, C, w.data(), 4, conv_state, conv_out.get());
+        for (int r = 0; r < reps; ++r)
+          be_->causal_conv1d_silu(qkv, T, C, w.data(), 4, conv_state, conv_out.get());
       };
       if (T == 1) {
         double s = time_replays(*be_, delta, reps, key_++);
@@ -204,7 +222,8 @@ class OpsBench {
         add("causal conv1d decode (8192 channels)", s, gbs(2.0 * T * C * 4, s));
       } else {
         double s = bench::time_direct(*be_, delta);
-        add(fmt::format("gated delta rule prefill T={} (recurrent)", T), s, fmt::format("{:7.0f} tok/s", T / s));
+        add(fmt::format("gated delta rule prefill T={} (recurrent)", T), s,
+            fmt::format("{:7.0f} tok/s", T / s));
         s = bench::time_direct(*be_, conv);
         add(fmt::format("causal conv1d prefill T={}", T), s, gbs(2.0 * T * C * 4, s));
       }

@@ -14,8 +14,8 @@
 
 namespace moeserve::dummy {
 
-// "35b-a3b": Qwen3.5-35B-A3B's text model; "small": the small-moe-realdims fixture's shape. `layers` takes the
-// first layers of the 3 GDN + 1 attention pattern.
+// "35b-a3b": Qwen3.5-35B-A3B's text model; "small": the small-moe-realdims fixture's shape. `layers` takes
+// the first layers of the 3 GDN + 1 attention pattern.
 inline ModelConfig moe_config(const std::string& preset, int layers) {
   ModelConfig c;
   c.model_type = "qwen3_5_moe_text";
@@ -62,8 +62,9 @@ inline ModelWeights random_weights(const ModelConfig& c, const MatrixMaker& make
   };
   // Linear layers: bound sqrt(3/in) keeps unit-variance inputs at unit variance.
   auto linear = [&](int64_t out, int64_t in) { return make(out, in, std::sqrt(3.0f / float(in))); };
-  auto ffn = [&](int64_t inter) { return SwiGlu{linear(inter, c.hidden_size), linear(inter, c.hidden_size),
-                                                linear(c.hidden_size, inter)}; };
+  auto ffn = [&](int64_t inter) {
+    return SwiGlu{linear(inter, c.hidden_size), linear(inter, c.hidden_size), linear(c.hidden_size, inter)};
+  };
   const int64_t H = c.hidden_size;
   ModelWeights w;
   w.config = c;

@@ -1,7 +1,7 @@
-// Paged causal attention (GQA) in float32: new K/V rows are written into their pages, then a flash-style kernel
-// streams key tiles through shared memory with an online softmax. A block takes 32 query rows (token × head of
-// one KV group) and one KV head, so each K/V tile it loads serves the whole group; decode-sized calls split the
-// key range over blocks (split-K) and a second kernel combines the partial results.
+// Paged causal attention (GQA) in float32: new K/V rows are written into their pages, then a flash-style
+// kernel streams key tiles through shared memory with an online softmax. A block takes 32 query rows (token ×
+// head of one KV group) and one KV head, so each K/V tile it loads serves the whole group; decode-sized calls
+// split the key range over blocks (split-K) and a second kernel combines the partial results.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
@@ -9,8 +9,8 @@
 namespace moeserve::cuda {
 namespace {
 
-constexpr int kRows = 32;     // query rows per block
-constexpr int kKeys = 32;     // keys per tile
+constexpr int kRows = 32;  // query rows per block
+constexpr int kKeys = 32;  // keys per tile
 constexpr int kThreads = 256;
 constexpr int kPtLd = kRows + 4;
 
@@ -21,7 +21,8 @@ constexpr size_t attention_smem_floats() {
 
 __global__ void kv_write_kernel(const float* __restrict__ k_new, const float* __restrict__ v_new, int64_t T,
                                 int row_floats, const int64_t* __restrict__ start_pos,
-                                const int32_t* __restrict__ pages, int page_size, float* k_cache, float* v_cache) {
+                                const int32_t* __restrict__ pages, int page_size, float* k_cache,
+                                float* v_cache) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // float4 index
   const int per_row = row_floats / 4;
   if (i >= T * per_row) return;
@@ -99,7 +100,8 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
       float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
       if (kp < kv_len) {
         const int64_t off =
-            (int64_t(a.pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_floats + int64_t(kvh) * D;
+            (int64_t(a.pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_floats +
+            int64_t(kvh) * D;
         kv = __ldg(reinterpret_cast<const float4*>(a.k_cache + off) + c4);
         vv = __ldg(reinterpret_cast<const float4*>(a.v_cache + off) + c4);
       }
@@ -259,13 +261,21 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
   const int row_floats = a.kv_heads * a.head_dim;
   const int64_t writes = a.T * row_floats / 4;
-  kv_write_kernel<<<blocks_for(writes, 256), 256, 0, s>>>(a.k_new, a.v_new, a.T, row_floats, a.start_pos, a.pages,
-                                                          a.page_size, a.k_cache, a.v_cache);
+  kv_write_kernel<<<blocks_for(writes, 256), 256, 0, s>>>(a.k_new, a.v_new, a.T, row_floats, a.start_pos,
+                                                          a.pages, a.page_size, a.k_cache, a.v_cache);
   switch (a.head_dim) {
-    case 32: launch_for<32>(a, s); break;
-    case 64: launch_for<64>(a, s); break;
-    case 128: launch_for<128>(a, s); break;
-    default: launch_for<256>(a, s); break;
+    case 32:
+      launch_for<32>(a, s);
+      break;
+    case 64:
+      launch_for<64>(a, s);
+      break;
+    case 128:
+      launch_for<128>(a, s);
+      break;
+    default:
+      launch_for<256>(a, s);
+      break;
   }
   if (a.splits > 1) attention_combine_kernel<<<unsigned(a.T * a.heads), 128, 0, s>>>(a);
 }

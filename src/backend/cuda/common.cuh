@@ -13,11 +13,19 @@
 namespace moeserve::cuda {
 
 // The arithmetic matches the CPU reference's (exact float32 functions: no fast-math intrinsics).
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoidf_(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float siluf_(float x) {
+  return x / (1.0f + expf(-x));
+}
 
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float bf16_lo(uint32_t w) {
+  return __uint_as_float(w << 16);
+}
+__device__ __forceinline__ float bf16_hi(uint32_t w) {
+  return __uint_as_float(w & 0xffff0000u);
+}
 
 __device__ __forceinline__ float fp8_to_float(uint8_t v) {
   __half_raw h = __nv_cvt_fp8_to_halfraw(v, __NV_E4M3);
@@ -35,7 +43,9 @@ struct W<WType::F32> {
     float4 v = __ldg(reinterpret_cast<const float4*>(p));
     o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
   }
-  __device__ static float load(const void* base, int64_t i) { return __ldg(static_cast<const float*>(base) + i); }
+  __device__ static float load(const void* base, int64_t i) {
+    return __ldg(static_cast<const float*>(base) + i);
+  }
 };
 
 template <>
@@ -119,30 +129,34 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 }
 
 // Dispatches a runtime WType to a template parameter.
-#define MOESERVE_DISPATCH_WTYPE(type, T, ...)              \
-  switch (type) {                                          \
-    case WType::F32: {                                     \
-      constexpr WType T = WType::F32;                      \
-      __VA_ARGS__;                                         \
-    } break;                                               \
-    case WType::F16: {                                     \
-      constexpr WType T = WType::F16;                      \
-      __VA_ARGS__;                                         \
-    } break;                                               \
-    case WType::BF16: {                                    \
-      constexpr WType T = WType::BF16;                     \
-      __VA_ARGS__;                                         \
-    } break;                                               \
-    case WType::FP8: {                                     \
-      constexpr WType T = WType::FP8;                      \
-      __VA_ARGS__;                                         \
-    } break;                                               \
+#define MOESERVE_DISPATCH_WTYPE(type, T, ...) \
+  switch (type) {                             \
+    case WType::F32: {                        \
+      constexpr WType T = WType::F32;         \
+      __VA_ARGS__;                            \
+    } break;                                  \
+    case WType::F16: {                        \
+      constexpr WType T = WType::F16;         \
+      __VA_ARGS__;                            \
+    } break;                                  \
+    case WType::BF16: {                       \
+      constexpr WType T = WType::BF16;        \
+      __VA_ARGS__;                            \
+    } break;                                  \
+    case WType::FP8: {                        \
+      constexpr WType T = WType::FP8;         \
+      __VA_ARGS__;                            \
+    } break;                                  \
   }
 
 // min/max over int64_t without relying on which integer overloads the CUDA headers declare.
 template <typename T>
-__host__ __device__ __forceinline__ T imin(T a, T b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ T imin(T a, T b) {
+  return a < b ? a : b;
+}
 
-inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+inline unsigned blocks_for(int64_t n, int threads) {
+  return unsigned((n + threads - 1) / threads);
+}
 
 }  // namespace moeserve::cuda

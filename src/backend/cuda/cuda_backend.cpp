@@ -39,7 +39,8 @@ using cuda::WType;
 
 void cuda_ok(cudaError_t e, const char* what, int line) {
   if (e != cudaSuccess)
-    fail("CUDA error {} ({}) in {} (cuda_backend.cpp:{})", cudaGetErrorName(e), cudaGetErrorString(e), what, line);
+    fail("CUDA error {} ({}) in {} (cuda_backend.cpp:{})", cudaGetErrorName(e), cudaGetErrorString(e), what,
+         line);
 }
 void cublas_ok(cublasStatus_t s, const char* what, int line) {
   if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS error {} in {} (cuda_backend.cpp:{})", int(s), what, line);
@@ -48,7 +49,9 @@ void cublas_ok(cublasStatus_t s, const char* what, int line) {
 #define CUBLAS_OK(expr) cublas_ok((expr), #expr, __LINE__)
 
 constexpr size_t kAlign = 256;
-size_t align_up(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
+size_t align_up(size_t n, size_t a = kAlign) {
+  return (n + a - 1) / a * a;
+}
 
 // Matmuls of at most this many rows stream the weights (GEMV); larger ones are tiled GEMMs.
 constexpr int64_t kGemvMaxRows = 8;
@@ -59,11 +62,16 @@ constexpr int64_t kMoeMmaMinPairs = 1024;
 
 WType wtype(DType t) {
   switch (t) {
-    case DType::F32: return WType::F32;
-    case DType::F16: return WType::F16;
-    case DType::BF16: return WType::BF16;
-    case DType::F8_E4M3: return WType::FP8;
-    default: fail("the CUDA backend cannot use {} weights", dtype_name(t));
+    case DType::F32:
+      return WType::F32;
+    case DType::F16:
+      return WType::F16;
+    case DType::BF16:
+      return WType::BF16;
+    case DType::F8_E4M3:
+      return WType::FP8;
+    default:
+      fail("the CUDA backend cannot use {} weights", dtype_name(t));
   }
 }
 
@@ -209,8 +217,8 @@ struct StepGraph {
   DevicePool pool;
   StagingArena arena;
   size_t dyn_bytes = 0;
-  std::vector<size_t> download_sizes;  // in call order
-  std::vector<PinnedBuffer> staging;   // one per download
+  std::vector<size_t> download_sizes;                 // in call order
+  std::vector<PinnedBuffer> staging;                  // one per download
   std::vector<std::pair<void*, size_t>> allocations;  // recorded (address, bytes) in call order
   size_t replay_at = 0;
   uint64_t signature = 0;
@@ -290,8 +298,10 @@ class CudaBackend final : public Backend, public CacheMemory {
   }
   void release(float* p, size_t) override {
     if (mode_ == Mode::Fill) return;
-    if (graph_ && graph_->pool.owns(p)) graph_->pool.release(p);
-    else pool_.release(p);
+    if (graph_ && graph_->pool.owns(p))
+      graph_->pool.release(p);
+    else
+      pool_.release(p);
   }
   void fill_zero(float* x, size_t n) override {
     if (auto op = start("fill_zero", x, n)) CUDA_OK(cudaMemsetAsync(x, 0, n * sizeof(float), stream_));
@@ -310,7 +320,9 @@ class CudaBackend final : public Backend, public CacheMemory {
     if (auto op = start("upload", staged, dst, n))
       CUDA_OK(cudaMemcpyAsync(dst, staged, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
   }
-  void download(const float* src, float* host, size_t n) override { download_bytes(src, host, n * sizeof(float)); }
+  void download(const float* src, float* host, size_t n) override {
+    download_bytes(src, host, n * sizeof(float));
+  }
 
   void prepare(const Matrix& w) override { weight(w); }
   void prepare(const float* weights, size_t n) override { vec(weights, n); }
@@ -344,10 +356,18 @@ class CudaBackend final : public Backend, public CacheMemory {
     auto& g = graphs_[key];
     if (!g) g = std::make_unique<StepGraph>();
     switch (g->state) {
-      case StepGraph::State::Disabled: step(); return;
-      case StepGraph::State::Fresh: measure(*g, step); return;
-      case StepGraph::State::Seen: capture(*g, step); return;
-      case StepGraph::State::Ready: replay(*g, step); return;
+      case StepGraph::State::Disabled:
+        step();
+        return;
+      case StepGraph::State::Fresh:
+        measure(*g, step);
+        return;
+      case StepGraph::State::Seen:
+        capture(*g, step);
+        return;
+      case StepGraph::State::Ready:
+        replay(*g, step);
+        return;
     }
   }
 
@@ -429,18 +449,22 @@ class CudaBackend final : public Backend, public CacheMemory {
       cuda::launch_rope(x, tokens, heads, head_dim, rotary_dim, pos, f, stream_);
   }
 
-  void paged_attention(const float* q, const float* k_new, const float* v_new, int64_t T, int heads, int kv_heads,
-                       int head_dim, int64_t start_pos, std::span<const int32_t> pages, KvCache& kv, int layer,
-                       float* out) override {
+  void paged_attention(const float* q, const float* k_new, const float* v_new, int64_t T, int heads,
+                       int kv_heads, int head_dim, int64_t start_pos, std::span<const int32_t> pages,
+                       KvCache& kv, int layer, float* out) override {
     const auto& spec = kv.spec();
-    check(spec.memory == this, "attention: the KV cache is not in this GPU's memory (size it with the model's "
-                               "kv_cache_spec(), which asks the backend for its cache memory)");
-    check(cuda::attention_head_dim_supported(head_dim), "attention: head_dim {} is not supported on CUDA "
-                                                        "(32, 64, 128 or 256)", head_dim);
+    check(spec.memory == this,
+          "attention: the KV cache is not in this GPU's memory (size it with the model's "
+          "kv_cache_spec(), which asks the backend for its cache memory)");
+    check(cuda::attention_head_dim_supported(head_dim),
+          "attention: head_dim {} is not supported on CUDA "
+          "(32, 64, 128 or 256)",
+          head_dim);
     check(kv_heads > 0 && heads % kv_heads == 0, "attention: {} heads do not group over {} KV heads", heads,
           kv_heads);
     const int64_t capacity = int64_t(pages.size()) * spec.page_size;
-    check(capacity >= start_pos + T, "attention: page table covers {} positions, need {}", capacity, start_pos + T);
+    check(capacity >= start_pos + T, "attention: page table covers {} positions, need {}", capacity,
+          start_pos + T);
     cuda::AttentionArgs a;
     a.q = q, a.k_new = k_new, a.v_new = v_new, a.T = T;
     a.heads = heads, a.kv_heads = kv_heads, a.head_dim = head_dim;
@@ -458,8 +482,8 @@ class CudaBackend final : public Backend, public CacheMemory {
       part_l = allocate(rows);
       a.part_out = part_out.get(), a.part_m = part_m.get(), a.part_l = part_l.get();
     }
-    if (auto op = start("paged_attention", q, k_new, v_new, T, heads, kv_heads, head_dim, a.start_pos, a.pages,
-                        a.num_pages, a.k_cache, a.v_cache, out, a.splits, a.part_out))
+    if (auto op = start("paged_attention", q, k_new, v_new, T, heads, kv_heads, head_dim, a.start_pos,
+                        a.pages, a.num_pages, a.k_cache, a.v_cache, out, a.splits, a.part_out))
       cuda::launch_attention(a, stream_);
   }
 
@@ -468,8 +492,8 @@ class CudaBackend final : public Backend, public CacheMemory {
       cuda::launch_mul_sigmoid(x, gate, rows, dim, gate_stride, stream_);
   }
 
-  void causal_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel, float* state,
-                          float* out) override {
+  void causal_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel,
+                          float* state, float* out) override {
     check(kernel >= 1 && kernel <= 8, "causal conv: kernel size {} is not supported on CUDA (1..8)", kernel);
     check_cache_memory(state, "causal conv state");
     const float* wd = vec(w, size_t(channels * kernel));
@@ -477,18 +501,19 @@ class CudaBackend final : public Backend, public CacheMemory {
       cuda::launch_conv1d_silu(x, T, channels, wd, kernel, state, out, stream_);
   }
 
-  void gdn_gates(const float* b, const float* a, const float* a_log, const float* dt_bias, int64_t T, int v_heads,
-                 float* beta, float* g) override {
+  void gdn_gates(const float* b, const float* a, const float* a_log, const float* dt_bias, int64_t T,
+                 int v_heads, float* beta, float* g) override {
     const float* al = vec(a_log, size_t(v_heads));
     const float* dt = vec(dt_bias, size_t(v_heads));
     if (auto op = start("gdn_gates", b, a, al, dt, T, v_heads, beta, g))
       cuda::launch_gdn_gates(b, a, al, dt, T, v_heads, beta, g, stream_);
   }
 
-  void gated_delta_rule(const DeltaRuleShape& s, const float* q, const float* k, int64_t qk_stride, const float* v,
-                        int64_t v_stride, const float* g, const float* beta, int64_t T, float* state,
-                        float* out) override {
-    check(s.k_dim <= 128, "gated delta rule: key head dim {} is not supported on CUDA (at most 128)", s.k_dim);
+  void gated_delta_rule(const DeltaRuleShape& s, const float* q, const float* k, int64_t qk_stride,
+                        const float* v, int64_t v_stride, const float* g, const float* beta, int64_t T,
+                        float* state, float* out) override {
+    check(s.k_dim <= 128, "gated delta rule: key head dim {} is not supported on CUDA (at most 128)",
+          s.k_dim);
     check(s.k_heads > 0 && s.v_heads % s.k_heads == 0, "gated delta rule: {} value heads over {} key heads",
           s.v_heads, s.k_heads);
     check_cache_memory(state, "gated delta rule state");
@@ -496,10 +521,10 @@ class CudaBackend final : public Backend, public CacheMemory {
     auto qn = allocate(qk), kn = allocate(qk);
     if (auto op = start("gated_delta_rule", q, k, qk_stride, v, v_stride, g, beta, T, state, out, qn.get(),
                         kn.get(), s.k_heads, s.v_heads, s.k_dim, s.v_dim)) {
-      cuda::launch_l2norm_qk(q, k, qk_stride, T, s.k_heads, s.k_dim, 1.0f / std::sqrt(float(s.k_dim)), qn.get(),
-                             kn.get(), stream_);
-      cuda::launch_delta_rule(qn.get(), kn.get(), s.k_heads, s.k_dim, v, v_stride, s.v_heads, s.v_dim, g, beta, T,
-                              state, out, stream_);
+      cuda::launch_l2norm_qk(q, k, qk_stride, T, s.k_heads, s.k_dim, 1.0f / std::sqrt(float(s.k_dim)),
+                             qn.get(), kn.get(), stream_);
+      cuda::launch_delta_rule(qn.get(), kn.get(), s.k_heads, s.k_dim, v, v_stride, s.v_heads, s.v_dim, g,
+                              beta, T, state, out, stream_);
     }
   }
 
@@ -527,9 +552,10 @@ class CudaBackend final : public Backend, public CacheMemory {
   void moe_experts(std::span<const SwiGlu> experts, const float* router_logits, int top_k, bool renormalize,
                    const float* x, int64_t n, int64_t hidden, float* out) override {
     const auto& table = expert_table(experts);
-    check(table.hidden == hidden, "moe: experts take {} inputs, the activations have {}", table.hidden, hidden);
-    check(top_k >= 1 && top_k <= 16 && top_k <= table.experts, "moe: top-k {} is not supported on CUDA (1..16)",
-          top_k);
+    check(table.hidden == hidden, "moe: experts take {} inputs, the activations have {}", table.hidden,
+          hidden);
+    check(top_k >= 1 && top_k <= 16 && top_k <= table.experts,
+          "moe: top-k {} is not supported on CUDA (1..16)", top_k);
     const int64_t P = n * top_k;
     const bool tc = !fp32_matmul_ && P >= kMoeMmaMinPairs && cuda::moe_mma_supported(table);
     const int tile = cuda::moe_tile(n, top_k, table.experts, tc);
@@ -555,7 +581,8 @@ class CudaBackend final : public Backend, public CacheMemory {
       cuda::launch_moe(table, router_logits, top_k, renormalize, x, n, tc, s, out, stream_);
   }
 
-  void add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows, int64_t dim) override {
+  void add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows,
+                         int64_t dim) override {
     if (auto op = start("add_sigmoid_gated", out, y, gate_logit, rows, dim))
       cuda::launch_add_sigmoid_gated(out, y, gate_logit, rows, dim, stream_);
   }
@@ -582,20 +609,22 @@ class CudaBackend final : public Backend, public CacheMemory {
   void set_graphs(bool on) { graphs_enabled_ = on; }
   std::string profile_report() const {
     std::vector<std::pair<std::string, ProfileEntry>> rows(profile_.begin(), profile_.end());
-    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
     double total = 0;
     for (const auto& r : rows) total += r.second.ms;
-    std::string s = fmt::format("{:<34} {:>8} {:>10} {:>9} {:>6}\n", "op", "calls", "total ms", "us/call", "%");
+    std::string s =
+        fmt::format("{:<34} {:>8} {:>10} {:>9} {:>6}\n", "op", "calls", "total ms", "us/call", "%");
     for (const auto& [name, e] : rows)
-      s += fmt::format("{:<34} {:>8} {:>10.3f} {:>9.1f} {:>5.1f}%\n", name, e.calls, e.ms, 1000 * e.ms / e.calls,
-                       100 * e.ms / total);
+      s += fmt::format("{:<34} {:>8} {:>10.3f} {:>9.1f} {:>5.1f}%\n", name, e.calls, e.ms,
+                       1000 * e.ms / e.calls, 100 * e.ms / total);
     s += fmt::format("{:<34} {:>8} {:>10.3f}\n", "total", "", total);
     return s;
   }
   std::string graph_timing() {
-    std::string s = fmt::format("{} graph replays: host fill {:.1f} us, launch + run + sync {:.1f} us per replay",
-                                replays_, replays_ ? 1e6 * fill_seconds_ / replays_ : 0.0,
-                                replays_ ? 1e6 * launch_seconds_ / replays_ : 0.0);
+    std::string s = fmt::format(
+        "{} graph replays: host fill {:.1f} us, launch + run + sync {:.1f} us per replay", replays_,
+        replays_ ? 1e6 * fill_seconds_ / replays_ : 0.0, replays_ ? 1e6 * launch_seconds_ / replays_ : 0.0);
     replays_ = 0;
     fill_seconds_ = launch_seconds_ = 0;
     return s;
@@ -603,10 +632,11 @@ class CudaBackend final : public Backend, public CacheMemory {
   std::string device_summary() const {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    return fmt::format("{} (sm_{}{}, {} SMs, {:.1f} GiB; {:.1f} GiB in use: weights {:.1f}, activations {:.1f})",
-                       props_.name, props_.major, props_.minor, props_.multiProcessorCount, total_b / 1073741824.0,
-                       (total_b - free_b) / 1073741824.0, weights_arena_.total() / 1073741824.0,
-                       pool_.held_bytes() / 1073741824.0);
+    return fmt::format(
+        "{} (sm_{}{}, {} SMs, {:.1f} GiB; {:.1f} GiB in use: weights {:.1f}, activations {:.1f})",
+        props_.name, props_.major, props_.minor, props_.multiProcessorCount, total_b / 1073741824.0,
+        (total_b - free_b) / 1073741824.0, weights_arena_.total() / 1073741824.0,
+        pool_.held_bytes() / 1073741824.0);
   }
 
  private:
@@ -615,8 +645,8 @@ class CudaBackend final : public Backend, public CacheMemory {
   // ---- op scopes: signature, eager error checks and profiling ------------------------------------------
   class OpScope {
    public:
-    OpScope(CudaBackend* be, const char* name, bool issue, bool timed) : be_(be), name_(name), issue_(issue),
-                                                                        timed_(timed) {
+    OpScope(CudaBackend* be, const char* name, bool issue, bool timed)
+        : be_(be), name_(name), issue_(issue), timed_(timed) {
       ++be_->depth_;
       if (timed_) CUDA_OK(cudaEventRecord(be_->ev_start_, be_->stream_));
     }
@@ -628,7 +658,8 @@ class CudaBackend final : public Backend, public CacheMemory {
         CUDA_OK(cudaGetLastError());
         if (be_->sync_each_op_) {
           const cudaError_t e = cudaStreamSynchronize(be_->stream_);
-          if (e != cudaSuccess) fail("CUDA error {} in op {}: {}", cudaGetErrorName(e), name_, cudaGetErrorString(e));
+          if (e != cudaSuccess)
+            fail("CUDA error {} in op {}: {}", cudaGetErrorName(e), name_, cudaGetErrorString(e));
         }
       }
       if (timed_) {
@@ -867,11 +898,13 @@ class CudaBackend final : public Backend, public CacheMemory {
     v.scale_cols = w.scale_cols();
     check(v.type != WType::FP8 || (w.scale_inv && w.block_rows > 0 && w.block_cols > 0),
           "an FP8 weight [{} x {}] has no block scales", w.rows, w.cols);
-    const size_t scale_floats = w.scale_inv ? size_t((w.rows + w.block_rows - 1) / w.block_rows * v.scale_cols) : 0;
+    const size_t scale_floats =
+        w.scale_inv ? size_t((w.rows + w.block_rows - 1) / w.block_rows * v.scale_cols) : 0;
     if (is_device_pointer(w.data)) {
       v.data = w.data;
       v.scale_inv = w.scale_inv;
-      if (w.scale_inv && !is_device_pointer(w.scale_inv)) v.scale_inv = upload_floats(w.scale_inv, scale_floats);
+      if (w.scale_inv && !is_device_pointer(w.scale_inv))
+        v.scale_inv = upload_floats(w.scale_inv, scale_floats);
     } else {
       const size_t bytes = size_t(w.rows) * size_t(w.cols) * dtype_size(w.dtype);
       void* d = weights_arena_.allocate(bytes);
@@ -951,8 +984,10 @@ class CudaBackend final : public Backend, public CacheMemory {
       --it;
       return reinterpret_cast<const char*>(p) < it->first + it->second;
     }();
-    check(inside, "{}: not in this GPU's cache memory (size the cache with the model's state_cache_spec(), "
-                  "which asks the backend for its cache memory)", what);
+    check(inside,
+          "{}: not in this GPU's cache memory (size the cache with the model's state_cache_spec(), "
+          "which asks the backend for its cache memory)",
+          what);
   }
 
   struct Deferred {
@@ -1016,17 +1051,33 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
 }
 
 namespace cuda_tools {
-void* allocate_device(Backend& b, size_t bytes) { return cuda_of(b).allocate_device(bytes); }
+void* allocate_device(Backend& b, size_t bytes) {
+  return cuda_of(b).allocate_device(bytes);
+}
 void fill_random(Backend& b, void* data, DType dtype, int64_t n, uint64_t seed, float scale) {
   cuda_of(b).fill_random(data, dtype, n, seed, scale);
 }
-void synchronize(Backend& b) { cuda_of(b).synchronize(); }
-void set_profiling(Backend& b, bool on) { cuda_of(b).set_profiling(on); }
-std::string profile_report(Backend& b) { return cuda_of(b).profile_report(); }
-void reset_profile(Backend& b) { cuda_of(b).reset_profile(); }
-void set_graphs(Backend& b, bool on) { cuda_of(b).set_graphs(on); }
-std::string device_summary(Backend& b) { return cuda_of(b).device_summary(); }
-std::string graph_timing(Backend& b) { return cuda_of(b).graph_timing(); }
+void synchronize(Backend& b) {
+  cuda_of(b).synchronize();
+}
+void set_profiling(Backend& b, bool on) {
+  cuda_of(b).set_profiling(on);
+}
+std::string profile_report(Backend& b) {
+  return cuda_of(b).profile_report();
+}
+void reset_profile(Backend& b) {
+  cuda_of(b).reset_profile();
+}
+void set_graphs(Backend& b, bool on) {
+  cuda_of(b).set_graphs(on);
+}
+std::string device_summary(Backend& b) {
+  return cuda_of(b).device_summary();
+}
+std::string graph_timing(Backend& b) {
+  return cuda_of(b).graph_timing();
+}
 }  // namespace cuda_tools
 
 }  // namespace moeserve

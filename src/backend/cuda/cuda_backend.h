@@ -1,6 +1,6 @@
 #pragma once
-// The CUDA backend (built with -DMOESERVE_CUDA=ON): make_backend("cuda") returns it. Design, kernels, numerics
-// and measurements: docs/cuda.md.
+// The CUDA backend (built with -DMOESERVE_CUDA=ON): make_backend("cuda") returns it. Design, kernels,
+// numerics and measurements: docs/cuda.md.
 
 #include <cstdint>
 #include <memory>

@@ -9,7 +9,8 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
     x[i] += y[i];
 }
 
@@ -30,8 +31,8 @@ __global__ void rms_norm_kernel(const float* x, int64_t dim, int64_t x_stride, c
 }
 
 // h += y, then out = zero-centred RMSNorm(h); one block per row.
-__global__ void add_rms_norm_kernel(float* h, const float* __restrict__ y, int64_t dim, const float* __restrict__ w,
-                                    float eps, float* __restrict__ out) {
+__global__ void add_rms_norm_kernel(float* h, const float* __restrict__ y, int64_t dim,
+                                    const float* __restrict__ w, float eps, float* __restrict__ out) {
   __shared__ float scratch[32];
   float* hr = h + blockIdx.x * dim;
   const float* yr = y + blockIdx.x * dim;
@@ -94,14 +95,15 @@ __global__ void mul_sigmoid_kernel(float* x, const float* __restrict__ gate, int
   x[i] *= sigmoidf_(gate[r * gate_stride + c]);
 }
 
-__global__ void add_sigmoid_gated_kernel(float* out, const float* __restrict__ y, const float* __restrict__ gate,
-                                         int64_t rows, int64_t dim) {
+__global__ void add_sigmoid_gated_kernel(float* out, const float* __restrict__ y,
+                                         const float* __restrict__ gate, int64_t rows, int64_t dim) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= rows * dim) return;
   out[i] = fmaf(sigmoidf_(gate[i / dim]), y[i], out[i]);
 }
 
-__global__ void silu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, float* out, int64_t n) {
+__global__ void silu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, float* out,
+                                int64_t n) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < n) out[i] = siluf_(g[i]) * u[i];
 }
@@ -151,14 +153,23 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
 }
 
 __global__ void fill_random_kernel(void* data, WType type, int64_t n, uint64_t seed, float scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const float u = float(mix64(seed ^ mix64(uint64_t(i))) >> 40) * (1.0f / 16777216.0f);  // [0, 1)
     const float v = (2.0f * u - 1.0f) * scale;
     switch (type) {
-      case WType::F32: static_cast<float*>(data)[i] = v; break;
-      case WType::F16: static_cast<__half*>(data)[i] = __float2half_rn(v); break;
-      case WType::BF16: static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16_rn(v); break;
-      case WType::FP8: static_cast<__nv_fp8_e4m3*>(data)[i] = __nv_fp8_e4m3(v); break;
+      case WType::F32:
+        static_cast<float*>(data)[i] = v;
+        break;
+      case WType::F16:
+        static_cast<__half*>(data)[i] = __float2half_rn(v);
+        break;
+      case WType::BF16:
+        static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16_rn(v);
+        break;
+      case WType::FP8:
+        static_cast<__nv_fp8_e4m3*>(data)[i] = __nv_fp8_e4m3(v);
+        break;
     }
   }
 }
@@ -180,14 +191,14 @@ void launch_rms_norm(const float* x, int64_t rows, int64_t dim, int64_t x_stride
     rms_norm_kernel<false><<<unsigned(rows), t, 0, s>>>(x, dim, x_stride, w, eps, out, out_stride);
 }
 
-void launch_add_rms_norm(float* h, const float* y, int64_t rows, int64_t dim, const float* w, float eps, float* out,
-                         cudaStream_t s) {
+void launch_add_rms_norm(float* h, const float* y, int64_t rows, int64_t dim, const float* w, float eps,
+                         float* out, cudaStream_t s) {
   if (rows == 0) return;
   add_rms_norm_kernel<<<unsigned(rows), row_threads(dim), 0, s>>>(h, y, dim, w, eps, out);
 }
 
-void launch_gated_rms_norm(const float* o, const float* z, int64_t rows, int64_t dim, const float* w, float eps,
-                           float* out, cudaStream_t s) {
+void launch_gated_rms_norm(const float* o, const float* z, int64_t rows, int64_t dim, const float* w,
+                           float eps, float* out, cudaStream_t s) {
   if (rows == 0) return;
   gated_rms_norm_kernel<<<unsigned(rows), row_threads(dim), 0, s>>>(o, z, dim, w, eps, out);
 }
@@ -197,7 +208,8 @@ void launch_rope(float* x, int64_t tokens, int heads, int head_dim, int rotary_d
   const int half = rotary_dim / 2;
   const int64_t n = tokens * heads * half;
   if (n == 0) return;
-  rope_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, tokens, heads, head_dim, half, start_pos, inv_freq);
+  rope_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, tokens, heads, head_dim, half, start_pos,
+                                                           inv_freq);
 }
 
 void launch_embed(const int32_t* tokens, int64_t n, const WeightView& table, float* out, cudaStream_t s) {
@@ -231,7 +243,8 @@ void launch_dequant_bf16(const WeightView& w, uint16_t* out, cudaStream_t s) {
   const int64_t n = w.rows * w.cols;
   if (n == 0) return;
   auto* o = reinterpret_cast<__nv_bfloat16*>(out);
-  MOESERVE_DISPATCH_WTYPE(w.type, T, dequant_bf16_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, s>>>(w, o));
+  MOESERVE_DISPATCH_WTYPE(w.type, T,
+                          dequant_bf16_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, s>>>(w, o));
 }
 
 void launch_argmax(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t s) {

@@ -1,4 +1,5 @@
-// Gated DeltaNet kernels: gates, the causal depthwise conv, q/k l2-normalisation and the recurrent delta rule.
+// Gated DeltaNet kernels: gates, the causal depthwise conv, q/k l2-normalisation and the recurrent delta
+// rule.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
@@ -7,8 +8,8 @@ namespace moeserve::cuda {
 namespace {
 
 __global__ void gdn_gates_kernel(const float* __restrict__ b, const float* __restrict__ a,
-                                 const float* __restrict__ a_log, const float* __restrict__ dt_bias, int64_t n,
-                                 int v_heads, float* __restrict__ beta, float* __restrict__ g) {
+                                 const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                                 int64_t n, int v_heads, float* __restrict__ beta, float* __restrict__ g) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const int h = int(i % v_heads);
@@ -19,15 +20,16 @@ __global__ void gdn_gates_kernel(const float* __restrict__ b, const float* __res
 }
 
 // One thread per (channel, block of kTokens tokens). Input at time τ < 0 comes from the state, whose column j
-// holds time j - (kernel-1). When the launch has a single token block, each thread also advances its channel's
-// state (it has read all of it by then); otherwise conv_state_kernel does that afterwards.
+// holds time j - (kernel-1). When the launch has a single token block, each thread also advances its
+// channel's state (it has read all of it by then); otherwise conv_state_kernel does that afterwards.
 constexpr int kConvTokens = 64;
 constexpr int kMaxKernel = 8;
 
 // kKernel > 0 fixes the kernel size at compile time (the window then lives in registers).
 template <int kKernel>
-__global__ void conv1d_silu_kernel(const float* __restrict__ x, int64_t T, int64_t C, const float* __restrict__ w,
-                                   int runtime_kernel, float* state, float* __restrict__ out) {
+__global__ void conv1d_silu_kernel(const float* __restrict__ x, int64_t T, int64_t C,
+                                   const float* __restrict__ w, int runtime_kernel, float* state,
+                                   float* __restrict__ out) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= C) return;
   const int kernel = kKernel > 0 ? kKernel : runtime_kernel;
@@ -62,7 +64,8 @@ __global__ void conv1d_silu_kernel(const float* __restrict__ x, int64_t T, int64
   }
 }
 
-__global__ void conv_state_kernel(const float* __restrict__ x, int64_t T, int64_t C, int kernel, float* state) {
+__global__ void conv_state_kernel(const float* __restrict__ x, int64_t T, int64_t C, int kernel,
+                                  float* state) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= C) return;
   const int hist = kernel - 1;
@@ -73,9 +76,11 @@ __global__ void conv_state_kernel(const float* __restrict__ x, int64_t T, int64_
   }
 }
 
-// One warp per (token, key head): qn = q / ||q|| * q_scale, kn = k / ||k|| (norms with +1e-6 inside the root).
-__global__ void l2norm_qk_kernel(const float* __restrict__ q, const float* __restrict__ k, int64_t stride, int64_t T,
-                                 int heads, int dim, float q_scale, float* __restrict__ qn, float* __restrict__ kn) {
+// One warp per (token, key head): qn = q / ||q|| * q_scale, kn = k / ||k|| (norms with +1e-6 inside the
+// root).
+__global__ void l2norm_qk_kernel(const float* __restrict__ q, const float* __restrict__ k, int64_t stride,
+                                 int64_t T, int heads, int dim, float q_scale, float* __restrict__ qn,
+                                 float* __restrict__ kn) {
   const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (row >= T * heads) return;
@@ -99,12 +104,12 @@ constexpr int kDeltaWarps = 4;
 constexpr int kDeltaMaxDim = 128;
 constexpr int kDeltaRows = kDeltaMaxDim / kDeltaWarps;
 
-__global__ __launch_bounds__(128) void delta_rule_kernel(const float* __restrict__ qn, const float* __restrict__ kn,
-                                                         int k_heads, int dk, const float* __restrict__ v,
-                                                         int64_t v_stride, int v_heads, int dv,
-                                                         const float* __restrict__ g,
-                                                         const float* __restrict__ beta, int64_t T, float* state,
-                                                         float* __restrict__ out) {
+__global__ __launch_bounds__(128) void delta_rule_kernel(const float* __restrict__ qn,
+                                                         const float* __restrict__ kn, int k_heads, int dk,
+                                                         const float* __restrict__ v, int64_t v_stride,
+                                                         int v_heads, int dv, const float* __restrict__ g,
+                                                         const float* __restrict__ beta, int64_t T,
+                                                         float* state, float* __restrict__ out) {
   __shared__ float ks[kDeltaMaxDim], qs[kDeltaMaxDim];
   __shared__ float red_kv[kDeltaWarps][32], red_o[kDeltaWarps][32];
   const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -151,7 +156,8 @@ __global__ __launch_bounds__(128) void delta_rule_kernel(const float* __restrict
     red_o[warp][lane] = o;
     __syncthreads();
     if (warp == 0 && col)
-      out[(t * v_heads + h) * int64_t(dv) + j] = red_o[0][lane] + red_o[1][lane] + red_o[2][lane] + red_o[3][lane];
+      out[(t * v_heads + h) * int64_t(dv) + j] =
+          red_o[0][lane] + red_o[1][lane] + red_o[2][lane] + red_o[3][lane];
   }
 #pragma unroll
   for (int m = 0; m < kDeltaRows; ++m) {
@@ -178,22 +184,23 @@ void launch_conv1d_silu(const float* x, int64_t T, int64_t channels, const float
     conv1d_silu_kernel<4><<<grid, 128, 0, s>>>(x, T, channels, w, kernel, state, out);
   else
     conv1d_silu_kernel<0><<<grid, 128, 0, s>>>(x, T, channels, w, kernel, state, out);
-  if (token_blocks > 1) conv_state_kernel<<<blocks_for(channels, 128), 128, 0, s>>>(x, T, channels, kernel, state);
+  if (token_blocks > 1)
+    conv_state_kernel<<<blocks_for(channels, 128), 128, 0, s>>>(x, T, channels, kernel, state);
 }
 
-void launch_l2norm_qk(const float* q, const float* k, int64_t stride, int64_t T, int k_heads, int dim, float q_scale,
-                      float* qn, float* kn, cudaStream_t s) {
+void launch_l2norm_qk(const float* q, const float* k, int64_t stride, int64_t T, int k_heads, int dim,
+                      float q_scale, float* qn, float* kn, cudaStream_t s) {
   const int64_t rows = T * k_heads;
   if (rows == 0) return;
   l2norm_qk_kernel<<<blocks_for(rows * 32, 256), 256, 0, s>>>(q, k, stride, T, k_heads, dim, q_scale, qn, kn);
 }
 
-void launch_delta_rule(const float* qn, const float* kn, int k_heads, int k_dim, const float* v, int64_t v_stride,
-                       int v_heads, int v_dim, const float* g, const float* beta, int64_t T, float* state,
-                       float* out, cudaStream_t s) {
+void launch_delta_rule(const float* qn, const float* kn, int k_heads, int k_dim, const float* v,
+                       int64_t v_stride, int v_heads, int v_dim, const float* g, const float* beta, int64_t T,
+                       float* state, float* out, cudaStream_t s) {
   const dim3 grid(unsigned(v_heads), unsigned((v_dim + 31) / 32));
-  delta_rule_kernel<<<grid, 32 * kDeltaWarps, 0, s>>>(qn, kn, k_heads, k_dim, v, v_stride, v_heads, v_dim, g, beta,
-                                                      T, state, out);
+  delta_rule_kernel<<<grid, 32 * kDeltaWarps, 0, s>>>(qn, kn, k_heads, k_dim, v, v_stride, v_heads, v_dim, g,
+                                                      beta, T, state, out);
 }
 
 }  // namespace moeserve::cuda

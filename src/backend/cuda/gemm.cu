@@ -12,11 +12,11 @@ constexpr int kGemvMaxTokens = 8;
 // Matrices with at most this many rows take one row per warp (more blocks for short, wide matrices).
 constexpr int64_t kGemvOneRowMax = 4096;
 
-// y[t][r] = x[t] · w[r]. Block = kGemvWarps warps, each owning kGemvRowsPerWarp rows; blockIdx.y picks a group
-// of kTokens tokens.
+// y[t][r] = x[t] · w[r]. Block = kGemvWarps warps, each owning kGemvRowsPerWarp rows; blockIdx.y picks a
+// group of kTokens tokens.
 template <WType T, int kTokens, bool kVector, int kGemvRowsPerWarp>
-__global__ __launch_bounds__(kGemvWarps * 32) void gemv_kernel(const float* __restrict__ x, int64_t n, WeightView w,
-                                                               float* __restrict__ y) {
+__global__ __launch_bounds__(kGemvWarps * 32) void gemv_kernel(const float* __restrict__ x, int64_t n,
+                                                               WeightView w, float* __restrict__ y) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row0 = (int64_t(blockIdx.x) * kGemvWarps + warp) * kGemvRowsPerWarp;
   const int64_t t0 = int64_t(blockIdx.y) * kTokens;
@@ -62,31 +62,44 @@ __global__ __launch_bounds__(kGemvWarps * 32) void gemv_swiglu_kernel(const floa
 }
 
 template <WType T, int kTokens, int kRows>
-void gemv_launch(const float* x, int64_t n, const WeightView& w, const WeightView* up, float* y, cudaStream_t s) {
+void gemv_launch(const float* x, int64_t n, const WeightView& w, const WeightView* up, float* y,
+                 cudaStream_t s) {
   const dim3 grid(blocks_for(w.rows, kGemvWarps * kRows), unsigned((n + kTokens - 1) / kTokens));
-  const bool vec = vector_rows<T>(w) && (!up || vector_rows<T>(*up)) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool vec =
+      vector_rows<T>(w) && (!up || vector_rows<T>(*up)) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   if (up) {
-    if (vec) gemv_swiglu_kernel<T, kTokens, true, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, *up, y);
-    else gemv_swiglu_kernel<T, kTokens, false, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, *up, y);
+    if (vec)
+      gemv_swiglu_kernel<T, kTokens, true, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, *up, y);
+    else
+      gemv_swiglu_kernel<T, kTokens, false, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, *up, y);
   } else {
-    if (vec) gemv_kernel<T, kTokens, true, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, y);
-    else gemv_kernel<T, kTokens, false, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, y);
+    if (vec)
+      gemv_kernel<T, kTokens, true, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, y);
+    else
+      gemv_kernel<T, kTokens, false, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, y);
   }
 }
 
 template <WType T, int kTokens>
 void gemv_dispatch(const float* x, int64_t n, const WeightView& w, const WeightView* up, float* y,
                    cudaStream_t s) {
-  if (w.rows <= kGemvOneRowMax) gemv_launch<T, kTokens, 1>(x, n, w, up, y, s);
-  else gemv_launch<T, kTokens, 2>(x, n, w, up, y, s);
+  if (w.rows <= kGemvOneRowMax)
+    gemv_launch<T, kTokens, 1>(x, n, w, up, y, s);
+  else
+    gemv_launch<T, kTokens, 2>(x, n, w, up, y, s);
 }
 
 template <WType T>
-void gemv_tokens(const float* x, int64_t n, const WeightView& w, const WeightView* up, float* y, cudaStream_t s) {
-  if (n == 1) gemv_dispatch<T, 1>(x, n, w, up, y, s);
-  else if (n == 2) gemv_dispatch<T, 2>(x, n, w, up, y, s);
-  else if (n <= 4) gemv_dispatch<T, 4>(x, n, w, up, y, s);
-  else gemv_dispatch<T, kGemvMaxTokens>(x, n, w, up, y, s);
+void gemv_tokens(const float* x, int64_t n, const WeightView& w, const WeightView* up, float* y,
+                 cudaStream_t s) {
+  if (n == 1)
+    gemv_dispatch<T, 1>(x, n, w, up, y, s);
+  else if (n == 2)
+    gemv_dispatch<T, 2>(x, n, w, up, y, s);
+  else if (n <= 4)
+    gemv_dispatch<T, 4>(x, n, w, up, y, s);
+  else
+    gemv_dispatch<T, kGemvMaxTokens>(x, n, w, up, y, s);
 }
 
 // Tiled SIMT GEMM: 64 tokens × 64 weight rows per block, 16×16 threads of 4×4 outputs, k-steps of 16.

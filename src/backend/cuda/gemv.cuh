@@ -9,8 +9,10 @@ namespace moeserve::cuda {
 // Whether rows can be read as 16-byte vectors: the row length is whole vectors and the base is aligned.
 template <WType T>
 inline bool vector_rows(const WeightView& w) {
-  bool ok = (w.cols * W<T>::kBytes) % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.cols % 4 == 0;
-  if constexpr (T == WType::FP8) ok = ok && w.block_cols % W<T>::kVec == 0;  // a vector never straddles scales
+  bool ok =
+      (w.cols * W<T>::kBytes) % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.cols % 4 == 0;
+  if constexpr (T == WType::FP8)
+    ok = ok && w.block_cols % W<T>::kVec == 0;  // a vector never straddles scales
   return ok;
 }
 

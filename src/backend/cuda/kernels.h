@@ -28,8 +28,8 @@ void launch_rms_norm(const float* x, int64_t rows, int64_t dim, int64_t x_stride
                      bool zero_centred, float* out, int64_t out_stride, cudaStream_t s);
 void launch_add_rms_norm(float* h, const float* y, int64_t rows, int64_t dim, const float* w, float eps,
                          float* out, cudaStream_t s);
-void launch_gated_rms_norm(const float* o, const float* z, int64_t rows, int64_t dim, const float* w, float eps,
-                           float* out, cudaStream_t s);
+void launch_gated_rms_norm(const float* o, const float* z, int64_t rows, int64_t dim, const float* w,
+                           float eps, float* out, cudaStream_t s);
 void launch_rope(float* x, int64_t tokens, int heads, int head_dim, int rotary_dim, const int64_t* start_pos,
                  const float* inv_freq, cudaStream_t s);
 void launch_embed(const int32_t* tokens, int64_t n, const WeightView& table, float* out, cudaStream_t s);
@@ -54,9 +54,9 @@ void launch_l2norm_qk(const float* q, const float* k, int64_t stride, int64_t T,
                       float q_scale, float* qn, float* kn, cudaStream_t s);
 // qn, kn [T][k_heads][k_dim] normalised; v rows of [v_heads][v_dim] every v_stride floats; state
 // [v_heads][k_dim][v_dim]; out [T][v_heads][v_dim].
-void launch_delta_rule(const float* qn, const float* kn, int k_heads, int k_dim, const float* v, int64_t v_stride,
-                       int v_heads, int v_dim, const float* g, const float* beta, int64_t T, float* state,
-                       float* out, cudaStream_t s);
+void launch_delta_rule(const float* qn, const float* kn, int k_heads, int k_dim, const float* v,
+                       int64_t v_stride, int v_heads, int v_dim, const float* g, const float* beta, int64_t T,
+                       float* state, float* out, cudaStream_t s);
 
 // ---- matmul (gemm.cu) ------------------------------------------------------------------------------------
 // Small batches (n ≤ 8 per pass): weight-streaming GEMV with float32 activations.
@@ -81,7 +81,8 @@ struct AttentionArgs {
   float* v_cache = nullptr;
   int page_size = 0;
   float* out = nullptr;  // [T][heads][head_dim]
-  // Split-K scratch (splits > 1): partial outputs [splits][T*heads][head_dim] and row stats [splits][T*heads].
+  // Split-K scratch (splits > 1): partial outputs [splits][T*heads][head_dim] and row stats
+  // [splits][T*heads].
   int splits = 1;
   float* part_out = nullptr;
   float* part_m = nullptr;
@@ -117,8 +118,8 @@ struct MoeScratch {
   uint16_t* xb = nullptr;        // [P][hidden] bf16 gathered inputs (tensor-core path)
   float* y = nullptr;            // [P][hidden]
 };
-constexpr int kMoeSimtTile = 8;    // tokens per work item, SIMT path
-constexpr int kMoeMmaTile = 64;    // tokens per work item, tensor-core path
+constexpr int kMoeSimtTile = 8;  // tokens per work item, SIMT path
+constexpr int kMoeMmaTile = 64;  // tokens per work item, tensor-core path
 // Rows per work item for n tokens: kMoeMmaTile, kMoeSimtTile, or 1 when pairs are spread thin (decode).
 int moe_tile(int64_t n, int top_k, int experts, bool tensor_cores);
 int64_t moe_max_items(int64_t pairs, int experts, int tile);

@@ -116,10 +116,11 @@ __global__ void moe_plan_kernel(const int32_t* __restrict__ ids, int64_t P, int 
 
 // Small batches: routing and planning in one launch (one block; warp w routes tokens w, w+32, ...).
 constexpr int64_t kFusedRouteMaxTokens = 256;
-__global__ void moe_route_plan_kernel(const float* __restrict__ logits, int64_t n, int E, int k, bool renormalize,
-                                      int tile, int32_t* __restrict__ ids, float* __restrict__ weights,
-                                      int32_t* __restrict__ sorted, int32_t* __restrict__ pair_row,
-                                      int32_t* __restrict__ items, int32_t* __restrict__ num_items) {
+__global__ void moe_route_plan_kernel(const float* __restrict__ logits, int64_t n, int E, int k,
+                                      bool renormalize, int tile, int32_t* __restrict__ ids,
+                                      float* __restrict__ weights, int32_t* __restrict__ sorted,
+                                      int32_t* __restrict__ pair_row, int32_t* __restrict__ items,
+                                      int32_t* __restrict__ num_items) {
   for (int64_t row = threadIdx.x >> 5; row < n; row += blockDim.x >> 5)
     route_token(logits, row, E, k, renormalize, ids, weights);
   __syncthreads();  // the block's global writes of ids are visible to all of it
@@ -127,7 +128,8 @@ __global__ void moe_route_plan_kernel(const float* __restrict__ logits, int64_t 
 }
 
 __device__ __forceinline__ WeightView expert_view(const ExpertTable& t, const void* const* data,
-                                                  const float* const* scales, int e, int64_t rows, int64_t cols) {
+                                                  const float* const* scales, int e, int64_t rows,
+                                                  int64_t cols) {
   WeightView w;
   w.type = t.type;
   w.data = data[e];
@@ -142,11 +144,9 @@ constexpr int kSimtWarps = 8, kSimtRows = 2;
 
 // h[row] = silu(x_row · gate_i) * (x_row · up_i) for the item's rows, x rows gathered through `sorted`.
 template <WType T, bool kVector, int kTile>
-__global__ __launch_bounds__(kSimtWarps * 32) void moe_gate_up_simt(ExpertTable t, const float* __restrict__ x,
-                                                                    int top_k, const int32_t* __restrict__ sorted,
-                                                                    const int32_t* __restrict__ items,
-                                                                    const int32_t* __restrict__ num_items,
-                                                                    float* __restrict__ h) {
+__global__ __launch_bounds__(kSimtWarps * 32) void moe_gate_up_simt(
+    ExpertTable t, const float* __restrict__ x, int top_k, const int32_t* __restrict__ sorted,
+    const int32_t* __restrict__ items, const int32_t* __restrict__ num_items, float* __restrict__ h) {
   if (int(blockIdx.y) >= *num_items) return;
   const int32_t* it = items + 3 * blockIdx.y;
   const int e = it[0], first = it[1], count = it[2];
@@ -217,14 +217,17 @@ template <WType T>
 __device__ __forceinline__ uint4 weight_bf16x8(const WeightView& w, int64_t row, int64_t k) {
   if (row >= w.rows || k >= w.cols) return make_uint4(0, 0, 0, 0);
   if constexpr (T == WType::BF16) {
-    return __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w.data) + row * w.cols + k));
+    return __ldg(
+        reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w.data) + row * w.cols + k));
   } else {
-    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w.data) + row * w.cols + k));
+    const uint2 raw =
+        __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w.data) + row * w.cols + k));
     const float sc = w.scale_inv[(row / w.block_rows) * w.scale_cols + k / w.block_cols];
     const uint32_t b[2] = {raw.x, raw.y};
     __nv_bfloat16 v[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = __float2bfloat16_rn(fp8_to_float(uint8_t(b[i / 4] >> (8 * (i % 4)))) * sc);
+    for (int i = 0; i < 8; ++i)
+      v[i] = __float2bfloat16_rn(fp8_to_float(uint8_t(b[i / 4] >> (8 * (i % 4)))) * sc);
     return *reinterpret_cast<const uint4*>(v);
   }
 }
@@ -232,7 +235,8 @@ __device__ __forceinline__ uint4 weight_bf16x8(const WeightView& w, int64_t row,
 // C[64 rows of the item][64 columns from n0] = A[rows][K] · B[n0..n0+63][K]ᵀ for one or two B (gate and up);
 // 4 warps of 32×32. kGateUp writes bf16 silu(C_gate) * C_up, else float32 C.
 template <WType T, bool kGateUp>
-__global__ __launch_bounds__(kMmaThreads) void moe_mma_kernel(ExpertTable t, const __nv_bfloat16* __restrict__ A,
+__global__ __launch_bounds__(kMmaThreads) void moe_mma_kernel(ExpertTable t,
+                                                              const __nv_bfloat16* __restrict__ A,
                                                               const int32_t* __restrict__ items,
                                                               const int32_t* __restrict__ num_items,
                                                               void* __restrict__ out) {
@@ -267,10 +271,12 @@ __global__ __launch_bounds__(kMmaThreads) void moe_mma_kernel(ExpertTable t, con
     for (int l = threadIdx.x; l < kMoeMmaTile * 4; l += kMmaThreads) {
       const int r = l / 4, c = (l % 4) * 8;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < count && k0 + c < K) v = __ldg(reinterpret_cast<const uint4*>(A + int64_t(first + r) * K + k0 + c));
+      if (r < count && k0 + c < K)
+        v = __ldg(reinterpret_cast<const uint4*>(A + int64_t(first + r) * K + k0 + c));
       *reinterpret_cast<uint4*>(&As[r][c]) = v;
 #pragma unroll
-      for (int b = 0; b < NB; ++b) *reinterpret_cast<uint4*>(&Bs[b][r][c]) = weight_bf16x8<T>(B[b], n0 + r, k0 + c);
+      for (int b = 0; b < NB; ++b)
+        *reinterpret_cast<uint4*>(&Bs[b][r][c]) = weight_bf16x8<T>(B[b], n0 + r, k0 + c);
     }
     __syncthreads();
 #pragma unroll
@@ -299,7 +305,8 @@ __global__ __launch_bounds__(kMmaThreads) void moe_mma_kernel(ExpertTable t, con
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int j = 0; j < 2; ++j)
-        wmma::store_matrix_sync(&Cs[wm * 32 + i * 16][wn * 32 + j * 16], acc[b][i][j], kCLd, wmma::mem_row_major);
+        wmma::store_matrix_sync(&Cs[wm * 32 + i * 16][wn * 32 + j * 16], acc[b][i][j], kCLd,
+                                wmma::mem_row_major);
     __syncthreads();
 #pragma unroll
     for (int q = 0; q < kPer; ++q) {
@@ -309,7 +316,8 @@ __global__ __launch_bounds__(kMmaThreads) void moe_mma_kernel(ExpertTable t, con
         first_pass[q] = siluf_(v);
       } else if (r < count && n0 + c < N) {
         if constexpr (kGateUp)
-          static_cast<__nv_bfloat16*>(out)[int64_t(first + r) * N + n0 + c] = __float2bfloat16_rn(first_pass[q] * v);
+          static_cast<__nv_bfloat16*>(out)[int64_t(first + r) * N + n0 + c] =
+              __float2bfloat16_rn(first_pass[q] * v);
         else
           static_cast<float*>(out)[int64_t(first + r) * N + n0 + c] = v;
       }
@@ -349,13 +357,14 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
   const int64_t P = n * top_k;
   if (tensor_cores) {
     if constexpr (T == WType::BF16 || T == WType::FP8) {
-      moe_gather_bf16<<<blocks_for(P * t.hidden, 256), 256, 0, stream>>>(x, P, t.hidden, top_k, s.sorted,
-                                                                         reinterpret_cast<__nv_bfloat16*>(s.xb));
-      const dim3 g1(blocks_for(t.inter, kMmaN), unsigned(max_items)), g2(blocks_for(t.hidden, kMmaN), unsigned(max_items));
+      moe_gather_bf16<<<blocks_for(P * t.hidden, 256), 256, 0, stream>>>(
+          x, P, t.hidden, top_k, s.sorted, reinterpret_cast<__nv_bfloat16*>(s.xb));
+      const dim3 g1(blocks_for(t.inter, kMmaN), unsigned(max_items)),
+          g2(blocks_for(t.hidden, kMmaN), unsigned(max_items));
       moe_mma_kernel<T, true><<<g1, kMmaThreads, 0, stream>>>(t, reinterpret_cast<const __nv_bfloat16*>(s.xb),
                                                               s.items, s.num_items, s.h);
-      moe_mma_kernel<T, false><<<g2, kMmaThreads, 0, stream>>>(t, static_cast<const __nv_bfloat16*>(s.h), s.items,
-                                                               s.num_items, s.y);
+      moe_mma_kernel<T, false><<<g2, kMmaThreads, 0, stream>>>(t, static_cast<const __nv_bfloat16*>(s.h),
+                                                               s.items, s.num_items, s.y);
     }
     return;
   }
@@ -368,17 +377,22 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
   auto launch = [&](auto vector, auto rows) {
     constexpr bool V = decltype(vector)::value;
     constexpr int Tile = decltype(rows)::value;
-    moe_gate_up_simt<T, V, Tile><<<g1, kSimtWarps * 32, 0, stream>>>(t, x, top_k, s.sorted, s.items, s.num_items, h);
+    moe_gate_up_simt<T, V, Tile>
+        <<<g1, kSimtWarps * 32, 0, stream>>>(t, x, top_k, s.sorted, s.items, s.num_items, h);
     moe_down_simt<T, V, Tile><<<g2, kSimtWarps * 32, 0, stream>>>(t, h, s.items, s.num_items, s.y);
   };
   using One = std::integral_constant<int, 1>;
   using Full = std::integral_constant<int, kMoeSimtTile>;
   if (vec) {
-    if (tile == 1) launch(std::true_type{}, One{});
-    else launch(std::true_type{}, Full{});
+    if (tile == 1)
+      launch(std::true_type{}, One{});
+    else
+      launch(std::true_type{}, Full{});
   } else {
-    if (tile == 1) launch(std::false_type{}, One{});
-    else launch(std::false_type{}, Full{});
+    if (tile == 1)
+      launch(std::false_type{}, One{});
+    else
+      launch(std::false_type{}, Full{});
   }
 }
 
@@ -406,16 +420,20 @@ void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, boo
   const int64_t P = n * top_k;
   const int tile = moe_tile(n, top_k, t.experts, tensor_cores);
   if (n <= kFusedRouteMaxTokens) {
-    moe_route_plan_kernel<<<1, 1024, 0, stream>>>(router_logits, n, t.experts, top_k, renormalize, tile, s.ids,
-                                                  s.weights, s.sorted, s.pair_row, s.items, s.num_items);
+    moe_route_plan_kernel<<<1, 1024, 0, stream>>>(router_logits, n, t.experts, top_k, renormalize, tile,
+                                                  s.ids, s.weights, s.sorted, s.pair_row, s.items,
+                                                  s.num_items);
   } else {
-    moe_route_kernel<<<blocks_for(n * 32, 256), 256, 0, stream>>>(router_logits, n, t.experts, top_k, renormalize,
-                                                                  s.ids, s.weights);
-    moe_plan_kernel<<<1, 1024, 0, stream>>>(s.ids, P, t.experts, tile, s.sorted, s.pair_row, s.items, s.num_items);
+    moe_route_kernel<<<blocks_for(n * 32, 256), 256, 0, stream>>>(router_logits, n, t.experts, top_k,
+                                                                  renormalize, s.ids, s.weights);
+    moe_plan_kernel<<<1, 1024, 0, stream>>>(s.ids, P, t.experts, tile, s.sorted, s.pair_row, s.items,
+                                            s.num_items);
   }
   const int64_t max_items = moe_max_items(P, t.experts, tile);
-  MOESERVE_DISPATCH_WTYPE(t.type, T, run_experts<T>(t, x, n, top_k, tensor_cores, tile, max_items, s, stream));
-  moe_combine_kernel<<<unsigned(n), 256, 0, stream>>>(s.ids, s.weights, s.pair_row, top_k, s.y, t.hidden, out);
+  MOESERVE_DISPATCH_WTYPE(t.type, T,
+                          run_experts<T>(t, x, n, top_k, tensor_cores, tile, max_items, s, stream));
+  moe_combine_kernel<<<unsigned(n), 256, 0, stream>>>(s.ids, s.weights, s.pair_row, top_k, s.y, t.hidden,
+                                                      out);
 }
 
 }  // namespace moeserve::cuda

@@ -2,16 +2,16 @@
 // the logits of every prompt position and greedy generation through the caches (decode steps replayed as CUDA
 // graphs). With float32 matmuls the GPU must meet the CPU's tolerance (1e-3 max |Δlogit|). With the bf16
 // tensor-core matmuls (prefill) the greedy tokens must match and the median position's logits stay within 2%
-// of the largest logit: bf16 keeps 8 significant bits (2^-9 relative per rounding), a few roundings per layer.
-// The maximum over positions is reported but not bounded: a perturbation that swaps two near-tied experts in
-// a token's top-k moves that token's MoE output by a whole expert's contribution, so single positions can
-// differ by O(0.1-1) while the rest agree to rounding.
+// of the largest logit: bf16 keeps 8 significant bits (2^-9 relative per rounding), a few roundings per
+// layer. The maximum over positions is reported but not bounded: a perturbation that swaps two near-tied
+// experts in a token's top-k moves that token's MoE output by a whole expert's contribution, so single
+// positions can differ by O(0.1-1) while the rest agree to rounding.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fmt/format.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_util.h"
@@ -40,7 +40,8 @@ const float* floats_of(const TensorSet& ref, const std::string& name) {
 
 double max_abs(const float* a, const float* b, size_t n) {
   double m = 0;
-  for (size_t i = 0; i < n; ++i) m = std::max(m, std::isnan(a[i]) ? INFINITY : double(std::fabs(a[i] - b[i])));
+  for (size_t i = 0; i < n; ++i)
+    m = std::max(m, std::isnan(a[i]) ? INFINITY : double(std::fabs(a[i] - b[i])));
   return m;
 }
 // Per row of `cols`: max |a - b|; then the median over rows.
@@ -82,11 +83,15 @@ TEST_P(CudaFixtures, MatchesHuggingFaceReference) {
       const double err = max_abs(out.logits.data(), expected, out.logits.size());
       const double median = median_row_error(out.logits.data(), expected, ids.size(), size_t(V));
       const double scale = max_magnitude(expected, out.logits.size());
-      std::printf("%s\n", fmt::format("{:<22} prompt{} {:>4} tokens  {}  max|Δlogit| {:.3e}  median over positions "
-                                      "{:.3e}  (max|logit| {:.2f})",
-                                      GetParam(), i, ids.size(), mode, err, median, scale).c_str());
-      if (fp32) EXPECT_LE(err, tol) << GetParam() << " prompt" << i << " " << mode;
-      else EXPECT_LE(median, tol * std::max(1.0, scale)) << GetParam() << " prompt" << i << " " << mode;
+      std::printf("%s\n",
+                  fmt::format("{:<22} prompt{} {:>4} tokens  {}  max|Δlogit| {:.3e}  median over positions "
+                              "{:.3e}  (max|logit| {:.2f})",
+                              GetParam(), i, ids.size(), mode, err, median, scale)
+                      .c_str());
+      if (fp32)
+        EXPECT_LE(err, tol) << GetParam() << " prompt" << i << " " << mode;
+      else
+        EXPECT_LE(median, tol * std::max(1.0, scale)) << GetParam() << " prompt" << i << " " << mode;
     }
     for (int i = 0; reference.find(fmt::format("gen{}.input_ids", i)); ++i) {
       auto prompt = ids_of(reference, fmt::format("gen{}.input_ids", i));
@@ -102,13 +107,15 @@ TEST_P(CudaFixtures, MatchesHuggingFaceReference) {
       std::vector<float> flat;
       for (const auto& l : step_logits) flat.insert(flat.end(), l.begin(), l.end());
       const double median = median_row_error(flat.data(), scores, step_logits.size(), size_t(V));
-      std::printf("%s\n", fmt::format("{:<22} gen{}    {:>4} steps   {}  max|Δlogit| {:.3e}  median over steps "
-                                      "{:.3e}  tokens {}",
-                                      GetParam(), i, expected_ids.size(), mode, err, median,
-                                      got == expected_ids ? "match" : "DIFFER")
-                              .c_str());
+      std::printf("%s\n",
+                  fmt::format("{:<22} gen{}    {:>4} steps   {}  max|Δlogit| {:.3e}  median over steps "
+                              "{:.3e}  tokens {}",
+                              GetParam(), i, expected_ids.size(), mode, err, median,
+                              got == expected_ids ? "match" : "DIFFER")
+                      .c_str());
       EXPECT_EQ(got, expected_ids) << GetParam() << " gen" << i << " " << mode;
-      if (fp32) EXPECT_LE(err, tol) << GetParam() << " gen" << i << " " << mode;
+      if (fp32)
+        EXPECT_LE(err, tol) << GetParam() << " gen" << i << " " << mode;
       else
         EXPECT_LE(median, tol * std::max(1.0, max_magnitude(scores, expected_ids.size() * size_t(V))))
             << GetParam() << " gen" << i << " " << mode;
@@ -117,8 +124,8 @@ TEST_P(CudaFixtures, MatchesHuggingFaceReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaFixtures,
-                         ::testing::Values("tiny-dense", "tiny-moe", "tiny-moe-vl-layout", "small-moe-realdims",
-                                           "small-moe-realdims-fp8"),
+                         ::testing::Values("tiny-dense", "tiny-moe", "tiny-moe-vl-layout",
+                                           "small-moe-realdims", "small-moe-realdims-fp8"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (auto& ch : n)

@@ -55,15 +55,18 @@ TEST_F(CudaModel, PrefillAndGreedyDecodeMatchCpu) {
       row_err.push_back(rel_error(std::vector<float>(gl.begin() + r * V, gl.begin() + (r + 1) * V),
                                   std::vector<float>(cl.begin() + r * V, cl.begin() + (r + 1) * V)));
     std::nth_element(row_err.begin(), row_err.begin() + long(row_err.size() / 2), row_err.end());
-    if (fp32) EXPECT_LT(rel_error(gl, cl), tol) << "prefill";
-    else EXPECT_LT(row_err[row_err.size() / 2], tol) << "prefill, median position";
+    if (fp32)
+      EXPECT_LT(rel_error(gl, cl), tol) << "prefill";
+    else
+      EXPECT_LT(row_err[row_err.size() / 2], tol) << "prefill, median position";
     std::vector<float> c_last(cl.end() - config.vocab_size, cl.end());
     for (int step = 0; step < 12; ++step) {  // the decode graph is measured, recorded, then replayed
       const int32_t next = argmax(c_last);
       auto cd = cr.decode(next), gd = gr.decode(next);
       if (fp32) EXPECT_LT(rel_error(gd, cd), 1e-4) << "decode step " << step;
       // bf16: the caches came from a rounded prefill; greedy choices must agree.
-      else EXPECT_EQ(argmax(gd), argmax(cd)) << "decode step " << step;
+      else
+        EXPECT_EQ(argmax(gd), argmax(cd)) << "decode step " << step;
       c_last = cd;
     }
   }

@@ -115,7 +115,8 @@ TEST_F(CudaOps, NormsRopeAndElementwise) {
     EXPECT_LT(rel_error(to_host(*gpu, ad.get(), a.size()), ref), kExact) << "add";
     cpu->mul_sigmoid(ref.data(), g.data(), 10, 50, 100);
     gpu->mul_sigmoid(ad.get(), gd.get(), 10, 50, 100);
-    EXPECT_LT(rel_error(to_host(*gpu, ad.get(), 500), std::vector<float>(ref.begin(), ref.begin() + 500)), kExact)
+    EXPECT_LT(rel_error(to_host(*gpu, ad.get(), 500), std::vector<float>(ref.begin(), ref.begin() + 500)),
+              kExact)
         << "mul_sigmoid";
     cpu->add_sigmoid_gated(ref.data(), b.data(), g.data(), 10, 100);
     gpu->add_sigmoid_gated(ad.get(), bd.get(), gd.get(), 10, 100);
@@ -125,7 +126,8 @@ TEST_F(CudaOps, NormsRopeAndElementwise) {
     gpu->fill_zero(cd.get(), 10);
     auto c = to_host(*gpu, cd.get(), 1000), a_now = to_host(*gpu, ad.get(), 1000);
     EXPECT_EQ(std::count(c.begin(), c.begin() + 10, 0.0f), 10);
-    EXPECT_EQ(std::vector<float>(c.begin() + 10, c.end()), std::vector<float>(a_now.begin() + 10, a_now.end()));
+    EXPECT_EQ(std::vector<float>(c.begin() + 10, c.end()),
+              std::vector<float>(a_now.begin() + 10, a_now.end()));
   }
   {  // gates of the delta rule
     auto b = random_vector(7 * 32, 14), a = random_vector(7 * 32, 15, 10.0f);
@@ -151,9 +153,9 @@ TEST_F(CudaOps, EmbedAndArgmax) {
   }
   const int64_t cols = 248320;
   auto x = random_vector(size_t(3 * cols), 21);
-  x[5] = 100.0f;                                // row 0: a clear maximum
-  x[cols + 7] = x[cols + 9000] = 50.0f;         // row 1: a tie goes to the first
-  x[2 * cols + cols - 1] = 60.0f;               // row 2: the last column
+  x[5] = 100.0f;                         // row 0: a clear maximum
+  x[cols + 7] = x[cols + 9000] = 50.0f;  // row 1: a tie goes to the first
+  x[2 * cols + cols - 1] = 60.0f;        // row 2: the last column
   auto xd = to_device(*gpu, x);
   int32_t ids[3];
   gpu->argmax(xd.get(), 3, cols, ids);
@@ -178,7 +180,8 @@ TEST_F(CudaOps, CausalConvCarriesStateAcrossChunks) {
     auto out = poisoned(*gpu, x.size());
     gpu->causal_conv1d_silu(xd.get(), T, C, w.data(), K, gpu_state, out.get());
     EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), kExact) << "T=" << T;
-    EXPECT_LT(rel_error(to_host(*gpu, gpu_state, cpu_state.size()), cpu_state), kExact) << "state after T=" << T;
+    EXPECT_LT(rel_error(to_host(*gpu, gpu_state, cpu_state.size()), cpu_state), kExact)
+        << "state after T=" << T;
   }
   mem.free_cache(gpu_state);
 }
@@ -195,14 +198,15 @@ TEST_F(CudaOps, GatedDeltaRuleMatchesCpuAcrossChunks) {
       auto qkv = random_vector(size_t(T * C), seed++);
       auto b = random_vector(size_t(T * s.v_heads), seed++), a = random_vector(size_t(T * s.v_heads), seed++);
       std::vector<float> beta(b.size()), g(b.size());
-      for (size_t i = 0; i < b.size(); ++i) beta[i] = float(testing::sigmoid(b[i])), g[i] = -std::abs(a[i]) * 0.3f;
+      for (size_t i = 0; i < b.size(); ++i)
+        beta[i] = float(testing::sigmoid(b[i])), g[i] = -std::abs(a[i]) * 0.3f;
       std::vector<float> ref(size_t(T * s.v_heads * s.v_dim));
       cpu->gated_delta_rule(s, qkv.data(), qkv.data() + key_dim, C, qkv.data() + 2 * key_dim, C, g.data(),
                             beta.data(), T, cpu_state.data(), ref.data());
       auto qd = to_device(*gpu, qkv), gd = to_device(*gpu, g), bd = to_device(*gpu, beta);
       auto out = poisoned(*gpu, ref.size());
-      gpu->gated_delta_rule(s, qd.get(), qd.get() + key_dim, C, qd.get() + 2 * key_dim, C, gd.get(), bd.get(), T,
-                            gpu_state, out.get());
+      gpu->gated_delta_rule(s, qd.get(), qd.get() + key_dim, C, qd.get() + 2 * key_dim, C, gd.get(), bd.get(),
+                            T, gpu_state, out.get());
       EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), 1e-4) << "dk=" << s.k_dim << " T=" << T;
       EXPECT_LT(rel_error(to_host(*gpu, gpu_state, state_n), cpu_state), 1e-4) << "state dk=" << s.k_dim;
     }
@@ -228,7 +232,8 @@ TEST_F(CudaOps, PagedAttentionPrefillDecodeAndSplitK) {
     int64_t pos = 0;
     uint32_t seed = 50;
     for (int64_t T : c.chunks) {
-      auto q = random_vector(size_t(T * c.heads * c.hd), seed++), k = random_vector(size_t(T * c.kv_heads * c.hd), seed++),
+      auto q = random_vector(size_t(T * c.heads * c.hd), seed++),
+           k = random_vector(size_t(T * c.kv_heads * c.hd), seed++),
            v = random_vector(size_t(T * c.kv_heads * c.hd), seed++);
       std::vector<float> ref(q.size());
       cpu->paged_attention(q.data(), k.data(), v.data(), T, c.heads, c.kv_heads, c.hd, pos, pages, cpu_kv, 0,
@@ -293,7 +298,8 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
           auto xd = to_device(*be, x);
           auto out = poisoned(*be, x.size());
           be->swiglu(experts[0], xd.get(), n, out.get());
-          EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref), be == gpu.get() && n > 8 ? kBf16 : 1e-4)
+          EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref),
+                    be == gpu.get() && n > 8 ? kBf16 : 1e-4)
               << "swiglu " << dtype_name(dt) << " n=" << n;
         }
       }

@@ -16,10 +16,10 @@
 
 namespace moeserve::testing {
 
-#define MOESERVE_REQUIRE_GPU()                                                                    \
-  do {                                                                                           \
-    if (!::moeserve::cuda_available())                                                            \
-      GTEST_SKIP() << "no CUDA device visible: the CUDA backend tests run on a GPU machine";    \
+#define MOESERVE_REQUIRE_GPU()                                                               \
+  do {                                                                                       \
+    if (!::moeserve::cuda_available())                                                       \
+      GTEST_SKIP() << "no CUDA device visible: the CUDA backend tests run on a GPU machine"; \
   } while (0)
 
 // max |a - b| / max(1, max |b|); NaN anywhere (an unwritten, poisoned output) gives infinity.
@@ -40,7 +40,9 @@ inline Buffer to_device(Backend& be, const std::vector<float>& host) {
   be.upload(host.data(), b.get(), host.size());
   return b;
 }
-inline Buffer poisoned(Backend& be, size_t n) { return to_device(be, std::vector<float>(n, NAN)); }
+inline Buffer poisoned(Backend& be, size_t n) {
+  return to_device(be, std::vector<float>(n, NAN));
+}
 inline std::vector<float> to_host(Backend& be, const float* d, size_t n) {
   std::vector<float> h(n);
   be.download(d, h.data(), n);
@@ -50,8 +52,8 @@ inline std::vector<float> to_host(Backend& be, const float* d, size_t n) {
 // Weight matrices of any dtype whose storage lives as long as the store.
 class WeightStore {
  public:
-  // Random values uniform with standard deviation `scale` (a fast generator: the 35B shapes hold 10^9 values);
-  // FP8 gets 128x128 block scales.
+  // Random values uniform with standard deviation `scale` (a fast generator: the 35B shapes hold 10^9
+  // values); FP8 gets 128x128 block scales.
   Matrix make(DType dtype, int64_t rows, int64_t cols, uint32_t seed, float scale = 0.2f) {
     std::vector<float> raw(size_t(rows * cols));
     uint64_t state = 0x9e3779b97f4a7c15ull * (seed + 1);
@@ -63,16 +65,23 @@ class WeightStore {
     Matrix m{dtype, rows, cols, bytes.data()};
     for (size_t i = 0; i < raw.size(); ++i) {
       switch (dtype) {
-        case DType::F32: reinterpret_cast<float*>(bytes.data())[i] = raw[i]; break;
-        case DType::F16: reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_f16(raw[i]); break;
-        case DType::BF16: reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_bf16(raw[i]); break;
+        case DType::F32:
+          reinterpret_cast<float*>(bytes.data())[i] = raw[i];
+          break;
+        case DType::F16:
+          reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_f16(raw[i]);
+          break;
+        case DType::BF16:
+          reinterpret_cast<uint16_t*>(bytes.data())[i] = f32_to_bf16(raw[i]);
+          break;
         case DType::F8_E4M3: {
           // A random code with exponent 4..8 (magnitudes 0.125..3.75): quicker than rounding a float.
           const uint32_t bits = std::bit_cast<uint32_t>(raw[i]);
           bytes[i] = uint8_t((raw[i] < 0 ? 0x80 : 0) | ((4 + bits % 5) << 3) | ((bits >> 8) & 7));
           break;
         }
-        default: break;
+        default:
+          break;
       }
     }
     if (dtype == DType::F8_E4M3) {
