@@ -40,8 +40,8 @@ int run(const RenderFlags& f) {
     source = ss.str();
   } else {
     ModelText m = ModelText::load(f.model_dir);
-    moeserve::check(!m.chat_template.empty(), "'{}' has no chat template (tokenizer_config.json or chat_template.jinja)",
-                    f.model_dir);
+    moeserve::check(!m.chat_template.empty(),
+                    "'{}' has no chat template (tokenizer_config.json or chat_template.jinja)", f.model_dir);
     source = m.chat_template;
     bos = m.bos_token;
     eos = m.eos_token;
@@ -51,8 +51,8 @@ int run(const RenderFlags& f) {
   bool add_generation_prompt = !f.no_generation_prompt;
   if (!f.request.empty()) {
     ordered_json body = read_json(f.request, "--request");
-    moeserve::check(body.is_object() && body.contains("messages"), "--request '{}': expected an object with \"messages\"",
-                    f.request);
+    moeserve::check(body.is_object() && body.contains("messages"),
+                    "--request '{}': expected an object with \"messages\"", f.request);
     messages = body["messages"];
     if (body.contains("tools")) tools = body["tools"];
     if (body.contains("chat_template_kwargs") && body["chat_template_kwargs"].is_object())
@@ -70,7 +70,8 @@ int run(const RenderFlags& f) {
   }
   try {
     ChatTemplate t(source, bos, eos);
-    std::string prompt = t.render(ChatTemplate::normalize_openai_messages(messages), tools, add_generation_prompt, kwargs);
+    std::string prompt =
+        t.render(ChatTemplate::normalize_openai_messages(messages), tools, add_generation_prompt, kwargs);
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   } catch (const jinja::TemplateError& e) {
     std::fprintf(stderr, "error: %s: %s\n", e.kind().c_str(), e.what());
@@ -83,15 +84,20 @@ std::function<int()> setup(CLI::App& app) {
   auto flags = std::make_shared<RenderFlags>();
   auto* dir = app.add_option("--model-dir,--tokenizer", flags->model_dir,
                              "model directory (tokenizer_config.json / chat_template.jinja)");
-  auto* tmpl = app.add_option("--template", flags->template_file, "a chat template file instead of a model directory");
+  auto* tmpl =
+      app.add_option("--template", flags->template_file, "a chat template file instead of a model directory");
   dir->excludes(tmpl);
-  app.add_option("--request", flags->request, "an OpenAI chat request body (messages, tools, chat_template_kwargs)");
+  app.add_option("--request", flags->request,
+                 "an OpenAI chat request body (messages, tools, chat_template_kwargs)");
   app.add_option("--messages", flags->messages, "a JSON array of messages (overrides the request's)");
   app.add_option("--tools", flags->tools, "a JSON array of OpenAI tools (overrides the request's)");
-  app.add_flag("--no-generation-prompt", flags->no_generation_prompt, "do not open an assistant turn at the end");
-  app.add_option("--enable-thinking", flags->enable_thinking, "true|false: the enable_thinking template variable");
+  app.add_flag("--no-generation-prompt", flags->no_generation_prompt,
+               "do not open an assistant turn at the end");
+  app.add_option("--enable-thinking", flags->enable_thinking,
+                 "true|false: the enable_thinking template variable");
   return [flags] {
-    moeserve::check(!flags->model_dir.empty() || !flags->template_file.empty(), "give --model-dir DIR or --template FILE");
+    moeserve::check(!flags->model_dir.empty() || !flags->template_file.empty(),
+                    "give --model-dir DIR or --template FILE");
     return run(*flags);
   };
 }

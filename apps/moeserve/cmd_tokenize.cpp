@@ -68,17 +68,21 @@ int run(const TokenizeFlags& f) {
 
 std::function<int()> setup(CLI::App& app) {
   auto flags = std::make_shared<TokenizeFlags>();
-  app.add_option("--tokenizer", flags->tokenizer, "tokenizer.json, or a model directory holding one")->required();
+  app.add_option("--tokenizer", flags->tokenizer, "tokenizer.json, or a model directory holding one")
+      ->required();
   auto* text = app.add_option("--text", flags->text, "text to encode");
   auto* file = app.add_option("--file", flags->file, "file whose bytes to encode");
-  auto* decode = app.add_option("--decode", flags->decode, "decode these ids instead (e.g. \"9707,11,1879\")");
+  auto* decode =
+      app.add_option("--decode", flags->decode, "decode these ids instead (e.g. \"9707,11,1879\")");
   text->excludes(file)->excludes(decode);
   file->excludes(decode);
-  app.add_flag("--no-special", flags->no_special, "do not apply the post-processor's special tokens (e.g. BOS)");
+  app.add_flag("--no-special", flags->no_special,
+               "do not apply the post-processor's special tokens (e.g. BOS)");
   app.add_flag("--skip-special", flags->skip_special, "with --decode: leave out special tokens");
   return [flags] { return run(*flags); };
 }
 
-moeserve::app::Registration reg{{"tokenize", "Encode text to token ids (or decode ids) with a tokenizer.json", 80, setup}};
+moeserve::app::Registration reg{
+    {"tokenize", "Encode text to token ids (or decode ids) with a tokenizer.json", 80, setup}};
 
 }  // namespace

@@ -20,7 +20,8 @@ namespace {
 using moeserve::text::Tokenizer;
 
 // The source tree (for .cache/ and tests/fixtures/); $MOESERVE_SOURCE_DIR overrides the build-time path.
-const std::string kRoot = std::getenv("MOESERVE_SOURCE_DIR") ? std::getenv("MOESERVE_SOURCE_DIR") : MOESERVE_SOURCE_DIR;
+const std::string kRoot =
+    std::getenv("MOESERVE_SOURCE_DIR") ? std::getenv("MOESERVE_SOURCE_DIR") : MOESERVE_SOURCE_DIR;
 
 const Tokenizer& tokenizer() {
   static const Tokenizer t = Tokenizer::from_file(kRoot + "/.cache/tokenizer-qwen3/tokenizer.json");
@@ -30,17 +31,19 @@ const Tokenizer& tokenizer() {
 // ~4 MB: prose paragraphs, Chinese sentences and code in a fixed pseudo-random order (same every run).
 const std::string& corpus() {
   static const std::string text = [] {
-    const char* english[] = {"the", "model", "serves", "requests", "with", "a", "mixture", "of", "experts", "and",
-                             "caches", "prefixes", "so", "that", "latency", "stays", "low", "when", "traffic",
-                             "grows", "quickly", "Tokenizers", "don't", "it's", "we'll", "performance", "2026",
-                             "3.14", "GPU", "throughput"};
-    const char* chinese[] = {"模型", "推理", "服务", "缓存", "专家", "混合", "延迟", "吞吐量", "请求", "部署",
-                             "集群", "你好", "世界", "高效", "并行", "计算"};
+    const char* english[] = {"the",     "model",       "serves",  "requests",   "with",   "a",
+                             "mixture", "of",          "experts", "and",        "caches", "prefixes",
+                             "so",      "that",        "latency", "stays",      "low",    "when",
+                             "traffic", "grows",       "quickly", "Tokenizers", "don't",  "it's",
+                             "we'll",   "performance", "2026",    "3.14",       "GPU",    "throughput"};
+    const char* chinese[] = {"模型", "推理", "服务", "缓存", "专家", "混合", "延迟", "吞吐量",
+                             "请求", "部署", "集群", "你好", "世界", "高效", "并行", "计算"};
     const char* code[] = {"def f(x):\n    return x ** 2  # square\n",
                           "for (int i = 0; i < n; ++i) {\n  sum += a[i] * b[i];\n}\n",
                           "const result = await fetch(`/v1/chat/completions`, {method: 'POST'});\n",
                           "if err != nil {\n\treturn fmt.Errorf(\"load %s: %w\", path, err)\n}\n",
-                          "    self.cache[key] = value\n", "#include <vector>\nstd::vector<float> v(1024);\n"};
+                          "    self.cache[key] = value\n",
+                          "#include <vector>\nstd::vector<float> v(1024);\n"};
     uint64_t s = 42;
     auto next = [&](uint64_t n) {
       s = s * 6364136223846793005ull + 1442695040888963407ull;
@@ -83,7 +86,8 @@ void BM_EncodeSingleThread(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * text.size()));
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(tokens), benchmark::Counter::kIsRate);
-  state.counters["bytes/token"] = static_cast<double>(text.size() * state.iterations()) / static_cast<double>(tokens);
+  state.counters["bytes/token"] =
+      static_cast<double>(text.size() * state.iterations()) / static_cast<double>(tokens);
 }
 BENCHMARK(BM_EncodeSingleThread)->Unit(benchmark::kMillisecond)->UseRealTime();
 

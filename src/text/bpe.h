@@ -51,7 +51,7 @@ struct BpeModel {
   bool ignore_merges = false;
   int32_t unk_id = -1;
   bool fuse_unk = false;
-  int32_t byte_token[256];   // byte-level mode: id of each byte's mapped character, -1 if absent
+  int32_t byte_token[256];      // byte-level mode: id of each byte's mapped character, -1 if absent
   int32_t fallback_token[256];  // byte_fallback: id of "<0xXX>", -1 if absent
 
   // Appends the ids of one pre-tokenized word. In byte-level mode `word` holds raw bytes that map to the

@@ -7,8 +7,8 @@ using ordered_json = nlohmann::ordered_json;
 ChatTemplate::ChatTemplate(const std::string& source, std::string bos_token, std::string eos_token)
     : template_(source), bos_token_(std::move(bos_token)), eos_token_(std::move(eos_token)) {}
 
-std::string ChatTemplate::render(const ordered_json& messages, const ordered_json& tools, bool add_generation_prompt,
-                                 const ordered_json& kwargs) const {
+std::string ChatTemplate::render(const ordered_json& messages, const ordered_json& tools,
+                                 bool add_generation_prompt, const ordered_json& kwargs) const {
   ordered_json vars = ordered_json::object();
   vars["messages"] = messages;
   vars["tools"] = tools;

@@ -17,7 +17,9 @@ namespace moeserve::text::jinja {
 
 namespace {
 
-[[noreturn]] void raise(const std::string& kind, const std::string& message) { throw TemplateError(kind, message); }
+[[noreturn]] void raise(const std::string& kind, const std::string& message) {
+  throw TemplateError(kind, message);
+}
 
 // ================================================================================================
 // AST
@@ -97,7 +99,9 @@ class Interpreter {
 // Helpers with Python semantics
 // ================================================================================================
 
-[[noreturn]] void undefined_error(const Value& v) { raise("UndefinedError", v.as_string()); }
+[[noreturn]] void undefined_error(const Value& v) {
+  raise("UndefinedError", v.as_string());
+}
 
 std::vector<uint32_t> code_points(const std::string& s) {
   std::vector<uint32_t> cps;
@@ -185,8 +189,8 @@ int compare(const Value& a, const Value& b, const char* op) {
   }
   if (a.is_undefined()) undefined_error(a);
   if (b.is_undefined()) undefined_error(b);
-  raise("TypeError", std::string("'") + op + "' not supported between instances of '" + a.type_repr() + "' and '" +
-                         b.type_repr() + "'");
+  raise("TypeError", std::string("'") + op + "' not supported between instances of '" + a.type_repr() +
+                         "' and '" + b.type_repr() + "'");
 }
 
 bool contains(const Value& container, const Value& item) {
@@ -215,7 +219,8 @@ bool normalize_index(int64_t& i, size_t size) {
 }
 
 template <typename T>
-std::vector<T> python_slice(const std::vector<T>& seq, const Value& start, const Value& stop, const Value& step_v) {
+std::vector<T> python_slice(const std::vector<T>& seq, const Value& start, const Value& stop,
+                            const Value& step_v) {
   int64_t n = static_cast<int64_t>(seq.size());
   int64_t step = step_v.is_none() || step_v.is_undefined() ? 1 : step_v.as_int();
   if (step == 0) raise("ValueError", "slice step cannot be zero");
@@ -243,9 +248,10 @@ std::string strip_chars(const std::string& s, const Value& chars, bool left, boo
   bool whitespace = chars.is_none() || chars.is_undefined();
   if (!whitespace) set = code_points(chars.as_string());
   auto strip_it = [&](uint32_t c) {
-    if (whitespace) return c == ' ' || (c >= 0x09 && c <= 0x0D) || c == 0x1C || c == 0x1D || c == 0x1E || c == 0x1F ||
-                           c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
-                           c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+    if (whitespace)
+      return c == ' ' || (c >= 0x09 && c <= 0x0D) || c == 0x1C || c == 0x1D || c == 0x1E || c == 0x1F ||
+             c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
+             c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
     return std::find(set.begin(), set.end(), c) != set.end();
   };
   size_t b = 0, e = cps.size();
@@ -398,7 +404,8 @@ Value bind_method(const Value& self, const std::string& name) {
         const Value& p = arg(a, 0, "prefix", kUndefinedValue);
         List options = p.is_list() ? p.as_list() : List{p};
         for (const Value& o : options) {
-          if (!o.is_string()) raise("TypeError", "startswith/endswith argument must be str or a tuple of str");
+          if (!o.is_string())
+            raise("TypeError", "startswith/endswith argument must be str or a tuple of str");
           const std::string& x = o.as_string();
           if (starts ? s.starts_with(x) : s.ends_with(x)) return Value(true);
         }
@@ -407,7 +414,8 @@ Value bind_method(const Value& self, const std::string& name) {
     }
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       bool l = name != "rstrip", r = name != "lstrip";
-      return method([s, l, r](Args& a) { return Value(strip_chars(s, arg(a, 0, "chars", kNoneValue), l, r)); });
+      return method(
+          [s, l, r](Args& a) { return Value(strip_chars(s, arg(a, 0, "chars", kNoneValue), l, r)); });
     }
     if (name == "split")
       return method([s](Args& a) {
@@ -426,7 +434,8 @@ Value bind_method(const Value& self, const std::string& name) {
     if (name == "capitalize") return method([s](Args&) { return Value(case_map(s, 3)); });
     if (name == "replace")
       return method([s](Args& a) {
-        return Value(replace_all(s, arg(a, 0, "old", Value("")).as_string(), arg(a, 1, "new", Value("")).as_string(),
+        return Value(replace_all(s, arg(a, 0, "old", Value("")).as_string(),
+                                 arg(a, 1, "new", Value("")).as_string(),
                                  arg(a, 2, "count", Value(-1)).as_int()));
       });
     if (name == "find")
@@ -509,7 +518,8 @@ Value bind_method(const Value& self, const std::string& name) {
     if (name == "count")
       return method([l](Args& a) {
         const Value& x = arg(a, 0, "value", kUndefinedValue);
-        return Value(static_cast<int64_t>(std::count_if(l.begin(), l.end(), [&](const Value& v) { return equals(v, x); })));
+        return Value(static_cast<int64_t>(
+            std::count_if(l.begin(), l.end(), [&](const Value& v) { return equals(v, x); })));
       });
   }
   return Value();
@@ -534,7 +544,8 @@ bool run_test(const std::string& name, const Value& v, Args& a) {
   if (name == "mapping") return v.is_dict() && !v.as_dict().is_namespace;
   // Jinja's Undefined is iterable and has __len__/__getitem__, so it passes these two.
   if (name == "iterable") return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
-  if (name == "sequence") return v.is_string() || v.is_list() || (v.is_dict() && !v.as_dict().is_namespace) || v.is_undefined();
+  if (name == "sequence")
+    return v.is_string() || v.is_list() || (v.is_dict() && !v.as_dict().is_namespace) || v.is_undefined();
   if (name == "callable") return v.is_callable();
   if (name == "odd" || name == "even") {
     if (!v.is_int()) raise("TypeError", "'" + name + "' test needs an integer");
@@ -565,10 +576,13 @@ bool run_test(const std::string& name, const Value& v, Args& a) {
 }
 
 bool is_known_test(const std::string& name) {
-  static const char* kTests[] = {"defined", "undefined", "none", "string", "number", "integer", "float", "boolean",
-                                 "true", "false", "mapping", "iterable", "sequence", "callable", "odd", "even",
-                                 "divisibleby", "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=",
-                                 "gt", "greaterthan", ">", "ge", ">=", "in", "sameas", "lower", "upper", "escaped"};
+  static const char* kTests[] = {"defined",  "undefined", "none", "string", "number",      "integer",
+                                 "float",    "boolean",   "true", "false",  "mapping",     "iterable",
+                                 "sequence", "callable",  "odd",  "even",   "divisibleby", "eq",
+                                 "equalto",  "==",        "ne",   "!=",     "lt",          "lessthan",
+                                 "<",        "le",        "<=",   "gt",     "greaterthan", ">",
+                                 "ge",       ">=",        "in",   "sameas", "lower",       "upper",
+                                 "escaped"};
   return std::find(std::begin(kTests), std::end(kTests), name) != std::end(kTests);
 }
 
@@ -591,12 +605,23 @@ std::string html_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -652,7 +677,8 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Arg
   if (name == "safe" || name == "string") return name == "safe" && !v.is_string() ? v : Value(to_string(v));
   if (name == "tojson") {
     const Value& indent = arg(a, 0, "indent", kNoneValue);
-    return Value(to_json(v, indent.is_none() || indent.is_undefined() ? -1 : static_cast<int>(indent.as_int()),
+    return Value(to_json(v,
+                         indent.is_none() || indent.is_undefined() ? -1 : static_cast<int>(indent.as_int()),
                          arg(a, 1, "sort_keys", Value(false)).truthy()));
   }
   if (name == "trim") return Value(strip_chars(need_string(v), arg(a, 0, "chars", kNoneValue), true, true));
@@ -731,7 +757,8 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Arg
     std::string test = a.positional.size() > first_arg ? to_string(a.positional[first_arg]) : "";
     Args targs;
     if (a.positional.size() > first_arg + 1)
-      targs.positional.assign(a.positional.begin() + static_cast<std::ptrdiff_t>(first_arg) + 1, a.positional.end());
+      targs.positional.assign(a.positional.begin() + static_cast<std::ptrdiff_t>(first_arg) + 1,
+                              a.positional.end());
     List out;
     for (const Value& x : iterate(v)) {
       Value subject = by_attr ? attribute_path(x, attr) : x;
@@ -743,7 +770,8 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Arg
   if (name == "unique") {
     List out;
     for (const Value& x : iterate(v))
-      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equals(x, y); })) out.push_back(x);
+      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equals(x, y); }))
+        out.push_back(x);
     return Value(std::move(out));
   }
   if (name == "sort" || name == "dictsort") {
@@ -822,7 +850,9 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Arg
     List l = iterate(v);
     if (l.empty()) return Value::undefined("No aggregated item, sequence was empty.");
     const Value& attribute = arg(a, 1, "attribute", kNoneValue);
-    auto key = [&](const Value& x) { return attribute.is_none() ? x : attribute_path(x, to_string(attribute)); };
+    auto key = [&](const Value& x) {
+      return attribute.is_none() ? x : attribute_path(x, to_string(attribute));
+    };
     Value best = l[0];
     for (const Value& x : l) {
       int c = compare(key(x), key(best), "<");
@@ -830,10 +860,12 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Arg
     }
     return best;
   }
-  if (name == "wordcount") return Value(static_cast<int64_t>(split_string(need_string(v), kNoneValue, -1).size()));
+  if (name == "wordcount")
+    return Value(static_cast<int64_t>(split_string(need_string(v), kNoneValue, -1).size()));
   if (name == "indent") {
     const Value& width_v = arg(a, 0, "width", Value(4));
-    std::string pad = width_v.is_string() ? width_v.as_string() : std::string(static_cast<size_t>(width_v.as_int()), ' ');
+    std::string pad =
+        width_v.is_string() ? width_v.as_string() : std::string(static_cast<size_t>(width_v.as_int()), ' ');
     bool first = arg(a, 1, "first", Value(false)).truthy();
     bool blank = arg(a, 2, "blank", Value(false)).truthy();
     std::string s = need_string(v), out;
@@ -870,11 +902,13 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Arg
 }
 
 bool is_known_filter(const std::string& name) {
-  static const char* kFilters[] = {
-      "safe", "string", "tojson", "trim", "length", "count", "lower", "upper", "title", "capitalize", "escape", "e",
-      "replace", "default", "d", "items", "list", "first", "last", "reverse", "join", "map", "select", "reject",
-      "selectattr", "rejectattr", "unique", "sort", "dictsort", "int", "float", "abs", "round", "sum", "min", "max",
-      "wordcount", "indent", "format", "attr", "batch"};
+  static const char* kFilters[] = {"safe",       "string",     "tojson", "trim",       "length",   "count",
+                                   "lower",      "upper",      "title",  "capitalize", "escape",   "e",
+                                   "replace",    "default",    "d",      "items",      "list",     "first",
+                                   "last",       "reverse",    "join",   "map",        "select",   "reject",
+                                   "selectattr", "rejectattr", "unique", "sort",       "dictsort", "int",
+                                   "float",      "abs",        "round",  "sum",        "min",      "max",
+                                   "wordcount",  "indent",     "format", "attr",       "batch"};
   return std::find(std::begin(kFilters), std::end(kFilters), name) != std::end(kFilters);
 }
 
@@ -990,7 +1024,9 @@ struct Negate : Expr {
   Value eval(Interpreter& in) const override {
     Value v = operand->eval(in);
     if (v.is_undefined()) undefined_error(v);
-    if (!v.is_number()) raise("TypeError", "bad operand type for unary " + std::string(minus ? "-" : "+") + ": '" + v.type_repr() + "'");
+    if (!v.is_number())
+      raise("TypeError",
+            "bad operand type for unary " + std::string(minus ? "-" : "+") + ": '" + v.type_repr() + "'");
     if (!minus) return v;
     return v.is_float() ? Value(-v.as_float()) : Value(-v.as_int());
   }
@@ -1021,7 +1057,8 @@ Value arithmetic(const std::string& op, const Value& l, const Value& r) {
   if (l.is_undefined()) undefined_error(l);
   if (r.is_undefined()) undefined_error(r);
   auto type_error = [&]() -> Value {
-    raise("TypeError", "unsupported operand type(s) for " + op + ": '" + l.type_repr() + "' and '" + r.type_repr() + "'");
+    raise("TypeError",
+          "unsupported operand type(s) for " + op + ": '" + l.type_repr() + "' and '" + r.type_repr() + "'");
   };
   bool ints = (l.is_int() || l.is_bool()) && (r.is_int() || r.is_bool());
   if (op == "+") {
@@ -1032,7 +1069,10 @@ Value arithmetic(const std::string& op, const Value& l, const Value& r) {
       return Value(std::move(out));
     }
     if (l.is_string() || r.is_string())
-      raise("TypeError", "can only concatenate str (not \"" + (l.is_string() ? r : l).type_repr().substr(0, (l.is_string() ? r : l).type_repr().find(' ')) + "\") to str");
+      raise("TypeError",
+            "can only concatenate str (not \"" +
+                (l.is_string() ? r : l).type_repr().substr(0, (l.is_string() ? r : l).type_repr().find(' ')) +
+                "\") to str");
     if (!l.is_number() || !r.is_number()) return type_error();
     return ints ? Value(l.as_int() + r.as_int()) : Value(l.as_float() + r.as_float());
   }
@@ -1047,13 +1087,15 @@ Value arithmetic(const std::string& op, const Value& l, const Value& r) {
         return Value(out);
       }
       List out;
-      for (int64_t i = 0; i < n.as_int(); ++i) out.insert(out.end(), seq->as_list().begin(), seq->as_list().end());
+      for (int64_t i = 0; i < n.as_int(); ++i)
+        out.insert(out.end(), seq->as_list().begin(), seq->as_list().end());
       return Value(std::move(out));
     }
     if (!l.is_number() || !r.is_number()) return type_error();
     return ints ? Value(l.as_int() * r.as_int()) : Value(l.as_float() * r.as_float());
   }
-  if (op == "%" && l.is_string()) return Value(percent_format(l.as_string(), r.is_list() ? r.as_list() : List{r}));
+  if (op == "%" && l.is_string())
+    return Value(percent_format(l.as_string(), r.is_list() ? r.as_list() : List{r}));
   if (!l.is_number() || !r.is_number()) return type_error();
   if (op == "-") return ints ? Value(l.as_int() - r.as_int()) : Value(l.as_float() - r.as_float());
   if (op == "**") {
@@ -1111,14 +1153,22 @@ struct Compare : Expr {
     for (const auto& [op, e] : rest) {
       Value r = e->eval(in);
       bool ok;
-      if (op == "==") ok = equals(l, r);
-      else if (op == "!=") ok = !equals(l, r);
-      else if (op == "in") ok = contains(r, l);
-      else if (op == "notin") ok = !contains(r, l);
-      else if (op == "<") ok = compare(l, r, "<") < 0;
-      else if (op == "<=") ok = compare(l, r, "<=") <= 0;
-      else if (op == ">") ok = compare(l, r, ">") > 0;
-      else ok = compare(l, r, ">=") >= 0;
+      if (op == "==")
+        ok = equals(l, r);
+      else if (op == "!=")
+        ok = !equals(l, r);
+      else if (op == "in")
+        ok = contains(r, l);
+      else if (op == "notin")
+        ok = !contains(r, l);
+      else if (op == "<")
+        ok = compare(l, r, "<") < 0;
+      else if (op == "<=")
+        ok = compare(l, r, "<=") <= 0;
+      else if (op == ">")
+        ok = compare(l, r, ">") > 0;
+      else
+        ok = compare(l, r, ">=") >= 0;
       if (!ok) return Value(false);
       l = std::move(r);
     }
@@ -1257,17 +1307,21 @@ struct MacroStmt : Stmt {
   std::vector<std::pair<std::string, ExprPtr>> params;  // default may be null
   Body body;
   Flow exec(Interpreter& in, std::string&) const override {
-    auto defining = in.frame;
+    // Weak: the macro is stored in the frame it captures, and a strong reference would leak both.
+    std::weak_ptr<Frame> defining = in.frame;
     Interpreter* interp = &in;
     const MacroStmt* self = this;
     in.assign(name, Value::function(name, [interp, defining, self](Args& a) {
-                if (interp->depth > 256) raise("RecursionError", "macro '" + self->name + "' recursed too deeply");
+                if (interp->depth > 256)
+                  raise("RecursionError", "macro '" + self->name + "' recursed too deeply");
                 ++interp->depth;
                 struct Depth {
                   Interpreter* in;
                   ~Depth() { --in->depth; }
                 } guard{interp};
-                return interp->scoped(defining, [&] {
+                auto scope = defining.lock();
+                if (!scope) raise("TemplateRuntimeError", "macro '" + self->name + "' called outside its scope");
+                return interp->scoped(scope, [&] {
                   List varargs;
                   auto kwargs = std::make_shared<Dict>();
                   for (size_t i = 0; i < a.positional.size(); ++i) {
@@ -1289,8 +1343,9 @@ struct MacroStmt : Stmt {
                   for (size_t i = a.positional.size(); i < self->params.size(); ++i) {
                     const auto& [pname, dflt] = self->params[i];
                     if (interp->frame->vars.count(pname)) continue;
-                    interp->assign(pname, dflt ? dflt->eval(*interp)
-                                               : Value::undefined("parameter '" + pname + "' was not provided"));
+                    interp->assign(pname,
+                                   dflt ? dflt->eval(*interp)
+                                        : Value::undefined("parameter '" + pname + "' was not provided"));
                   }
                   interp->assign("varargs", Value(std::move(varargs)));
                   interp->assign("kwargs", Value(kwargs));
@@ -1364,16 +1419,22 @@ class Parser {
     return next().text;
   }
   void expect_block_end() {
-    if (peek().type != Tok::kBlockEnd) error("expected end of statement block, got '" + describe(peek()) + "'");
+    if (peek().type != Tok::kBlockEnd)
+      error("expected end of statement block, got '" + describe(peek()) + "'");
     ++p_;
   }
   static std::string describe(const Token& t) {
     switch (t.type) {
-      case Tok::kEnd: return "end of template";
-      case Tok::kBlockEnd: return "%}";
-      case Tok::kVarEnd: return "}}";
-      case Tok::kText: return "text";
-      default: return t.text;
+      case Tok::kEnd:
+        return "end of template";
+      case Tok::kBlockEnd:
+        return "%}";
+      case Tok::kVarEnd:
+        return "}}";
+      case Tok::kText:
+        return "text";
+      default:
+        return t.text;
     }
   }
   std::string peek_block_name() const {
@@ -1914,8 +1975,8 @@ class Parser {
           t->args = parse_call_args();
         } else if ((peek().type == Tok::kName || peek().type == Tok::kString || peek().type == Tok::kInt ||
                     peek().type == Tok::kFloat || at_op("(") || at_op("[") || at_op("{")) &&
-                   !at_name("else") && !at_name("or") && !at_name("and") && !at_name("if") && !at_name("not") &&
-                   !at_name("in") && !at_name("is")) {
+                   !at_name("else") && !at_name("or") && !at_name("and") && !at_name("if") &&
+                   !at_name("not") && !at_name("in") && !at_name("is")) {
           t->args.positional.push_back(parse_postfix(parse_primary()));
         }
         t->subject = std::move(e);
@@ -2001,7 +2062,8 @@ std::string Template::render(const nlohmann::ordered_json& variables) const {
   auto top = std::make_shared<Frame>();
   top->parent = globals;
   if (variables.is_object())
-    for (auto it = variables.begin(); it != variables.end(); ++it) top->vars[it.key()] = Value::from_json(it.value());
+    for (auto it = variables.begin(); it != variables.end(); ++it)
+      top->vars[it.key()] = Value::from_json(it.value());
   in.frame = top;
   std::string out;
   exec_body(in, program_->body, out);

@@ -13,7 +13,9 @@ namespace {
   throw TemplateError("TemplateSyntaxError", "line " + std::to_string(line) + ": " + message);
 }
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 class Lexer {
  public:
@@ -42,9 +44,7 @@ class Lexer {
         size_t l = text.rfind('\n');
         l = l == std::string::npos ? 0 : l + 1;
         bool line_starting = pos_ == 0 || src_[pos_ - 1] == '\n';
-        if ((l > 0 || line_starting) &&
-            text.find_first_not_of(" \t", l) == std::string::npos)
-          text.resize(l);
+        if ((l > 0 || line_starting) && text.find_first_not_of(" \t", l) == std::string::npos) text.resize(l);
       }
       emit_text(text);
       advance(start - pos_);
@@ -104,7 +104,9 @@ class Lexer {
     int depth = 0;  // brackets: '}}' inside a dict literal is not the end of the tag
     while (true) {
       while (pos_ < src_.size() && is_space(src_[pos_])) advance(1);
-      if (pos_ >= src_.size()) syntax_error(line_, block ? "unexpected end of template, expected '%}'" : "unexpected end of template, expected '}}'");
+      if (pos_ >= src_.size())
+        syntax_error(line_, block ? "unexpected end of template, expected '%}'"
+                                  : "unexpected end of template, expected '}}'");
       char c = src_[pos_];
       auto at = [&](const char* s) { return src_.compare(pos_, std::strlen(s), s) == 0; };
       if (depth == 0) {
@@ -121,7 +123,9 @@ class Lexer {
       }
       if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
         size_t b = pos_;
-        while (pos_ < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[pos_])) || src_[pos_] == '_')) ++pos_;
+        while (pos_ < src_.size() &&
+               (std::isalnum(static_cast<unsigned char>(src_[pos_])) || src_[pos_] == '_'))
+          ++pos_;
         tokens_.push_back({Tok::kName, src_.substr(b, pos_ - b), 0, 0, line_});
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
         lex_number();
@@ -148,11 +152,15 @@ class Lexer {
   void lex_number() {
     size_t b = pos_;
     bool is_float = false;
-    while (pos_ < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[pos_])) || src_[pos_] == '_')) ++pos_;
-    if (pos_ + 1 < src_.size() && src_[pos_] == '.' && std::isdigit(static_cast<unsigned char>(src_[pos_ + 1]))) {
+    while (pos_ < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[pos_])) || src_[pos_] == '_'))
+      ++pos_;
+    if (pos_ + 1 < src_.size() && src_[pos_] == '.' &&
+        std::isdigit(static_cast<unsigned char>(src_[pos_ + 1]))) {
       is_float = true;
       ++pos_;
-      while (pos_ < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[pos_])) || src_[pos_] == '_')) ++pos_;
+      while (pos_ < src_.size() &&
+             (std::isdigit(static_cast<unsigned char>(src_[pos_])) || src_[pos_] == '_'))
+        ++pos_;
     }
     if (pos_ < src_.size() && (src_[pos_] == 'e' || src_[pos_] == 'E')) {
       size_t save = pos_++;
@@ -199,18 +207,41 @@ class Lexer {
       char e = src_[pos_ + 1];
       advance(2);
       switch (e) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'v': out += '\v'; break;
-        case 'a': out += '\a'; break;
-        case '0': out += '\0'; break;
-        case '\\': out += '\\'; break;
-        case '\'': out += '\''; break;
-        case '"': out += '"'; break;
-        case '\n': break;  // line continuation
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'v':
+          out += '\v';
+          break;
+        case 'a':
+          out += '\a';
+          break;
+        case '0':
+          out += '\0';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '\'':
+          out += '\'';
+          break;
+        case '"':
+          out += '"';
+          break;
+        case '\n':
+          break;  // line continuation
         case 'x':
         case 'u':
         case 'U': {

@@ -73,7 +73,9 @@ class Value {
   bool as_bool() const { return int_ != 0; }
   int64_t as_int() const { return int_; }
   double as_float() const { return kind_ == Kind::kFloat ? float_ : static_cast<double>(int_); }
-  const std::string& as_string() const { return str_; }  // also the message of an Undefined, name of a callable
+  const std::string& as_string() const {
+    return str_;
+  }  // also the message of an Undefined, name of a callable
   List& as_list() const { return *list_; }
   Dict& as_dict() const { return *dict_; }
   const std::shared_ptr<Dict>& dict_ptr() const { return dict_; }

@@ -36,7 +36,8 @@ std::string token_text(const json& config, const char* key) {
   if (!config.contains(key) || config[key].is_null()) return "";
   const json& v = config[key];
   if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
   fail("tokenizer_config.json: '{}' must be a string or an object with \"content\", got {}", key, v.dump());
 }
 
@@ -65,7 +66,8 @@ ModelText ModelText::load(const std::string& dir) {
                 "{}: chat_template list entries need \"name\" and \"template\"", config_path.string());
           m.named_templates[entry["name"].get<std::string>()] = entry["template"].get<std::string>();
         }
-        if (auto it = m.named_templates.find("default"); it != m.named_templates.end()) m.chat_template = it->second;
+        if (auto it = m.named_templates.find("default"); it != m.named_templates.end())
+          m.chat_template = it->second;
       } else if (!t.is_null()) {
         fail("{}: chat_template must be a string or a list of {{name, template}}", config_path.string());
       }
@@ -89,7 +91,8 @@ ModelText ModelText::load(const std::string& dir) {
       std::vector<json> ids = e.is_array() ? std::vector<json>(e.begin(), e.end()) : std::vector<json>{e};
       for (const json& id : ids) {
         if (id.is_null()) continue;
-        check(id.is_number_integer(), "{}: eos_token_id must be an integer or a list of integers", gen.string());
+        check(id.is_number_integer(), "{}: eos_token_id must be an integer or a list of integers",
+              gen.string());
         m.stop_ids.push_back(id.get<int32_t>());
       }
     }

@@ -20,7 +20,8 @@ struct ModelText {
   std::map<std::string, std::string> named_templates;  // e.g. "tool_use" from a list-form chat_template
   std::string bos_token, eos_token, pad_token;  // token texts from tokenizer_config.json ("" when unset)
   std::optional<int32_t> bos_id, eos_id, pad_id;
-  // Ids that end generation: eos_token plus generation_config.json's eos_token_id (int or list), deduplicated.
+  // Ids that end generation: eos_token plus generation_config.json's eos_token_id (int or list),
+  // deduplicated.
   std::vector<int32_t> stop_ids;
 
   // Throws moeserve::Error naming the file when tokenizer.json is missing or any file is malformed.

@@ -18,7 +18,9 @@ constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kCallOpen = "<tool_call>";
 constexpr std::string_view kCallClose = "</tool_call>";
 
-bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+bool is_ws(char c) {
+  return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
 
 bool all_ws(std::string_view s) {
   for (char c : s)
@@ -49,7 +51,9 @@ std::string new_call_id() {
 }
 
 // json.dumps(value, ensure_ascii=False): what vLLM puts in "arguments".
-std::string python_json(const ordered_json& j) { return jinja::to_json(jinja::Value::from_json(j)); }
+std::string python_json(const ordered_json& j) {
+  return jinja::to_json(jinja::Value::from_json(j));
+}
 
 // ---- reasoning ---------------------------------------------------------------------------------
 
@@ -58,7 +62,9 @@ std::string python_json(const ordered_json& j) { return jinja::to_json(jinja::Va
 class ReasoningStage {
  public:
   ReasoningStage(bool enabled, bool starts_inside)
-      : state_(!enabled ? State::kContent : starts_inside ? State::kReasoning : State::kStart) {}
+      : state_(!enabled        ? State::kContent
+               : starts_inside ? State::kReasoning
+                               : State::kStart) {}
 
   void push(std::string_view text, std::string& reasoning, std::string& content) {
     buf_ += text;
@@ -270,12 +276,12 @@ class ToolStage {
 
  private:
   struct Call {
-    std::string text;       // the block's text after <tool_call>
-    bool started = false;   // id/name emitted
-    size_t scan = 0;        // qwen3_coder: where the next <parameter= is looked for
-    int params = 0;         // parameters emitted
+    std::string text;      // the block's text after <tool_call>
+    bool started = false;  // id/name emitted
+    size_t scan = 0;       // qwen3_coder: where the next <parameter= is looked for
+    int params = 0;        // parameters emitted
     std::string name;
-    std::string lead_ws;    // whitespace before <tool_call>, restored if the block is not a call
+    std::string lead_ws;  // whitespace before <tool_call>, restored if the block is not a call
   };
 
   void emit_content(std::string_view s, OutputDelta& d, ParsedOutput& all) {
@@ -333,7 +339,8 @@ class ToolStage {
       size_t b = t.find_first_not_of(" \t\n\r");
       if (b == std::string::npos) return;
       static constexpr std::string_view kFn = "<function=";
-      if (t.compare(b, std::min(kFn.size(), t.size() - b), kFn.substr(0, std::min(kFn.size(), t.size() - b))) != 0)
+      if (t.compare(b, std::min(kFn.size(), t.size() - b),
+                    kFn.substr(0, std::min(kFn.size(), t.size() - b))) != 0)
         return;  // not a function block: left for complete() to return as content
       size_t close = t.find('>', b);
       if (close == std::string::npos || b + kFn.size() > close) return;
@@ -365,7 +372,8 @@ class ToolStage {
       if (value.starts_with("\n")) value.erase(0, 1);
       if (value.ends_with("\n")) value.pop_back();
       ordered_json converted = convert_value(value, schemas_.type_of(call_.name, pname));
-      std::string piece = (call_.params == 0 ? "{" : ", ") + python_json(pname) + ": " + python_json(converted);
+      std::string piece =
+          (call_.params == 0 ? "{" : ", ") + python_json(pname) + ": " + python_json(converted);
       add_arguments(piece, d, all);
       ++call_.params;
       call_.scan = resume;
@@ -375,7 +383,8 @@ class ToolStage {
   // The block ended (closed: with </tool_call>). Unparseable blocks go back to content verbatim.
   // Returns whether the block was a tool call.
   bool complete(OutputDelta& d, ParsedOutput& all, bool closed) {
-    std::string verbatim = call_.lead_ws + std::string(kCallOpen) + call_.text + (closed ? std::string(kCallClose) : "");
+    std::string verbatim =
+        call_.lead_ws + std::string(kCallOpen) + call_.text + (closed ? std::string(kCallClose) : "");
     if (kind_ == "hermes") {
       auto j = ordered_json::parse(call_.text, nullptr, false);
       bool ok = !j.is_discarded() && j.is_object() && j.contains("name") && j["name"].is_string();
@@ -445,10 +454,10 @@ struct OutputParser::Impl {
 };
 
 OutputParser::OutputParser(const OutputParserOptions& o)
-    : impl_(std::make_unique<Impl>(Impl{ReasoningStage(o.reasoning_parser == "qwen3", o.starts_in_reasoning),
-                                        o.tool_parser.empty() ? nullptr
-                                                              : std::make_unique<ToolStage>(o.tool_parser, o.tools),
-                                        {}})) {
+    : impl_(std::make_unique<Impl>(
+          Impl{ReasoningStage(o.reasoning_parser == "qwen3", o.starts_in_reasoning),
+               o.tool_parser.empty() ? nullptr : std::make_unique<ToolStage>(o.tool_parser, o.tools),
+               {}})) {
   validate_parser_names(o);
 }
 
@@ -476,7 +485,9 @@ OutputDelta OutputParser::finish() {
   return d;
 }
 
-const ParsedOutput& OutputParser::result() const { return impl_->all; }
+const ParsedOutput& OutputParser::result() const {
+  return impl_->all;
+}
 
 ParsedOutput OutputParser::parse(std::string_view text, const OutputParserOptions& options) {
   OutputParser p(options);
@@ -515,7 +526,8 @@ ordered_json ParsedOutput::to_openai() const {
   if (!tool_calls.empty()) {
     ordered_json calls = ordered_json::array();
     for (const auto& c : tool_calls)
-      calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      calls.push_back(
+          {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
     j["tool_calls"] = calls;
   }
   return j;

@@ -18,7 +18,7 @@
 namespace moeserve::text {
 
 struct ToolCall {
-  std::string id;         // "call_" + 24 random characters
+  std::string id;  // "call_" + 24 random characters
   std::string name;
   std::string arguments;  // a JSON object as a string, as OpenAI sends it
 };

@@ -82,7 +82,9 @@ Regex::Regex(const std::string& pattern) : pattern_(pattern) {
   jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
 }
 
-Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+Regex::~Regex() {
+  pcre2_code_free(static_cast<pcre2_code*>(code_));
+}
 
 bool Regex::find(std::string_view subject, size_t start, size_t& begin, size_t& end) const {
   MatchScratch& s = scratch();
@@ -94,7 +96,8 @@ bool Regex::find(std::string_view subject, size_t start, size_t& begin, size_t& 
   if (rc < 0) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(rc, message, sizeof(message));
-    fail("regex /{}/ failed on a {}-byte input: {}", pattern_, subject.size(), reinterpret_cast<char*>(message));
+    fail("regex /{}/ failed on a {}-byte input: {}", pattern_, subject.size(),
+         reinterpret_cast<char*>(message));
   }
   PCRE2_SIZE* ov = pcre2_get_ovector_pointer(s.data);
   begin = ov[0];

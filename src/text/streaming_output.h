@@ -15,8 +15,8 @@ namespace moeserve::text {
 class StreamingOutput {
  public:
   // stops: the request's stop strings; parser: reasoning/tool parsers (both may be off).
-  StreamingOutput(const Tokenizer& tokenizer, std::vector<std::string> stops, const OutputParserOptions& parser,
-                  bool skip_special_tokens = true);
+  StreamingOutput(const Tokenizer& tokenizer, std::vector<std::string> stops,
+                  const OutputParserOptions& parser, bool skip_special_tokens = true);
 
   // One generated token; returns the delta to send (often empty). After a stop string completes,
   // stopped() is true, the delta holds the text before it, and the request should end.

@@ -48,7 +48,8 @@ bool bool_field(const json& j, const char* key, bool fallback, const std::string
 // A "pattern" object: {"String": "..."} or {"Regex": "..."}.
 std::string pattern_field(const json& j, const std::string& where) {
   const json& p = field(j, "pattern", where);
-  check(p.is_object() && p.size() == 1, "{}.pattern: expected {{\"String\": ...}} or {{\"Regex\": ...}}", where);
+  check(p.is_object() && p.size() == 1, "{}.pattern: expected {{\"String\": ...}} or {{\"Regex\": ...}}",
+        where);
   if (p.contains("String") && p["String"].is_string()) return regex_escape(p["String"].get<std::string>());
   if (p.contains("Regex") && p["Regex"].is_string()) return p["Regex"].get<std::string>();
   fail("{}.pattern: expected {{\"String\": ...}} or {{\"Regex\": ...}}, got {}", where, p.dump());
@@ -80,7 +81,8 @@ struct UnicodeNormalizer : Normalizer {
     if ((cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2)) return false;  // Hangul V/T jamo
     const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(cp));
     if (p->combining_class != 0) return false;
-    if (p->comb_index != UINT16_MAX && p->comb_index >= 0x8000) return false;  // composes with its predecessor
+    if (p->comb_index != UINT16_MAX && p->comb_index >= 0x8000)
+      return false;                           // composes with its predecessor
     return p->decomp_seqindex == UINT16_MAX;  // conservatively: any decomposition may change
   }
   static bool needs_work(std::string_view s) {
@@ -99,8 +101,9 @@ struct UnicodeNormalizer : Normalizer {
   void apply(std::string& s) const override {
     if (!needs_work(s)) return;
     utf8proc_uint8_t* out = nullptr;
-    auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
-                          &out, static_cast<utf8proc_option_t>(options | UTF8PROC_STABLE));
+    auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                          static_cast<utf8proc_ssize_t>(s.size()), &out,
+                          static_cast<utf8proc_option_t>(options | UTF8PROC_STABLE));
     if (n < 0) return;  // input is validated before normalization; keep it unchanged if utf8proc disagrees
     s.assign(reinterpret_cast<char*>(out), static_cast<size_t>(n));
     std::free(out);
@@ -112,7 +115,9 @@ struct LowercaseNormalizer : Normalizer {
     std::string out;
     out.reserve(s.size());
     size_t i = 0;
-    while (i < s.size()) utf8_append(out, static_cast<uint32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(utf8_decode(s, i)))));
+    while (i < s.size())
+      utf8_append(out,
+                  static_cast<uint32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(utf8_decode(s, i)))));
     s.swap(out);
   }
 };
@@ -215,9 +220,10 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& wh
       n->steps.push_back(make_normalizer(list[i], fmt::format("{}.normalizers[{}]", where, i)));
     return n;
   }
-  fail("{}: normalizer type '{}' is not supported (supported: NFC, NFD, NFKC, NFKD, Lowercase, Replace, "
-       "Prepend, Strip, Sequence)",
-       where, type);
+  fail(
+      "{}: normalizer type '{}' is not supported (supported: NFC, NFD, NFKC, NFKD, Lowercase, Replace, "
+      "Prepend, Strip, Sequence)",
+      where, type);
 }
 
 // ---- pre-tokenizers ------------------------------------------------------------------------------
@@ -234,7 +240,8 @@ struct PreTokenizer {
 enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
 // Splits by regex matches and the gaps between them, arranged as tokenizers' SplitDelimiterBehavior says.
-void split_by_regex(const Regex& regex, std::string_view s, SplitBehavior behavior, bool invert, const Sink& sink) {
+void split_by_regex(const Regex& regex, std::string_view s, SplitBehavior behavior, bool invert,
+                    const Sink& sink) {
   struct Span {
     size_t b, e;
     bool match;
@@ -336,7 +343,8 @@ struct SplitPreTokenizer : PreTokenizer {
 };
 
 // The GPT-2 pattern ByteLevel applies when use_regex is true.
-constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 struct ByteLevelPreTokenizer : PreTokenizer {
   bool add_prefix_space = false;
@@ -416,7 +424,8 @@ std::unique_ptr<PreTokenizer> make_pretokenizer(const json& j, const std::string
     const json& list = field(j, "pretokenizers", where);
     check(list.is_array(), "{}.pretokenizers: expected an array", where);
     for (size_t i = 0; i < list.size(); ++i)
-      p->steps.push_back(make_pretokenizer(list[i], fmt::format("{}.pretokenizers[{}]", where, i), byte_level));
+      p->steps.push_back(
+          make_pretokenizer(list[i], fmt::format("{}.pretokenizers[{}]", where, i), byte_level));
     return p;
   }
   fail("{}: pre-tokenizer type '{}' is not supported (supported: Split, ByteLevel, Digits, Sequence)", where,
@@ -453,7 +462,8 @@ class AddedMatcher {
       const auto& bucket = by_first_[static_cast<unsigned char>(s[i])];
       const AddedToken* hit = nullptr;
       for (const AddedToken* t : bucket) {
-        if (s.compare(i, t->content.size(), t->content) == 0 && (!t->single_word || whole_word(s, i, t->content.size()))) {
+        if (s.compare(i, t->content.size(), t->content) == 0 &&
+            (!t->single_word || whole_word(s, i, t->content.size()))) {
           hit = t;
           break;
         }
@@ -525,7 +535,8 @@ void parse_post_processor(const json& j, const std::string& where, PostProcessor
         seen_sequence = true;
       } else if (piece.contains("SpecialToken")) {
         std::string name = string_field(piece["SpecialToken"], "id", where + ".single");
-        check(specials.contains(name), "{}.special_tokens: '{}' used in 'single' is not defined", where, name);
+        check(specials.contains(name), "{}.special_tokens: '{}' used in 'single' is not defined", where,
+              name);
         for (const json& id : field(specials[name], "ids", where + ".special_tokens." + name))
           (seen_sequence ? out.suffix : out.prefix).push_back(id.get<int32_t>());
       } else {
@@ -534,8 +545,8 @@ void parse_post_processor(const json& j, const std::string& where, PostProcessor
     }
     return;
   }
-  fail("{}: post-processor type '{}' is not supported (supported: ByteLevel, TemplateProcessing, Sequence)", where,
-       type);
+  fail("{}: post-processor type '{}' is not supported (supported: ByteLevel, TemplateProcessing, Sequence)",
+       where, type);
 }
 
 void check_decoder(const json& j, const std::string& where) {
@@ -622,7 +633,8 @@ void Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& o
   size_t before = out.size();
   bpe.encode_word(word, byte_level, out);
   if (cache.map.size() >= WordCache::kCapacity) cache.map.clear();
-  cache.map.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
+  cache.map.emplace(std::string(word),
+                    std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
 }
 
 // Normalizes, splits on normalized added tokens, pre-tokenizes and runs BPE on one stretch of text that
@@ -650,7 +662,9 @@ void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& o
   }
 }
 
-Tokenizer Tokenizer::from_file(const std::string& path) { return from_json(read_file(path), path); }
+Tokenizer Tokenizer::from_file(const std::string& path) {
+  return from_json(read_file(path), path);
+}
 
 Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin) {
   json root;
@@ -673,7 +687,8 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin)
       check(model[key].get<std::string>().empty(), "{}.{}: a non-empty value is not supported", where, key);
   }
   if (model.contains("dropout") && !model["dropout"].is_null())
-    check(model["dropout"].get<double>() == 0.0, "{}.dropout: BPE dropout is not supported at inference", where);
+    check(model["dropout"].get<double>() == 0.0, "{}.dropout: BPE dropout is not supported at inference",
+          where);
   BpeModel& bpe = impl->bpe;
   bpe.byte_fallback = bool_field(model, "byte_fallback", false, where);
   bpe.ignore_merges = bool_field(model, "ignore_merges", false, where);
@@ -683,7 +698,8 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin)
   bpe.vocab.reserve(vocab.size());
   int32_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    check(it.value().is_number_integer() && it.value().get<int64_t>() >= 0 && it.value().get<int64_t>() < (1 << 30),
+    check(it.value().is_number_integer() && it.value().get<int64_t>() >= 0 &&
+              it.value().get<int64_t>() < (1 << 30),
           "{}.vocab['{}']: expected a non-negative integer id, got {}", where, it.key(), it.value().dump());
     auto id = it.value().get<int32_t>();
     bpe.vocab.emplace(it.key(), id);
@@ -731,11 +747,12 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin)
   if (root.contains("normalizer") && !root["normalizer"].is_null())
     impl->normalizer = make_normalizer(root["normalizer"], origin + ": normalizer");
   if (root.contains("pre_tokenizer") && !root["pre_tokenizer"].is_null())
-    impl->pretokenizer = make_pretokenizer(root["pre_tokenizer"], origin + ": pre_tokenizer", impl->byte_level);
+    impl->pretokenizer =
+        make_pretokenizer(root["pre_tokenizer"], origin + ": pre_tokenizer", impl->byte_level);
   if (impl->byte_level) {
     for (int b = 0; b < 256; ++b)
-      check(bpe.byte_token[b] >= 0, "{}: the ByteLevel pre-tokenizer needs all 256 byte tokens, byte {} is missing",
-            where, b);
+      check(bpe.byte_token[b] >= 0,
+            "{}: the ByteLevel pre-tokenizer needs all 256 byte tokens, byte {} is missing", where, b);
   }
   if (root.contains("post_processor"))
     parse_post_processor(root["post_processor"], origin + ": post_processor", impl->post);
@@ -823,8 +840,8 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(std::span<const std::s
 }
 
 const std::string& Tokenizer::token_bytes(int32_t id) const {
-  check(id >= 0 && static_cast<size_t>(id) < impl_->token_bytes.size(), "token id {} is outside the vocabulary (size {})",
-        id, impl_->token_bytes.size());
+  check(id >= 0 && static_cast<size_t>(id) < impl_->token_bytes.size(),
+        "token id {} is outside the vocabulary (size {})", id, impl_->token_bytes.size());
   return impl_->token_bytes[id];
 }
 
@@ -838,7 +855,8 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 }
 
 std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
-  if (auto it = impl_->added_by_content.find(std::string(token)); it != impl_->added_by_content.end()) return it->second;
+  if (auto it = impl_->added_by_content.find(std::string(token)); it != impl_->added_by_content.end())
+    return it->second;
   if (auto it = impl_->bpe.vocab.find(std::string(token)); it != impl_->bpe.vocab.end()) return it->second;
   return std::nullopt;
 }
@@ -858,6 +876,8 @@ bool Tokenizer::is_added(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < impl_->flags.size() && (impl_->flags[id] & 1);
 }
 
-size_t Tokenizer::vocab_size() const { return impl_->token_bytes.size(); }
+size_t Tokenizer::vocab_size() const {
+  return impl_->token_bytes.size();
+}
 
 }  // namespace moeserve::text

@@ -1,8 +1,9 @@
 #pragma once
-// A Hugging Face `tokenizer.json` tokenizer: normalizer, pre-tokenizer, BPE model, added tokens, post-processor
-// and decoder, producing the same ids and text as the `tokenizers` library for the components it supports
-// (the byte-level BPE of the Qwen, Llama-3 and DeepSeek families). Unsupported components are load errors
-// that name them. A Tokenizer is immutable after loading, cheap to copy and safe to share between threads.
+// A Hugging Face `tokenizer.json` tokenizer: normalizer, pre-tokenizer, BPE model, added tokens,
+// post-processor and decoder, producing the same ids and text as the `tokenizers` library for the components
+// it supports (the byte-level BPE of the Qwen, Llama-3 and DeepSeek families). Unsupported components are
+// load errors that name them. A Tokenizer is immutable after loading, cheap to copy and safe to share between
+// threads.
 
 #include <cstdint>
 #include <memory>
@@ -42,9 +43,9 @@ class Tokenizer {
   // The vocabulary string of an id (byte-level form, e.g. "Ġhello"), or nullopt.
   std::optional<std::string> id_to_token(int32_t id) const;
 
-  bool is_special(int32_t id) const;   // an added token marked "special": true
-  bool is_added(int32_t id) const;     // any added token (special or not)
-  size_t vocab_size() const;           // 1 + the largest id (model vocabulary and added tokens)
+  bool is_special(int32_t id) const;  // an added token marked "special": true
+  bool is_added(int32_t id) const;    // any added token (special or not)
+  size_t vocab_size() const;          // 1 + the largest id (model vocabulary and added tokens)
 
   struct Impl;
 

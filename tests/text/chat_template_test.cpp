@@ -1,10 +1,11 @@
+#include "text/chat_template.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
-#include "text/chat_template.h"
 
 namespace moeserve::text {
 namespace {
@@ -14,7 +15,8 @@ using ordered_json = nlohmann::ordered_json;
 std::string template_source(const std::string& name) {
   if (name == "qwen3_5") return testing::read_text("tests/fixtures/chat-templates/qwen3_5.jinja");
   testing::qwen3_tokenizer_path();
-  auto config = ordered_json::parse(testing::read_text(std::string(testing::kQwen3Dir) + "/tokenizer_config.json"));
+  auto config =
+      ordered_json::parse(testing::read_text(std::string(testing::kQwen3Dir) + "/tokenizer_config.json"));
   return config["chat_template"].get<std::string>();
 }
 
@@ -36,7 +38,8 @@ TEST(ChatTemplate, RendersHuggingFaceGoldensByteForByte) {
   auto goldens = ordered_json::parse(testing::read_text("tests/fixtures/goldens/chat-template-goldens.json"));
   ASSERT_GE(goldens["cases"].size(), 20u);
   for (const auto& c : goldens["cases"]) {
-    std::string expected = c.contains("rendered") ? c["rendered"].get<std::string>() : c["error"].get<std::string>();
+    std::string expected =
+        c.contains("rendered") ? c["rendered"].get<std::string>() : c["error"].get<std::string>();
     EXPECT_EQ(render_case(c), expected) << c["template"] << "/" << c["name"];
   }
 }
@@ -48,12 +51,14 @@ TEST(ChatTemplate, OpenAIArgumentStringsBecomeMappings) {
       {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1, \"y\": [2]}"}},
       {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "not json"}}]}])");
   auto normalized = ChatTemplate::normalize_openai_messages(messages);
-  EXPECT_EQ(normalized[1]["tool_calls"][0]["function"]["arguments"], ordered_json::parse(R"({"x": 1, "y": [2]})"));
+  EXPECT_EQ(normalized[1]["tool_calls"][0]["function"]["arguments"],
+            ordered_json::parse(R"({"x": 1, "y": [2]})"));
   EXPECT_EQ(normalized[1]["tool_calls"][1]["function"]["arguments"], "not json");
   normalized[1]["tool_calls"].erase(1);  // a non-JSON argument string stays a string; |items would raise
   ChatTemplate t(template_source("qwen3_5"));
-  EXPECT_THAT(t.render(normalized, nullptr, false),
-              ::testing::HasSubstr("<function=f>\n<parameter=x>\n1\n</parameter>\n<parameter=y>\n[2]\n</parameter>"));
+  EXPECT_THAT(
+      t.render(normalized, nullptr, false),
+      ::testing::HasSubstr("<function=f>\n<parameter=x>\n1\n</parameter>\n<parameter=y>\n[2]\n</parameter>"));
 }
 
 TEST(ChatTemplate, SyntaxErrorsNameTheLine) {

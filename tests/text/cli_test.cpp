@@ -41,7 +41,8 @@ TEST(Cli, TokenizeEncodesLikeTheGoldensAndDecodes) {
 }
 
 TEST(Cli, RenderMatchesTheGoldenAndReportsTemplateErrors) {
-  auto goldens = nlohmann::ordered_json::parse(testing::read_text("tests/fixtures/goldens/chat-template-goldens.json"));
+  auto goldens =
+      nlohmann::ordered_json::parse(testing::read_text("tests/fixtures/goldens/chat-template-goldens.json"));
   const auto& c = goldens["cases"][2];  // qwen3_5 no_thinking
   ASSERT_EQ(c["name"], "no_thinking");
   std::string dir = ::testing::TempDir();
@@ -52,7 +53,8 @@ TEST(Cli, RenderMatchesTheGoldenAndReportsTemplateErrors) {
   EXPECT_EQ(r.out, c["rendered"].get<std::string>());
 
   std::ofstream(dir + "/request.json") << R"({"messages": [{"role": "assistant", "content": "no user"}]})";
-  r = run("render --template tests/fixtures/chat-templates/qwen3_5.jinja --request " + dir + "/request.json 2>&1");
+  r = run("render --template tests/fixtures/chat-templates/qwen3_5.jinja --request " + dir +
+          "/request.json 2>&1");
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.out, ::testing::HasSubstr("error: TemplateError: No user query found in messages."));
 }

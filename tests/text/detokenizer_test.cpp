@@ -1,9 +1,10 @@
+#include "text/detokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
-#include "text/detokenizer.h"
 #include "text/utf8.h"
 
 namespace moeserve::text {
@@ -70,7 +71,8 @@ TEST(IncrementalDetokenizer, SpecialTokensAreSkippedOrEmittedWhole) {
   EXPECT_EQ(stream(qwen3(), ids, true), "hi");
 }
 
-std::string filter_all(StopStringFilter& f, const std::vector<std::string>& deltas, std::vector<std::string>* out = nullptr) {
+std::string filter_all(StopStringFilter& f, const std::vector<std::string>& deltas,
+                       std::vector<std::string>* out = nullptr) {
   std::string all;
   for (const auto& d : deltas) {
     std::string o = f.push(d);

@@ -39,7 +39,8 @@ class Conversations {
       if (pick(2) == 0) {
         ordered_json calls = ordered_json::array();
         for (int c = 0, n = 1 + static_cast<int>(pick(2)); c < n; ++c)
-          calls.push_back({{"type", "function"}, {"function", {{"name", word()}, {"arguments", arguments()}}}});
+          calls.push_back(
+              {{"type", "function"}, {"function", {{"name", word()}, {"arguments", arguments()}}}});
         a["tool_calls"] = calls;
         messages.push_back(a);
         for (int r = 0, n = 1 + static_cast<int>(pick(2)); r < n; ++r)
@@ -49,8 +50,10 @@ class Conversations {
         messages.push_back(a);
       }
     }
-    ordered_json vars = {{"messages", messages}, {"add_generation_prompt", pick(4) != 0},
-                         {"bos_token", ""}, {"eos_token", "<|im_end|>"}};
+    ordered_json vars = {{"messages", messages},
+                         {"add_generation_prompt", pick(4) != 0},
+                         {"bos_token", ""},
+                         {"eos_token", "<|im_end|>"}};
     vars["tools"] = pick(2) == 0 ? tools() : ordered_json();
     if (pick(3) == 0) vars["enable_thinking"] = pick(2) == 0;
     return vars;
@@ -69,7 +72,8 @@ class Conversations {
   // not (we follow Python; jinja_test covers it).
   std::string text() {
     std::string t;
-    for (int i = 0, n = 1 + static_cast<int>(pick(6)); i < n; ++i) t += (i ? (pick(5) == 0 ? "\n" : " ") : "") + word();
+    for (int i = 0, n = 1 + static_cast<int>(pick(6)); i < n; ++i)
+      t += (i ? (pick(5) == 0 ? "\n" : " ") : "") + word();
     if (pick(6) == 0) t = "\n" + t + "\n";
     return t;
   }
@@ -77,13 +81,22 @@ class Conversations {
     ordered_json args = ordered_json::object();
     for (int i = 0, n = static_cast<int>(pick(4)); i < n; ++i) {
       switch (pick(5)) {
-        case 0: args[word() + std::to_string(i)] = text(); break;
-        case 1: args[word() + std::to_string(i)] = static_cast<int>(pick(1000)); break;
+        case 0:
+          args[word() + std::to_string(i)] = text();
+          break;
+        case 1:
+          args[word() + std::to_string(i)] = static_cast<int>(pick(1000));
+          break;
         // No booleans: @huggingface/jinja prints them as JS does ("true"), Python Jinja2 as "True" (we follow
         // Python, which transformers uses; jinja_test covers it).
-        case 2: args[word() + std::to_string(i)] = "yes"; break;
-        case 3: args[word() + std::to_string(i)] = ordered_json::array({word(), static_cast<int>(pick(9))}); break;
-        default: args[word() + std::to_string(i)] = {{"k", word()}, {"n", ordered_json::array()}};
+        case 2:
+          args[word() + std::to_string(i)] = "yes";
+          break;
+        case 3:
+          args[word() + std::to_string(i)] = ordered_json::array({word(), static_cast<int>(pick(9))});
+          break;
+        default:
+          args[word() + std::to_string(i)] = {{"k", word()}, {"n", ordered_json::array()}};
       }
     }
     return args;
@@ -92,10 +105,13 @@ class Conversations {
     ordered_json list = ordered_json::array();
     for (int i = 0, n = 1 + static_cast<int>(pick(2)); i < n; ++i)
       list.push_back({{"type", "function"},
-                      {"function", {{"name", word()}, {"description", text()},
-                                    {"parameters", {{"type", "object"},
-                                                    {"properties", {{"q", {{"type", "string"}}}}},
-                                                    {"required", ordered_json::array({"q"})}}}}}});
+                      {"function",
+                       {{"name", word()},
+                        {"description", text()},
+                        {"parameters",
+                         {{"type", "object"},
+                          {"properties", {{"q", {{"type", "string"}}}}},
+                          {"required", ordered_json::array({"q"})}}}}}});
     return list;
   }
   uint64_t s_;
@@ -138,7 +154,8 @@ void compare_with_oracle(const std::string& name, const std::string& source, boo
     }
     if (theirs[i].contains("error")) {
       EXPECT_FALSE(error.empty()) << name << " case " << i << ": the oracle failed (" << theirs[i]["error"]
-                                  << ") but we rendered\n" << v.dump();
+                                  << ") but we rendered\n"
+                                  << v.dump();
       continue;
     }
     EXPECT_EQ(error, "") << name << " case " << i << "\n" << v.dump();
@@ -154,7 +171,8 @@ TEST(JinjaOracle, Qwen35TemplateAgreesWithHuggingFaceJinjaJs) {
 
 TEST(JinjaOracle, Qwen3TemplateAgreesWithHuggingFaceJinjaJs) {
   testing::qwen3_tokenizer_path();
-  auto config = ordered_json::parse(testing::read_text(std::string(testing::kQwen3Dir) + "/tokenizer_config.json"));
+  auto config =
+      ordered_json::parse(testing::read_text(std::string(testing::kQwen3Dir) + "/tokenizer_config.json"));
   compare_with_oracle("qwen3", config["chat_template"].get<std::string>(), false);
 }
 

@@ -1,10 +1,11 @@
+#include "text/jinja.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
-#include "text/jinja.h"
 
 namespace moeserve::text::jinja {
 namespace {
@@ -66,7 +67,8 @@ TEST(Jinja, SyntaxErrorsSayWhereAndWhat) {
     return std::string("no error");
   };
   EXPECT_THAT(error_of("{{ x | nofilter }}"), ::testing::HasSubstr("no filter named 'nofilter'"));
-  EXPECT_THAT(error_of("a\nb\n{{ x is notatest }}"), ::testing::HasSubstr("line 3: no test named 'notatest'"));
+  EXPECT_THAT(error_of("a\nb\n{{ x is notatest }}"),
+              ::testing::HasSubstr("line 3: no test named 'notatest'"));
   EXPECT_THAT(error_of("{% for x in y %}"), ::testing::HasSubstr("expected 'else' or 'endfor'"));
   EXPECT_THAT(error_of("{{ 'unterminated }}"), ::testing::HasSubstr("unterminated string"));
   EXPECT_THAT(error_of("{{ x "), ::testing::HasSubstr("expected '}}'"));

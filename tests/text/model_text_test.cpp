@@ -1,3 +1,5 @@
+#include "text/model_text.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -6,14 +8,15 @@
 
 #include "common/error.h"
 #include "test_util.h"
-#include "text/model_text.h"
 
 namespace moeserve::text {
 namespace {
 
 namespace fs = std::filesystem;
 
-void write(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+void write(const fs::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary) << text;
+}
 
 TEST(ModelText, LoadsQwen3DirectoryWithTemplateAndSpecialTokens) {
   testing::qwen3_tokenizer_path();  // fails with a hint when the fixture is missing
@@ -30,7 +33,8 @@ TEST(ModelText, LoadsQwen3DirectoryWithTemplateAndSpecialTokens) {
 TEST(ModelText, ChatTemplateJinjaWinsAndGenerationConfigAddsStopIds) {
   fs::path dir = fs::temp_directory_path() / ("moeserve-model-text-" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  fs::copy_file(testing::qwen3_tokenizer_path(), dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  fs::copy_file(testing::qwen3_tokenizer_path(), dir / "tokenizer.json",
+                fs::copy_options::overwrite_existing);
   write(dir / "tokenizer_config.json",
         R"({"eos_token": {"content": "<|im_end|>"}, "chat_template": [{"name": "default", "template": "A"},
             {"name": "tool_use", "template": "B"}]})");

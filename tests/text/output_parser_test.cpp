@@ -1,9 +1,10 @@
+#include "text/output_parser.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "text/output_parser.h"
 
 namespace moeserve::text {
 namespace {
@@ -107,7 +108,8 @@ TEST(ReasoningParser, WithoutParserEverythingIsContent) {
 }
 
 TEST(Qwen3CoderParser, ParsesTheTemplatesOwnToolCallRendering) {
-  // Exactly what the Qwen3.5 template renders for two calls (tests/fixtures/goldens/chat-template-goldens.json).
+  // Exactly what the Qwen3.5 template renders for two calls
+  // (tests/fixtures/goldens/chat-template-goldens.json).
   std::string out =
       "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nBeijing\n</parameter>\n"
       "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=search>\n"
@@ -126,7 +128,8 @@ TEST(Qwen3CoderParser, ParsesTheTemplatesOwnToolCallRendering) {
 TEST(Qwen3CoderParser, ConvertsValuesByTheToolSchema) {
   std::string out =
       "<tool_call>\n<function=get_weather>\n<parameter=city>\n  Spaced \"quoted\"\nmultiline\n</parameter>\n"
-      "<parameter=days>\nseven\n</parameter>\n<parameter=temp>\n21.5\n</parameter>\n<parameter=metric>\nTrue\n"
+      "<parameter=days>\nseven\n</parameter>\n<parameter=temp>\n21.5\n</"
+      "parameter>\n<parameter=metric>\nTrue\n"
       "</parameter>\n<parameter=filters>\n{\"lang\": \"中文\"}\n</parameter>\n<parameter=tags>\n[1, \"a\"]\n"
       "</parameter>\n<parameter=unknown>\n42\n</parameter>\n</function>\n</tool_call>";
   auto r = parse_all_ways(out, opts("", "qwen3_coder", false, kTools));
@@ -156,7 +159,8 @@ TEST(Qwen3CoderParser, TruncatedCallIsCompletedAndMissingCloseTagsTolerated) {
                           opts("", "qwen3_coder", false, kTools));
   ASSERT_EQ(r.tool_calls.size(), 1u);
   EXPECT_EQ(r.tool_calls[0].arguments, R"({"city": "Oslo", "days": 2})");
-  auto no_params = parse_all_ways("<tool_call>\n<function=search>\n</function>\n</tool_call>", opts("", "qwen3_coder"));
+  auto no_params =
+      parse_all_ways("<tool_call>\n<function=search>\n</function>\n</tool_call>", opts("", "qwen3_coder"));
   ASSERT_EQ(no_params.tool_calls.size(), 1u);
   EXPECT_EQ(no_params.tool_calls[0].arguments, "{}");
 }
@@ -179,7 +183,8 @@ TEST(Qwen3CoderParser, WithReasoningFirst) {
 
 TEST(HermesParser, ParsesJsonCallsAndKeepsBrokenOnesAsContent) {
   std::string out =
-      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"北京\", \"days\": 3}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"北京\", \"days\": "
+      "3}}\n</tool_call>\n"
       "<tool_call>\n{\"name\": \"search\", \"arguments\": {}}\n</tool_call>";
   auto r = parse_all_ways(out, opts("", "hermes"));
   ASSERT_EQ(r.tool_calls.size(), 2u);
@@ -195,7 +200,8 @@ TEST(HermesParser, ParsesJsonCallsAndKeepsBrokenOnesAsContent) {
 }
 
 TEST(HermesParser, StreamsTheNameBeforeTheArguments) {
-  std::string out = "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"a long query\"}}\n</tool_call>";
+  std::string out =
+      "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"a long query\"}}\n</tool_call>";
   OutputParser p(opts("", "hermes"));
   size_t name_at = 0, args_at = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -211,8 +217,9 @@ TEST(HermesParser, StreamsTheNameBeforeTheArguments) {
 }
 
 TEST(OutputParser, OpenAIShapes) {
-  auto r = OutputParser::parse("<tool_call>\n<function=search>\n<parameter=query>\nx\n</parameter>\n</function>\n</tool_call>",
-                               opts("qwen3", "qwen3_coder", false, kTools));
+  auto r = OutputParser::parse(
+      "<tool_call>\n<function=search>\n<parameter=query>\nx\n</parameter>\n</function>\n</tool_call>",
+      opts("qwen3", "qwen3_coder", false, kTools));
   auto m = r.to_openai();
   EXPECT_EQ(m["role"], "assistant");
   EXPECT_TRUE(m["content"].is_null());
@@ -238,8 +245,21 @@ TEST(OutputParser, UnknownParserNamesAreConfigurationErrors) {
 
 TEST(OutputParser, ArbitraryBytesNeverThrow) {
   // Random garbage mixed with markers: must not throw, and nothing but inter-call whitespace is dropped.
-  std::string pieces[] = {"<tool_call>", "</tool_call>", "<function=f>", "<parameter=a>", "</parameter>",
-                          "</function>", "<think>", "</think>", "{\"name\": \"x\"", "}", "\n", " ", "abc", "<", ">"};
+  std::string pieces[] = {"<tool_call>",
+                          "</tool_call>",
+                          "<function=f>",
+                          "<parameter=a>",
+                          "</parameter>",
+                          "</function>",
+                          "<think>",
+                          "</think>",
+                          "{\"name\": \"x\"",
+                          "}",
+                          "\n",
+                          " ",
+                          "abc",
+                          "<",
+                          ">"};
   uint64_t seed = 12345;
   for (int round = 0; round < 300; ++round) {
     std::string text;

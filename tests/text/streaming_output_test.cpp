@@ -1,7 +1,8 @@
+#include "text/streaming_output.h"
+
 #include <gtest/gtest.h>
 
 #include "test_util.h"
-#include "text/streaming_output.h"
 
 namespace moeserve::text {
 namespace {
@@ -40,7 +41,9 @@ Collected run(const std::string& generated, std::vector<std::string> stops, cons
 TEST(StreamingOutput, TokensToReasoningContentAndToolCalls) {
   OutputParserOptions o{"qwen3", "qwen3_coder", true, nullptr};
   std::string gen =
-      "先想一想。\n</think>\n\n好的，我来查。\n\n<tool_call>\n<function=search>\n<parameter=query>\n北京天气\n</parameter>\n"
+      "先想一想。\n</"
+      "think>\n\n好的，我来查。\n\n<tool_call>\n<function=search>\n<parameter=query>\n北京天气\n</"
+      "parameter>\n"
       "</function>\n</tool_call><|im_end|>";
   Collected c = run(gen, {}, o);
   EXPECT_FALSE(c.stopped);

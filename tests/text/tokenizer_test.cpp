@@ -1,3 +1,5 @@
+#include "text/tokenizer.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -5,7 +7,6 @@
 
 #include "common/error.h"
 #include "test_util.h"
-#include "text/tokenizer.h"
 #include "text/utf8.h"
 
 namespace moeserve::text {
@@ -27,8 +28,12 @@ void check_goldens(const Tokenizer& tok, const char* key) {
   }
 }
 
-TEST(Tokenizer, Qwen3MatchesHuggingFaceGoldens) { check_goldens(qwen3(), "qwen3"); }
-TEST(Tokenizer, Qwen35RegexMatchesHuggingFaceGoldens) { check_goldens(qwen35_regex(), "qwen35_regex"); }
+TEST(Tokenizer, Qwen3MatchesHuggingFaceGoldens) {
+  check_goldens(qwen3(), "qwen3");
+}
+TEST(Tokenizer, Qwen35RegexMatchesHuggingFaceGoldens) {
+  check_goldens(qwen35_regex(), "qwen35_regex");
+}
 
 TEST(Tokenizer, SpecialTokenIdsAndFlags) {
   const Tokenizer& t = qwen3();
@@ -88,7 +93,8 @@ TEST(Tokenizer, MegabyteOfOneCharacterRoundTrips) {
 
 TEST(Tokenizer, BatchEncodeEqualsSequentialEncode) {
   std::vector<std::string> texts;
-  for (int i = 0; i < 64; ++i) texts.push_back("item " + std::to_string(i) + " 你好 <|im_end|> x" + std::string(i, 'z'));
+  for (int i = 0; i < 64; ++i)
+    texts.push_back("item " + std::to_string(i) + " 你好 <|im_end|> x" + std::string(i, 'z'));
   auto batch = qwen3().encode_batch(texts);
   ASSERT_EQ(batch.size(), texts.size());
   for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(batch[i], qwen3().encode(texts[i]));
@@ -109,9 +115,12 @@ nlohmann::json tiny_tokenizer() {
   json j = {
       {"version", "1.0"},
       {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Removed"}, {"invert", false}}},
+      {"pre_tokenizer",
+       {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Removed"}, {"invert", false}}},
       {"model",
-       {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({"a b", json::array({"ab", "c"})})},
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", json::array({"a b", json::array({"ab", "c"})})},
         {"unk_token", "<unk>"}}},
       {"decoder", {{"type", "ByteLevel"}}},
       {"added_tokens",
@@ -161,7 +170,8 @@ TEST(Tokenizer, MalformedFilesGiveErrorsThatSayWhat) {
   EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("decoder type 'WordPiece' is not supported"));
   j = tiny_tokenizer();
   j["model"]["merges"].push_back("a zz");
-  EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("merges[2]: ('a', 'zz') uses a token that is not in the vocabulary"));
+  EXPECT_THAT(message(j.dump()),
+              ::testing::HasSubstr("merges[2]: ('a', 'zz') uses a token that is not in the vocabulary"));
   j = tiny_tokenizer();
   j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("does not compile"));
