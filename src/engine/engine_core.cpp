@@ -67,7 +67,7 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
   vocab_ = model_->vocab_size();
   eos_ = options_.eos_token_ids ? *options_.eos_token_ids : model_->eos_token_ids();
   capacity_ = size_caches(model_->kv_cache_spec(options_.page_size, 0), model_->state_cache_spec(0), options_,
-                          model_->max_position_embeddings(), available_memory_bytes());
+                          model_->max_position_embeddings(), model_->cache_memory_available());
   cache_ = std::make_unique<CacheManager>(
       model_->kv_cache_spec(capacity_.page_size, capacity_.kv_pages),
       model_->state_cache_spec(capacity_.live_slots + capacity_.snapshot_slots), capacity_.live_slots,
