@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "engine/model_runner.h"
 
 namespace moeserve {
 
@@ -16,6 +17,10 @@ int64_t available_memory_bytes() {
   while (meminfo >> key >> kib >> unit)
     if (key == "MemAvailable:") return kib * 1024;
   return 0;
+}
+
+int64_t ModelRunner::cache_memory_available() const {
+  return available_memory_bytes();
 }
 
 EngineCapacity size_caches(const KvCacheSpec& kv, const StateCacheSpec& state, const EngineOptions& options,

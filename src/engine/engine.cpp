@@ -151,6 +151,7 @@ void Engine::Impl::run() {
       std::lock_guard lock(stats_mutex);
       stats = core.stats();
     }
+    core.deliver();
     if (stop) break;
   }
   std::lock_guard lock(mutex);

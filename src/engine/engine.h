@@ -23,6 +23,7 @@
 namespace moeserve {
 
 struct ModelWeights;
+class Backend;
 class ModelRunner;  // engine/model_runner.h: what the engine needs from a model (the real one or a test
                     // double)
 
@@ -129,6 +130,7 @@ struct EngineOptions {
   bool enable_prefix_cache = true;
   int max_queued_requests = 0;                        // submit() throws when this many wait; 0 = unlimited
   std::optional<std::vector<int32_t>> eos_token_ids;  // unset = the model config's
+  Backend* backend = nullptr;  // runs the model (must outlive the engine); null = a CPU backend of its own
 };
 
 // What the memory budget bought, fixed at create().

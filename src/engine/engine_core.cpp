@@ -67,7 +67,7 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
   vocab_ = model_->vocab_size();
   eos_ = options_.eos_token_ids ? *options_.eos_token_ids : model_->eos_token_ids();
   capacity_ = size_caches(model_->kv_cache_spec(options_.page_size, 0), model_->state_cache_spec(0), options_,
-                          model_->max_position_embeddings(), available_memory_bytes());
+                          model_->max_position_embeddings(), model_->cache_memory_available());
   cache_ = std::make_unique<CacheManager>(
       model_->kv_cache_spec(capacity_.page_size, capacity_.kv_pages),
       model_->state_cache_spec(capacity_.live_slots + capacity_.snapshot_slots), capacity_.live_slots,
@@ -203,20 +203,27 @@ void EngineCore::sample_and_emit(Request* r, const float* row, std::vector<Logpr
   if (out.finished) {
     finish(r, std::move(out), true);
   } else {
-    emit(r, out);
+    emit(r, std::move(out));
   }
 }
 
-void EngineCore::emit(Request* r, GenerateOutput& out) {
+void EngineCore::emit(Request* r, GenerateOutput out) {
   out.request_id = r->id;
   out.usage.prompt_tokens = r->prompt_len;
   out.usage.completion_tokens = r->generated();
   out.usage.cached_tokens = std::max<int64_t>(r->cached_tokens, 0);
-  if (!r->on_output) return;
-  try {
-    r->on_output(out);
-  } catch (const std::exception& e) {
-    spdlog::warn("engine: output callback of request {} threw: {}", r->id, e.what());
+  if (r->on_output) outbox_.emplace_back(r->on_output, std::move(out));
+}
+
+void EngineCore::deliver() {
+  auto events = std::move(outbox_);
+  outbox_.clear();
+  for (auto& [callback, event] : events) {
+    try {
+      callback(event);
+    } catch (const std::exception& e) {
+      spdlog::warn("engine: output callback of request {} threw: {}", event.request_id, e.what());
+    }
   }
 }
 
@@ -235,7 +242,7 @@ void EngineCore::finish(Request* r, GenerateOutput final_event, bool keep) {
   // The id is free again before the client sees the end of its stream, so it may reuse it at once.
   const std::string id = r->id;
   if (on_retired_) on_retired_(id);
-  emit(r, final_event);
+  emit(r, std::move(final_event));
   requests_.erase(id);  // r dies here
 }
 

@@ -37,6 +37,9 @@ class EngineCore {
   bool idle() const { return requests_.empty(); }
   // One forward step (nothing when idle).
   void step();
+  // Hands the events that step(), cancel() and abort_all() produced to the requests' callbacks. Separate so
+  // the caller can publish stats first: whoever sees an event then sees stats that include it.
+  void deliver();
 
   // Called with a request's id once its final event went out.
   void set_on_retired(std::function<void(const std::string&)> fn) { on_retired_ = std::move(fn); }
@@ -50,7 +53,7 @@ class EngineCore {
   // Retires r: releases its caches (filing its tokens in the prefix cache when keep) and sends final_event.
   void finish(Request* r, GenerateOutput final_event, bool keep);
   void finish(Request* r, FinishReason reason, bool keep, std::string error = {});
-  void emit(Request* r, GenerateOutput& out);
+  void emit(Request* r, GenerateOutput out);  // queues it for deliver()
 
   std::unique_ptr<ModelRunner> model_;
   EngineOptions options_;
@@ -64,6 +67,7 @@ class EngineCore {
   uint64_t next_arrival_ = 0;
   EngineStats counters_;
   std::function<void(const std::string&)> on_retired_;
+  std::vector<std::pair<std::function<void(const GenerateOutput&)>, GenerateOutput>> outbox_;
 };
 
 }  // namespace moeserve

@@ -22,6 +22,9 @@ class ModelRunner {
   virtual KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const = 0;
   virtual StateCacheSpec state_cache_spec(int num_slots) const = 0;
   virtual ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) = 0;
+  // Bytes free where the caches live, for EngineOptions::mem_fraction (host MemAvailable unless the model's
+  // backend keeps its caches elsewhere).
+  virtual int64_t cache_memory_available() const;
 };
 
 }  // namespace moeserve

@@ -10,8 +10,10 @@ namespace {
 
 class Qwen35Runner : public ModelRunner {
  public:
-  explicit Qwen35Runner(const ModelWeights& weights)
-      : weights_(weights), backend_(make_cpu_backend()), model_(weights, *backend_) {}
+  Qwen35Runner(const ModelWeights& weights, Backend* backend)
+      : weights_(weights),
+        owned_backend_(backend ? nullptr : make_cpu_backend()),
+        model_(weights, backend ? *backend : *owned_backend_) {}
 
   int64_t vocab_size() const override { return weights_.config.vocab_size; }
   int64_t max_position_embeddings() const override { return weights_.config.max_position_embeddings; }
@@ -28,14 +30,14 @@ class Qwen35Runner : public ModelRunner {
 
  private:
   const ModelWeights& weights_;
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> owned_backend_;
   Qwen35Model model_;
 };
 
 }  // namespace
 
 std::unique_ptr<Engine> Engine::create(const ModelWeights& weights, const EngineOptions& options) {
-  return create(std::make_unique<Qwen35Runner>(weights), options);
+  return create(std::make_unique<Qwen35Runner>(weights, options.backend), options);
 }
 
 }  // namespace moeserve

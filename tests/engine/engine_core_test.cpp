@@ -39,7 +39,13 @@ struct Harness {
   }
   void step() {
     core->step();
+    core->deliver();
     core->check_invariants();
+  }
+  bool cancel(const std::string& id) {
+    bool live = core->cancel(id);
+    core->deliver();
+    return live;
   }
   void run_until_idle(int max_steps = 100000) {
     for (int i = 0; i < max_steps && !core->idle(); ++i) step();
@@ -222,8 +228,8 @@ TEST(EngineCore, CancelEndsTheStreamAndFreesPagesAtOnce) {
   h.step();
   h.step();
   EXPECT_GT(h.core->stats().kv_pages_used, 0);
-  EXPECT_TRUE(h.core->cancel("a"));
-  EXPECT_FALSE(h.core->cancel("a"));
+  EXPECT_TRUE(h.cancel("a"));
+  EXPECT_FALSE(h.cancel("a"));
   auto out = stream->collect();
   EXPECT_EQ(out.finish_reason, FinishReason::Abort);
   EXPECT_EQ(out.tokens.size(), 2u);
@@ -396,7 +402,7 @@ TEST(EngineCore, RandomSoakKeepsEveryInvariant) {
       }
       if (!live.empty() && uniform(0, 15) == 0) {
         auto it = std::next(live.begin(), uniform(0, int(live.size()) - 1));
-        h.core->cancel(it->first);
+        h.cancel(it->first);
       }
       h.step();
       drain();

@@ -7,6 +7,7 @@
 
 #include "engine/engine.h"
 #include "model/checkpoint.h"
+#include "model/init_model.h"
 #include "model/safetensors.h"
 
 namespace moeserve {
@@ -119,6 +120,42 @@ TEST(EngineOnModel, SixteenBatchedRequestsEqualEachAlone) {
     SCOPED_TRACE(i);
     expect_same_generation(streams[size_t(i)]->collect(),
                            generate(*alone, "a" + std::to_string(i), prompts[size_t(i)], greedy(10, 3)));
+  }
+}
+
+// A demo model as `moeserve init-model` makes it, with the Qwen3 vocabulary: greedy and seeded sampling
+// requests (penalties, top-p, top-k over 151936 tokens) get the same tokens batched as alone.
+TEST(EngineOnModel, DemoModelWithQwenVocabularyBatchedEqualsAlone) {
+  ModelConfig config = preset_config("tiny");
+  config.vocab_size = 151936;
+  config.eos_token_ids = {151645, 151643};
+  ModelWeights weights = make_dummy_weights(config, 7);
+  std::mt19937 rng(24);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 16; ++i) {
+    prompts.push_back(
+        random_prompt(rng, std::uniform_int_distribution<int>(1, 50)(rng), int(config.vocab_size)));
+    SamplingParams p = greedy(8, 2);
+    if (i % 2) {
+      p.temperature = 0.8f;
+      p.top_p = 0.9f;
+      p.top_k = i % 4 == 1 ? 50 : 0;
+      p.repetition_penalty = 1.1f;
+      p.presence_penalty = 0.5f;
+      p.seed = uint64_t(i);
+    }
+    params.push_back(p);
+  }
+  auto batched = Engine::create(weights, options());
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (int i = 0; i < 16; ++i)
+    streams.push_back(submit(*batched, "b" + std::to_string(i), prompts[size_t(i)], params[size_t(i)]));
+  auto alone = Engine::create(weights, options(16, false, 1));
+  for (int i = 0; i < 16; ++i) {
+    SCOPED_TRACE(i);
+    expect_same_generation(streams[size_t(i)]->collect(),
+                           generate(*alone, "a" + std::to_string(i), prompts[size_t(i)], params[size_t(i)]));
   }
 }
 

@@ -54,7 +54,7 @@ TEST(Engine, ServesRequestsSubmittedFromManyThreads) {
   }
   for (auto& t : clients) t.join();
   for (int c = 0; c < 8; ++c) EXPECT_EQ(ok[size_t(c)], 3) << c;
-  EXPECT_EQ(engine->stats().generation_tokens, 8u * 3 * 10);
+  EXPECT_EQ(engine->stats().generation_tokens, 8u * 3 * 10);  // stats are published before events go out
 }
 
 TEST(Engine, CancelFromAnotherThreadEndsTheStreamAndFreesItsPages) {
@@ -69,11 +69,7 @@ TEST(Engine, CancelFromAnotherThreadEndsTheStreamAndFreesItsPages) {
   EXPECT_EQ(rest.finish_reason, FinishReason::Abort);
   EXPECT_FALSE(engine->cancel("long"));  // no longer live
 
-  // A later request's completion means the step that retired "long" has published its stats.
-  auto after = std::make_shared<OutputStream>();
-  engine->submit(request("after", {4}, greedy(1), after));
-  after->collect();
-  auto stats = engine->stats();
+  auto stats = engine->stats();  // published before the final event went out
   EXPECT_EQ(stats.requests_aborted, 1u);
   EXPECT_EQ(stats.kv_pages_used, 0);
   EXPECT_EQ(stats.running, 0);
