@@ -287,7 +287,8 @@ class Runner {
     r.exact_output = request.exact_output;
     ++in_flight_;
     for (int attempt = 0;; ++attempt) {
-      std::unique_ptr<Connection> conn = take_connection();
+      // A retry never takes another idle connection: that one could be stale too.
+      auto conn = attempt == 0 ? take_connection() : std::make_unique<Connection>(io_.get_executor());
       active_connections_.insert(conn.get());
       After after = co_await exchange(*conn, request, out);
       active_connections_.erase(conn.get());

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "bench/benchmark.h"
 #include "bench/report.h"
@@ -253,17 +256,22 @@ TEST(Client, ServerThatClosesEveryConnectionStillWorks) {
   EXPECT_EQ(server.served().size(), 6u);
 }
 
-TEST(Client, RefusedConnectionsAreFailuresNotCrashes) {
+// A loopback port nothing listens on (bound once by us, then released).
+int unused_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   socklen_t len = sizeof addr;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);  // nothing listens on this port now
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(Client, RefusedConnectionsAreFailuresNotCrashes) {
   PromptGenerator prompts(1);
-  LoadResult result = run_load(Endpoint::parse("http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port))),
+  LoadResult result = run_load(Endpoint::parse("http://127.0.0.1:" + std::to_string(unused_port())),
                                closed_loop(2, 4), workload(Scenario::single_turn), prompts);
   ASSERT_EQ(result.records.size(), 4u);
   for (const auto& r : result.records) EXPECT_EQ(r.error_cause, "connect");
@@ -341,6 +349,60 @@ TEST(Benchmark, SweepRecordsServerAndOneRunPerConcurrency) {
     EXPECT_EQ(r["requests"].size(), 8u);
   }
   EXPECT_EQ(server.served().size(), 48u);
+}
+
+// `moeserve route` in front of the fake: the bench works through a real streaming proxy, and what it measures
+// (usage, cached tokens, per-turn history, failures) passes through.
+class RouterProcess {
+ public:
+  RouterProcess(const std::string& backend, int port) {
+    std::string log = ::testing::TempDir() + "bench-router.log";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      FILE* out = std::freopen(log.c_str(), "w", stdout);
+      if (out) ::dup2(::fileno(stdout), 2);
+      std::string p = std::to_string(port);
+      ::execl(MOESERVE_BINARY, MOESERVE_BINARY, "route", "--host", "127.0.0.1", "--port", p.c_str(),
+              "--workers", "1", "--health-interval", "0", "--backend", backend.c_str(),
+              static_cast<char*>(nullptr));
+      std::_Exit(127);
+    }
+  }
+  ~RouterProcess() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  // Polls until the router answers GET /health.
+  bool ready(const Endpoint& e) {
+    for (int i = 0; i < 200; ++i) {
+      if (http_get(e, "/health", "", 1).status == 200) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+TEST(Command, BenchThroughTheRouter) {
+  FakeScript script;
+  script.failure = [](size_t n) { return n == 5 ? Failure::http_503 : Failure::none; };
+  FakeOpenAiServer server(script);
+  int port = unused_port();
+  RouterProcess router(server.url(), port);
+  Endpoint endpoint = Endpoint::parse("http://127.0.0.1:" + std::to_string(port));
+  ASSERT_TRUE(router.ready(endpoint)) << "moeserve route did not come up; see bench-router.log";
+  PromptGenerator prompts(2);
+  LoadResult result = run_load(endpoint, closed_loop(1, 8), workload(Scenario::multi_turn, 20, 5), prompts);
+  ASSERT_EQ(result.records.size(), 6u);  // the 503 on turn 2 of the second dialogue ends it
+  json s = summarize(result.records, result.duration_s);
+  EXPECT_EQ(s["completed"], 5) << s.dump(1);
+  EXPECT_EQ(s["failures"]["http_503"], 1);
+  for (size_t t = 1; t < 4; ++t) {
+    EXPECT_EQ(result.records[t].cached_tokens, result.records[t - 1].prompt_tokens + 1 + 5);
+    EXPECT_EQ(result.records[t].completion_tokens, 5u);
+  }
 }
 
 // --- the command line ---------------------------------------------------------------------------

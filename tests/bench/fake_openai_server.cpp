@@ -226,15 +226,16 @@ void FakeOpenAiServer::serve_chat(int fd, const std::string& body_text, bool& ke
     keep_alive = false;
     return;
   }
-  if (failure == Failure::http_500 || failure == Failure::http_429) {
+  if (failure == Failure::http_500 || failure == Failure::http_429 || failure == Failure::http_503) {
     remember();
-    bool overloaded = failure == Failure::http_429;
-    std::string reply = json{{"error",
-                              {{"message", overloaded ? "too many requests" : "scripted failure"},
-                               {"type", overloaded ? "rate_limit_exceeded" : "server_error"}}}}
-                            .dump();
-    send_all(fd, std::string("HTTP/1.1 ") +
-                     (overloaded ? "429 Too Many Requests" : "500 Internal Server Error") +
+    const char* status = failure == Failure::http_500   ? "500 Internal Server Error"
+                         : failure == Failure::http_429 ? "429 Too Many Requests"
+                                                        : "503 Service Unavailable";
+    const char* message = failure == Failure::http_500   ? "scripted failure"
+                          : failure == Failure::http_429 ? "too many requests"
+                                                         : "server is draining";
+    std::string reply = json{{"error", {{"message", message}, {"type", "server_error"}}}}.dump();
+    send_all(fd, std::string("HTTP/1.1 ") + status +
                      "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(reply.size()) +
                      "\r\n\r\n" + reply);
     return;

@@ -20,6 +20,7 @@ enum class Failure {
   none,
   http_500,              // 500 with an OpenAI error body
   http_429,              // 429 with an OpenAI error body
+  http_503,              // 503 with an OpenAI error body (what a draining or overloaded server answers)
   close_before_headers,  // reads the request, closes the connection
   close_mid_stream,      // streams two tokens, closes the connection
   error_event,           // streams two tokens, then a `data: {"error": ...}` event and [DONE]
