@@ -22,17 +22,23 @@ uint8_t fp8_e4m3_nearest(float f) {
   return sign | uint8_t(std::min<uint32_t>(code, 0x7e));
 }
 
-void quantize_fp8_band(const float* w, int64_t rows, int64_t cols, int block_cols, uint8_t* out,
-                       float* scale_inv) {
+void fp8_band_scales(const float* w, int64_t rows, int64_t cols, int block_cols, float* scale_inv) {
   for (int64_t c0 = 0, b = 0; c0 < cols; c0 += block_cols, ++b) {
     int64_t c1 = std::min<int64_t>(cols, c0 + block_cols);
     float amax = 0;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(w[r * cols + c]));
-    float scale = amax > 0 ? amax / 448.0f : 1.0f;
-    scale_inv[b] = scale;
+    scale_inv[b] = amax > 0 ? amax / 448.0f : 1.0f;
+  }
+}
+
+void quantize_fp8_band(const float* w, int64_t rows, int64_t cols, int block_cols, uint8_t* out,
+                       float* scale_inv) {
+  fp8_band_scales(w, rows, cols, block_cols, scale_inv);
+  for (int64_t c0 = 0, b = 0; c0 < cols; c0 += block_cols, ++b) {
+    int64_t c1 = std::min<int64_t>(cols, c0 + block_cols);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = c0; c < c1; ++c) out[r * cols + c] = fp8_e4m3_nearest(w[r * cols + c] / scale);
+      for (int64_t c = c0; c < c1; ++c) out[r * cols + c] = fp8_e4m3_nearest(w[r * cols + c] / scale_inv[b]);
   }
 }
 

@@ -11,6 +11,9 @@ namespace moeserve {
 // (a table search) but by bit arithmetic, fast enough for billions of weights.
 uint8_t fp8_e4m3_nearest(float f);
 
+// The scales alone (scale_inv[b] = amax of block b / 448, or 1 for an all-zero block).
+void fp8_band_scales(const float* w, int64_t rows, int64_t cols, int block_cols, float* scale_inv);
+
 // Quantises one band of up to block_rows rows of a row-major matrix w[rows][cols] into out[rows][cols] and
 // its scales scale_inv[ceil(cols / block_cols)] (one per block of the band).
 void quantize_fp8_band(const float* w, int64_t rows, int64_t cols, int block_cols, uint8_t* out,

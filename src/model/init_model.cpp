@@ -149,12 +149,20 @@ uint64_t tensor_key(uint64_t seed, const std::string& name) {
   return mix(seed ^ h);
 }
 
-// Sum of four uniform 16-bit fields, centred and scaled to unit variance: near-normal, bounded by ±3.46.
-float normal(uint64_t key, uint64_t i) {
-  uint64_t r = mix(key + i);
-  float s = 0;
-  for (int k = 0; k < 4; ++k) s += float((r >> (16 * k)) & 0xffff) + 0.5f;
-  return (s / 65536.0f - 2.0f) * 1.7320508f;
+// out[j] = offset + scale * z(begin + j), where z is the sum of four uniform bytes, centred and scaled to
+// unit variance: near-normal, bounded by ±3.46. One hash gives two values.
+void normals(uint64_t key, uint64_t begin, size_t n, float scale, float offset, float* out) {
+  const float k = scale * 1.7320508f / 256.0f;  // sqrt(12 / 4) / 256
+  for (size_t j = 0; j < n;) {
+    uint64_t i = begin + j;
+    uint64_t r = mix(key + i / 2);
+    for (uint64_t half = i & 1; half < 2 && j < n; ++half, ++j) {
+      uint32_t bits = uint32_t(r >> (32 * half));
+      float s =
+          float(bits & 0xff) + float((bits >> 8) & 0xff) + float((bits >> 16) & 0xff) + float(bits >> 24);
+      out[j] = offset + k * (s - 510.0f);  // mean of the sum of four bytes is 4 * 127.5
+    }
+  }
 }
 
 float uniform(uint64_t key, uint64_t i) {
@@ -162,24 +170,17 @@ float uniform(uint64_t key, uint64_t i) {
 }
 
 void generate(const Planned& t, uint64_t key, uint64_t begin, size_t n, float* out) {
-  float fan_in = float(t.shape.back());
   switch (t.init) {
     case Init::Matrix:
-    case Init::Conv: {
-      float scale = 1.0f / std::sqrt(fan_in);
-      for (size_t i = 0; i < n; ++i) out[i] = scale * normal(key, begin + i);
-      return;
-    }
+    case Init::Conv:
+      return normals(key, begin, n, 1.0f / std::sqrt(float(t.shape.back())), 0.0f, out);
     case Init::Embedding:
-      for (size_t i = 0; i < n; ++i) out[i] = normal(key, begin + i);
-      return;
+      return normals(key, begin, n, 1.0f, 0.0f, out);
     case Init::ZeroCentredNorm:
-      for (size_t i = 0; i < n; ++i) out[i] = 0.1f * normal(key, begin + i);
-      return;
+      return normals(key, begin, n, 0.1f, 0.0f, out);
     case Init::UnitNorm:
     case Init::DtBias:
-      for (size_t i = 0; i < n; ++i) out[i] = 1.0f + 0.1f * normal(key, begin + i);
-      return;
+      return normals(key, begin, n, 0.1f, 1.0f, out);
     case Init::ALog:
       for (size_t i = 0; i < n; ++i) out[i] = std::log(1.0f + 15.0f * uniform(key, begin + i));
       return;
@@ -224,20 +225,22 @@ void materialize(const Planned& t, const ModelConfig& c, uint64_t seed, DType dt
     out.push_back({t.name, DType::BF16, t.shape, fill});
     return;
   }
-  // Both tensors come from the same quantisation; each fill redoes it and keeps its own half.
+  // Both tensors come from the same values: the weight fill quantises, the scale fill only needs block
+  // maxima.
   const int64_t rows = t.shape[0], cols = t.shape[1];
   const int bo = c.fp8->block_out, bi = c.fp8->block_in;
   const int64_t bands = (rows + bo - 1) / bo, scale_cols = (cols + bi - 1) / bi;
   auto quantize = [=](uint8_t* weights, float* scales) {
     ThreadPool::global().parallel_for(size_t(bands), [&](size_t b, size_t e) {
       std::vector<float> values(size_t(bo * cols));
-      std::vector<uint8_t> q(weights ? 0 : size_t(bo * cols));
-      std::vector<float> s(static_cast<size_t>(scale_cols));
+      std::vector<float> band_scales(static_cast<size_t>(scale_cols));
       for (size_t band = b; band < e; ++band) {
         int64_t r0 = int64_t(band) * bo, n = std::min<int64_t>(bo, rows - r0);
         generate(t, key, uint64_t(r0 * cols), size_t(n * cols), values.data());
-        quantize_fp8_band(values.data(), n, cols, bi, weights ? weights + r0 * cols : q.data(),
-                          scales ? scales + int64_t(band) * scale_cols : s.data());
+        if (weights)
+          quantize_fp8_band(values.data(), n, cols, bi, weights + r0 * cols, band_scales.data());
+        else
+          fp8_band_scales(values.data(), n, cols, bi, scales + int64_t(band) * scale_cols);
       }
     });
   };

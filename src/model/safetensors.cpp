@@ -44,6 +44,51 @@ std::optional<uint64_t> as_count(const json& v) {
   return std::nullopt;
 }
 
+// Streams over the header JSON without building it: top-level keys must be unique and nesting at most
+// kMaxDepth deep (a real header is 3: header object, tensor entry, shape list).
+class HeaderScan : public nlohmann::json_sax<json> {
+ public:
+  static constexpr int kMaxDepth = 3;
+  std::string duplicate;
+  bool too_deep = false;
+  std::string syntax_error;
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return enter(); }
+  bool end_object() override {
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override { return enter(); }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool key(string_t& name) override {
+    if (depth_ != 1 || seen_.insert(name).second) return true;
+    duplicate = name;
+    return false;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    syntax_error = e.what();
+    return false;
+  }
+
+ private:
+  bool enter() {
+    too_deep = ++depth_ > kMaxDepth;
+    return !too_deep;
+  }
+  int depth_ = 0;
+  std::unordered_set<std::string> seen_;
+};
+
 TensorInfo parse_entry(const std::string& label, const std::string& name, const json& entry,
                        const uint8_t* data_section, uint64_t data_size) {
   check(entry.is_object(), "{}: tensor '{}': header entry must be an object", label, name);
@@ -58,31 +103,33 @@ TensorInfo parse_entry(const std::string& label, const std::string& name, const 
         dt->get_ref<const std::string&>(), kKnownDTypes);
   t.dtype = *dtype;
 
+  // Messages that show JSON are built only on failure: dump() per tensor would dominate large headers.
   auto sh = entry.find("shape");
   check(sh != entry.end() && sh->is_array(), "{}: tensor '{}': missing or non-list 'shape'", label, name);
   uint64_t numel = 1;
   for (const auto& d : *sh) {
     auto dim = as_count(d);
-    check(dim && *dim <= uint64_t(INT64_MAX), "{}: tensor '{}': shape entry {} is not a non-negative integer",
-          label, name, d.dump());
-    check(!__builtin_mul_overflow(numel, *dim, &numel), "{}: tensor '{}': shape {} overflows", label, name,
-          sh->dump());
+    if (!dim || *dim > uint64_t(INT64_MAX))
+      fail("{}: tensor '{}': shape entry {} is not a non-negative integer", label, name, d.dump());
+    if (__builtin_mul_overflow(numel, *dim, &numel))
+      fail("{}: tensor '{}': shape {} overflows", label, name, sh->dump());
     t.shape.push_back(int64_t(*dim));
   }
   uint64_t nbytes = 0;
-  check(!__builtin_mul_overflow(numel, uint64_t(dtype_size(t.dtype)), &nbytes),
-        "{}: tensor '{}': shape {} overflows", label, name, sh->dump());
+  if (__builtin_mul_overflow(numel, uint64_t(dtype_size(t.dtype)), &nbytes))
+    fail("{}: tensor '{}': shape {} overflows", label, name, sh->dump());
 
   auto off = entry.find("data_offsets");
   check(off != entry.end() && off->is_array() && off->size() == 2,
         "{}: tensor '{}': 'data_offsets' must be a list [begin, end]", label, name);
   auto begin = as_count((*off)[0]), end = as_count((*off)[1]);
-  check(begin && end && *begin <= *end, "{}: tensor '{}': bad data_offsets {}", label, name, off->dump());
-  check(*end <= data_size,
-        "{}: tensor '{}': data_offsets {} run past the data section ({} bytes); truncated file?", label, name,
-        off->dump(), data_size);
-  check(*end - *begin == nbytes, "{}: tensor '{}': data_offsets {} hold {} bytes but {} {} needs {}", label,
-        name, off->dump(), *end - *begin, dtype_name(t.dtype), shape_string(t.shape), nbytes);
+  if (!begin || !end || *begin > *end) fail("{}: tensor '{}': bad data_offsets {}", label, name, off->dump());
+  if (*end > data_size)
+    fail("{}: tensor '{}': data_offsets {} run past the data section ({} bytes); truncated file?", label,
+         name, off->dump(), data_size);
+  if (*end - *begin != nbytes)
+    fail("{}: tensor '{}': data_offsets {} hold {} bytes but {} {} needs {}", label, name, off->dump(),
+         *end - *begin, dtype_name(t.dtype), shape_string(t.shape), nbytes);
   t.data = data_section + *begin;
   t.nbytes = size_t(nbytes);
   return t;
@@ -129,20 +176,18 @@ SafetensorsHeader parse_safetensors(std::span<const uint8_t> bytes, const std::s
         header_len, kMaxHeaderBytes);
   const char* text = reinterpret_cast<const char*>(bytes.data() + 8);
 
-  // nlohmann keeps the last of duplicate keys silently; the callback sees every top-level key, so it can
-  // refuse a name given twice. It also bounds nesting: a real header is at most 3 levels deep.
-  std::unordered_set<std::string> seen;
-  auto on_event = [&](int depth, json::parse_event_t event, json& value) {
-    check(depth <= 4, "{}: header JSON is nested too deeply", label);
-    if (event == json::parse_event_t::key && depth == 1) {
-      const auto& key = value.get_ref<const std::string&>();
-      check(seen.insert(key).second, "{}: tensor '{}' appears twice in the header", label, key);
-    }
-    return true;
-  };
+  // A first, streaming pass refuses what the DOM parse would hide or choke on: duplicate names (nlohmann
+  // keeps the last silently), deep nesting, and syntax errors. (nlohmann's callback parser could do this
+  // in one pass, but it rescans the enclosing object at every '}', which is quadratic in the tensor count.)
+  HeaderScan scan;
+  if (!json::sax_parse(text, text + header_len, &scan)) {
+    if (!scan.duplicate.empty()) fail("{}: tensor '{}' appears twice in the header", label, scan.duplicate);
+    if (scan.too_deep) fail("{}: header JSON is nested too deeply", label);
+    fail("{}: the header is not valid JSON: {}", label, scan.syntax_error);
+  }
   json root;
   try {
-    root = json::parse(text, text + header_len, on_event);
+    root = json::parse(text, text + header_len);
   } catch (const json::exception& e) {
     fail("{}: the header is not valid JSON: {}", label, e.what());
   }
@@ -151,6 +196,7 @@ SafetensorsHeader parse_safetensors(std::span<const uint8_t> bytes, const std::s
   const uint8_t* data_section = bytes.data() + 8 + header_len;
   uint64_t data_size = bytes.size() - 8 - header_len;
   SafetensorsHeader h;
+  h.tensors.reserve(root.size());
   for (const auto& [name, entry] : root.items()) {
     if (name == "__metadata__") {
       check(entry.is_object(), "{}: '__metadata__' must be an object", label);
