@@ -323,16 +323,19 @@ void FakeOpenAiServer::serve_chat(int fd, const std::string& body_text, bool& ke
                         {"usage", usage}}
                        .dump());
   }
+  // Recorded before the stream ends: a client that has read the whole response must find it in served().
+  {
+    std::lock_guard lock(mutex_);
+    if (script_.prefix_cache) {
+      std::vector<std::string> sequence = prompt;
+      sequence.insert(sequence.end(), reply_tokens.begin(), reply_tokens.end());
+      history_.push_back(std::move(sequence));
+    }
+    served_.push_back(record);
+  }
   send_event(fd, "[DONE]");
   send_all(fd, "0\r\n\r\n");
   if (script_.close_after_response) keep_alive = false;
-  std::lock_guard lock(mutex_);
-  if (script_.prefix_cache) {
-    std::vector<std::string> sequence = prompt;
-    sequence.insert(sequence.end(), reply_tokens.begin(), reply_tokens.end());
-    history_.push_back(std::move(sequence));
-  }
-  served_.push_back(std::move(record));
 }
 
 }  // namespace moeserve::bench::testing
