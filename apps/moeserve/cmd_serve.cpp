@@ -178,6 +178,9 @@ std::string dtype_name(const ModelConfig& c) {
 ModelWeights demo_weights(const text::Tokenizer& tokenizer, const text::ModelText& text, uint64_t seed) {
   ModelConfig config = preset_config("tiny");
   config.vocab_size = (static_cast<int64_t>(tokenizer.vocab_size()) + 255) / 256 * 256;  // padded, as Qwen does
+  // 32K context: the default cache budget (every running request at full length) stays ~256 MiB, so a demo
+  // server (and a local cluster of them) starts in a second instead of reserving gigabytes.
+  config.max_position_embeddings = 32768;
   config.eos_token_ids.clear();
   for (int32_t id : text.stop_ids) config.eos_token_ids.push_back(id);
   for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {

@@ -50,6 +50,13 @@ void Scheduler::remove(Request* r, bool keep) {
   }
 }
 
+void Scheduler::drop_from_plan(Request* r, int64_t& budget, std::vector<ScheduledChunk>& plan) {
+  auto it = std::find_if(plan.begin(), plan.end(), [&](const auto& c) { return c.request == r; });
+  if (it == plan.end()) return;
+  if (r->uncomputed() > 1) budget += it->tokens;
+  plan.erase(it);
+}
+
 void Scheduler::preempt(Request* r) {
   cache_.finish(r->cache, {r->tokens.data(), size_t(r->computed)}, true);
   r->computed = 0;
@@ -161,11 +168,7 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
       while (!reserved) {
         Request* victim = pick_victim(r);
         if (victim == nullptr) break;
-        auto it = std::find_if(plan.begin(), plan.end(), [&](const auto& c) { return c.request == victim; });
-        if (it != plan.end()) {
-          if (victim->uncomputed() > 1) budget += it->tokens;
-          plan.erase(it);
-        }
+        drop_from_plan(victim, budget, plan);
         preempt(victim);
         reserved = cache_.reserve(r->cache, r->computed + n);
       }
@@ -179,9 +182,20 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     }
 
     for (Request* r : admission_order()) {
-      if (int(running_.size()) >= options_.max_running_requests || budget <= 0) break;
-      // Out of slots or pages: keep the queue order, retry next step.
-      if (admit(r, budget, plan) == Admission::NoRoom) break;
+      if (budget <= 0) break;
+      Admission admission = Admission::NoRoom;
+      for (;;) {
+        if (int(running_.size()) < options_.max_running_requests) {
+          admission = admit(r, budget, plan);
+          if (admission != Admission::NoRoom) break;
+        }
+        // No slot or no pages: a running request of strictly lower priority gives way.
+        Request* victim = pick_victim(nullptr);
+        if (victim == nullptr || victim->priority <= r->priority) break;
+        drop_from_plan(victim, budget, plan);
+        preempt(victim);
+      }
+      if (admission == Admission::NoRoom) break;  // keep the queue order; retry next step
     }
     if (!plan.empty() || running_.empty()) return plan;
     // Every running request waits for pages the others hold: give the least important one's back and retry.

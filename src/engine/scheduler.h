@@ -58,6 +58,7 @@ class Scheduler {
   bool before(const Request* a, const Request* b) const;  // a has precedence (priority, then arrival)
   int64_t chunk_limit(const Request* r) const;
   void preempt(Request* r);
+  void drop_from_plan(Request* r, int64_t& budget, std::vector<ScheduledChunk>& plan);
   Request* pick_victim(const Request* beneficiary) const;
   enum class Admission { Admitted, Deferred, NoRoom };
   Admission admit(Request* r, int64_t& budget, std::vector<ScheduledChunk>& plan);

@@ -840,8 +840,11 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(std::span<const std::s
 }
 
 const std::string& Tokenizer::token_bytes(int32_t id) const {
-  check(id >= 0 && static_cast<size_t>(id) < impl_->token_bytes.size(),
-        "token id {} is outside the vocabulary (size {})", id, impl_->token_bytes.size());
+  check(id >= 0, "token id {} is negative", id);
+  // Checkpoints pad the embedding table past the tokenizer (Qwen3.5: 248,320 rows); a model can sample those
+  // ids (random weights do). They have no text, as in Hugging Face's decode, which skips them.
+  static const std::string no_text;
+  if (static_cast<size_t>(id) >= impl_->token_bytes.size()) return no_text;
   return impl_->token_bytes[id];
 }
 

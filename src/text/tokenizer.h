@@ -35,7 +35,7 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
   // The raw bytes one token contributes to decoded text (after the ByteLevel decoder): the unit the
-  // streaming detokenizer works with. Unknown ids are an error.
+  // streaming detokenizer works with. Ids past the tokenizer (the padding of the embedding table) have none.
   const std::string& token_bytes(int32_t id) const;
 
   // Id of a vocabulary entry or added token by its exact text (e.g. "<|im_end|>"), if any.

@@ -353,30 +353,35 @@ TEST(Benchmark, SweepRecordsServerAndOneRunPerConcurrency) {
 
 // `moeserve route` in front of the fake: the bench works through a real streaming proxy, and what it measures
 // (usage, cached tokens, per-turn history, failures) passes through.
-class RouterProcess {
+std::string run_command(const std::string& args, int* status = nullptr);
+
+// A `moeserve` subcommand run as a child process (output in TempDir()/log), killed at the end of the test.
+class MoeserveProcess {
  public:
-  RouterProcess(const std::string& backend, int port) {
-    std::string log = ::testing::TempDir() + "bench-router.log";
+  MoeserveProcess(std::vector<std::string> args, const std::string& log) {
+    std::string path = ::testing::TempDir() + log;
+    args.insert(args.begin(), MOESERVE_BINARY);
     pid_ = ::fork();
     if (pid_ == 0) {
-      FILE* out = std::freopen(log.c_str(), "w", stdout);
-      if (out) ::dup2(::fileno(stdout), 2);
-      std::string p = std::to_string(port);
-      ::execl(MOESERVE_BINARY, MOESERVE_BINARY, "route", "--host", "127.0.0.1", "--port", p.c_str(),
-              "--workers", "1", "--health-interval", "0", "--backend", backend.c_str(),
-              static_cast<char*>(nullptr));
+      if (std::freopen(path.c_str(), "w", stdout)) ::dup2(::fileno(stdout), 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(MOESERVE_BINARY, argv.data());
       std::_Exit(127);
     }
   }
-  ~RouterProcess() {
+  ~MoeserveProcess() {
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
   }
-  // Polls until the router answers GET /health.
-  bool ready(const Endpoint& e) {
-    for (int i = 0; i < 200; ++i) {
+  // Polls GET /health until it answers 200 (a server that is still loading answers 503).
+  bool ready(const Endpoint& e, int seconds) {
+    for (int i = 0; i < seconds * 10; ++i) {
       if (http_get(e, "/health", "", 1).status == 200) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) return false;  // it exited
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return false;
   }
@@ -390,9 +395,11 @@ TEST(Command, BenchThroughTheRouter) {
   script.failure = [](size_t n) { return n == 5 ? Failure::http_503 : Failure::none; };
   FakeOpenAiServer server(script);
   int port = unused_port();
-  RouterProcess router(server.url(), port);
+  MoeserveProcess router({"route", "--host", "127.0.0.1", "--port", std::to_string(port), "--workers", "1",
+                          "--health-interval", "0", "--backend", server.url()},
+                         "bench-router.log");
   Endpoint endpoint = Endpoint::parse("http://127.0.0.1:" + std::to_string(port));
-  ASSERT_TRUE(router.ready(endpoint)) << "moeserve route did not come up; see bench-router.log";
+  ASSERT_TRUE(router.ready(endpoint, 20)) << "moeserve route did not come up; see bench-router.log";
   PromptGenerator prompts(2);
   LoadResult result = run_load(endpoint, closed_loop(1, 8), workload(Scenario::multi_turn, 20, 5), prompts);
   ASSERT_EQ(result.records.size(), 6u);  // the 503 on turn 2 of the second dialogue ends it
@@ -405,9 +412,52 @@ TEST(Command, BenchThroughTheRouter) {
   }
 }
 
+// The real thing: `moeserve serve --model demo` (random weights, the Qwen3 vocabulary) under all four
+// scenarios, with token-exact prompts. Checks what a real server reports, not how fast it is.
+TEST(Command, AllScenariosAgainstMoeserveServe) {
+  int port = unused_port();
+  MoeserveProcess serve({"serve", "--model", "demo", "--host", "127.0.0.1", "--port", std::to_string(port)},
+                        "bench-serve.log");
+  std::string url = "http://127.0.0.1:" + std::to_string(port);
+  ASSERT_TRUE(serve.ready(Endpoint::parse(url), 300))
+      << "moeserve serve --model demo did not come up; see " << ::testing::TempDir() << "bench-serve.log";
+  std::string out = ::testing::TempDir() + "bench-serve.json";
+  int rc = 0;
+  std::string text =
+      run_command("bench --url " + url +
+                      " --scenario all --num-requests 6 --concurrency 2 --input-len 32 --output-len 8 "
+                      "--long-output-len 96 --turns 3 --tokenizer .cache/tokenizer-qwen3 --quiet "
+                      "--output " +
+                      out,
+                  &rc);
+  ASSERT_EQ(rc, 0) << text;
+  json doc = json::parse(std::ifstream(out));
+  EXPECT_EQ(doc["config"]["model"], "moeserve-demo");
+  EXPECT_TRUE(doc["config"]["exact_input_lengths"].get<bool>());
+  EXPECT_FALSE(doc["server"]["version"].is_null());
+  ASSERT_EQ(doc["runs"].size(), 4u);
+  for (const json& run : doc["runs"]) {
+    const json& s = run["summary"];
+    SCOPED_TRACE(run["scenario"].get<std::string>());
+    EXPECT_EQ(s["failed"], 0) << s["failure_examples"].dump();
+    EXPECT_GT(s["completed"].get<int>(), 0);
+    EXPECT_DOUBLE_EQ(s["exact_output_ratio"].get<double>(), 1.0);  // ignore_eos + min_tokens honoured
+    for (const json& r : run["requests"]) {
+      EXPECT_TRUE(r["usage_reported"].get<bool>());
+      if (r["turn"] == 0) EXPECT_GT(r["prompt_tokens"].get<int>(), 32);  // the chat template adds tokens
+    }
+  }
+  EXPECT_EQ(doc["runs"][3]["requests"][0]["completion_tokens"], 96);
+  // Dialogues: each turn's prompt extends the previous one, so the prefix cache can serve part of it.
+  const json& turns = doc["runs"][1]["summary"]["per_turn"];
+  ASSERT_EQ(turns.size(), 3u);
+  EXPECT_GT(turns[2]["prompt_tokens_mean"].get<double>(), turns[1]["prompt_tokens_mean"].get<double>() + 32);
+  EXPECT_GT(turns[2]["cached_tokens_ratio"].get<double>(), 0.0);
+}
+
 // --- the command line ---------------------------------------------------------------------------
 
-std::string run_command(const std::string& args, int* status = nullptr) {
+std::string run_command(const std::string& args, int* status) {
   std::string out = ::testing::TempDir() + "bench_cli_out.txt";
   int rc = std::system((std::string(MOESERVE_BINARY) + " " + args + " > " + out + " 2>&1").c_str());
   if (status) *status = rc;

@@ -222,6 +222,23 @@ TEST(EngineCore, PoolTooSmallPreemptsAndFinishesCorrectly) {
   EXPECT_EQ(s.snapshot_slots_used, 0);
 }
 
+TEST(EngineCore, HigherPriorityArrivalPreemptsLowerPriorityWork) {
+  EngineOptions o = Harness::defaults();
+  o.max_running_requests = 2;
+  Harness h(o);
+  auto low1 = h.submit("low1", {1, 2, 3}, greedy(40), /*priority=*/1);
+  auto low2 = h.submit("low2", {4, 5, 6}, greedy(40), 1);
+  for (int i = 0; i < 5; ++i) h.step();
+  auto urgent = h.submit("urgent", {7, 8, 9}, greedy(5), 0);
+  for (int i = 0; i < 5; ++i) h.step();
+  auto u = urgent->collect();  // finished within 5 steps while the low-priority ones still run
+  EXPECT_EQ(u.tokens, h.model->expected_greedy({7, 8, 9}, 5));
+  EXPECT_EQ(h.core->stats().preemptions, 1u);
+  h.run_until_idle();
+  EXPECT_EQ(low1->collect().tokens, h.model->expected_greedy({1, 2, 3}, 40));
+  EXPECT_EQ(low2->collect().tokens, h.model->expected_greedy({4, 5, 6}, 40));
+}
+
 TEST(EngineCore, CancelEndsTheStreamAndFreesPagesAtOnce) {
   Harness h;
   auto stream = h.submit("a", {1, 2, 3, 4, 5}, greedy(1000));

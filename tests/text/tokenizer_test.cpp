@@ -63,7 +63,17 @@ TEST(Tokenizer, DecodeReplacesBrokenUtf8LikeHuggingFace) {
   ASSERT_GT(ids.size(), 1u);
   std::vector<int32_t> first_only(ids.begin(), ids.begin() + 1);
   EXPECT_EQ(t.decode(first_only), "\xEF\xBF\xBD");
-  EXPECT_THROW(t.decode(std::vector<int32_t>{1 << 29}), Error);
+  EXPECT_THROW(t.decode(std::vector<int32_t>{-1}), Error);
+}
+
+TEST(Tokenizer, IdsPastTheVocabularyHaveNoText) {
+  // The embedding table is padded past the tokenizer; a sampled padding id decodes to nothing, as in HF.
+  const Tokenizer& t = qwen3();
+  auto ids = t.encode("hi there");
+  std::vector<int32_t> padded = ids;
+  padded.insert(padded.begin() + 1, int32_t(t.vocab_size()) + 26);
+  EXPECT_EQ(t.decode(padded), t.decode(ids));
+  EXPECT_EQ(t.token_bytes(int32_t(t.vocab_size())), "");
 }
 
 TEST(Tokenizer, EmptyInputGivesNoTokens) {
