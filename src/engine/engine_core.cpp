@@ -92,6 +92,7 @@ void EngineCore::add(GenerateRequest request) {
   r->params = std::move(request.params);
   r->max_tokens = r->params.max_tokens ? *r->params.max_tokens : capacity_.max_model_len - r->prompt_len;
   r->priority = request.priority;
+  if (request.snapshot_hint > 0 && request.snapshot_hint < r->prompt_len) r->snapshot_hint = request.snapshot_hint;
   r->on_output = std::move(request.on_output);
   r->prompt_logprobs_pending = r->params.prompt_logprobs.has_value();
   r->arrival = next_arrival_++;

@@ -28,6 +28,7 @@ struct Request {
   CacheSeq cache;
   int64_t computed = 0;        // tokens[0, computed) are in the KV pages and the live state
   int64_t checkpoint_at = 0;   // a prefill chunk must end here (a branch point worth a snapshot); 0 = none
+  int64_t snapshot_hint = 0;   // the caller's turn boundary (GenerateRequest::snapshot_hint); 0 = none
   int64_t cached_tokens = -1;  // prompt tokens the first admission found cached (usage), -1 before it
   bool running = false;
 

@@ -131,6 +131,12 @@ Scheduler::Admission Scheduler::admit(Request* r, int64_t& budget, std::vector<S
     r->checkpoint_at = branch;
     n = std::min(n, branch - peek.length);
   }
+  // The caller's turn boundary (after a nearer branch point, which advance() moves on from).
+  if (max_hit > 0 && cache_.prefix_cache_enabled() && r->snapshot_hint - peek.length >= kMinBranchCheckpoint &&
+      r->checkpoint_at == 0) {
+    r->checkpoint_at = r->snapshot_hint;
+    n = std::min(n, r->snapshot_hint - peek.length);
+  }
   if (!cache_.start(r->cache, r->tokens, max_hit, n)) return Admission::NoRoom;
 
   r->computed = r->cache.cached;
@@ -208,7 +214,8 @@ void Scheduler::advance(Request* r, int64_t tokens) {
   r->computed += tokens;
   if (r->computed < int64_t(r->tokens.size()))
     cache_.checkpoint(r->cache, {r->tokens.data(), size_t(r->computed)});
-  if (r->checkpoint_at <= r->computed) r->checkpoint_at = 0;
+  if (r->checkpoint_at <= r->computed)
+    r->checkpoint_at = cache_.prefix_cache_enabled() && r->snapshot_hint > r->computed ? r->snapshot_hint : 0;
 }
 
 }  // namespace moeserve

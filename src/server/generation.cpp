@@ -114,6 +114,7 @@ void GenerationJob::on_admitted() {
     GenerateRequest r;
     r.id = c->engine_id;
     r.prompt = spec_.prompts[c->prompt_index];
+    r.snapshot_hint = spec_.snapshot_hint;
     r.params = spec_.params;
     if (r.params.seed) r.params.seed = *r.params.seed + static_cast<uint64_t>(c->index);
     int index = c->index;

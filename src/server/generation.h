@@ -47,6 +47,7 @@ struct JobSpec {
   std::chrono::milliseconds queue_timeout{0};
 
   std::vector<std::vector<int32_t>> prompts;  // one per prompt of a batch (chat: one)
+  int64_t snapshot_hint = 0;                   // chat: where the generation prompt begins (GenerateRequest)
   std::vector<std::string> prompt_texts;      // for echo: the prompt as text
   int n = 1;
   SamplingParams params;  // per choice; choice i of a seeded request uses seed + i

@@ -191,6 +191,15 @@ HttpResponse OpenAiService::models(const std::string& id) const {
   return json_response({{"object", "list"}, {"data", json::array({model})}});
 }
 
+// Where the last message of a ChatML prompt opens (its final <|im_start|>, the generation prompt): the next
+// turn of this conversation repeats everything before it, so the engine keeps a GDN snapshot there.
+int64_t OpenAiService::turn_boundary(const std::vector<int32_t>& prompt) const {
+  auto im_start = tokenizer_->token_id("<|im_start|>");
+  if (!im_start) return 0;
+  auto last = std::find(prompt.rbegin(), prompt.rend(), *im_start);
+  return last == prompt.rend() ? 0 : int64_t(prompt.rend() - last) - 1;
+}
+
 std::vector<int32_t> OpenAiService::encode(const std::string& text, bool add_special_tokens,
                                            const char* param) const {
   if (!tokenizer_) {
@@ -344,6 +353,7 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
   spec.arrival = Clock::now();
   spec.queue_timeout = options_.queue_timeout;
   spec.prompts.push_back(encode(prompt + forced_prefix, /*add_special_tokens=*/false, "messages"));
+  spec.snapshot_hint = turn_boundary(spec.prompts[0]);
   spec.prompt_texts.push_back(prompt + forced_prefix);
   spec.assistant_prefix = forced_prefix;
   spec.params = to_engine(cr.sampling);

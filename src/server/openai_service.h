@@ -71,6 +71,7 @@ class OpenAiService {
   HttpResponse detokenize(const HttpRequest& request);
   Reply start_job(JobSpec spec);
   std::vector<int32_t> encode(const std::string& text, bool add_special_tokens, const char* param) const;
+  int64_t turn_boundary(const std::vector<int32_t>& prompt) const;
   // The prompt text of a chat request; forced_prefix (if given) receives the text appended to force a tool
   // call (tool_choice "required" or a named function).
   std::string render_chat(const ChatRequest& request, std::string* forced_prefix) const;

@@ -29,8 +29,8 @@ struct Harness {
   }
 
   std::shared_ptr<OutputStream> submit(const std::string& id, std::vector<int32_t> prompt, SamplingParams p,
-                                       int priority = 0) {
-    GenerateRequest r{id, std::move(prompt), std::move(p), priority, {}};
+                                       int priority = 0, int64_t snapshot_hint = 0) {
+    GenerateRequest r{id, std::move(prompt), std::move(p), priority, {}, snapshot_hint};
     auto stream = std::make_shared<OutputStream>();
     r.on_output = stream->sink();
     core->validate(r);
@@ -148,6 +148,30 @@ TEST(EngineCore, RepeatedPromptHitsFromTheThirdTime) {
   auto third = h.generate("3", prompt, greedy(3));
   EXPECT_EQ(third.usage.cached_tokens, 79);
   EXPECT_EQ(third.tokens, h.model->expected_greedy(prompt, 3));
+}
+
+// A chat prompt ends with a generation prompt the next turn does not repeat (the template re-renders the
+// answer): the snapshot the caller asks for at that boundary is what the next turn and a repeat hit.
+TEST(EngineCore, TurnBoundaryHintServesTheNextTurnAndARepeat) {
+  EngineOptions o = Harness::defaults();
+  o.chunked_prefill_size = o.max_prefill_tokens = 256;  // one chunk: no chunk-boundary snapshots
+  Harness h(o);
+  std::mt19937 rng(8);
+  const std::vector<int32_t> generation_prompt = {5, 6, 7};
+  auto history = random_tokens(rng, 70);
+  auto turn = [&](const std::string& id, const std::vector<int32_t>& conversation) {
+    auto prompt = concat(conversation, generation_prompt);
+    auto s = h.submit(id, prompt, greedy(4), 0, int64_t(conversation.size()));
+    h.run_until_idle();
+    auto out = s->collect();
+    EXPECT_EQ(out.tokens, h.model->expected_greedy(prompt, 4)) << id;
+    return out;
+  };
+  EXPECT_EQ(turn("1", history).usage.cached_tokens, 0);
+  EXPECT_EQ(turn("repeat", history).usage.cached_tokens, 70);
+  auto next = concat(concat(history, random_tokens(rng, 6)), random_tokens(rng, 40));  // answer + new message
+  EXPECT_EQ(turn("2", next).usage.cached_tokens, 70);
+  EXPECT_EQ(turn("2-repeat", next).usage.cached_tokens, int64_t(next.size()));
 }
 
 TEST(EngineCore, SharedSystemPromptGetsASnapshotAtTheBranchPoint) {
