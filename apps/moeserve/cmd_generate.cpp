@@ -1,4 +1,5 @@
-// moeserve generate: one prompt through a model on the CPU, greedy by default; prints the generated ids.
+// moeserve generate: one prompt through a model, greedy; prints the generated ids and the speed (stderr).
+// With --preset (random weights of a preset's shape, made in memory) it measures any size without a checkpoint.
 #include <chrono>
 #include <cstdio>
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include "command.h"
 #include "common/error.h"
 #include "model/checkpoint.h"
+#include "model/init_model.h"
 #include "model/sequence.h"
 
 namespace moeserve::app {
@@ -33,18 +35,39 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 struct Options {
   std::string model;
+  std::string preset;
+  int layers = 0;
+  std::string dtype = "bf16";
+  uint64_t seed = 0;
   std::string prompt_ids;
+  int prompt_len = 0;
   int max_tokens = 16;
   bool ignore_eos = false;
   std::string device = "cpu";
   std::string matmul = "bf16";
 };
 
+ModelWeights load_weights(const Options& o) {
+  if (o.preset.empty()) {
+    check(o.layers == 0, "--layers needs --preset (a checkpoint keeps its own layer count)");
+    return load_checkpoint(o.model);
+  }
+  DType dtype = o.dtype == "fp8" ? DType::F8_E4M3 : DType::BF16;
+  return make_dummy_weights(preset_config(o.preset, o.layers), o.seed, dtype);
+}
+
+std::vector<int32_t> make_prompt(const Options& o, int64_t vocab) {
+  if (!o.prompt_ids.empty()) return parse_ids(o.prompt_ids);
+  std::vector<int32_t> ids(size_t(o.prompt_len));  // distinct-looking ids, the same every run
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((1 + i * 7919) % uint64_t(vocab));
+  return ids;
+}
+
 int run(const Options& o) {
-  auto weights = load_checkpoint(o.model);
+  auto weights = load_weights(o);
   auto backend = make_backend(o.device, {.fp32_matmul = o.matmul == "fp32"});
   Qwen35Model model(weights, *backend);
-  auto prompt = parse_ids(o.prompt_ids);
+  auto prompt = make_prompt(o, model.config().vocab_size);
   for (int32_t id : prompt)
     check(id < model.config().vocab_size, "--prompt-ids: token {} is outside the vocabulary (size {})", id,
           model.config().vocab_size);
@@ -77,8 +100,21 @@ int run(const Options& o) {
 Registration reg{{"generate", "Generate from a prompt of token ids (greedy) and print the ids", 50,
                   [](CLI::App& cmd) {
                     auto o = std::make_shared<Options>();
-                    cmd.add_option("--model", o->model, "checkpoint directory")->required();
-                    cmd.add_option("--prompt-ids", o->prompt_ids, "comma-separated token ids")->required();
+                    auto model = cmd.add_option("--model", o->model, "checkpoint directory");
+                    auto preset = cmd.add_option("--preset", o->preset,
+                                                 "random weights of a preset's shape instead of a checkpoint "
+                                                 "(tiny, 35b-a3b, 122b-a10b, ...)");
+                    model->excludes(preset);
+                    cmd.add_option("--layers", o->layers, "with --preset: keep the first N layers")
+                        ->check(CLI::Range(1, 1000));
+                    cmd.add_option("--dtype", o->dtype, "with --preset: weight dtype")
+                        ->check(CLI::IsMember({"bf16", "fp8"}))
+                        ->capture_default_str();
+                    cmd.add_option("--seed", o->seed, "with --preset: seed of the random weights");
+                    auto ids = cmd.add_option("--prompt-ids", o->prompt_ids, "comma-separated token ids");
+                    auto len = cmd.add_option("--prompt-len", o->prompt_len, "a synthetic prompt of N tokens")
+                                   ->check(CLI::Range(1, 1 << 20));
+                    ids->excludes(len);
                     cmd.add_option("--max-tokens", o->max_tokens, "tokens to generate")
                         ->check(CLI::Range(1, 1 << 20))
                         ->capture_default_str();
@@ -89,7 +125,11 @@ Registration reg{{"generate", "Generate from a prompt of token ids (greedy) and 
                     cmd.add_option("--matmul", o->matmul, "CUDA matmul precision for prompts: bf16 (tensor cores) or fp32")
                         ->check(CLI::IsMember({"fp32", "bf16"}))
                         ->capture_default_str();
-                    return [o] { return run(*o); };
+                    return [o, model, preset, ids, len] {
+                      check(model->count() + preset->count() == 1, "give --model DIR or --preset NAME");
+                      check(ids->count() + len->count() == 1, "give --prompt-ids or --prompt-len");
+                      return run(*o);
+                    };
                   }}};
 
 }  // namespace
