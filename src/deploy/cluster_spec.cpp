@@ -246,6 +246,7 @@ ClusterSpec ClusterSpec::parse(const json& root, const std::string& source, cons
     Section s = top.section("install");
     c.install.binary = s.str("binary", c.install.binary);
     c.install.user = s.str("user", c.install.user);
+    c.install.config_dir = s.str("config_dir", c.install.config_dir);
     c.install.shm_size = s.str("shm_size", c.install.shm_size);
     parse_bytes(c.install.shm_size, s.error_prefix("shm_size"));
     c.install.shutdown_timeout = s.seconds("shutdown_timeout", c.install.shutdown_timeout);
@@ -262,8 +263,6 @@ ClusterSpec ClusterSpec::parse(const json& root, const std::string& source, cons
     m.config = s.str("config");
     m.preset = s.str("preset");
     m.precision.weights = s.str("dtype", "bf16");
-    m.precision.kv = s.str("kv_dtype", "bf16");
-    m.precision.state = s.str("state_dtype", "fp32");
     validate_precision(m.precision, s.where());
     m.max_model_len = s.integer("max_model_len", 32768, 1, int64_t(1) << 30);
     m.max_running_requests = int(s.integer("max_running_requests", 16, 1, 1 << 20));

@@ -30,11 +30,11 @@ struct ImageSpec {
 };
 
 struct ModelSpec {
-  std::string name;    // served model name (the OpenAI "model" field)
-  std::string path;    // checkpoint directory on the nodes
-  std::string config;  // a config.json readable here, or "" (then path/config.json, then the preset)
-  std::string preset;  // one of known_model_presets()
-  Precision precision;
+  std::string name;     // served model name (the OpenAI "model" field)
+  std::string path;     // checkpoint directory on the nodes
+  std::string config;   // a config.json readable here, or "" (then path/config.json, then the preset)
+  std::string preset;   // one of known_model_presets()
+  Precision precision;  // weights from dtype; the server keeps KV in bf16 and GDN state in fp32
   int64_t max_model_len = 32768;
   int max_running_requests = 16;
   double mem_fraction = 0.85;
@@ -44,7 +44,8 @@ struct ModelSpec {
   int port = 30000;
   int dist_port = 29500;      // rendezvous port on rank 0 of a multi-node replica
   bool experimental = false;  // acknowledges a TP group of more than two Spark nodes
-  int router_port = 0;        // 0: router.port + index of this model
+  int router_port = 0;        // nginx port of this model (default router.port + index); moeserve route
+                              // serves every model on router.port and picks backends by the request's model
   std::vector<std::string> extra_args;
 
   ModelConfig resolved_config;  // filled by ClusterSpec::parse
@@ -84,8 +85,9 @@ struct MonitoringSpec {
 struct InstallSpec {
   std::string binary = "/usr/local/bin/moeserve";  // on the nodes
   std::string user = "moeserve";
-  std::string shm_size = "64g";   // container /dev/shm
-  double shutdown_timeout = 300;  // drain time on stop
+  std::string config_dir = "/etc/moeserve";  // where router.yaml goes on the router host
+  std::string shm_size = "64g";              // container /dev/shm
+  double shutdown_timeout = 300;             // drain time on stop
 };
 
 struct ClusterSpec {

@@ -258,11 +258,6 @@ FitResult check_fit(const FitQuery& q) {
     alt.precision.weights = "fp8";
     alternative(alt, "dtype fp8");
   }
-  if (q.precision.kv == "bf16") {
-    FitQuery alt = q;
-    alt.precision.kv = "fp8";
-    alternative(alt, "kv_dtype fp8");
-  }
   for (int tp = q.tp * 2; tp <= 8; tp *= 2) {
     FitQuery alt = q;
     alt.tp = tp;

@@ -23,9 +23,15 @@ inline constexpr const char* kMemoryTotal = "moeserve:memory_total_bytes";
 inline constexpr const char* kThrottled = "moeserve:memory_throttled_requests_total";
 
 // moeserve route
-inline constexpr const char* kRouterRequests = "moeserve_router:requests_total";          // {backend, status}
-inline constexpr const char* kRouterInFlight = "moeserve_router:backend_in_flight";       // {backend}
-inline constexpr const char* kRouterE2e = "moeserve_router:request_duration_seconds";     // histogram
-inline constexpr const char* kRouterTtfb = "moeserve_router:time_to_first_byte_seconds";  // histogram
+inline constexpr const char* kRouterResponses =
+    "moeserve_router_responses_total";  // {code}: what clients got
+inline constexpr const char* kRouterBackendRequests =
+    "moeserve_router_backend_requests_total";                                        // {backend,status}
+inline constexpr const char* kRouterInFlight = "moeserve_router_backend_in_flight";  // {backend}
+inline constexpr const char* kRouterBackendUp = "moeserve_router_backend_up";        // {backend}
+inline constexpr const char* kRouterDuration =
+    "moeserve_router_backend_request_duration_seconds";                                           // histogram
+inline constexpr const char* kRouterTtfb = "moeserve_router_backend_time_to_first_byte_seconds";  // histogram
+inline constexpr const char* kRouterImbalance = "moeserve_router_load_imbalance";  // max / mean in-flight
 
 }  // namespace moeserve::deploy::metric

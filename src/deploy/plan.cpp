@@ -73,8 +73,11 @@ std::string summary_table(const ClusterSpec& c, const std::vector<Assignment>& a
                        format_bytes(a.fit.budget),
                        fmt::format("{}..{}", a.model->max_running_requests, a.fit.max_concurrency));
   }
-  out += fmt::format("\nrouter: {}:{}", c.router.host, c.router.port);
-  for (const auto& m : c.models) out += fmt::format("  [{} -> :{}]", m.name, m.router_port);
+  out += fmt::format("\nrouter: http://{}:{}/v1 (every model)", c.router.host, c.router.port);
+  if (c.models.size() > 1) {
+    out += "; nginx alternative:";
+    for (const auto& m : c.models) out += fmt::format(" {} on :{}", m.name, m.router_port);
+  }
   out += fmt::format("\nprometheus: {}:{}, grafana: {}:{}\n", c.monitoring.prometheus_host,
                      c.monitoring.prometheus_port, c.monitoring.prometheus_host, c.monitoring.grafana_port);
   return out;
@@ -109,7 +112,8 @@ json manifest(const ClusterSpec& c, const Plan& p) {
                       {"dtype", m.precision.weights},
                       {"tp", m.tp},
                       {"replicas", m.replicas},
-                      {"router", fmt::format("http://{}:{}", c.router.host, m.router_port)}});
+                      {"router", fmt::format("http://{}:{}", c.router.host, c.router.port)},
+                      {"nginx", fmt::format("http://{}:{}", c.router.host, m.router_port)}});
   return {{"cluster", c.name},
           {"source", c.source},
           {"nodes", nodes},
@@ -223,8 +227,10 @@ Plan make_plan(const ClusterSpec& c) {
         plan.assignments.push_back(a);
       }
     }
-    ports.push_back({c.router.host, m.router_port, fmt::format("the router for {}", m.name)});
+    if (m.router_port != c.router.port)
+      ports.push_back({c.router.host, m.router_port, fmt::format("nginx for {}", m.name)});
   }
+  ports.push_back({c.router.host, c.router.port, "the router"});
   ports.push_back({c.monitoring.prometheus_host, c.monitoring.prometheus_port, "Prometheus"});
   ports.push_back({c.monitoring.prometheus_host, c.monitoring.grafana_port, "Grafana"});
   check_ports(ports, problems);
@@ -242,12 +248,9 @@ Plan make_plan(const ClusterSpec& c) {
     plan.files.push_back({dir + "moeserve.service", render_systemd_unit(c, a), false});
     plan.files.push_back({dir + "docker-run.sh", render_docker_run(c, a), true});
   }
-  for (const auto& m : c.models) {
-    plan.files.push_back(
-        {"router/route-" + m.name + ".sh", render_router_script(c, m, plan.assignments), true});
-    plan.files.push_back(
-        {"router/moeserve-route-" + m.name + ".service", render_router_unit(c, m, plan.assignments), false});
-  }
+  plan.files.push_back({"router/router.yaml", render_router_config(c, plan.assignments), false});
+  plan.files.push_back({"router/route.sh", render_router_script(c), true});
+  plan.files.push_back({"router/moeserve-route.service", render_router_unit(c), false});
   plan.files.push_back({"router/nginx.conf", render_nginx_conf(c, plan.assignments), false});
   plan.files.push_back({"monitoring/prometheus.yml", render_prometheus_config(c, plan.assignments), false});
   plan.files.push_back({"monitoring/alerts.yml", render_alert_rules(c), false});

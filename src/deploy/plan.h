@@ -46,10 +46,9 @@ std::string render_serve_args(const ClusterSpec& c, const Assignment& a);  // "s
 std::string render_launch_script(const ClusterSpec& c, const Assignment& a);
 std::string render_systemd_unit(const ClusterSpec& c, const Assignment& a);
 std::string render_docker_run(const ClusterSpec& c, const Assignment& a);
-std::string render_route_args(const ClusterSpec& c, const ModelSpec& m, const std::vector<Assignment>& all);
-std::string render_router_script(const ClusterSpec& c, const ModelSpec& m,
-                                 const std::vector<Assignment>& all);
-std::string render_router_unit(const ClusterSpec& c, const ModelSpec& m, const std::vector<Assignment>& all);
+std::string render_router_config(const ClusterSpec& c, const std::vector<Assignment>& all);  // router.yaml
+std::string render_router_script(const ClusterSpec& c);
+std::string render_router_unit(const ClusterSpec& c);
 std::string render_nginx_conf(const ClusterSpec& c, const std::vector<Assignment>& all);
 std::string render_prometheus_config(const ClusterSpec& c, const std::vector<Assignment>& all);
 std::string render_alert_rules(const ClusterSpec& c);

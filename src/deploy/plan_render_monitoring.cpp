@@ -57,9 +57,7 @@ scrape_configs:
         yq(std::to_string(a.replica + 1)));
   }
   out += "\n  - job_name: moeserve-router\n    metrics_path: /metrics\n    static_configs:\n";
-  for (const auto& model : c.models)
-    out += fmt::format("      - targets: [{}]\n        labels:\n          model: {}\n",
-                       yq(fmt::format("{}:{}", c.router.host, model.router_port)), yq(model.name));
+  out += fmt::format("      - targets: [{}]\n", yq(fmt::format("{}:{}", c.router.host, c.router.port)));
   return out;
 }
 
@@ -75,13 +73,18 @@ std::string render_alert_rules(const ClusterSpec& c) {
        "Prometheus cannot scrape {{ $labels.instance }}; the router has stopped sending it traffic. Check "
        "`systemctl status moeserve` or the container logs on the node, then `moeserve doctor` there."},
       {"MoeserveRouterDown", "up{job=\"moeserve-router\"} == 0", format_seconds(a.node_down_for), "critical",
-       "the router for {{ $labels.model }} ({{ $labels.instance }}) is down",
-       "Clients of {{ $labels.model }} get connection errors until the router is back."},
+       "the router {{ $labels.instance }} is down",
+       "Clients get connection errors until the router is back (systemctl status moeserve-route)."},
       {"MoeserveHighErrorRate",
-       fmt::format("{} / {} > {}", rate_sum(metric::kRouterRequests, "model", errors5xx),
-                   rate_sum(metric::kRouterRequests, "model"), a.error_rate),
-       "5m", "warning", "{{ $labels.model }}: {{ $value | humanizePercentage }} of requests fail",
-       "Server errors seen by clients through the router over 5 minutes."},
+       fmt::format("{} / {} > {}", rate_sum(metric::kRouterResponses, "instance", "{code=~\"5..\"}"),
+                   rate_sum(metric::kRouterResponses, "instance"), a.error_rate),
+       "5m", "warning", "{{ $value | humanizePercentage }} of requests through {{ $labels.instance }} fail",
+       "Server errors clients got from the router over 5 minutes (its own 502/503 included)."},
+      {"MoeserveBackendEjected", fmt::format("{} == 0", m(metric::kRouterBackendUp)),
+       format_seconds(a.node_down_for), "warning", "the router took {{ $labels.backend }} out of rotation",
+       "Failed requests (max_fails), health checks or the circuit breaker ejected this node; it rejoins on "
+       "its "
+       "own once healthy."},
       {"MoeserveNodeErrorRate",
        fmt::format("{} / ({} + {}) > {}", rate_sum(metric::kRequestErrors, "node, instance", errors5xx),
                    rate_sum(metric::kRequestSuccess, "node, instance"),
@@ -194,37 +197,35 @@ json render_grafana_dashboard(const ClusterSpec& c) {
 
   row("Cluster");
   panel("Load-balancing efficiency", "percentunit",
-        {{fmt::format("avg(sum by (node) (rate({0}{1}[5m]))) / max(sum by (node) (rate({0}{1}[5m])))",
+        {{fmt::format("1 / {}", metric::kRouterImbalance), "in flight: mean / busiest node (router)"},
+         {fmt::format("avg(sum by (node) (rate({0}{1}[5m]))) / max(sum by (node) (rate({0}{1}[5m])))",
                       metric::kRequestSuccess, node_sel),
           "completed: mean / busiest node"},
          {fmt::format("avg({0}{1}) / max({0}{1})", metric::kRequestsRunning, node_sel),
           "running: mean / busiest node"}},
         "1.0 = every node does the same work; lower = the busiest node does more than its share.");
   panel("Error rate", "percentunit",
-        {{fmt::format("sum by (model) (rate({0}{{model=~\"$model\",status=~\"5..\"}}[5m])) / sum by (model) "
-                      "(rate({0}{{model=~\"$model\"}}[5m]))",
-                      metric::kRouterRequests),
-          "router 5xx {{model}}"},
+        {{fmt::format("sum(rate({0}{{code=~\"5..\"}}[5m])) / sum(rate({0}[5m]))", metric::kRouterResponses),
+          "5xx through the router"},
          {fmt::format("sum by (node) (rate({0}{{model=~\"$model\"}}[5m]))", metric::kRequestErrors),
           "node errors/s {{node}}"}},
         "Share of requests failing as clients see them through the router, and errors per node.");
   panel("End-to-end latency (p50 / p99)", "s",
-        {{q(metric::kRouterE2e, "model", node_sel, 0.5), "p50 {{model}}"},
-         {q(metric::kRouterE2e, "model", node_sel, 0.99), "p99 {{model}}"}},
-        "Whole request through the router.");
+        {{q(metric::kRouterDuration, "backend", "", 0.5), "p50 via router {{backend}}"},
+         {q(metric::kRouterDuration, "backend", "", 0.99), "p99 via router {{backend}}"},
+         {q(metric::kE2e, "node", node_sel, 0.99), "p99 in server {{node}}"}},
+        "Whole requests: as the router sees them per backend, and inside each server.");
   panel("Completion rate", "reqps",
         {{fmt::format("sum by (finished_reason) (rate({}{}[1m]))", metric::kRequestSuccess, node_sel),
           "{{finished_reason}}"},
-         {fmt::format("sum by (model) (rate({}{}[1m]))", metric::kRouterRequests, node_sel),
-          "router {{model}}"}},
+         {fmt::format("sum by (code) (rate({}[1m]))", metric::kRouterResponses), "router HTTP {{code}}"}},
         "Finished requests per second by reason (stop, length, tool_calls) and all requests through the "
         "router.");
   panel("Time to first byte through the router (p50 / p99)", "s",
-        {{q(metric::kRouterTtfb, "model", node_sel, 0.5), "p50 {{model}}"},
-         {q(metric::kRouterTtfb, "model", node_sel, 0.99), "p99 {{model}}"}},
+        {{q(metric::kRouterTtfb, "backend", "", 0.5), "p50 {{backend}}"},
+         {q(metric::kRouterTtfb, "backend", "", 0.99), "p99 {{backend}}"}},
         "Router-side view of the time to first token, including the proxy hop.");
-  panel("Router in-flight per backend", "short",
-        {{fmt::format("{}{}", metric::kRouterInFlight, node_sel), "{{backend}}"}},
+  panel("Router in-flight per backend", "short", {{m(metric::kRouterInFlight), "{{backend}}"}},
         "Requests the router has outstanding on each backend.");
 
   json templating = {{"list",

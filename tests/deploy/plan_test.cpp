@@ -45,7 +45,7 @@ TEST(Plan, TpPairLaunchLines) {
   const PlanFile* rank1 = find_file(p, "nodes/s2/serve.sh");
   ASSERT_NE(rank1, nullptr);
   for (const char* want : {"--tp 2", "--nnodes 2", "--node-rank 1", "--dist-init-addr 10.0.0.1:29500",
-                           "--port 30000", "--mem-fraction-static 0.85", "--max-running-requests 16",
+                           "--port 30000", "--cache-memory-gb", "--max-running-requests 16",
                            "--reasoning-parser qwen3", "--tool-call-parser qwen3_coder",
                            "export CUDA_DEVICE_MAX_CONNECTIONS=1", "export NCCL_SOCKET_IFNAME=enp1s0f0np0"})
     EXPECT_NE(rank1->content.find(want), std::string::npos) << want << "\n" << rank1->content;
@@ -56,9 +56,10 @@ TEST(Plan, TpPairLaunchLines) {
         "-e CUDA_DEVICE_MAX_CONNECTIONS=1", "moeserve:aarch64-sm121 serve", "--node-rank 0"})
     EXPECT_NE(docker->content.find(want), std::string::npos) << want << "\n" << docker->content;
   // The router and Prometheus reach rank 0 only: the other rank follows it and serves no HTTP.
-  const PlanFile* route = find_file(p, "router/route-big.sh");
+  const PlanFile* route = find_file(p, "router/router.yaml");
   ASSERT_NE(route, nullptr);
-  EXPECT_NE(route->content.find("--backend http://10.0.0.1:30000"), std::string::npos);
+  EXPECT_NE(route->content.find("{url: \"http://10.0.0.1:30000\", models: [\"big\"]}"), std::string::npos)
+      << route->content;
   EXPECT_EQ(route->content.find("10.0.0.2"), std::string::npos);
   const PlanFile* prom = find_file(p, "monitoring/prometheus.yml");
   EXPECT_EQ(prom->content.find("10.0.0.2:30000"), std::string::npos);
@@ -107,7 +108,7 @@ nodes: [{name: s1, host: 10.0.0.1}, {name: s2, host: 10.0.0.2}]
 models: [{name: m, path: /m, preset: qwen3.5-35b-a3b, dtype: fp8, nodes: [s1, s2]}]
 router: {host: 10.0.0.1, port: 30000}
 )");
-  EXPECT_NE(e.find("port 30000 on 10.0.0.1 is used twice: by moeserve serve on s1 and by the router for m"),
+  EXPECT_NE(e.find("port 30000 on 10.0.0.1 is used twice: by moeserve serve on s1 and by the router"),
             std::string::npos)
       << e;
 
@@ -126,7 +127,7 @@ nodes: [{name: s1, host: 10.0.0.1}]
 models: [{name: m, path: /m, preset: qwen3.5-35b-a3b, dtype: fp8, nodes: [s1]}]
 router: {host: 10.0.0.9, port: 9090}
 )");
-  EXPECT_NE(prom.find("by the router for m and by Prometheus"), std::string::npos) << prom;
+  EXPECT_NE(prom.find("by the router and by Prometheus"), std::string::npos) << prom;
 }
 
 TEST(Plan, RefusesImagesOfTheWrongArchitecture) {
@@ -200,7 +201,8 @@ TEST(Plan, ManifestAndDashboardAreJson) {
   auto manifest = nlohmann::json::parse(find_file(p, "plan.json")->content);
   EXPECT_EQ(manifest["nodes"].size(), 9u);
   EXPECT_EQ(manifest["nodes"][1]["rank"], 1);
-  EXPECT_EQ(manifest["models"][1]["router"], "http://10.0.0.10:8001");
+  EXPECT_EQ(manifest["models"][1]["router"], "http://10.0.0.10:8000");  // one router for both models
+  EXPECT_EQ(manifest["models"][1]["nginx"], "http://10.0.0.10:8001");   // nginx: a port per model
   EXPECT_NO_THROW(nlohmann::json::parse(find_file(p, "monitoring/grafana-dashboard.json")->content));
 }
 

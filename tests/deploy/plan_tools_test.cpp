@@ -66,7 +66,7 @@ TEST(PlanTools, PromtoolAcceptsConfigAndRules) {
     EXPECT_NE(config.output.find("SUCCESS: 1 rule files found"), std::string::npos) << config.output;
     auto rules = run_command(promtool + " check rules " + dir / "monitoring/alerts.yml");
     EXPECT_EQ(rules.status, 0) << example << "\n" << rules.output;
-    EXPECT_NE(rules.output.find("SUCCESS: 8 rules found"), std::string::npos) << rules.output;
+    EXPECT_NE(rules.output.find("SUCCESS: 9 rules found"), std::string::npos) << rules.output;
   }
 }
 
@@ -98,10 +98,12 @@ tests:
         values: '120e9 120e9 120e9 120e9 120e9 120e9 120e9 120e9 120e9 120e9'
       - series: 'moeserve:memory_total_bytes{instance="10.0.0.14:30000", node="spark-04"}'
         values: '128e9 128e9 128e9 128e9 128e9 128e9 128e9 128e9 128e9 128e9'
-      - series: 'moeserve_router:requests_total{model="qwen3.5-35b-a3b", status="200"}'
+      - series: 'moeserve_router_responses_total{job="moeserve-router", instance="10.0.0.10:8000", code="200"}'
         values: '0+60x10'
-      - series: 'moeserve_router:requests_total{model="qwen3.5-35b-a3b", status="502"}'
+      - series: 'moeserve_router_responses_total{job="moeserve-router", instance="10.0.0.10:8000", code="502"}'
         values: '0+30x10'
+      - series: 'moeserve_router_backend_up{instance="10.0.0.10:8000", backend="http://10.0.0.15:30000"}'
+        values: '1 1 0 0 0 0 0 0 0 0'
     alert_rule_test:
       - eval_time: 8m
         alertname: MoeserveNodeDown
@@ -127,10 +129,17 @@ tests:
       - eval_time: 8m
         alertname: MoeserveHighErrorRate
         exp_alerts:
-          - exp_labels: {severity: warning, model: qwen3.5-35b-a3b}
+          - exp_labels: {severity: warning, instance: "10.0.0.10:8000"}
             exp_annotations:
-              summary: 'qwen3.5-35b-a3b: 33.33% of requests fail'
-              description: 'Server errors seen by clients through the router over 5 minutes.'
+              summary: '33.33% of requests through 10.0.0.10:8000 fail'
+              description: 'Server errors clients got from the router over 5 minutes (its own 502/503 included).'
+      - eval_time: 8m
+        alertname: MoeserveBackendEjected
+        exp_alerts:
+          - exp_labels: {severity: warning, instance: "10.0.0.10:8000", backend: "http://10.0.0.15:30000"}
+            exp_annotations:
+              summary: 'the router took http://10.0.0.15:30000 out of rotation'
+              description: 'Failed requests (max_fails), health checks or the circuit breaker ejected this node; it rejoins on its own once healthy.'
       - eval_time: 1m
         alertname: MoeserveNodeDown
         exp_alerts: []
@@ -196,7 +205,7 @@ TEST(PlanTools, GeneratedScriptsAreValidBash) {
 // Metric names a PromQL expression reads: identifiers of our namespaces, without the histogram suffixes.
 std::set<std::string> metrics_in(const std::string& expr) {
   std::set<std::string> out;
-  static const std::regex ident(R"((moeserve(_router)?:[A-Za-z0-9_:]+))");
+  static const std::regex ident(R"((moeserve:[A-Za-z0-9_:]+|moeserve_router_[A-Za-z0-9_]+))");
   for (auto it = std::sregex_iterator(expr.begin(), expr.end(), ident); it != std::sregex_iterator(); ++it) {
     std::string name = (*it)[1];
     for (const char* suffix : {"_bucket", "_sum", "_count"})
@@ -249,10 +258,13 @@ TEST(PlanTools, DashboardHasTheReferencePanels) {
                                           metric::kMemoryUsed,
                                           metric::kMemoryTotal,
                                           metric::kThrottled,
-                                          metric::kRouterRequests,
+                                          metric::kRouterResponses,
+                                          metric::kRouterBackendRequests,
                                           metric::kRouterInFlight,
-                                          metric::kRouterE2e,
-                                          metric::kRouterTtfb};
+                                          metric::kRouterBackendUp,
+                                          metric::kRouterDuration,
+                                          metric::kRouterTtfb,
+                                          metric::kRouterImbalance};
   for (const auto& name : used) EXPECT_TRUE(exported.count(name)) << name;
   std::string rules;
   for (const auto& f : p.files)
