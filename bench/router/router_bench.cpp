@@ -10,8 +10,13 @@
 //    each backend keeps its own LRU prefix cache of what it served and reports the cached fraction of every
 //    prompt, as a server's `cached_tokens` would.
 //
+// 3. The same two front doors as `moeserve plan` writes them, in front of real `moeserve serve --model demo`
+//    nodes: time to first byte and streamed requests/s (`--nodes 3`, `--only-nodes` for this part alone).
+//
 //   build/bench/router_bench --moeserve build/moeserve [--seconds 5] [--concurrency 32] [--chunks 64]
+#include <fmt/format.h>
 #include <signal.h>
+#include <sys/utsname.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -24,6 +29,9 @@
 #include <random>
 #include <thread>
 
+#include "deploy/http_get.h"
+#include "deploy/plan.h"
+#include "deploy/structured_file.h"
 #include "http_peer.h"
 #include "router/prefix_tree.h"
 #include "router/request_info.h"
@@ -49,23 +57,33 @@ struct Latency {
   double p50 = 0, p99 = 0;
 };
 
-// Sequential requests on one keep-alive connection; for streams the time to the first chunk.
-Latency measure_latency(uint16_t port, int count, bool stream) {
+std::string default_body(bool stream) {
+  return stream ? R"({"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]})"
+                : R"({"model":"m","messages":[{"role":"user","content":"hi"}]})";
+}
+
+// Sequential requests on one keep-alive connection; for streams the time to the first chunk. The first
+// `warmup` requests are not counted (connections, caches).
+std::vector<double> latency_samples(uint16_t port, int count, bool stream, const std::string& body,
+                                    int warmup) {
   HttpClient client(port);
   std::vector<double> samples;
-  std::string body = stream ? R"({"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]})"
-                            : R"({"model":"m","messages":[{"role":"user","content":"hi"}]})";
-  for (int i = 0; i < count + 50; ++i) {
+  for (int i = 0; i < count + warmup; ++i) {
     auto start = Steady::now();
     client.send("POST", "/v1/chat/completions", body);
     HttpResponse response;
-    if (!client.read_head(response)) break;
-    if (stream) client.read_chunk(response);
+    if (!client.read_head(response, 120'000)) break;
+    if (stream) client.read_chunk(response, 120'000);
     double elapsed = ms_since(start);
-    while (client.read_chunk(response)) {
+    while (client.read_chunk(response, 120'000)) {
     }
-    if (i >= 50) samples.push_back(elapsed);  // the first 50 warm up connections and caches
+    if (i >= warmup) samples.push_back(elapsed);
   }
+  return samples;
+}
+
+Latency measure_latency(uint16_t port, int count, bool stream) {
+  auto samples = latency_samples(port, count, stream, default_body(stream), 50);
   return {percentile(samples, 0.5), percentile(samples, 0.99)};
 }
 
@@ -75,12 +93,12 @@ struct Throughput {
   int errors = 0;
 };
 
-Throughput measure_throughput(uint16_t port, int concurrency, double seconds, bool stream) {
+Throughput measure_throughput(uint16_t port, int concurrency, double seconds, bool stream,
+                              const std::string& body_text = "") {
   std::atomic<long> requests{0}, chunks{0};
   std::atomic<int> errors{0};
   auto deadline = Steady::now() + std::chrono::duration<double>(seconds);
-  std::string body = stream ? R"({"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]})"
-                            : R"({"model":"m","messages":[{"role":"user","content":"hi"}]})";
+  std::string body = body_text.empty() ? default_body(stream) : body_text;
   auto start = Steady::now();
   std::vector<std::thread> threads;
   for (int t = 0; t < concurrency; ++t) {
@@ -89,12 +107,12 @@ Throughput measure_throughput(uint16_t port, int concurrency, double seconds, bo
       while (Steady::now() < deadline) {
         client.send("POST", "/v1/chat/completions", body);
         HttpResponse response;
-        if (!client.read_head(response) || response.status != 200) {
+        if (!client.read_head(response, 120'000) || response.status != 200) {
           ++errors;
           return;
         }
         long events = 0;
-        while (auto piece = client.read_chunk(response)) {
+        while (auto piece = client.read_chunk(response, 120'000)) {
           for (size_t at = piece->find("data: "); at != std::string::npos; at = piece->find("data: ", at + 1))
             ++events;
         }
@@ -271,6 +289,111 @@ void cache_hit_rate(const std::string& moeserve) {
   }
 }
 
+// Real nodes: `moeserve serve --model demo` processes on 127.0.0.1, 127.0.0.2, ... (one port), and in front
+// of them the two front doors exactly as `moeserve plan` writes them for that cluster: router/router.yaml for
+// `moeserve route --config` and router/nginx.conf for nginx. Measured in rounds that alternate the paths
+// (this machine's load drifts): time to first byte of a stream, sequentially on one keep-alive connection,
+// and streamed requests/s with `concurrency` clients. "direct" is node 1 alone (a third of the cluster's
+// capacity).
+void real_nodes(const std::string& moeserve, int nodes, double seconds, int concurrency, int rounds,
+                int max_tokens) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("router-bench-nodes-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "nginx");
+  uint16_t node_port = free_port(), route_port = free_port(), nginx_port = free_port();
+  utsname host{};
+  ::uname(&host);
+  std::string yaml = "cluster: bench\nnodes:\n";
+  std::string names;
+  for (int i = 0; i < nodes; ++i) {
+    yaml += fmt::format("  - {{name: n{}, host: 127.0.0.{}, gpu: cpu, arch: {}, memory: 4GB}}\n", i + 1,
+                        i + 1, host.machine);
+    names += fmt::format("{}n{}", i ? ", " : "", i + 1);
+  }
+  yaml += fmt::format(
+      "models:\n  - {{name: demo, path: demo, config: tests/fixtures/models/tiny-moe/config.json, "
+      "max_model_len: 4096, max_running_requests: 16, port: {}, router_port: {}, nodes: [{}]}}\n"
+      "router: {{host: 127.0.0.1, listen: 127.0.0.1, port: {}}}\n"
+      "monitoring: {{prometheus_port: {}, grafana_port: {}}}\n",
+      node_port, nginx_port, names, route_port, free_port(), free_port());
+  auto spec = moeserve::deploy::ClusterSpec::parse(
+      moeserve::deploy::parse_structured_text(yaml, "bench.yaml"), "bench.yaml", ".");
+  moeserve::deploy::write_plan(moeserve::deploy::make_plan(spec), (dir / "plan").string());
+
+  std::vector<std::unique_ptr<Process>> servers;
+  for (int i = 0; i < nodes; ++i) {
+    std::string address = fmt::format("127.0.0.{}", i + 1);
+    servers.push_back(std::make_unique<Process>(
+        std::vector<std::string>{moeserve, "--log-level", "warn", "serve", "--model", "demo",
+                                 "--served-model-name", "demo", "--host", address, "--port",
+                                 std::to_string(node_port), "--cache-memory-gb", "0.05"},
+        (dir / fmt::format("node-{}.log", i + 1)).string()));
+  }
+  for (int i = 0; i < nodes; ++i) {
+    bool up = false;
+    for (int spin = 0; spin < 3000 && !up; ++spin) {
+      up = moeserve::deploy::http_get(fmt::format("127.0.0.{}", i + 1), node_port, "/health").status == 200;
+      if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (!up)
+      throw std::runtime_error(
+          fmt::format("node {} did not start; see {}/node-{}.log", i + 1, dir.string(), i + 1));
+  }
+  Process route(
+      {moeserve, "--log-level", "warn", "route", "--config", (dir / "plan/router/router.yaml").string()},
+      (dir / "route.log").string());
+  Process nginx({"/usr/sbin/nginx", "-p", (dir / "nginx").string(), "-e", "stderr", "-g", "daemon off;", "-c",
+                 (dir / "plan/router/nginx.conf").string()},
+                (dir / "nginx.log").string());
+  if (!wait_listening(route_port) || !wait_listening(nginx_port))
+    throw std::runtime_error("moeserve route or nginx did not start; see " + dir.string());
+
+  std::string stream_body =
+      json{{"model", "demo"},
+           {"stream", true},
+           {"max_tokens", max_tokens},
+           {"ignore_eos", true},
+           {"messages", {{{"role", "user"}, {"content", "Tell me about load balancers."}}}}}
+          .dump();
+  struct Target {
+    std::string name;
+    uint16_t port;
+    std::vector<double> ttfb;
+    double requests = 0, events = 0;
+    int errors = 0;
+  };
+  // direct: node 1 (127.0.0.1:node_port).
+  std::vector<Target> targets = {
+      {"direct (node 1)", node_port}, {"moeserve route", route_port}, {"nginx", nginx_port}};
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t k = 0; k < targets.size(); ++k) {
+      Target& t = targets[(k + size_t(round)) % targets.size()];
+      auto samples = latency_samples(t.port, 100, true, stream_body, 5);
+      t.ttfb.insert(t.ttfb.end(), samples.begin(), samples.end());
+      Throughput streams = measure_throughput(t.port, concurrency, seconds, true, stream_body);
+      t.requests += streams.requests_per_s / rounds;
+      t.events += streams.chunks_per_s / rounds;
+      t.errors += streams.errors;
+    }
+  }
+  std::printf(
+      "\n== real nodes: %d x `moeserve serve --model demo`, front doors as `moeserve plan` writes them; "
+      "streams of "
+      "%d tokens, %d clients, %d rounds x %.0f s ==\n",
+      nodes, max_tokens, concurrency, rounds, seconds);
+  std::printf("%-16s %12s %12s %14s %14s\n", "path", "ttfb p50 ms", "ttfb p99 ms", "streams/s",
+              "SSE events/s");
+  for (const auto& t : targets)
+    std::printf("%-16s %12.2f %12.2f %14.1f %14.0f%s\n", t.name.c_str(), percentile(t.ttfb, 0.5),
+                percentile(t.ttfb, 0.99), t.requests, t.events, t.errors ? "  (errors!)" : "");
+  nginx.signal(SIGQUIT);
+  nginx.wait();
+  route.signal(SIGTERM);
+  route.wait();
+  for (auto& server : servers) server->signal(SIGTERM);
+  for (auto& server : servers) server->wait(30'000);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -279,14 +402,24 @@ int main(int argc, char** argv) {
   double seconds = 5;
   int concurrency = 32;
   int chunks = 64;
+  int nodes = 3, rounds = 3, max_tokens = 32;
+  bool only_nodes = false;
   app.add_option("--moeserve", moeserve, "path of the moeserve binary")->capture_default_str();
   app.add_option("--seconds", seconds, "duration of each throughput cell")->capture_default_str();
   app.add_option("--concurrency", concurrency, "client connections for the throughput cells")
       ->capture_default_str();
   app.add_option("--chunks", chunks, "SSE events per streamed response")->capture_default_str();
+  app.add_option("--nodes", nodes, "real `moeserve serve --model demo` nodes (0: skip that part)")
+      ->capture_default_str();
+  app.add_option("--rounds", rounds, "rounds over the real-node paths")->capture_default_str();
+  app.add_option("--max-tokens", max_tokens, "tokens per stream from the real nodes")->capture_default_str();
+  app.add_flag("--only-nodes", only_nodes, "run the real-node part alone");
   CLI11_PARSE(app, argc, argv);
   ::signal(SIGPIPE, SIG_IGN);
-  overhead(moeserve, seconds, concurrency, chunks);
-  cache_hit_rate(moeserve);
+  if (!only_nodes) {
+    overhead(moeserve, seconds, concurrency, chunks);
+    cache_hit_rate(moeserve);
+  }
+  if (nodes > 0) real_nodes(moeserve, nodes, seconds, concurrency, rounds, max_tokens);
   return 0;
 }

@@ -394,11 +394,11 @@ HttpResponse HttpClient::read_response(int timeout_ms) {
 
 HttpResponse http_request(uint16_t port, const std::string& method, const std::string& target,
                           const std::string& body,
-                          const std::vector<std::pair<std::string, std::string>>& headers) {
+                          const std::vector<std::pair<std::string, std::string>>& headers, int timeout_ms) {
   HttpClient client(port);
   if (!client.connected()) return {};
   client.send(method, target, body, headers);
-  return client.read_response();
+  return client.read_response(timeout_ms);
 }
 
 uint16_t free_port() {

@@ -143,7 +143,8 @@ class HttpClient {
 // One request on a fresh connection.
 HttpResponse http_request(uint16_t port, const std::string& method, const std::string& target,
                           const std::string& body = "",
-                          const std::vector<std::pair<std::string, std::string>>& headers = {});
+                          const std::vector<std::pair<std::string, std::string>>& headers = {},
+                          int timeout_ms = 10'000);
 
 // A free TCP port on 127.0.0.1 (bound and released; good enough for a test's own listeners).
 uint16_t free_port();

@@ -1,0 +1,274 @@
+// The router in front of real `moeserve serve --model demo` nodes (child processes on loopback), as in the
+// deployment: least_conn spreads streams over the nodes by their in-flight counts; a node killed mid-run
+// loses only the streams it was serving (each ends with a clean error event) while every new request succeeds
+// on the others; the node rejoins after fail_timeout; and on a multi-turn workload cache_aware makes the
+// nodes' own prefix caches hit (usage.prompt_tokens_details.cached_tokens) far more than round_robin does.
+// The router runs in this process with a clock the test moves, so nothing here waits on a timer.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "http_peer.h"
+#include "router/router.h"
+
+namespace moeserve::router {
+namespace {
+
+using namespace testing;
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+
+constexpr int kSlow = 600'000;  // ms: only a guard against a hang (the demo model on a busy 2-core machine)
+
+// One `moeserve serve --model demo` process. The demo model's tokenizer is under .cache/ of the source root,
+// the tests' working directory.
+class Node {
+ public:
+  explicit Node(std::string name) : name_(std::move(name)), port_(free_port()) { start(); }
+  void start() {
+    process_ = std::make_unique<Process>(
+        std::vector<std::string>{MOESERVE_BINARY, "serve", "--model", "demo", "--served-model-name", "demo",
+                                 "--host", "127.0.0.1", "--port", std::to_string(port_), "--http-threads",
+                                 "1", "--cache-memory-gb", "0.05"},
+        log());
+  }
+  // Waits until /health answers 200; false when the process died first.
+  bool ready() {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kSlow);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (!process_->running()) return false;
+      if (http_request(port_, "GET", "/health").status == 200) return true;
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }
+  void kill() {
+    process_->signal(SIGKILL);
+    process_->wait();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string log() const { return ::testing::TempDir() + "real-node-" + name_ + ".log"; }
+  // A counter or gauge of the node's own /metrics, summed over its label sets.
+  double metric(const std::string& name) const {
+    std::istringstream page(http_request(port_, "GET", "/metrics").body);
+    double sum = 0;
+    for (std::string line; std::getline(page, line);) {
+      if (!line.starts_with(name) || line.size() <= name.size()) continue;
+      char next = line[name.size()];
+      if (next != ' ' && next != '{') continue;
+      sum += std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+    }
+    return sum;
+  }
+
+ private:
+  std::string name_;
+  uint16_t port_;
+  std::unique_ptr<Process> process_;
+};
+
+struct Cluster {
+  std::vector<std::unique_ptr<Node>> nodes;
+  explicit Cluster(int n) {
+    for (int i = 0; i < n; ++i) nodes.push_back(std::make_unique<Node>(std::string(1, char('a' + i))));
+  }
+  ::testing::AssertionResult ready() {
+    for (auto& node : nodes)
+      if (!node->ready())
+        return ::testing::AssertionFailure() << node->url() << " did not start; see " << node->log();
+    return ::testing::AssertionSuccess();
+  }
+  std::vector<std::string> urls() const {
+    std::vector<std::string> out;
+    for (const auto& node : nodes) out.push_back(node->url());
+    return out;
+  }
+};
+
+struct TestClock {
+  std::atomic<int64_t> offset_ms{0};
+  std::function<TimePoint()> fn() {
+    return [this] { return Clock::now() + std::chrono::milliseconds(offset_ms.load()); };
+  }
+  void advance(Duration d) { offset_ms += d.count(); }
+};
+
+RouterConfig config_for(const std::vector<std::string>& urls, Policy policy) {
+  RouterConfig config;
+  config.host = "127.0.0.1";
+  config.port = 0;
+  config.workers = 2;
+  config.policy = policy;
+  config.health_interval =
+      Duration(0);  // passive detection only: the test's clock decides when a node rejoins
+  for (const auto& url : urls) {
+    BackendSpec spec;
+    spec.url = url;
+    config.backends.push_back(spec);
+  }
+  return config;
+}
+
+// A generation that keeps its node busy until the client goes away: it ignores the end-of-sequence token and
+// may run for 60 000 tokens (the nodes' KV cache holds 100 000).
+std::string endless_stream(int i) {
+  return json{{"model", "demo"},
+              {"stream", true},
+              {"ignore_eos", true},
+              {"max_tokens", 60000},
+              {"messages", {{{"role", "user"}, {"content", "stream " + std::to_string(i)}}}}}
+      .dump();
+}
+
+std::string short_chat(const std::string& content, int max_tokens = 4) {
+  return json{
+      {"model", "demo"}, {"max_tokens", max_tokens}, {"messages", {{{"role", "user"}, {"content", content}}}}}
+      .dump();
+}
+
+// Opens a stream and reads its first two events (the role, then a generated token): from then on its node is
+// generating it and the router counts it in flight there.
+std::unique_ptr<HttpClient> open_stream(uint16_t port, int i) {
+  auto client = std::make_unique<HttpClient>(port);
+  client->send("POST", "/v1/chat/completions", endless_stream(i));
+  HttpResponse response;
+  EXPECT_TRUE(client->read_head(response, kSlow));
+  EXPECT_EQ(response.status, 200) << client->read_chunk(response).value_or("");
+  EXPECT_TRUE(client->read_chunk(response, kSlow));
+  EXPECT_TRUE(client->read_chunk(response, kSlow));
+  return client;
+}
+
+json backends_of(Router& router) {
+  return json::parse(http_request(router.port(), "GET", "/backends").body);
+}
+
+HttpResponse post_chat(uint16_t port, const std::string& content) {
+  return http_request(port, "POST", "/v1/chat/completions", short_chat(content), {}, kSlow);
+}
+
+// One cluster for the whole story, as nodes take seconds to start: spread, death, recovery.
+TEST(RouterRealNodes, LeastConnSpreadsAKilledNodeLosesOnlyItsStreamsAndRejoinsAfterFailTimeout) {
+  Cluster cluster(3);
+  ASSERT_TRUE(cluster.ready());
+  TestClock clock;
+  RouterConfig config = config_for(cluster.urls(), Policy::least_conn);
+  config.max_fails = 3;
+  config.fail_timeout = 30s;
+  Router router(config, nullptr, clock.fn());
+  router.start();
+
+  // Six streams that run until their client leaves, opened one after the other. Each lands on a node with
+  // the fewest in flight: two per node, which each node's own running gauge confirms.
+  std::vector<std::unique_ptr<HttpClient>> streams;
+  std::vector<int> home;  // node of each stream: the one whose running gauge went up
+  std::vector<double> running(3, 0);
+  for (int i = 0; i < 6; ++i) {
+    streams.push_back(open_stream(router.port(), i));
+    int moved = -1;
+    for (int b = 0; b < 3; ++b) {
+      double now = cluster.nodes[b]->metric("moeserve:num_requests_running");
+      if (now == running[b] + 1) moved = b;
+      running[b] = now;
+    }
+    ASSERT_GE(moved, 0) << "no node started stream " << i;
+    home.push_back(moved);
+  }
+  EXPECT_EQ(running, std::vector<double>(3, 2)) << "least_conn must put two streams on each node";
+  json backends = backends_of(router);
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(backends[b]["in_flight"], 2) << backends.dump(2);
+
+  // Node b dies. Its two streams end with an OpenAI-style error event (no [DONE]) and a closed connection;
+  // the four others keep streaming.
+  Node& victim = *cluster.nodes[1];
+  victim.kill();
+  for (size_t i = 0; i < streams.size(); ++i) {
+    HttpResponse response;
+    response.status = 200;
+    if (home[i] == 1) {
+      while (streams[i]->read_chunk(response, kSlow)) {
+      }
+      EXPECT_NE(response.body.find("data: {\"error\""), std::string::npos) << response.body;
+      EXPECT_EQ(response.body.find("[DONE]"), std::string::npos);
+      HttpResponse next;
+      EXPECT_FALSE(streams[i]->read_head(next, 1000)) << "the connection must close after a broken stream";
+    } else {
+      for (int events = 0; events < 5; ++events) EXPECT_TRUE(streams[i]->read_chunk(response, kSlow)) << i;
+      EXPECT_EQ(response.body.find("\"error\""), std::string::npos) << response.body;
+    }
+  }
+  streams.clear();  // the nodes abort the generations of clients that left
+
+  // Every new request succeeds on the two others: the first ones sent to the dead node are refused before any
+  // byte reached the client and go to another node; after max_fails it is out of rotation.
+  for (int i = 0; i < 12; ++i) {
+    HttpResponse response = post_chat(router.port(), "after " + std::to_string(i));
+    EXPECT_EQ(response.status, 200) << response.body;
+  }
+  backends = backends_of(router);
+  EXPECT_EQ(backends[1]["state"], "ejected") << backends.dump(2);
+
+  // Back on the same port, it gets traffic again once fail_timeout has passed (the router's clock).
+  victim.start();
+  ASSERT_TRUE(victim.ready()) << victim.log();
+  clock.advance(31s);
+  for (int i = 0; i < 6; ++i) {
+    HttpResponse response = post_chat(router.port(), "back " + std::to_string(i));
+    EXPECT_EQ(response.status, 200) << response.body;
+  }
+  EXPECT_GE(victim.metric("moeserve:request_success_total"), 1) << "the node did not rejoin";
+  backends = backends_of(router);
+  EXPECT_NE(backends[1]["state"], "ejected") << backends.dump(2);
+}
+
+// Conversations of several turns, each turn sending the whole history back, interleaved turn by turn. Returns
+// the share of prompt tokens the nodes found in their prefix caches.
+double cached_share(uint16_t port, const std::string& topic) {
+  constexpr int kConversations = 3, kTurns = 4;  // 3 conversations over 2 nodes: round robin moves each one
+  std::vector<json> histories(kConversations, json::array());
+  int64_t prompt = 0, cached = 0;
+  for (int turn = 0; turn < kTurns; ++turn) {
+    for (int c = 0; c < kConversations; ++c) {
+      histories[c].push_back({{"role", "user"},
+                              {"content", topic + " conversation " + std::to_string(c) + ", question " +
+                                              std::to_string(turn) + ": please explain it at some length."}});
+      json body = {{"model", "demo"}, {"max_tokens", 24}, {"temperature", 0}, {"messages", histories[c]}};
+      HttpResponse response = http_request(port, "POST", "/v1/chat/completions", body.dump(), {}, kSlow);
+      EXPECT_EQ(response.status, 200) << response.body;
+      json j = json::parse(response.body, nullptr, false);
+      if (!j.is_object()) continue;
+      prompt += j["usage"]["prompt_tokens"].get<int64_t>();
+      cached += j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+      histories[c].push_back({{"role", "assistant"}, {"content", j["choices"][0]["message"]["content"]}});
+    }
+  }
+  return prompt ? double(cached) / double(prompt) : 0;
+}
+
+TEST(RouterRealNodes, CacheAwareHitsTheNodesPrefixCachesMoreThanRoundRobin) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ready());
+  double round_robin = 0, cache_aware = 0;
+  {
+    Router router(config_for(cluster.urls(), Policy::round_robin));
+    router.start();
+    round_robin = cached_share(router.port(), "Round robin");
+  }
+  {
+    Router router(config_for(cluster.urls(), Policy::cache_aware));
+    router.start();
+    cache_aware =
+        cached_share(router.port(), "Cache aware");  // other text: nothing cached from the first run
+  }
+  RecordProperty("round_robin_cached_share", std::to_string(round_robin));
+  RecordProperty("cache_aware_cached_share", std::to_string(cache_aware));
+  std::printf("cached share of prompt tokens: round_robin %.3f, cache_aware %.3f\n", round_robin,
+              cache_aware);
+  EXPECT_GT(cache_aware, round_robin + 0.2);
+}
+
+}  // namespace
+}  // namespace moeserve::router
