@@ -113,12 +113,12 @@ RouterConfig config_for(const std::vector<std::string>& urls, Policy policy) {
 }
 
 // A generation that keeps its node busy until the client goes away: it ignores the end-of-sequence token and
-// may run for 60 000 tokens (the nodes' KV cache holds 100 000).
+// may run for 30 000 tokens (the demo model's context is 32 768).
 std::string endless_stream(int i) {
   return json{{"model", "demo"},
               {"stream", true},
               {"ignore_eos", true},
-              {"max_tokens", 60000},
+              {"max_tokens", 30000},
               {"messages", {{{"role", "user"}, {"content", "stream " + std::to_string(i)}}}}}
       .dump();
 }
