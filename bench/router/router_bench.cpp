@@ -368,7 +368,7 @@ void real_nodes(const std::string& moeserve, int nodes, double seconds, int conc
   for (int round = 0; round < rounds; ++round) {
     for (size_t k = 0; k < targets.size(); ++k) {
       Target& t = targets[(k + size_t(round)) % targets.size()];
-      auto samples = latency_samples(t.port, 100, true, stream_body, 5);
+      auto samples = latency_samples(t.port, 60, true, stream_body, 5);
       t.ttfb.insert(t.ttfb.end(), samples.begin(), samples.end());
       Throughput streams = measure_throughput(t.port, concurrency, seconds, true, stream_body);
       t.requests += streams.requests_per_s / rounds;
