@@ -19,6 +19,67 @@ void Backend::argmax(const float* x, int64_t rows, int64_t cols, int32_t* out_ho
   }
 }
 
+void Backend::matmul_n(const float* x, int64_t n, std::span<const Matrix* const> ws,
+                       std::span<float* const> ys) {
+  check(ws.size() == ys.size(), "matmul_n: {} matrices but {} outputs", ws.size(), ys.size());
+  for (size_t i = 0; i < ws.size(); ++i) matmul(x, n, *ws[i], ys[i]);
+}
+
+void Backend::gdn_decode(const DeltaRuleShape& s, const float* qkv, const float* z, const float* b,
+                         const float* a, int64_t n, const float* conv_w, int kernel, const float* a_log,
+                         const float* dt_bias, const float* norm_w, float eps,
+                         std::span<float* const> conv_states, std::span<float* const> states, float* out) {
+  check(int64_t(conv_states.size()) == n && int64_t(states.size()) == n,
+        "gdn_decode: {} sequences, {} states", n, states.size());
+  const int64_t key_dim = int64_t(s.k_heads) * s.k_dim, value_dim = int64_t(s.v_heads) * s.v_dim;
+  const int64_t C = 2 * key_dim + value_dim;
+  auto conv = allocate(size_t(n * C)), core = allocate(size_t(n * value_dim));
+  auto beta = allocate(size_t(n * s.v_heads)), g = allocate(size_t(n * s.v_heads));
+  gdn_gates(b, a, a_log, dt_bias, n, s.v_heads, beta.get(), g.get());
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = conv.get() + i * C;
+    causal_conv1d_silu(qkv + i * C, 1, C, conv_w, kernel, conv_states[size_t(i)], row);
+    gated_delta_rule(s, row, row + key_dim, C, row + 2 * key_dim, C, g.get() + i * s.v_heads,
+                     beta.get() + i * s.v_heads, 1, states[size_t(i)], core.get() + i * value_dim);
+  }
+  gated_rms_norm(core.get(), z, n * s.v_heads, s.v_dim, norm_w, eps, out);
+}
+
+void Backend::attention_decode(const float* qg, float* k, const float* v, int64_t n, int heads, int kv_heads,
+                               int head_dim, const float* q_norm, const float* k_norm, float eps,
+                               int rotary_dim, const float* inv_freq, std::span<const int64_t> positions,
+                               std::span<const std::span<const int32_t>> pages, KvCache& kv, int layer,
+                               float* out) {
+  check(int64_t(positions.size()) == n && int64_t(pages.size()) == n,
+        "attention_decode: {} sequences, {} tables", n, pages.size());
+  const int64_t hd = head_dim;
+  auto q = allocate(size_t(n * heads * hd));
+  rms_norm(qg, n * heads, hd, 2 * hd, q_norm, eps, true, q.get(), hd);
+  rms_norm(k, n * kv_heads, hd, hd, k_norm, eps, true, k, hd);
+  for (int64_t i = 0; i < n; ++i) {
+    float* qs = q.get() + i * heads * hd;
+    float* ks = k + i * kv_heads * hd;
+    rope(qs, 1, heads, head_dim, rotary_dim, positions[size_t(i)], inv_freq);
+    rope(ks, 1, kv_heads, head_dim, rotary_dim, positions[size_t(i)], inv_freq);
+    paged_attention(qs, ks, v + i * kv_heads * hd, 1, heads, kv_heads, head_dim, positions[size_t(i)],
+                    pages[size_t(i)], kv, layer, out + i * heads * hd);
+  }
+}
+
+void Backend::moe_block(const Matrix& router, std::span<const SwiGlu> experts, int top_k, bool renormalize,
+                        const SwiGlu* shared, const Matrix* shared_gate, const float* x, int64_t n,
+                        int64_t hidden, float* out) {
+  auto logits = allocate(size_t(n * router.rows));
+  matmul(x, n, router, logits.get());
+  moe_experts(experts, logits.get(), top_k, renormalize, x, n, hidden, out);
+  if (!shared) return;
+  check(shared_gate != nullptr, "moe: a shared expert without its gate");
+  auto y = allocate(size_t(n * hidden)), gate = allocate(size_t(n));
+  swiglu(*shared, x, n, y.get());
+  matmul(x, n, *shared_gate, gate.get());
+  add_sigmoid_gated(out, y.get(), gate.get(), n, hidden);
+}
+
 std::unique_ptr<Backend> make_backend(std::string_view device, const BackendOptions& options) {
   if (device == "cpu") return make_cpu_backend();
   if (device == "cuda") {

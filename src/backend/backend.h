@@ -127,6 +127,34 @@ class Backend {
   // out[i] += sigmoid(gate_logit[i]) * y[i], rows of `dim` (the shared expert's gate).
   virtual void add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows,
                                  int64_t dim) = 0;
+
+  // Composite ops, so a backend can run them as fewer kernels; the defaults compose the ops above.
+  // ys[i][n][ws[i].rows] = x · ws[i]ᵀ for every matrix (one pass over x).
+  virtual void matmul_n(const float* x, int64_t n, std::span<const Matrix* const> ws,
+                        std::span<float* const> ys);
+  // The Gated DeltaNet core of n sequences of one token each (decode): per sequence i, the causal conv + SiLU
+  // of its row of qkv [n][2*key_dim + value_dim] over conv_states[i], gates from b/a [n][v_heads], the gated
+  // delta rule over states[i] (q, k, v columns of the conv output), then the gated RMSNorm with z and norm_w:
+  // out [n][value_dim].
+  virtual void gdn_decode(const DeltaRuleShape& s, const float* qkv, const float* z, const float* b,
+                          const float* a, int64_t n, const float* conv_w, int kernel, const float* a_log,
+                          const float* dt_bias, const float* norm_w, float eps,
+                          std::span<float* const> conv_states, std::span<float* const> states, float* out);
+  // The gated-attention core of n sequences of one token each (decode): per sequence i, its query heads
+  // (every 2*head_dim floats of qg: head_dim query values, then head_dim gate values) and its key heads in k
+  // [n][kv_heads][head_dim] are RMS-normalised (zero-centred q_norm / k_norm) and RoPE'd at positions[i], the
+  // key and value rows written into pages[i] of the cache, and out [n][heads][head_dim] = attention over
+  // positions ≤ positions[i] (the gate is not applied). k is overwritten.
+  virtual void attention_decode(const float* qg, float* k, const float* v, int64_t n, int heads, int kv_heads,
+                                int head_dim, const float* q_norm, const float* k_norm, float eps,
+                                int rotary_dim, const float* inv_freq, std::span<const int64_t> positions,
+                                std::span<const std::span<const int32_t>> pages, KvCache& kv, int layer,
+                                float* out);
+  // A mixture-of-experts feed-forward: router logits x · routerᵀ, the routed experts (as moe_experts) into
+  // out, and with a shared expert out += sigmoid(x · shared_gateᵀ) * shared(x) (shared_gate [1, hidden]).
+  virtual void moe_block(const Matrix& router, std::span<const SwiGlu> experts, int top_k, bool renormalize,
+                         const SwiGlu* shared, const Matrix* shared_gate, const float* x, int64_t n,
+                         int64_t hidden, float* out);
 };
 
 inline void BufferDeleter::operator()(float* p) const {

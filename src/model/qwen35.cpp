@@ -86,17 +86,29 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
   const int64_t C = c.linear_conv_dim(), key_dim = c.linear_key_dim(), value_dim = c.linear_value_dim();
   const int Hv = c.linear_num_value_heads;
   Backend& be = backend_;
-  auto qkv = be.allocate(size_t(n * C)), conv = be.allocate(size_t(n * C));
+  auto qkv = be.allocate(size_t(n * C));
   auto z = be.allocate(size_t(n * value_dim)), core = be.allocate(size_t(n * value_dim));
   auto b = be.allocate(size_t(n * Hv)), a = be.allocate(size_t(n * Hv));
-  auto beta = be.allocate(size_t(n * Hv)), g = be.allocate(size_t(n * Hv));
-  be.matmul(x, n, w.in_proj_qkv, qkv.get());
-  be.matmul(x, n, w.in_proj_z, z.get());
-  be.matmul(x, n, w.in_proj_b, b.get());
-  be.matmul(x, n, w.in_proj_a, a.get());
-  be.gdn_gates(b.get(), a.get(), w.a_log.data(), w.dt_bias.data(), n, Hv, beta.get(), g.get());
+  const Matrix* in_proj[] = {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
+  float* const in_out[] = {qkv.get(), z.get(), b.get(), a.get()};
+  be.matmul_n(x, n, in_proj, in_out);
 
   const DeltaRuleShape shape{c.linear_num_key_heads, Hv, c.linear_key_head_dim, c.linear_value_head_dim};
+  if (int64_t(batch.size()) == n) {  // decode: one token per sequence, all sequences at once
+    std::vector<float*> conv_states, states;
+    for (const auto& step : batch) {
+      conv_states.push_back(state.conv(gdn_layer, step.state_slot));
+      states.push_back(state.recurrent(gdn_layer, step.state_slot));
+    }
+    be.gdn_decode(shape, qkv.get(), z.get(), b.get(), a.get(), n, w.conv1d.data(), c.linear_conv_kernel,
+                  w.a_log.data(), w.dt_bias.data(), w.norm.data(), float(c.rms_norm_eps), conv_states, states,
+                  core.get());
+    be.matmul(core.get(), n, w.out_proj, out);
+    return;
+  }
+  auto conv = be.allocate(size_t(n * C));
+  auto beta = be.allocate(size_t(n * Hv)), g = be.allocate(size_t(n * Hv));
+  be.gdn_gates(b.get(), a.get(), w.a_log.data(), w.dt_bias.data(), n, Hv, beta.get(), g.get());
   int64_t row = 0;
   for (const auto& step : batch) {
     const int64_t T = int64_t(step.tokens.size());
@@ -122,24 +134,33 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
   const float eps = float(c.rms_norm_eps);
   Backend& be = backend_;
   auto qg = be.allocate(size_t(n * H * 2 * hd));  // per head: hd query values, then hd gate values
-  auto q = be.allocate(size_t(n * H * hd)), attn = be.allocate(size_t(n * H * hd));
+  auto attn = be.allocate(size_t(n * H * hd));
   auto k = be.allocate(size_t(n * KVH * hd)), v = be.allocate(size_t(n * KVH * hd));
-  be.matmul(x, n, w.q_proj, qg.get());
-  be.matmul(x, n, w.k_proj, k.get());
-  be.matmul(x, n, w.v_proj, v.get());
-  be.rms_norm(qg.get(), n * H, hd, 2 * hd, w.q_norm.data(), eps, true, q.get(), hd);
-  be.rms_norm(k.get(), n * KVH, hd, hd, w.k_norm.data(), eps, true, k.get(), hd);
+  const Matrix* qkv_proj[] = {&w.q_proj, &w.k_proj, &w.v_proj};
+  float* const qkv_out[] = {qg.get(), k.get(), v.get()};
+  be.matmul_n(x, n, qkv_proj, qkv_out);
 
-  int64_t row = 0;
-  for (const auto& step : batch) {
-    const int64_t T = int64_t(step.tokens.size());
-    float* qs = q.get() + row * H * hd;
-    float* ks = k.get() + row * KVH * hd;
-    be.rope(qs, T, H, hd, c.rotary_dim(), step.start_pos, rope_inv_freq_.data());
-    be.rope(ks, T, KVH, hd, c.rotary_dim(), step.start_pos, rope_inv_freq_.data());
-    be.paged_attention(qs, ks, v.get() + row * KVH * hd, T, H, KVH, hd, step.start_pos, step.pages, kv,
-                       attn_layer, attn.get() + row * H * hd);
-    row += T;
+  if (int64_t(batch.size()) == n) {  // decode: one token per sequence, all sequences at once
+    std::vector<int64_t> positions;
+    std::vector<std::span<const int32_t>> pages;
+    for (const auto& step : batch) positions.push_back(step.start_pos), pages.push_back(step.pages);
+    be.attention_decode(qg.get(), k.get(), v.get(), n, H, KVH, hd, w.q_norm.data(), w.k_norm.data(), eps,
+                        c.rotary_dim(), rope_inv_freq_.data(), positions, pages, kv, attn_layer, attn.get());
+  } else {
+    auto q = be.allocate(size_t(n * H * hd));
+    be.rms_norm(qg.get(), n * H, hd, 2 * hd, w.q_norm.data(), eps, true, q.get(), hd);
+    be.rms_norm(k.get(), n * KVH, hd, hd, w.k_norm.data(), eps, true, k.get(), hd);
+    int64_t row = 0;
+    for (const auto& step : batch) {
+      const int64_t T = int64_t(step.tokens.size());
+      float* qs = q.get() + row * H * hd;
+      float* ks = k.get() + row * KVH * hd;
+      be.rope(qs, T, H, hd, c.rotary_dim(), step.start_pos, rope_inv_freq_.data());
+      be.rope(ks, T, KVH, hd, c.rotary_dim(), step.start_pos, rope_inv_freq_.data());
+      be.paged_attention(qs, ks, v.get() + row * KVH * hd, T, H, KVH, hd, step.start_pos, step.pages, kv,
+                         attn_layer, attn.get() + row * H * hd);
+      row += T;
+    }
   }
   be.mul_sigmoid(attn.get(), qg.get() + hd, n * H, hd, 2 * hd);
   be.matmul(attn.get(), n, w.o_proj, out);
@@ -153,15 +174,9 @@ void Qwen35Model::feed_forward(const LayerWeights& lw, const float* x, int64_t n
     return;
   }
   const auto& moe = lw.moe;
-  auto logits = be.allocate(size_t(n * c.num_experts));
-  be.matmul(x, n, moe.router, logits.get());
-  be.moe_experts(moe.experts, logits.get(), c.num_experts_per_tok, c.norm_topk_prob, x, n, c.hidden_size, out);
-  if (!moe.shared.gate.empty()) {
-    auto shared = be.allocate(size_t(n * c.hidden_size)), gate = be.allocate(size_t(n));
-    be.swiglu(moe.shared, x, n, shared.get());
-    be.matmul(x, n, moe.shared_gate, gate.get());
-    be.add_sigmoid_gated(out, shared.get(), gate.get(), n, c.hidden_size);
-  }
+  const bool shared = !moe.shared.gate.empty();
+  be.moe_block(moe.router, moe.experts, c.num_experts_per_tok, c.norm_topk_prob,
+               shared ? &moe.shared : nullptr, shared ? &moe.shared_gate : nullptr, x, n, c.hidden_size, out);
 }
 
 ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state,

@@ -23,6 +23,7 @@ __global__ void kv_write_kernel(const float* __restrict__ k_new, const float* __
                                 int row_floats, const int64_t* __restrict__ start_pos,
                                 const int32_t* __restrict__ pages, int page_size, float* k_cache,
                                 float* v_cache) {
+  pdl_begin();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // float4 index
   const int per_row = row_floats / 4;
   if (i >= T * per_row) return;
@@ -35,6 +36,7 @@ __global__ void kv_write_kernel(const float* __restrict__ k_new, const float* __
 
 template <int D>
 __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
+  pdl_begin();
   extern __shared__ float4 smem4[];
   constexpr int LD = D + 4;
   constexpr int D4 = D / 4;
@@ -49,9 +51,19 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
 
   const int G = a.heads / a.kv_heads;
   const int kvh = blockIdx.y;
-  const int64_t rows_total = a.T * G;
-  const int64_t rho0 = int64_t(blockIdx.x) * kRows;
-  const int64_t start = *a.start_pos;
+  // Batched decode: blockIdx.x covers (sequence, row block); seq offsets the token index of q and out.
+  int64_t seq = 0, bx = blockIdx.x, T = a.T, start;
+  const int32_t* pages = a.pages;
+  if (a.batch) {
+    const int64_t per_seq = (G + kRows - 1) / kRows;
+    seq = bx / per_seq, bx = bx % per_seq, T = 1;
+    start = a.start_pos[seq];
+    pages += seq * a.pages_stride;
+  } else {
+    start = *a.start_pos;
+  }
+  const int64_t rows_total = T * G;
+  const int64_t rho0 = bx * kRows;
   const int row_floats = a.kv_heads * D;
   const float scale = 1.0f / sqrtf(float(D));
 
@@ -62,7 +74,7 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
     if (rho < rows_total) {
       const int64_t t = rho / G;
       const int h = kvh * G + int(rho % G);
-      v = reinterpret_cast<const float4*>(a.q + (t * a.heads + h) * D)[c4];
+      v = reinterpret_cast<const float4*>(a.q + ((seq + t) * a.heads + h) * D)[c4];
     }
     *reinterpret_cast<float4*>(Qs + r * LD + c4 * 4) = v;
   }
@@ -99,9 +111,8 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
       const int64_t kp = kt0 + j;
       float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
       if (kp < kv_len) {
-        const int64_t off =
-            (int64_t(a.pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_floats +
-            int64_t(kvh) * D;
+        const int64_t off = (int64_t(pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_floats +
+                            int64_t(kvh) * D;
         kv = __ldg(reinterpret_cast<const float4*>(a.k_cache + off) + c4);
         vv = __ldg(reinterpret_cast<const float4*>(a.v_cache + off) + c4);
       }
@@ -197,7 +208,7 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
     const int r = pr * 4 + r4;
     const int64_t rho = rho0 + r;
     if (rho >= rows_total) continue;
-    const int64_t row = (rho / G) * a.heads + kvh * G + rho % G;
+    const int64_t row = (seq + rho / G) * a.heads + kvh * G + rho % G;
     auto column = [&](int c) { return kCols >= 4 ? ((c / 4) * 32 + pc) * 4 + c % 4 : c * 32 + pc; };
     if (a.splits == 1) {
       const float inv = 1.0f / l_s[r];
@@ -214,6 +225,7 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
 
 // One block per output row: weights e^(m_s − M) over the splits.
 __global__ void attention_combine_kernel(AttentionArgs a) {
+  pdl_begin();
   const int64_t rows = a.T * a.heads, row = blockIdx.x;
   float M = -INFINITY;
   for (int s = 0; s < a.splits; ++s) M = fmaxf(M, a.part_m[s * rows + row]);
@@ -232,6 +244,53 @@ __global__ void attention_combine_kernel(AttentionArgs a) {
   }
 }
 
+// Batched decode prologue: block = (head row, sequence) over the H query heads then the KV heads of each
+// sequence: zero-centred RMSNorm, RoPE at the sequence's position; K rows (and their V rows) go into the
+// cache.
+constexpr int kMaxHeadDim = 256;
+__global__ void attention_decode_prep_kernel(
+    const float* __restrict__ qg, float* __restrict__ q, float* k, const float* __restrict__ v, int heads,
+    int kv_heads, int D, const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
+    int half, const float* __restrict__ inv_freq, const int64_t* __restrict__ positions,
+    const int32_t* __restrict__ pages, int64_t pages_stride, int page_size, float* k_cache, float* v_cache) {
+  pdl_begin();
+  __shared__ float scratch[32], row[kMaxHeadDim];
+  const int hh = blockIdx.x;
+  const int64_t seq = blockIdx.y;
+  const bool is_q = hh < heads;
+  const int kh = hh - heads;
+  const float* src = is_q ? qg + (seq * heads + hh) * 2 * D : k + (seq * kv_heads + kh) * D;
+  float* dst = is_q ? q + (seq * heads + hh) * D : k + (seq * kv_heads + kh) * D;
+  const float* w = is_q ? q_norm : k_norm;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) ss += src[i] * src[i];
+  const float scale = 1.0f / sqrtf(block_sum(ss, scratch) / float(D) + eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) row[i] = src[i] * scale * (1.0f + w[i]);
+  __syncthreads();
+  const int64_t pos = positions[seq];
+  const int64_t at =
+      is_q
+          ? 0
+          : ((int64_t(pages[seq * pages_stride + pos / page_size]) * page_size + pos % page_size) * kv_heads +
+             kh) *
+                D;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float o = row[i];
+    if (i < 2 * half) {
+      const int j = i < half ? i : i - half;
+      const float angle = float(pos) * inv_freq[j];
+      const float c = cosf(angle), sn = sinf(angle);
+      const float a0 = row[j], b0 = row[j + half];
+      o = i < half ? a0 * c - b0 * sn : b0 * c + a0 * sn;
+    }
+    dst[i] = o;
+    if (!is_q) {
+      k_cache[at + i] = o;
+      v_cache[at + i] = v[(seq * kv_heads + kh) * D + i];
+    }
+  }
+}
+
 template <int D>
 void launch_for(const AttentionArgs& a, cudaStream_t s) {
   constexpr size_t bytes = attention_smem_floats<D>() * sizeof(float);
@@ -241,8 +300,9 @@ void launch_for(const AttentionArgs& a, cudaStream_t s) {
     configured = true;
   }
   const int G = a.heads / a.kv_heads;
-  const dim3 grid(blocks_for(a.T * G, kRows), unsigned(a.kv_heads), unsigned(a.splits));
-  attention_kernel<D><<<grid, kThreads, bytes, s>>>(a);
+  const unsigned row_blocks = a.batch ? unsigned(a.T) * blocks_for(G, kRows) : blocks_for(a.T * G, kRows);
+  const dim3 grid(row_blocks, unsigned(a.kv_heads), unsigned(a.splits));
+  launch_k(attention_kernel<D>, grid, kThreads, bytes, s, a);
 }
 
 }  // namespace
@@ -257,12 +317,21 @@ int attention_splits(int64_t T, int heads, int kv_heads, int64_t capacity) {
   return int(std::clamp<int64_t>(capacity / 64, 1, 128));  // two key tiles per split at full capacity
 }
 
+int attention_decode_splits(int64_t n, int heads, int kv_heads, int64_t capacity) {
+  // A decode block is latency-bound (one query row per head of the group): aim at ~128 blocks, a key tile
+  // or more each.
+  const int64_t blocks = n * ((heads / kv_heads + kRows - 1) / kRows) * kv_heads;
+  if (blocks >= 64) return 1;
+  return int(std::clamp<int64_t>(std::min<int64_t>(capacity / kKeys, 128 / blocks), 1, 128));
+}
+
 void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
   const int row_floats = a.kv_heads * a.head_dim;
   const int64_t writes = a.T * row_floats / 4;
-  kv_write_kernel<<<blocks_for(writes, 256), 256, 0, s>>>(a.k_new, a.v_new, a.T, row_floats, a.start_pos,
-                                                          a.pages, a.page_size, a.k_cache, a.v_cache);
+  if (a.k_new)
+    launch_k(kv_write_kernel, blocks_for(writes, 256), 256, 0, s, a.k_new, a.v_new, a.T, row_floats,
+             a.start_pos, a.pages, a.page_size, a.k_cache, a.v_cache);
   switch (a.head_dim) {
     case 32:
       launch_for<32>(a, s);
@@ -277,7 +346,18 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
       launch_for<256>(a, s);
       break;
   }
-  if (a.splits > 1) attention_combine_kernel<<<unsigned(a.T * a.heads), 128, 0, s>>>(a);
+  if (a.splits > 1) launch_k(attention_combine_kernel, unsigned(a.T * a.heads), 128, 0, s, a);
+}
+
+void launch_attention_decode_prep(const float* qg, float* q, float* k, const float* v, int64_t n, int heads,
+                                  int kv_heads, int head_dim, const float* q_norm, const float* k_norm,
+                                  float eps, int rotary_dim, const float* inv_freq, const int64_t* positions,
+                                  const int32_t* pages, int64_t pages_stride, int page_size, float* k_cache,
+                                  float* v_cache, cudaStream_t s) {
+  if (n == 0) return;
+  launch_k(attention_decode_prep_kernel, dim3(unsigned(heads + kv_heads), unsigned(n)), 128, 0, s, qg, q, k,
+           v, heads, kv_heads, head_dim, q_norm, k_norm, eps, rotary_dim / 2, inv_freq, positions, pages,
+           pages_stride, page_size, k_cache, v_cache);
 }
 
 }  // namespace moeserve::cuda

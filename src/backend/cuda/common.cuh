@@ -7,10 +7,65 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
 
 #include "backend/cuda/kernels.h"
 
 namespace moeserve::cuda {
+
+// ---- programmatic dependent launch (sm_90+) --------------------------------------------------------------
+// Every kernel is launched with launch_k, which lets it start while the previous kernel of the stream is
+// still running (its launch and block setup overlap that kernel's tail), and begins with pdl_begin: wait
+// until the previous grid has completed and its writes are visible, then allow the next kernel to launch.
+// Each kernel thus still runs after all earlier work, transitively; only loads of immutable data (weights)
+// may precede the wait. Elsewhere (no PDL attribute, older GPUs) the wait and the trigger are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_trigger();
+}
+// Starts pulling `bytes` (a multiple of 16, 16-byte aligned) at p into L2 (sm_90+): weights a kernel will
+// stream, requested before pdl_wait so that the transfer overlaps the previous kernel.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// MOESERVE_CUDA_PDL=0 launches without the attribute (for measuring what it brings).
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOESERVE_CUDA_PDL");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+template <typename... KArgs, typename... Args>
+void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 // The arithmetic matches the CPU reference's (exact float32 functions: no fast-math intrinsics).
 __device__ __forceinline__ float sigmoidf_(float x) {

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -487,6 +488,69 @@ class CudaBackend final : public Backend, public CacheMemory {
       cuda::launch_attention(a, stream_);
   }
 
+  // Batched decode: one prologue launch (norms, RoPE, cache writes) and one attention launch (+ the split-K
+  // combine) for all sequences; positions and page tables are staged inputs.
+  void attention_decode(const float* qg, float* k, const float* v, int64_t n, int heads, int kv_heads,
+                        int head_dim, const float* q_norm, const float* k_norm, float eps, int rotary_dim,
+                        const float* inv_freq, std::span<const int64_t> positions,
+                        std::span<const std::span<const int32_t>> pages, KvCache& kv, int layer,
+                        float* out) override {
+    const auto& spec = kv.spec();
+    check(spec.memory == this,
+          "attention: the KV cache is not in this GPU's memory (size it with the model's "
+          "kv_cache_spec(), which asks the backend for its cache memory)");
+    check(cuda::attention_head_dim_supported(head_dim),
+          "attention: head_dim {} is not supported on CUDA (32, 64, 128 or 256)", head_dim);
+    check(kv_heads > 0 && heads % kv_heads == 0, "attention: {} heads do not group over {} KV heads", heads,
+          kv_heads);
+    check(rotary_dim % 2 == 0 && rotary_dim <= head_dim, "attention: rotary dim {} of head dim {}",
+          rotary_dim, head_dim);
+    check(int64_t(positions.size()) == n && int64_t(pages.size()) == n,
+          "attention_decode: {} sequences, {} tables", n, pages.size());
+    size_t stride = 1;
+    for (const auto& p : pages) stride = std::max(stride, p.size());
+    decode_pages_.assign(size_t(n) * stride, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const auto& p = pages[size_t(i)];
+      check(int64_t(p.size()) * spec.page_size > positions[size_t(i)],
+            "attention: page table covers {} positions, need {}", int64_t(p.size()) * spec.page_size,
+            positions[size_t(i)] + 1);
+      std::copy(p.begin(), p.end(), decode_pages_.begin() + i * int64_t(stride));
+    }
+    const float* qn = vec(q_norm, size_t(head_dim));
+    const float* kn = vec(k_norm, size_t(head_dim));
+    const float* f = vec(inv_freq, size_t(std::max(rotary_dim / 2, 1)));
+    cuda::AttentionArgs a;
+    a.T = n, a.heads = heads, a.kv_heads = kv_heads, a.head_dim = head_dim;
+    a.start_pos = static_cast<const int64_t*>(stage(positions.data(), positions.size_bytes()));
+    a.pages =
+        static_cast<const int32_t*>(stage(decode_pages_.data(), decode_pages_.size() * sizeof(int32_t)));
+    a.num_pages = int64_t(stride);
+    a.pages_stride = int64_t(stride);
+    a.batch = true;
+    a.k_cache = kv.keys(layer, 0), a.v_cache = kv.values(layer, 0), a.page_size = spec.page_size;
+    a.out = out;
+    a.splits = cuda::attention_decode_splits(n, heads, kv_heads, int64_t(stride) * spec.page_size);
+    auto q = allocate(size_t(n * heads * head_dim));
+    a.q = q.get();
+    Buffer part_out, part_m, part_l;
+    if (a.splits > 1) {
+      const size_t rows = size_t(a.splits * n * heads);
+      part_out = allocate(rows * size_t(head_dim));
+      part_m = allocate(rows);
+      part_l = allocate(rows);
+      a.part_out = part_out.get(), a.part_m = part_m.get(), a.part_l = part_l.get();
+    }
+    if (auto op =
+            start("attention_decode", qg, k, v, n, heads, kv_heads, head_dim, qn, kn, eps, rotary_dim, f,
+                  a.start_pos, a.pages, a.num_pages, a.k_cache, a.v_cache, out, a.splits, a.part_out, a.q)) {
+      cuda::launch_attention_decode_prep(qg, q.get(), k, v, n, heads, kv_heads, head_dim, qn, kn, eps,
+                                         rotary_dim, f, a.start_pos, a.pages, a.pages_stride, spec.page_size,
+                                         a.k_cache, a.v_cache, stream_);
+      cuda::launch_attention(a, stream_);
+    }
+  }
+
   void mul_sigmoid(float* x, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride) override {
     if (auto op = start("mul_sigmoid", x, gate, rows, dim, gate_stride))
       cuda::launch_mul_sigmoid(x, gate, rows, dim, gate_stride, stream_);
@@ -585,6 +649,106 @@ class CudaBackend final : public Backend, public CacheMemory {
                          int64_t dim) override {
     if (auto op = start("add_sigmoid_gated", out, y, gate_logit, rows, dim))
       cuda::launch_add_sigmoid_gated(out, y, gate_logit, rows, dim, stream_);
+  }
+
+  // Decode-sized: the matrices as segments of one GEMV launch (the GDN and attention input projections).
+  void matmul_n(const float* x, int64_t n, std::span<const Matrix* const> ws,
+                std::span<float* const> ys) override {
+    check(ws.size() == ys.size(), "matmul_n: {} matrices but {} outputs", ws.size(), ys.size());
+    const size_t count = ws.size();
+    if (n >= 1 && n <= kGemvMaxRows && count >= 2 && count <= size_t(cuda::kGemvMaxSegments)) {
+      WeightView v[cuda::kGemvMaxSegments];
+      std::array<const void*, 2 * cuda::kGemvMaxSegments> args{};
+      bool same = true;
+      int64_t rows = 0;
+      for (size_t i = 0; i < count; ++i) {
+        v[i] = weight(*ws[i]);
+        same = same && v[i].type == v[0].type && v[i].cols == v[0].cols;
+        rows += v[i].rows;
+        args[2 * i] = v[i].data, args[2 * i + 1] = ys[i];
+      }
+      if (same) {
+        WeightView all = v[0];
+        all.rows = rows;
+        if (auto op = start(matmul_label(all), x, n, args))
+          cuda::launch_gemv_multi(x, n, v, ys.data(), int(count), stream_);
+        return;
+      }
+    }
+    Backend::matmul_n(x, n, ws, ys);
+  }
+
+  // Two launches for the whole batch; the state pointers are staged inputs, so a recorded step stays valid
+  // when the batch's sequences move to other slots.
+  void gdn_decode(const DeltaRuleShape& s, const float* qkv, const float* z, const float* b, const float* a,
+                  int64_t n, const float* conv_w, int kernel, const float* a_log, const float* dt_bias,
+                  const float* norm_w, float eps, std::span<float* const> conv_states,
+                  std::span<float* const> states, float* out) override {
+    if (!cuda::gdn_decode_supported(s.k_dim, s.v_dim, kernel) || s.k_heads <= 0 ||
+        s.v_heads % s.k_heads != 0) {
+      Backend::gdn_decode(s, qkv, z, b, a, n, conv_w, kernel, a_log, dt_bias, norm_w, eps, conv_states,
+                          states, out);
+      return;
+    }
+    check(int64_t(conv_states.size()) == n && int64_t(states.size()) == n,
+          "gdn_decode: {} sequences, {} states", n, states.size());
+    for (int64_t i = 0; i < n; ++i) {
+      check_cache_memory(conv_states[size_t(i)], "causal conv state");
+      check_cache_memory(states[size_t(i)], "gated delta rule state");
+    }
+    const int64_t C = 2 * int64_t(s.k_heads) * s.k_dim + int64_t(s.v_heads) * s.v_dim;
+    const float* cw = vec(conv_w, size_t(C * kernel));
+    const float* al = vec(a_log, size_t(s.v_heads));
+    const float* dt = vec(dt_bias, size_t(s.v_heads));
+    const float* nw = vec(norm_w, size_t(s.v_dim));
+    const auto* cs = static_cast<float* const*>(stage(conv_states.data(), conv_states.size_bytes()));
+    const auto* rs = static_cast<float* const*>(stage(states.data(), states.size_bytes()));
+    auto conv = allocate(size_t(n * C));
+    if (auto op = start("gdn_decode", qkv, z, b, a, n, cw, kernel, al, dt, nw, eps, cs, rs, conv.get(), out,
+                        s.k_heads, s.v_heads, s.k_dim, s.v_dim))
+      cuda::launch_gdn_decode(qkv, z, b, a, n, s.k_heads, s.k_dim, s.v_heads, s.v_dim, cw, kernel, al, dt, nw,
+                              eps, cs, rs, conv.get(), out, stream_);
+  }
+
+  // Decode-sized batches: router and shared-expert gate in one GEMV, then routing, the gate/up of every pair
+  // and of the shared expert, and the down projections with the combine (launch_moe_decode): 4 launches.
+  void moe_block(const Matrix& router, std::span<const SwiGlu> experts, int top_k, bool renormalize,
+                 const SwiGlu* shared, const Matrix* shared_gate, const float* x, int64_t n, int64_t hidden,
+                 float* out) override {
+    const auto& table = expert_table(experts);
+    const WeightView r = weight(router);
+    cuda::MoeDecodeShared sh;
+    WeightView sgv;
+    bool fast = n >= 1 && n <= kGemvMaxRows && top_k >= 1 && top_k <= table.experts &&
+                table.hidden == hidden && r.rows == table.experts && r.cols == hidden;
+    if (fast && shared) {
+      check(shared_gate != nullptr, "moe: a shared expert without its gate");
+      sh.gate = weight(shared->gate), sh.up = weight(shared->up), sh.down = weight(shared->down);
+      sgv = weight(*shared_gate);
+      fast = sgv.type == r.type && sgv.rows == 1 && sgv.cols == hidden;
+    }
+    if (!fast || !cuda::moe_decode_supported(table, top_k, sh)) {
+      Backend::moe_block(router, experts, top_k, renormalize, shared, shared_gate, x, n, hidden, out);
+      return;
+    }
+    const int64_t P = n * top_k;
+    auto logits = allocate(size_t(n * table.experts)), gate_logit = allocate(size_t(n));
+    auto ids = allocate(size_t(P)), weights = allocate(size_t(P));  // int32 and float share a size
+    auto h = allocate(size_t(P * table.inter));
+    auto hs = allocate(size_t(shared ? n * sh.gate.rows : 1));
+    cuda::MoeScratch s;
+    s.ids = reinterpret_cast<int32_t*>(ids.get());
+    s.weights = weights.get();
+    s.h = h.get();
+    sh.gate_logit = gate_logit.get();
+    sh.h = hs.get();
+    if (auto op = start("moe_block", x, n, top_k, renormalize, out, r.data, sh.down.data, table.gate,
+                        logits.get(), s.ids, s.h, sh.h)) {
+      const WeightView ws[2] = {r, sgv};
+      float* const ys[2] = {logits.get(), gate_logit.get()};
+      cuda::launch_gemv_multi(x, n, ws, ys, shared ? 2 : 1, stream_);
+      cuda::launch_moe_decode(table, logits.get(), top_k, renormalize, x, n, sh, s, out, stream_);
+    }
   }
 
   void argmax(const float* x, int64_t rows, int64_t cols, int32_t* out_host) override {
@@ -1017,6 +1181,7 @@ class CudaBackend final : public Backend, public CacheMemory {
   bool step_failed_ = false;
   size_t downloads_seen_ = 0;
   std::vector<Deferred> deferred_;
+  std::vector<int32_t> decode_pages_;  // attention_decode's padded page tables, before staging
 
   int64_t replays_ = 0;
   double fill_seconds_ = 0, launch_seconds_ = 0;

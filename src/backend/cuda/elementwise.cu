@@ -9,6 +9,7 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     x[i] += y[i];
@@ -18,6 +19,7 @@ __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, i
 template <bool kZeroCentred>
 __global__ void rms_norm_kernel(const float* x, int64_t dim, int64_t x_stride, const float* __restrict__ w,
                                 float eps, float* out, int64_t out_stride) {
+  pdl_begin();
   __shared__ float scratch[32];
   const float* xr = x + blockIdx.x * x_stride;
   float* o = out + blockIdx.x * out_stride;
@@ -33,6 +35,7 @@ __global__ void rms_norm_kernel(const float* x, int64_t dim, int64_t x_stride, c
 // h += y, then out = zero-centred RMSNorm(h); one block per row.
 __global__ void add_rms_norm_kernel(float* h, const float* __restrict__ y, int64_t dim,
                                     const float* __restrict__ w, float eps, float* __restrict__ out) {
+  pdl_begin();
   __shared__ float scratch[32];
   float* hr = h + blockIdx.x * dim;
   const float* yr = y + blockIdx.x * dim;
@@ -47,8 +50,45 @@ __global__ void add_rms_norm_kernel(float* h, const float* __restrict__ y, int64
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) o[i] = hr[i] * scale * (1.0f + w[i]);
 }
 
+// The same with float4 accesses, each thread holding up to kNormVec vectors of the row in registers: one
+// read of h and y, no second pass over global memory (rows of dim % 4 == 0, dim ≤ 4 * kNormVec * 1024).
+constexpr int kNormVec = 4;
+__global__ void add_rms_norm_vec_kernel(float* h, const float* __restrict__ y, int64_t dim,
+                                        const float* __restrict__ w, float eps, float* __restrict__ out) {
+  pdl_begin();
+  __shared__ float scratch[32];
+  auto* hr = reinterpret_cast<float4*>(h + blockIdx.x * dim);
+  const auto* yr = reinterpret_cast<const float4*>(y + blockIdx.x * dim);
+  const auto* wr = reinterpret_cast<const float4*>(w);
+  auto* o = reinterpret_cast<float4*>(out + blockIdx.x * dim);
+  const int n4 = int(dim / 4);
+  float4 v[kNormVec];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < n4) {
+      const float4 a = hr[i], b = yr[i];
+      v[k] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+      ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+  }
+  const float scale = 1.0f / sqrtf(block_sum(ss, scratch) / float(dim) + eps);
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < n4) {
+      hr[i] = v[k];
+      const float4 wi = __ldg(wr + i);
+      o[i] = make_float4(v[k].x * scale * (1.0f + wi.x), v[k].y * scale * (1.0f + wi.y),
+                         v[k].z * scale * (1.0f + wi.z), v[k].w * scale * (1.0f + wi.w));
+    }
+  }
+}
+
 __global__ void gated_rms_norm_kernel(const float* o, const float* __restrict__ z, int64_t dim,
                                       const float* __restrict__ w, float eps, float* out) {
+  pdl_begin();
   __shared__ float scratch[32];
   const float* orow = o + blockIdx.x * dim;
   const float* zrow = z + blockIdx.x * dim;
@@ -68,6 +108,7 @@ int row_threads(int64_t dim) {
 // One thread per (token, head, rotary pair).
 __global__ void rope_kernel(float* x, int64_t tokens, int heads, int head_dim, int half,
                             const int64_t* __restrict__ start_pos, const float* __restrict__ inv_freq) {
+  pdl_begin();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= tokens * heads * half) return;
   const int j = int(i % half);
@@ -82,6 +123,7 @@ __global__ void rope_kernel(float* x, int64_t tokens, int heads, int head_dim, i
 
 template <WType T>
 __global__ void embed_kernel(const int32_t* __restrict__ tokens, WeightView table, float* __restrict__ out) {
+  pdl_begin();
   const int64_t row = tokens[blockIdx.x];
   float* o = out + blockIdx.x * table.cols;
   for (int64_t c = threadIdx.x; c < table.cols; c += blockDim.x) o[c] = weight_at<T>(table, row, c);
@@ -89,6 +131,7 @@ __global__ void embed_kernel(const int32_t* __restrict__ tokens, WeightView tabl
 
 __global__ void mul_sigmoid_kernel(float* x, const float* __restrict__ gate, int64_t rows, int64_t dim,
                                    int64_t gate_stride) {
+  pdl_begin();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= rows * dim) return;
   const int64_t r = i / dim, c = i % dim;
@@ -97,6 +140,7 @@ __global__ void mul_sigmoid_kernel(float* x, const float* __restrict__ gate, int
 
 __global__ void add_sigmoid_gated_kernel(float* out, const float* __restrict__ y,
                                          const float* __restrict__ gate, int64_t rows, int64_t dim) {
+  pdl_begin();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= rows * dim) return;
   out[i] = fmaf(sigmoidf_(gate[i / dim]), y[i], out[i]);
@@ -104,17 +148,20 @@ __global__ void add_sigmoid_gated_kernel(float* out, const float* __restrict__ y
 
 __global__ void silu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, float* out,
                                 int64_t n) {
+  pdl_begin();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < n) out[i] = siluf_(g[i]) * u[i];
 }
 
 __global__ void to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ out, int64_t n) {
+  pdl_begin();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < n) out[i] = __float2bfloat16_rn(x[i]);
 }
 
 template <WType T>
 __global__ void dequant_bf16_kernel(WeightView w, __nv_bfloat16* __restrict__ out) {
+  pdl_begin();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= w.rows * w.cols) return;
   out[i] = __float2bfloat16_rn(weight_at<T>(w, i / w.cols, i % w.cols));
@@ -122,6 +169,7 @@ __global__ void dequant_bf16_kernel(WeightView w, __nv_bfloat16* __restrict__ ou
 
 // One block per row: the largest value, the lowest index on ties.
 __global__ void argmax_kernel(const float* __restrict__ x, int64_t cols, int32_t* __restrict__ out) {
+  pdl_begin();
   __shared__ float best_v[32];
   __shared__ int32_t best_i[32];
   const float* row = x + blockIdx.x * cols;
@@ -153,6 +201,7 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
 }
 
 __global__ void fill_random_kernel(void* data, WType type, int64_t n, uint64_t seed, float scale) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float u = float(mix64(seed ^ mix64(uint64_t(i))) >> 40) * (1.0f / 16777216.0f);  // [0, 1)
@@ -178,7 +227,7 @@ __global__ void fill_random_kernel(void* data, WType type, int64_t n, uint64_t s
 
 void launch_add(float* x, const float* y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  add_kernel<<<unsigned(std::min<int64_t>(blocks_for(n, kThreads), 4096)), kThreads, 0, s>>>(x, y, n);
+  launch_k(add_kernel, unsigned(std::min<int64_t>(blocks_for(n, kThreads), 4096)), kThreads, 0, s, x, y, n);
 }
 
 void launch_rms_norm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, float eps,
@@ -186,21 +235,31 @@ void launch_rms_norm(const float* x, int64_t rows, int64_t dim, int64_t x_stride
   if (rows == 0) return;
   const int t = row_threads(dim);
   if (zero_centred)
-    rms_norm_kernel<true><<<unsigned(rows), t, 0, s>>>(x, dim, x_stride, w, eps, out, out_stride);
+    launch_k(rms_norm_kernel<true>, unsigned(rows), t, 0, s, x, dim, x_stride, w, eps, out, out_stride);
   else
-    rms_norm_kernel<false><<<unsigned(rows), t, 0, s>>>(x, dim, x_stride, w, eps, out, out_stride);
+    launch_k(rms_norm_kernel<false>, unsigned(rows), t, 0, s, x, dim, x_stride, w, eps, out, out_stride);
 }
 
 void launch_add_rms_norm(float* h, const float* y, int64_t rows, int64_t dim, const float* w, float eps,
                          float* out, cudaStream_t s) {
   if (rows == 0) return;
-  add_rms_norm_kernel<<<unsigned(rows), row_threads(dim), 0, s>>>(h, y, dim, w, eps, out);
+  const bool vec = dim % 4 == 0 && dim > 0 && dim <= 4 * kNormVec * 1024 &&
+                   (reinterpret_cast<uintptr_t>(h) | reinterpret_cast<uintptr_t>(y) |
+                    reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(out)) %
+                           16 ==
+                       0;
+  if (vec) {
+    const int threads = int(std::min<int64_t>(1024, (dim / 4 + 31) / 32 * 32));  // ≥ 32: dim ≥ 4
+    launch_k(add_rms_norm_vec_kernel, unsigned(rows), threads, 0, s, h, y, dim, w, eps, out);
+    return;
+  }
+  launch_k(add_rms_norm_kernel, unsigned(rows), row_threads(dim), 0, s, h, y, dim, w, eps, out);
 }
 
 void launch_gated_rms_norm(const float* o, const float* z, int64_t rows, int64_t dim, const float* w,
                            float eps, float* out, cudaStream_t s) {
   if (rows == 0) return;
-  gated_rms_norm_kernel<<<unsigned(rows), row_threads(dim), 0, s>>>(o, z, dim, w, eps, out);
+  launch_k(gated_rms_norm_kernel, unsigned(rows), row_threads(dim), 0, s, o, z, dim, w, eps, out);
 }
 
 void launch_rope(float* x, int64_t tokens, int heads, int head_dim, int rotary_dim, const int64_t* start_pos,
@@ -208,35 +267,39 @@ void launch_rope(float* x, int64_t tokens, int heads, int head_dim, int rotary_d
   const int half = rotary_dim / 2;
   const int64_t n = tokens * heads * half;
   if (n == 0) return;
-  rope_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, tokens, heads, head_dim, half, start_pos,
-                                                           inv_freq);
+  launch_k(rope_kernel, blocks_for(n, kThreads), kThreads, 0, s, x, tokens, heads, head_dim, half, start_pos,
+           inv_freq);
 }
 
 void launch_embed(const int32_t* tokens, int64_t n, const WeightView& table, float* out, cudaStream_t s) {
   if (n == 0) return;
-  MOESERVE_DISPATCH_WTYPE(table.type, T, embed_kernel<T><<<unsigned(n), 256, 0, s>>>(tokens, table, out));
+  MOESERVE_DISPATCH_WTYPE(table.type, T,
+                          launch_k(embed_kernel<T>, unsigned(n), 256, 0, s, tokens, table, out));
 }
 
 void launch_mul_sigmoid(float* x, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride,
                         cudaStream_t s) {
   if (rows * dim == 0) return;
-  mul_sigmoid_kernel<<<blocks_for(rows * dim, kThreads), kThreads, 0, s>>>(x, gate, rows, dim, gate_stride);
+  launch_k(mul_sigmoid_kernel, blocks_for(rows * dim, kThreads), kThreads, 0, s, x, gate, rows, dim,
+           gate_stride);
 }
 
 void launch_add_sigmoid_gated(float* out, const float* y, const float* gate, int64_t rows, int64_t dim,
                               cudaStream_t s) {
   if (rows * dim == 0) return;
-  add_sigmoid_gated_kernel<<<blocks_for(rows * dim, kThreads), kThreads, 0, s>>>(out, y, gate, rows, dim);
+  launch_k(add_sigmoid_gated_kernel, blocks_for(rows * dim, kThreads), kThreads, 0, s, out, y, gate, rows,
+           dim);
 }
 
 void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  silu_mul_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(gate, up, out, n);
+  launch_k(silu_mul_kernel, blocks_for(n, kThreads), kThreads, 0, s, gate, up, out, n);
 }
 
 void launch_to_bf16(const float* x, uint16_t* out, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  to_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, reinterpret_cast<__nv_bfloat16*>(out), n);
+  launch_k(to_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, s, x, reinterpret_cast<__nv_bfloat16*>(out),
+           n);
 }
 
 void launch_dequant_bf16(const WeightView& w, uint16_t* out, cudaStream_t s) {
@@ -244,18 +307,18 @@ void launch_dequant_bf16(const WeightView& w, uint16_t* out, cudaStream_t s) {
   if (n == 0) return;
   auto* o = reinterpret_cast<__nv_bfloat16*>(out);
   MOESERVE_DISPATCH_WTYPE(w.type, T,
-                          dequant_bf16_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, s>>>(w, o));
+                          launch_k(dequant_bf16_kernel<T>, blocks_for(n, kThreads), kThreads, 0, s, w, o));
 }
 
 void launch_argmax(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t s) {
   if (rows == 0) return;
-  argmax_kernel<<<unsigned(rows), 1024, 0, s>>>(x, cols, out);
+  launch_k(argmax_kernel, unsigned(rows), 1024, 0, s, x, cols, out);
 }
 
 void launch_fill_random(void* data, WType type, int64_t n, uint64_t seed, float scale, cudaStream_t s) {
   if (n == 0) return;
-  fill_random_kernel<<<unsigned(std::min<int64_t>(blocks_for(n, kThreads), 65536)), kThreads, 0, s>>>(
-      data, type, n, seed, scale);
+  launch_k(fill_random_kernel, unsigned(std::min<int64_t>(blocks_for(n, kThreads), 65536)), kThreads, 0, s,
+           data, type, n, seed, scale);
 }
 
 }  // namespace moeserve::cuda

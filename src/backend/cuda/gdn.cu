@@ -10,6 +10,7 @@ namespace {
 __global__ void gdn_gates_kernel(const float* __restrict__ b, const float* __restrict__ a,
                                  const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                                  int64_t n, int v_heads, float* __restrict__ beta, float* __restrict__ g) {
+  pdl_begin();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const int h = int(i % v_heads);
@@ -30,6 +31,7 @@ template <int kKernel>
 __global__ void conv1d_silu_kernel(const float* __restrict__ x, int64_t T, int64_t C,
                                    const float* __restrict__ w, int runtime_kernel, float* state,
                                    float* __restrict__ out) {
+  pdl_begin();
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= C) return;
   const int kernel = kKernel > 0 ? kKernel : runtime_kernel;
@@ -66,6 +68,7 @@ __global__ void conv1d_silu_kernel(const float* __restrict__ x, int64_t T, int64
 
 __global__ void conv_state_kernel(const float* __restrict__ x, int64_t T, int64_t C, int kernel,
                                   float* state) {
+  pdl_begin();
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= C) return;
   const int hist = kernel - 1;
@@ -81,6 +84,7 @@ __global__ void conv_state_kernel(const float* __restrict__ x, int64_t T, int64_
 __global__ void l2norm_qk_kernel(const float* __restrict__ q, const float* __restrict__ k, int64_t stride,
                                  int64_t T, int heads, int dim, float q_scale, float* __restrict__ qn,
                                  float* __restrict__ kn) {
+  pdl_begin();
   const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (row >= T * heads) return;
@@ -110,6 +114,7 @@ __global__ __launch_bounds__(128) void delta_rule_kernel(const float* __restrict
                                                          int v_heads, int dv, const float* __restrict__ g,
                                                          const float* __restrict__ beta, int64_t T,
                                                          float* state, float* __restrict__ out) {
+  pdl_begin();
   __shared__ float ks[kDeltaMaxDim], qs[kDeltaMaxDim];
   __shared__ float red_kv[kDeltaWarps][32], red_o[kDeltaWarps][32];
   const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -166,13 +171,121 @@ __global__ __launch_bounds__(128) void delta_rule_kernel(const float* __restrict
   }
 }
 
+// ---- batched decode: n sequences of one token each --------------------------------------------------------
+// Conv: thread = (channel, sequence); it owns its channel's state, shifted in place.
+__global__ void gdn_decode_conv_kernel(const float* __restrict__ qkv, int64_t C, const float* __restrict__ w,
+                                       int kernel, float* const* __restrict__ states,
+                                       float* __restrict__ out) {
+  pdl_begin();
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t i = blockIdx.y;
+  if (c >= C) return;
+  const int hist = kernel - 1;
+  float* st = states[i] + c * hist;
+  const float x = qkv[i * C + c];
+  float acc = 0.0f;
+  for (int j = 0; j < hist; ++j) acc += w[c * kernel + j] * st[j];
+  acc += w[c * kernel + hist] * x;
+  out[i * C + c] = siluf_(acc);
+  for (int j = 0; j + 1 < hist; ++j) st[j] = st[j + 1];
+  if (hist > 0) st[hist - 1] = x;
+}
+
+// Block = (value head, sequence), 4 warps per 32-column slab of the head (the delta_rule_kernel layout, all
+// slabs of the head in one block), so that the gated RMSNorm over the head's columns ends the same block.
+// Gates, q/k l2-normalisation, one delta-rule step, the norm.
+constexpr int kDecodeMaxSlabs = kDeltaMaxDim / 32;
+__global__ __launch_bounds__(32 * kDeltaWarps * kDecodeMaxSlabs) void gdn_decode_delta_kernel(
+    const float* __restrict__ conv, int64_t C, int k_heads, int dk, int v_heads, int dv,
+    const float* __restrict__ b, const float* __restrict__ a, const float* __restrict__ a_log,
+    const float* __restrict__ dt_bias, float* const* __restrict__ states, const float* __restrict__ z,
+    const float* __restrict__ norm_w, float eps, float* __restrict__ out) {
+  pdl_begin();
+  __shared__ float ks[kDeltaMaxDim], qs[kDeltaMaxDim], scratch[32];
+  __shared__ float red_kv[kDeltaWarps * kDecodeMaxSlabs][32], red_o[kDeltaWarps * kDecodeMaxSlabs][32];
+  const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int slab = warp / kDeltaWarps, wr = warp % kDeltaWarps;
+  const int64_t i = blockIdx.y;
+  const int j = slab * 32 + lane;
+  const bool col = j < dv;
+  const int kh = h / (v_heads / k_heads);
+  const float* row = conv + i * C;
+  const float* q = row + int64_t(kh) * dk;
+  const float* k = row + int64_t(k_heads) * dk + int64_t(kh) * dk;
+  const float* v = row + 2 * int64_t(k_heads) * dk + int64_t(h) * dv;
+
+  const int t = threadIdx.x;
+  const float qv = t < dk ? q[t] : 0.0f, kv0 = t < dk ? k[t] : 0.0f;
+  const float sq = block_sum(qv * qv, scratch);
+  const float sk = block_sum(kv0 * kv0, scratch);
+  if (t < dk) {
+    qs[t] = qv * (1.0f / sqrtf(sq + 1e-6f)) * (1.0f / sqrtf(float(dk)));
+    ks[t] = kv0 * (1.0f / sqrtf(sk + 1e-6f));
+  }
+  const int64_t gi = i * v_heads + h;
+  const float beta = sigmoidf_(b[gi]);
+  const float xg = a[gi] + dt_bias[h];
+  const float softplus = xg > 20.0f ? xg : log1pf(expf(xg));
+  const float decay = expf(-expf(a_log[h]) * softplus);
+  const float vj = col ? v[j] : 0.0f;
+  float* S = states[i] + int64_t(h) * dk * dv;
+  float s[kDeltaRows];
+#pragma unroll
+  for (int m = 0; m < kDeltaRows; ++m) {
+    const int r = wr + kDeltaWarps * m;
+    s[m] = (col && r < dk) ? S[int64_t(r) * dv + j] : 0.0f;
+  }
+  __syncthreads();  // qs, ks
+  float part = 0.0f;
+#pragma unroll
+  for (int m = 0; m < kDeltaRows; ++m) {
+    const int r = wr + kDeltaWarps * m;
+    if (r < dk) {
+      s[m] *= decay;
+      part += s[m] * ks[r];
+    }
+  }
+  red_kv[warp][lane] = part;
+  __syncthreads();
+  float kv = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kDeltaWarps; ++w) kv += red_kv[slab * kDeltaWarps + w][lane];
+  const float delta = (vj - kv) * beta;
+  float o = 0.0f;
+#pragma unroll
+  for (int m = 0; m < kDeltaRows; ++m) {
+    const int r = wr + kDeltaWarps * m;
+    if (r < dk) {
+      s[m] += ks[r] * delta;
+      o += s[m] * qs[r];
+    }
+  }
+  red_o[warp][lane] = o;
+#pragma unroll
+  for (int m = 0; m < kDeltaRows; ++m) {
+    const int r = wr + kDeltaWarps * m;
+    if (col && r < dk) S[int64_t(r) * dv + j] = s[m];
+  }
+  __syncthreads();
+  float oj = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kDeltaWarps; ++w) oj += red_o[slab * kDeltaWarps + w][lane];
+  // Gated RMSNorm over the head's dv outputs (each counted once: by the slab's first warp).
+  const float ss = block_sum(wr == 0 && col ? oj * oj : 0.0f, scratch);
+  if (wr == 0 && col) {
+    const float scale = 1.0f / sqrtf(ss / float(dv) + eps);
+    const int64_t o_at = gi * dv + j;
+    out[o_at] = norm_w[j] * (oj * scale) * siluf_(z[o_at]);
+  }
+}
+
 }  // namespace
 
 void launch_gdn_gates(const float* b, const float* a, const float* a_log, const float* dt_bias, int64_t T,
                       int v_heads, float* beta, float* g, cudaStream_t s) {
   const int64_t n = T * v_heads;
   if (n == 0) return;
-  gdn_gates_kernel<<<blocks_for(n, 256), 256, 0, s>>>(b, a, a_log, dt_bias, n, v_heads, beta, g);
+  launch_k(gdn_gates_kernel, blocks_for(n, 256), 256, 0, s, b, a, a_log, dt_bias, n, v_heads, beta, g);
 }
 
 void launch_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel, float* state,
@@ -181,26 +294,45 @@ void launch_conv1d_silu(const float* x, int64_t T, int64_t channels, const float
   const unsigned token_blocks = unsigned((T + kConvTokens - 1) / kConvTokens);
   const dim3 grid(blocks_for(channels, 128), token_blocks);
   if (kernel == 4)
-    conv1d_silu_kernel<4><<<grid, 128, 0, s>>>(x, T, channels, w, kernel, state, out);
+    launch_k(conv1d_silu_kernel<4>, grid, 128, 0, s, x, T, channels, w, kernel, state, out);
   else
-    conv1d_silu_kernel<0><<<grid, 128, 0, s>>>(x, T, channels, w, kernel, state, out);
+    launch_k(conv1d_silu_kernel<0>, grid, 128, 0, s, x, T, channels, w, kernel, state, out);
   if (token_blocks > 1)
-    conv_state_kernel<<<blocks_for(channels, 128), 128, 0, s>>>(x, T, channels, kernel, state);
+    launch_k(conv_state_kernel, blocks_for(channels, 128), 128, 0, s, x, T, channels, kernel, state);
 }
 
 void launch_l2norm_qk(const float* q, const float* k, int64_t stride, int64_t T, int k_heads, int dim,
                       float q_scale, float* qn, float* kn, cudaStream_t s) {
   const int64_t rows = T * k_heads;
   if (rows == 0) return;
-  l2norm_qk_kernel<<<blocks_for(rows * 32, 256), 256, 0, s>>>(q, k, stride, T, k_heads, dim, q_scale, qn, kn);
+  launch_k(l2norm_qk_kernel, blocks_for(rows * 32, 256), 256, 0, s, q, k, stride, T, k_heads, dim, q_scale,
+           qn, kn);
 }
 
 void launch_delta_rule(const float* qn, const float* kn, int k_heads, int k_dim, const float* v,
                        int64_t v_stride, int v_heads, int v_dim, const float* g, const float* beta, int64_t T,
                        float* state, float* out, cudaStream_t s) {
   const dim3 grid(unsigned(v_heads), unsigned((v_dim + 31) / 32));
-  delta_rule_kernel<<<grid, 32 * kDeltaWarps, 0, s>>>(qn, kn, k_heads, k_dim, v, v_stride, v_heads, v_dim, g,
-                                                      beta, T, state, out);
+  launch_k(delta_rule_kernel, grid, 32 * kDeltaWarps, 0, s, qn, kn, k_heads, k_dim, v, v_stride, v_heads,
+           v_dim, g, beta, T, state, out);
+}
+
+bool gdn_decode_supported(int k_dim, int v_dim, int kernel) {
+  return k_dim <= kDeltaMaxDim && v_dim <= 32 * kDecodeMaxSlabs && kernel >= 1 && kernel <= kMaxKernel;
+}
+
+void launch_gdn_decode(const float* qkv, const float* z, const float* b, const float* a, int64_t n,
+                       int k_heads, int k_dim, int v_heads, int v_dim, const float* conv_w, int kernel,
+                       const float* a_log, const float* dt_bias, const float* norm_w, float eps,
+                       float* const* conv_states, float* const* states, float* conv, float* out,
+                       cudaStream_t s) {
+  if (n == 0) return;
+  const int64_t C = 2 * int64_t(k_heads) * k_dim + int64_t(v_heads) * v_dim;
+  launch_k(gdn_decode_conv_kernel, dim3(blocks_for(C, 128), unsigned(n)), 128, 0, s, qkv, C, conv_w, kernel,
+           conv_states, conv);
+  const int slabs = (v_dim + 31) / 32;
+  launch_k(gdn_decode_delta_kernel, dim3(unsigned(v_heads), unsigned(n)), 32 * kDeltaWarps * slabs, 0, s,
+           conv, C, k_heads, k_dim, v_heads, v_dim, b, a, a_log, dt_bias, states, z, norm_w, eps, out);
 }
 
 }  // namespace moeserve::cuda

@@ -12,13 +12,42 @@ constexpr int kGemvMaxTokens = 8;
 // Matrices with at most this many rows take one row per warp (more blocks for short, wide matrices).
 constexpr int64_t kGemvOneRowMax = 4096;
 
+// Up to kGemvMaxSegments matrices over the same activations, one launch: blockIdx.x ranges
+// [first_block[i], first_block[i+1]) compute y_i = x w_iᵀ.
+struct GemvSegments {
+  WeightView w[kGemvMaxSegments];
+  float* y[kGemvMaxSegments];
+  int first_block[kGemvMaxSegments + 1];
+  int count;
+};
+
+// Rows [row0, row0 + rows) of w into L2 ahead of pdl_wait (vector rows only: whole 16-byte units).
+template <WType T>
+__device__ __forceinline__ void prefetch_rows(const WeightView& w, int64_t row0, int64_t rows) {
+  rows = imin(rows, w.rows - row0);
+  if (rows > 0)
+    prefetch_l2(static_cast<const uint8_t*>(w.data) + row0 * w.cols * W<T>::kBytes,
+                uint32_t(rows * w.cols * W<T>::kBytes));
+}
+
 // y[t][r] = x[t] · w[r]. Block = kGemvWarps warps, each owning kGemvRowsPerWarp rows; blockIdx.y picks a
 // group of kTokens tokens.
 template <WType T, int kTokens, bool kVector, int kGemvRowsPerWarp>
 __global__ __launch_bounds__(kGemvWarps * 32) void gemv_kernel(const float* __restrict__ x, int64_t n,
-                                                               WeightView w, float* __restrict__ y) {
+                                                               GemvSegments segs) {
+  int seg = 0;
+  while (seg + 1 < segs.count && int(blockIdx.x) >= segs.first_block[seg + 1]) ++seg;
+  WeightView w = segs.w[0];
+  float* y = segs.y[0];
+#pragma unroll
+  for (int i = 1; i < kGemvMaxSegments; ++i)
+    if (seg == i) w = segs.w[i], y = segs.y[i];
+  const int64_t block_row0 = int64_t(int(blockIdx.x) - segs.first_block[seg]) * kGemvWarps * kGemvRowsPerWarp;
+  if constexpr (kVector)
+    if (threadIdx.x == 0 && blockIdx.y == 0) prefetch_rows<T>(w, block_row0, kGemvWarps * kGemvRowsPerWarp);
+  pdl_begin();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row0 = (int64_t(blockIdx.x) * kGemvWarps + warp) * kGemvRowsPerWarp;
+  const int64_t row0 = block_row0 + warp * kGemvRowsPerWarp;
   const int64_t t0 = int64_t(blockIdx.y) * kTokens;
   if (row0 >= w.rows) return;
   const int nt = int(n - t0 < kTokens ? n - t0 : kTokens);
@@ -40,8 +69,15 @@ template <WType T, int kTokens, bool kVector, int kGemvRowsPerWarp>
 __global__ __launch_bounds__(kGemvWarps * 32) void gemv_swiglu_kernel(const float* __restrict__ x, int64_t n,
                                                                       WeightView gate, WeightView up,
                                                                       float* __restrict__ h) {
+  const int64_t block_row0 = int64_t(blockIdx.x) * kGemvWarps * kGemvRowsPerWarp;
+  if constexpr (kVector)
+    if (threadIdx.x == 0 && blockIdx.y == 0) {
+      prefetch_rows<T>(gate, block_row0, kGemvWarps * kGemvRowsPerWarp);
+      prefetch_rows<T>(up, block_row0, kGemvWarps * kGemvRowsPerWarp);
+    }
+  pdl_begin();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row0 = (int64_t(blockIdx.x) * kGemvWarps + warp) * kGemvRowsPerWarp;
+  const int64_t row0 = block_row0 + warp * kGemvRowsPerWarp;
   const int64_t t0 = int64_t(blockIdx.y) * kTokens;
   if (row0 >= gate.rows) return;
   const int nt = int(n - t0 < kTokens ? n - t0 : kTokens);
@@ -62,44 +98,65 @@ __global__ __launch_bounds__(kGemvWarps * 32) void gemv_swiglu_kernel(const floa
 }
 
 template <WType T, int kTokens, int kRows>
-void gemv_launch(const float* x, int64_t n, const WeightView& w, const WeightView* up, float* y,
-                 cudaStream_t s) {
+void swiglu_launch(const float* x, int64_t n, const WeightView& w, const WeightView& up, float* y,
+                   cudaStream_t s) {
   const dim3 grid(blocks_for(w.rows, kGemvWarps * kRows), unsigned((n + kTokens - 1) / kTokens));
-  const bool vec =
-      vector_rows<T>(w) && (!up || vector_rows<T>(*up)) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (vector_rows<T>(w) && vector_rows<T>(up) && reinterpret_cast<uintptr_t>(x) % 16 == 0)
+    launch_k(gemv_swiglu_kernel<T, kTokens, true, kRows>, grid, kGemvWarps * 32, 0, s, x, n, w, up, y);
+  else
+    launch_k(gemv_swiglu_kernel<T, kTokens, false, kRows>, grid, kGemvWarps * 32, 0, s, x, n, w, up, y);
+}
+
+template <WType T, int kTokens, int kRows>
+void segments_launch(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
+                     cudaStream_t s) {
+  GemvSegments segs{};
+  segs.count = count;
+  bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  int blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    segs.w[i] = ws[i], segs.y[i] = ys[i], segs.first_block[i] = blocks;
+    blocks += int(blocks_for(ws[i].rows, kGemvWarps * kRows));
+    vec = vec && vector_rows<T>(ws[i]);
+  }
+  segs.first_block[count] = blocks;
+  const dim3 grid(unsigned(blocks), unsigned((n + kTokens - 1) / kTokens));
+  if (vec)
+    launch_k(gemv_kernel<T, kTokens, true, kRows>, grid, kGemvWarps * 32, 0, s, x, n, segs);
+  else
+    launch_k(gemv_kernel<T, kTokens, false, kRows>, grid, kGemvWarps * 32, 0, s, x, n, segs);
+}
+
+// up == nullptr: the `count` matrices of ws as segments; else SwiGLU of ws[0] (gate) and *up.
+template <WType T, int kTokens>
+void gemv_dispatch(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
+                   const WeightView* up, cudaStream_t s) {
+  int64_t rows = 0;
+  for (int i = 0; i < count; ++i) rows = std::max(rows, ws[i].rows);
   if (up) {
-    if (vec)
-      gemv_swiglu_kernel<T, kTokens, true, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, *up, y);
+    if (rows <= kGemvOneRowMax)
+      swiglu_launch<T, kTokens, 1>(x, n, ws[0], *up, ys[0], s);
     else
-      gemv_swiglu_kernel<T, kTokens, false, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, *up, y);
+      swiglu_launch<T, kTokens, 2>(x, n, ws[0], *up, ys[0], s);
   } else {
-    if (vec)
-      gemv_kernel<T, kTokens, true, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, y);
+    if (rows <= kGemvOneRowMax)
+      segments_launch<T, kTokens, 1>(x, n, ws, ys, count, s);
     else
-      gemv_kernel<T, kTokens, false, kRows><<<grid, kGemvWarps * 32, 0, s>>>(x, n, w, y);
+      segments_launch<T, kTokens, 2>(x, n, ws, ys, count, s);
   }
 }
 
-template <WType T, int kTokens>
-void gemv_dispatch(const float* x, int64_t n, const WeightView& w, const WeightView* up, float* y,
-                   cudaStream_t s) {
-  if (w.rows <= kGemvOneRowMax)
-    gemv_launch<T, kTokens, 1>(x, n, w, up, y, s);
-  else
-    gemv_launch<T, kTokens, 2>(x, n, w, up, y, s);
-}
-
 template <WType T>
-void gemv_tokens(const float* x, int64_t n, const WeightView& w, const WeightView* up, float* y,
-                 cudaStream_t s) {
+void gemv_tokens(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
+                 const WeightView* up, cudaStream_t s) {
   if (n == 1)
-    gemv_dispatch<T, 1>(x, n, w, up, y, s);
+    gemv_dispatch<T, 1>(x, n, ws, ys, count, up, s);
   else if (n == 2)
-    gemv_dispatch<T, 2>(x, n, w, up, y, s);
+    gemv_dispatch<T, 2>(x, n, ws, ys, count, up, s);
   else if (n <= 4)
-    gemv_dispatch<T, 4>(x, n, w, up, y, s);
+    gemv_dispatch<T, 4>(x, n, ws, ys, count, up, s);
   else
-    gemv_dispatch<T, kGemvMaxTokens>(x, n, w, up, y, s);
+    gemv_dispatch<T, kGemvMaxTokens>(x, n, ws, ys, count, up, s);
 }
 
 // Tiled SIMT GEMM: 64 tokens × 64 weight rows per block, 16×16 threads of 4×4 outputs, k-steps of 16.
@@ -108,6 +165,7 @@ constexpr int kTile = 64, kStep = 16;
 template <WType T>
 __global__ __launch_bounds__(256) void gemm_simt_kernel(const float* __restrict__ x, int64_t n, WeightView w,
                                                         float* __restrict__ y) {
+  pdl_begin();
   __shared__ float xs[kStep][kTile + 4];
   __shared__ float ws[kStep][kTile + 4];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -147,19 +205,25 @@ __global__ __launch_bounds__(256) void gemm_simt_kernel(const float* __restrict_
 
 void launch_gemv(const float* x, int64_t n, const WeightView& w, float* y, cudaStream_t s) {
   if (n == 0 || w.rows == 0) return;
-  MOESERVE_DISPATCH_WTYPE(w.type, T, gemv_tokens<T>(x, n, w, nullptr, y, s));
+  MOESERVE_DISPATCH_WTYPE(w.type, T, gemv_tokens<T>(x, n, &w, &y, 1, nullptr, s));
+}
+
+void launch_gemv_multi(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
+                       cudaStream_t s) {
+  if (n == 0 || count == 0) return;
+  MOESERVE_DISPATCH_WTYPE(ws[0].type, T, gemv_tokens<T>(x, n, ws, ys, count, nullptr, s));
 }
 
 void launch_gemv_swiglu(const float* x, int64_t n, const WeightView& gate, const WeightView& up, float* h,
                         cudaStream_t s) {
   if (n == 0 || gate.rows == 0) return;
-  MOESERVE_DISPATCH_WTYPE(gate.type, T, gemv_tokens<T>(x, n, gate, &up, h, s));
+  MOESERVE_DISPATCH_WTYPE(gate.type, T, gemv_tokens<T>(x, n, &gate, &h, 1, &up, s));
 }
 
 void launch_gemm_simt(const float* x, int64_t n, const WeightView& w, float* y, cudaStream_t s) {
   if (n == 0 || w.rows == 0) return;
   const dim3 grid(blocks_for(w.rows, kTile), blocks_for(n, kTile));
-  MOESERVE_DISPATCH_WTYPE(w.type, T, gemm_simt_kernel<T><<<grid, 256, 0, s>>>(x, n, w, y));
+  MOESERVE_DISPATCH_WTYPE(w.type, T, launch_k(gemm_simt_kernel<T>, grid, 256, 0, s, x, n, w, y));
 }
 
 }  // namespace moeserve::cuda

@@ -27,7 +27,7 @@ __device__ __forceinline__ void gemv_lane(const float* const (&x)[kTokens], int 
   if constexpr (kVector) {
     constexpr int V = W<T>::kVec;
     const int64_t chunks = K / V;
-#pragma unroll 2
+#pragma unroll 4
     for (int64_t c = lane; c < chunks; c += 32) {
       float wv[kRows][V];
 #pragma unroll

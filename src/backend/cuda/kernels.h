@@ -58,9 +58,24 @@ void launch_delta_rule(const float* qn, const float* kn, int k_heads, int k_dim,
                        int64_t v_stride, int v_heads, int v_dim, const float* g, const float* beta, int64_t T,
                        float* state, float* out, cudaStream_t s);
 
+// Batched decode (n sequences of one token): causal conv + SiLU of qkv [n][C] over conv_states[i] (advanced)
+// into conv [n][C]; then per (value head, sequence) the gates from b/a [n][v_heads], q/k l2-normalisation,
+// one delta-rule step over states[i] and the gated RMSNorm with z into out [n][v_heads*v_dim]. The state
+// pointer arrays are device arrays of device pointers.
+bool gdn_decode_supported(int k_dim, int v_dim, int kernel);
+void launch_gdn_decode(const float* qkv, const float* z, const float* b, const float* a, int64_t n,
+                       int k_heads, int k_dim, int v_heads, int v_dim, const float* conv_w, int kernel,
+                       const float* a_log, const float* dt_bias, const float* norm_w, float eps,
+                       float* const* conv_states, float* const* states, float* conv, float* out,
+                       cudaStream_t s);
+
 // ---- matmul (gemm.cu) ------------------------------------------------------------------------------------
 // Small batches (n ≤ 8 per pass): weight-streaming GEMV with float32 activations.
 void launch_gemv(const float* x, int64_t n, const WeightView& w, float* y, cudaStream_t s);
+// ys[i] = x ws[i]ᵀ for count ≤ kGemvMaxSegments matrices of one dtype, in one launch.
+constexpr int kGemvMaxSegments = 4;
+void launch_gemv_multi(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
+                       cudaStream_t s);
 // h = silu(x gateᵀ) * (x upᵀ) for small batches, one pass over both matrices.
 void launch_gemv_swiglu(const float* x, int64_t n, const WeightView& gate, const WeightView& up, float* h,
                         cudaStream_t s);
@@ -87,11 +102,25 @@ struct AttentionArgs {
   float* part_out = nullptr;
   float* part_m = nullptr;
   float* part_l = nullptr;
+  // Batched decode: T sequences of one token each; start_pos holds T positions and pages T tables of
+  // pages_stride entries. k_new == nullptr: the new rows are in the cache already (attention_decode_prep).
+  bool batch = false;
+  int64_t pages_stride = 0;
 };
 bool attention_head_dim_supported(int head_dim);
 // Splits of the key range for a call (static per shape, so that recorded steps stay valid).
 int attention_splits(int64_t T, int heads, int kv_heads, int64_t capacity);
+int attention_decode_splits(int64_t n, int heads, int kv_heads, int64_t capacity);
 void launch_attention(const AttentionArgs& a, cudaStream_t s);
+// Batched decode prologue for n sequences of one token: q heads (every 2*head_dim floats of qg)
+// RMS-normalised (zero-centred q_norm) and RoPE'd into q [n][heads][head_dim]; k [n][kv_heads][head_dim]
+// likewise in place (k_norm), then written with v into the cache at positions[i] of page table i (pages
+// [n][pages_stride]).
+void launch_attention_decode_prep(const float* qg, float* q, float* k, const float* v, int64_t n, int heads,
+                                  int kv_heads, int head_dim, const float* q_norm, const float* k_norm,
+                                  float eps, int rotary_dim, const float* inv_freq, const int64_t* positions,
+                                  const int32_t* pages, int64_t pages_stride, int page_size, float* k_cache,
+                                  float* v_cache, cudaStream_t s);
 
 // ---- mixture of experts (moe.cu) -------------------------------------------------------------------------
 // Device tables of per-expert weights (uniform dtype and shape).
@@ -124,6 +153,18 @@ constexpr int kMoeMmaTile = 64;  // tokens per work item, tensor-core path
 int moe_tile(int64_t n, int top_k, int experts, bool tensor_cores);
 int64_t moe_max_items(int64_t pairs, int experts, int tile);
 bool moe_mma_supported(const ExpertTable& t);
+// Decode-sized batches (n ≤ 8): routing, every pair's gate/up and the shared expert's in one launch, then
+// the down projections, the weighted combine (ascending expert id) and the shared expert's sigmoid-gated
+// output in another. No shared expert: down.data == nullptr.
+struct MoeDecodeShared {
+  WeightView gate, up, down;
+  const float* gate_logit = nullptr;  // [n] shared-expert gate logits
+  float* h = nullptr;                 // [n][gate.rows] scratch
+};
+bool moe_decode_supported(const ExpertTable& t, int top_k, const MoeDecodeShared& shared);
+void launch_moe_decode(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize,
+                       const float* x, int64_t n, const MoeDecodeShared& shared, const MoeScratch& s,
+                       float* out, cudaStream_t stream);
 void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize, const float* x,
                 int64_t n, bool tensor_cores, const MoeScratch& s, float* out, cudaStream_t stream);
 

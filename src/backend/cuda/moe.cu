@@ -62,6 +62,7 @@ __device__ __forceinline__ void route_token(const float* __restrict__ logits, in
 
 __global__ void moe_route_kernel(const float* __restrict__ logits, int64_t n, int E, int k, bool renormalize,
                                  int32_t* __restrict__ ids, float* __restrict__ weights) {
+  pdl_begin();
   const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
   if (row < n) route_token(logits, row, E, k, renormalize, ids, weights);
 }
@@ -111,6 +112,7 @@ __device__ __forceinline__ void plan_block(const int32_t* __restrict__ ids, int6
 __global__ void moe_plan_kernel(const int32_t* __restrict__ ids, int64_t P, int E, int tile,
                                 int32_t* __restrict__ sorted, int32_t* __restrict__ pair_row,
                                 int32_t* __restrict__ items, int32_t* __restrict__ num_items) {
+  pdl_begin();
   plan_block(ids, P, E, tile, sorted, pair_row, items, num_items);
 }
 
@@ -121,6 +123,7 @@ __global__ void moe_route_plan_kernel(const float* __restrict__ logits, int64_t 
                                       float* __restrict__ weights, int32_t* __restrict__ sorted,
                                       int32_t* __restrict__ pair_row, int32_t* __restrict__ items,
                                       int32_t* __restrict__ num_items) {
+  pdl_begin();
   for (int64_t row = threadIdx.x >> 5; row < n; row += blockDim.x >> 5)
     route_token(logits, row, E, k, renormalize, ids, weights);
   __syncthreads();  // the block's global writes of ids are visible to all of it
@@ -147,6 +150,7 @@ template <WType T, bool kVector, int kTile>
 __global__ __launch_bounds__(kSimtWarps * 32) void moe_gate_up_simt(
     ExpertTable t, const float* __restrict__ x, int top_k, const int32_t* __restrict__ sorted,
     const int32_t* __restrict__ items, const int32_t* __restrict__ num_items, float* __restrict__ h) {
+  pdl_begin();
   if (int(blockIdx.y) >= *num_items) return;
   const int32_t* it = items + 3 * blockIdx.y;
   const int e = it[0], first = it[1], count = it[2];
@@ -178,6 +182,7 @@ __global__ __launch_bounds__(kSimtWarps * 32) void moe_down_simt(ExpertTable t, 
                                                                  const int32_t* __restrict__ items,
                                                                  const int32_t* __restrict__ num_items,
                                                                  float* __restrict__ y) {
+  pdl_begin();
   if (int(blockIdx.y) >= *num_items) return;
   const int32_t* it = items + 3 * blockIdx.y;
   const int e = it[0], first = it[1], count = it[2];
@@ -205,6 +210,7 @@ constexpr int kMmaN = 64, kMmaK = 32, kMmaLd = kMmaK + 8, kMmaThreads = 128, kCL
 
 __global__ void moe_gather_bf16(const float* __restrict__ x, int64_t P, int64_t H, int top_k,
                                 const int32_t* __restrict__ sorted, __nv_bfloat16* __restrict__ xb) {
+  pdl_begin();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= P * H) return;
   const int64_t row = i / H, c = i % H;
@@ -240,6 +246,7 @@ __global__ __launch_bounds__(kMmaThreads) void moe_mma_kernel(ExpertTable t,
                                                               const int32_t* __restrict__ items,
                                                               const int32_t* __restrict__ num_items,
                                                               void* __restrict__ out) {
+  pdl_begin();
   constexpr int NB = kGateUp ? 2 : 1;
   __shared__ __align__(32) __nv_bfloat16 As[kMoeMmaTile][kMmaLd];
   __shared__ __align__(32) __nv_bfloat16 Bs[NB][kMmaN][kMmaLd];
@@ -330,6 +337,7 @@ __global__ __launch_bounds__(kMmaThreads) void moe_mma_kernel(ExpertTable t,
 __global__ void moe_combine_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights,
                                    const int32_t* __restrict__ pair_row, int k, const float* __restrict__ y,
                                    int64_t H, float* __restrict__ out) {
+  pdl_begin();
   __shared__ int32_t s_row[kMaxTopK];
   __shared__ float s_w[kMaxTopK];
   const int64_t t = blockIdx.x;
@@ -357,14 +365,14 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
   const int64_t P = n * top_k;
   if (tensor_cores) {
     if constexpr (T == WType::BF16 || T == WType::FP8) {
-      moe_gather_bf16<<<blocks_for(P * t.hidden, 256), 256, 0, stream>>>(
-          x, P, t.hidden, top_k, s.sorted, reinterpret_cast<__nv_bfloat16*>(s.xb));
+      launch_k(moe_gather_bf16, blocks_for(P * t.hidden, 256), 256, 0, stream, x, P, t.hidden, top_k,
+               s.sorted, reinterpret_cast<__nv_bfloat16*>(s.xb));
       const dim3 g1(blocks_for(t.inter, kMmaN), unsigned(max_items)),
           g2(blocks_for(t.hidden, kMmaN), unsigned(max_items));
-      moe_mma_kernel<T, true><<<g1, kMmaThreads, 0, stream>>>(t, reinterpret_cast<const __nv_bfloat16*>(s.xb),
-                                                              s.items, s.num_items, s.h);
-      moe_mma_kernel<T, false><<<g2, kMmaThreads, 0, stream>>>(t, static_cast<const __nv_bfloat16*>(s.h),
-                                                               s.items, s.num_items, s.y);
+      launch_k(moe_mma_kernel<T, true>, g1, kMmaThreads, 0, stream, t,
+               reinterpret_cast<const __nv_bfloat16*>(s.xb), s.items, s.num_items, s.h);
+      launch_k(moe_mma_kernel<T, false>, g2, kMmaThreads, 0, stream, t,
+               static_cast<const __nv_bfloat16*>(s.h), s.items, s.num_items, s.y);
     }
     return;
   }
@@ -377,9 +385,9 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
   auto launch = [&](auto vector, auto rows) {
     constexpr bool V = decltype(vector)::value;
     constexpr int Tile = decltype(rows)::value;
-    moe_gate_up_simt<T, V, Tile>
-        <<<g1, kSimtWarps * 32, 0, stream>>>(t, x, top_k, s.sorted, s.items, s.num_items, h);
-    moe_down_simt<T, V, Tile><<<g2, kSimtWarps * 32, 0, stream>>>(t, h, s.items, s.num_items, s.y);
+    launch_k(moe_gate_up_simt<T, V, Tile>, g1, kSimtWarps * 32, 0, stream, t, x, top_k, s.sorted, s.items,
+             s.num_items, h);
+    launch_k(moe_down_simt<T, V, Tile>, g2, kSimtWarps * 32, 0, stream, t, h, s.items, s.num_items, s.y);
   };
   using One = std::integral_constant<int, 1>;
   using Full = std::integral_constant<int, kMoeSimtTile>;
@@ -394,6 +402,163 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
     else
       launch(std::false_type{}, Full{});
   }
+}
+
+// ---- decode path (few tokens): no grouping, the shared expert and the combine fused
+// ------------------------ gate/up: blockIdx.y = pair p < P (expert ids[p], token p / top_k) or P + t (token
+// t's shared expert); one warp per row, h rows per pair (routed) and hs rows per token (shared).
+constexpr int kDecodeWarps = 8;
+
+template <WType T>
+__device__ __forceinline__ float dot_vec(const uint8_t* wrow, const WeightView& w, int64_t row, int64_t c,
+                                         const float* __restrict__ x) {
+  constexpr int V = W<T>::kVec;
+  float wv[V];
+  W<T>::load_vec(wrow + c * V * W<T>::kBytes, wv);
+  const float4* xp = reinterpret_cast<const float4*>(x + c * V);
+  float acc = 0.0f;
+#pragma unroll
+  for (int e = 0; e < V / 4; ++e) {
+    const float4 f = __ldg(xp + e);
+    acc = fmaf(wv[4 * e], f.x, acc);
+    acc = fmaf(wv[4 * e + 1], f.y, acc);
+    acc = fmaf(wv[4 * e + 2], f.z, acc);
+    acc = fmaf(wv[4 * e + 3], f.w, acc);
+  }
+  if constexpr (T == WType::FP8)
+    acc *= w.scale_inv[(row / w.block_rows) * w.scale_cols + (c * V) / w.block_cols];
+  return acc;
+}
+
+template <WType T>
+__global__ __launch_bounds__(kDecodeWarps *
+                             32) void moe_decode_gate_up(ExpertTable t, WeightView sg, WeightView su,
+                                                         const float* __restrict__ x, int top_k, int64_t P,
+                                                         const int32_t* __restrict__ ids,
+                                                         float* __restrict__ h, float* __restrict__ hs) {
+  const bool shared = int64_t(blockIdx.y) >= P;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kDecodeWarps + warp;
+  if (shared && threadIdx.x == 0 && int64_t(blockIdx.y) == P) {  // weights known before the routing is
+    const int64_t r0 = int64_t(blockIdx.x) * kDecodeWarps, rows = imin<int64_t>(kDecodeWarps, sg.rows - r0);
+    if (rows > 0) {
+      const uint32_t bytes = uint32_t(rows * sg.cols * W<T>::kBytes);
+      prefetch_l2(static_cast<const uint8_t*>(sg.data) + r0 * sg.cols * W<T>::kBytes, bytes);
+      prefetch_l2(static_cast<const uint8_t*>(su.data) + r0 * su.cols * W<T>::kBytes, bytes);
+    }
+  }
+  pdl_begin();
+  WeightView g, u;
+  const float* xr;
+  float* out;
+  if (!shared) {
+    const int64_t p = blockIdx.y;
+    const int e = ids[p];
+    g = expert_view(t, t.gate, t.gate_scale, e, t.inter, t.hidden);
+    u = expert_view(t, t.up, t.up_scale, e, t.inter, t.hidden);
+    xr = x + (p / top_k) * t.hidden;
+    out = h + p * t.inter;
+  } else {
+    const int64_t tok = int64_t(blockIdx.y) - P;
+    g = sg, u = su;
+    xr = x + tok * t.hidden;
+    out = hs + tok * sg.rows;
+  }
+  if (row >= g.rows) return;
+  const auto* gp = static_cast<const uint8_t*>(g.data) + row * g.cols * W<T>::kBytes;
+  const auto* up = static_cast<const uint8_t*>(u.data) + row * u.cols * W<T>::kBytes;
+  const int64_t chunks = g.cols / W<T>::kVec;
+  float ag = 0.0f, au = 0.0f;
+#pragma unroll 4
+  for (int64_t c = lane; c < chunks; c += 32) {
+    ag += dot_vec<T>(gp, g, row, c, xr);
+    au += dot_vec<T>(up, u, row, c, xr);
+  }
+  ag = warp_sum(ag), au = warp_sum(au);
+  if (lane == 0) out[row] = siluf_(ag) * au;
+}
+
+// out[t][r] = Σ_j w_j (h_j · down_{e_j}[r]) over token t's pairs + sigmoid(gate_logit[t]) (hs_t · sd[r]);
+// kDownWarpsPerRow warps per output row, the (pair, column chunk) units spread over their lanes (more loads
+// in flight than one warp per row), partial sums added in warp order.
+constexpr int kDownWarpsPerRow = 4, kDownRows = kDecodeWarps / kDownWarpsPerRow;
+
+template <WType T>
+__global__ __launch_bounds__(kDecodeWarps * 32) void moe_decode_down(
+    ExpertTable t, WeightView sd, const float* __restrict__ gate_logit, int top_k,
+    const int32_t* __restrict__ ids, const float* __restrict__ weights, const float* __restrict__ h,
+    const float* __restrict__ hs, float* __restrict__ out) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t r0 = int64_t(blockIdx.x) * kDownRows;
+  const int64_t r = r0 + warp / kDownWarpsPerRow;
+  const int part = warp % kDownWarpsPerRow;
+  if (sd.data && threadIdx.x == 0 && blockIdx.y == 0) {
+    const int64_t rows = imin<int64_t>(kDownRows, sd.rows - r0);
+    if (rows > 0)
+      prefetch_l2(static_cast<const uint8_t*>(sd.data) + r0 * sd.cols * W<T>::kBytes,
+                  uint32_t(rows * sd.cols * W<T>::kBytes));
+  }
+  pdl_begin();
+  __shared__ const uint8_t* s_w[kMaxTopK];
+  __shared__ const float* s_scale[kMaxTopK];
+  __shared__ float s_weight[kMaxTopK];
+  __shared__ int32_t s_pair[kMaxTopK];
+  __shared__ float s_part[kDecodeWarps];
+  const int64_t tok = blockIdx.y;
+  if (threadIdx.x < top_k) {  // this pair's rank among the token's experts in ascending id
+    const int j = threadIdx.x;
+    const int e = ids[tok * top_k + j];
+    int rank = 0;
+    for (int i = 0; i < top_k; ++i) rank += ids[tok * top_k + i] < e;
+    s_w[rank] = static_cast<const uint8_t*>(t.down[e]);
+    s_scale[rank] = t.down_scale ? t.down_scale[e] : nullptr;
+    s_weight[rank] = weights[tok * top_k + j];
+    s_pair[rank] = int32_t(tok * top_k + j);
+  }
+  __syncthreads();
+  constexpr int V = W<T>::kVec;
+  constexpr int kStride = 32 * kDownWarpsPerRow;
+  float acc = 0.0f;
+  if (r < t.hidden) {
+    const int64_t chunks = t.inter / V, units = top_k * chunks;
+    WeightView d;
+    d.rows = t.hidden, d.cols = t.inter, d.block_rows = t.block_rows, d.block_cols = t.block_cols;
+    d.scale_cols = t.block_cols ? (t.inter + t.block_cols - 1) / t.block_cols : 0;
+#pragma unroll 4
+    for (int64_t u = part * 32 + lane; u < units; u += kStride) {
+      const int j = int(u / chunks);
+      const int64_t c = u - j * chunks;
+      d.scale_inv = s_scale[j];
+      acc = fmaf(s_weight[j],
+                 dot_vec<T>(s_w[j] + r * t.inter * W<T>::kBytes, d, r, c, h + int64_t(s_pair[j]) * t.inter),
+                 acc);
+    }
+    if (sd.data) {
+      const float gs = sigmoidf_(gate_logit[tok]);
+      const auto* wrow = static_cast<const uint8_t*>(sd.data) + r * sd.cols * W<T>::kBytes;
+      const float* hr = hs + tok * sd.cols;
+      float a = 0.0f;
+#pragma unroll 4
+      for (int64_t c = part * 32 + lane; c < sd.cols / V; c += kStride) a += dot_vec<T>(wrow, sd, r, c, hr);
+      acc = fmaf(gs, a, acc);
+    }
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) s_part[warp] = acc;
+  __syncthreads();
+  if (part == 0 && lane == 0 && r < t.hidden) {
+    float total = 0.0f;
+    for (int p = 0; p < kDownWarpsPerRow; ++p) total += s_part[warp + p];
+    out[tok * t.hidden + r] = total;
+  }
+}
+
+template <WType T>
+bool decode_vectors(const ExpertTable& t, const MoeDecodeShared& sh) {
+  constexpr int V = W<T>::kVec;
+  bool ok = t.hidden % V == 0 && t.inter % V == 0 && (T != WType::FP8 || t.block_cols % V == 0);
+  if (sh.down.data) ok = ok && vector_rows<T>(sh.gate) && vector_rows<T>(sh.up) && vector_rows<T>(sh.down);
+  return ok;
 }
 
 }  // namespace
@@ -420,20 +585,54 @@ void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, boo
   const int64_t P = n * top_k;
   const int tile = moe_tile(n, top_k, t.experts, tensor_cores);
   if (n <= kFusedRouteMaxTokens) {
-    moe_route_plan_kernel<<<1, 1024, 0, stream>>>(router_logits, n, t.experts, top_k, renormalize, tile,
-                                                  s.ids, s.weights, s.sorted, s.pair_row, s.items,
-                                                  s.num_items);
+    launch_k(moe_route_plan_kernel, 1, 1024, 0, stream, router_logits, n, t.experts, top_k, renormalize, tile,
+             s.ids, s.weights, s.sorted, s.pair_row, s.items, s.num_items);
   } else {
-    moe_route_kernel<<<blocks_for(n * 32, 256), 256, 0, stream>>>(router_logits, n, t.experts, top_k,
-                                                                  renormalize, s.ids, s.weights);
-    moe_plan_kernel<<<1, 1024, 0, stream>>>(s.ids, P, t.experts, tile, s.sorted, s.pair_row, s.items,
-                                            s.num_items);
+    launch_k(moe_route_kernel, blocks_for(n * 32, 256), 256, 0, stream, router_logits, n, t.experts, top_k,
+             renormalize, s.ids, s.weights);
+    launch_k(moe_plan_kernel, 1, 1024, 0, stream, s.ids, P, t.experts, tile, s.sorted, s.pair_row, s.items,
+             s.num_items);
   }
   const int64_t max_items = moe_max_items(P, t.experts, tile);
   MOESERVE_DISPATCH_WTYPE(t.type, T,
                           run_experts<T>(t, x, n, top_k, tensor_cores, tile, max_items, s, stream));
-  moe_combine_kernel<<<unsigned(n), 256, 0, stream>>>(s.ids, s.weights, s.pair_row, top_k, s.y, t.hidden,
-                                                      out);
+  launch_k(moe_combine_kernel, unsigned(n), 256, 0, stream, s.ids, s.weights, s.pair_row, top_k, s.y,
+           t.hidden, out);
+}
+
+}  // namespace moeserve::cuda
+
+namespace moeserve::cuda {
+
+bool moe_decode_supported(const ExpertTable& t, int top_k, const MoeDecodeShared& sh) {
+  if (top_k > kMaxTopK || t.type == WType::F32) return false;
+  if (sh.down.data &&
+      (sh.gate.type != t.type || sh.up.type != t.type || sh.down.type != t.type || sh.gate.cols != t.hidden ||
+       sh.down.rows != t.hidden || sh.up.rows != sh.gate.rows || sh.down.cols != sh.gate.rows))
+    return false;
+  bool ok = false;
+  MOESERVE_DISPATCH_WTYPE(t.type, T, ok = decode_vectors<T>(t, sh));
+  return ok;
+}
+
+void launch_moe_decode(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize,
+                       const float* x, int64_t n, const MoeDecodeShared& sh, const MoeScratch& s, float* out,
+                       cudaStream_t stream) {
+  if (n == 0) return;
+  const int64_t P = n * top_k;
+  launch_k(moe_route_kernel, blocks_for(n * 32, 256), 256, 0, stream, router_logits, n, t.experts, top_k,
+           renormalize, s.ids, s.weights);
+  const bool shared = sh.down.data != nullptr;
+  const int64_t rows = std::max<int64_t>(t.inter, shared ? sh.gate.rows : 0);
+  const dim3 g1(blocks_for(rows, kDecodeWarps), unsigned(P + (shared ? n : 0)));
+  const dim3 g2(blocks_for(t.hidden, kDownRows), unsigned(n));
+  float* h = static_cast<float*>(s.h);
+  MOESERVE_DISPATCH_WTYPE(t.type, T, {
+    launch_k(moe_decode_gate_up<T>, g1, kDecodeWarps * 32, 0, stream, t, sh.gate, sh.up, x, top_k, P, s.ids,
+             h, sh.h);
+    launch_k(moe_decode_down<T>, g2, kDecodeWarps * 32, 0, stream, t, sh.down, sh.gate_logit, top_k, s.ids,
+             s.weights, h, sh.h, out);
+  });
 }
 
 }  // namespace moeserve::cuda

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <deque>
 #include <numeric>
 
 #include "backend/cuda/cuda_backend.h"
@@ -214,6 +216,60 @@ TEST_F(CudaOps, GatedDeltaRuleMatchesCpuAcrossChunks) {
   }
 }
 
+TEST_F(CudaOps, GdnDecodeMatchesComposedOpsOverSteps) {
+  std::deque<std::vector<float>> keep;  // weight vectors outlive the backend's copies of them
+  for (DeltaRuleShape s :
+       {DeltaRuleShape{2, 4, 16, 16}, DeltaRuleShape{16, 32, 128, 128}, DeltaRuleShape{2, 4, 64, 96}}) {
+    const int K = 4;
+    const int64_t key_dim = int64_t(s.k_heads) * s.k_dim, value_dim = int64_t(s.v_heads) * s.v_dim;
+    const int64_t C = 2 * key_dim + value_dim;
+    const size_t conv_n = size_t(C * (K - 1)), rec_n = size_t(s.v_heads) * s.k_dim * s.v_dim;
+    auto& conv_w = keep.emplace_back(random_vector(size_t(C * K), 50));
+    auto& a_log = keep.emplace_back(random_vector(size_t(s.v_heads), 51, 0.5f));
+    auto& dt_bias = keep.emplace_back(random_vector(size_t(s.v_heads), 52));
+    auto& norm_w = keep.emplace_back(random_vector(size_t(s.v_dim), 53, 0.1f));
+    const int64_t n = 3;
+    // Sequence i lives in slot order[i] of the GPU's state arrays (not the batch order).
+    const std::vector<int> order = {2, 0, 1};
+    std::vector<std::vector<float>> cpu_conv, cpu_rec;
+    float* gconv = gpu->cache_memory()->allocate_cache(conv_n * n);
+    float* grec = gpu->cache_memory()->allocate_cache(rec_n * n);
+    for (int64_t i = 0; i < n; ++i) {
+      cpu_conv.push_back(random_vector(conv_n, uint32_t(54 + i), 0.5f));
+      cpu_rec.push_back(random_vector(rec_n, uint32_t(57 + i), 0.1f));
+      gpu->upload(cpu_conv.back().data(), gconv + order[size_t(i)] * conv_n, conv_n);
+      gpu->upload(cpu_rec.back().data(), grec + order[size_t(i)] * rec_n, rec_n);
+    }
+    uint32_t seed = 60;
+    for (int step = 0; step < 3; ++step) {
+      auto qkv = random_vector(size_t(n * C), seed++), z = random_vector(size_t(n * value_dim), seed++);
+      auto b = random_vector(size_t(n * s.v_heads), seed++), a = random_vector(size_t(n * s.v_heads), seed++);
+      std::vector<float*> cc, cr, gc, gr;
+      for (int64_t i = 0; i < n; ++i) {
+        cc.push_back(cpu_conv[size_t(i)].data()), cr.push_back(cpu_rec[size_t(i)].data());
+        gc.push_back(gconv + order[size_t(i)] * conv_n), gr.push_back(grec + order[size_t(i)] * rec_n);
+      }
+      std::vector<float> ref(size_t(n * value_dim));
+      cpu->gdn_decode(s, qkv.data(), z.data(), b.data(), a.data(), n, conv_w.data(), K, a_log.data(),
+                      dt_bias.data(), norm_w.data(), 1e-6f, cc, cr, ref.data());
+      auto qd = to_device(*gpu, qkv), zd = to_device(*gpu, z), bd = to_device(*gpu, b),
+           ad = to_device(*gpu, a);
+      auto out = poisoned(*gpu, ref.size());
+      gpu->gdn_decode(s, qd.get(), zd.get(), bd.get(), ad.get(), n, conv_w.data(), K, a_log.data(),
+                      dt_bias.data(), norm_w.data(), 1e-6f, gc, gr, out.get());
+      EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), 1e-4)
+          << "dk=" << s.k_dim << " dv=" << s.v_dim << " step " << step;
+      for (int64_t i = 0; i < n; ++i) {
+        EXPECT_LT(rel_error(to_host(*gpu, gc[size_t(i)], conv_n), cpu_conv[size_t(i)]), kExact)
+            << "conv state";
+        EXPECT_LT(rel_error(to_host(*gpu, gr[size_t(i)], rec_n), cpu_rec[size_t(i)]), 1e-4) << "state";
+      }
+    }
+    gpu->cache_memory()->free_cache(gconv);
+    gpu->cache_memory()->free_cache(grec);
+  }
+}
+
 TEST_F(CudaOps, PagedAttentionPrefillDecodeAndSplitK) {
   struct Case {
     int heads, kv_heads, hd;
@@ -245,6 +301,68 @@ TEST_F(CudaOps, PagedAttentionPrefillDecodeAndSplitK) {
       EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), 1e-4)
           << c.heads << "/" << c.kv_heads << " hd " << c.hd << " T=" << T << " at " << pos;
       pos += T;
+    }
+  }
+}
+
+TEST_F(CudaOps, AttentionDecodeMatchesComposedOps) {
+  struct Case {
+    int heads, kv_heads, hd, rotary;
+  };
+  // Weight vectors live for the whole test: the backend keys its device copies by host address.
+  std::deque<std::vector<float>> keep;
+  for (const Case& c : {Case{16, 2, 256, 64}, Case{4, 2, 32, 16}, Case{8, 8, 64, 64}}) {
+    const int page_size = 16;
+    // Three sequences with prompts of different lengths and page tables of different sizes.
+    const std::vector<int64_t> prompt = {40, 1, 100};
+    const std::vector<int64_t> table_pages = {5, 2, 12};
+    const int64_t num_pages = 19;
+    KvCache cpu_kv({1, c.kv_heads, c.hd, page_size, num_pages});
+    KvCache gpu_kv({1, c.kv_heads, c.hd, page_size, num_pages, gpu->cache_memory()});
+    std::vector<std::vector<int32_t>> tables;
+    int32_t next = 0;
+    for (int64_t p : table_pages) {
+      auto& t = tables.emplace_back();
+      for (int64_t i = 0; i < p; ++i) t.push_back(next++);
+      std::reverse(t.begin(), t.end());
+    }
+    auto& q_norm = keep.emplace_back(random_vector(size_t(c.hd), 70, 0.1f));
+    auto& k_norm = keep.emplace_back(random_vector(size_t(c.hd), 71, 0.1f));
+    auto& inv_freq = keep.emplace_back();
+    for (int j = 0; j < c.rotary / 2; ++j) inv_freq.push_back(float(std::pow(1e7, -2.0 * j / c.rotary)));
+    uint32_t seed = 72;
+    for (size_t i = 0; i < prompt.size(); ++i) {  // fill the caches with the prompts
+      const int64_t T = prompt[i];
+      auto q = random_vector(size_t(T * c.heads * c.hd), seed++),
+           k = random_vector(size_t(T * c.kv_heads * c.hd), seed++),
+           v = random_vector(size_t(T * c.kv_heads * c.hd), seed++);
+      std::vector<float> out(q.size());
+      cpu->paged_attention(q.data(), k.data(), v.data(), T, c.heads, c.kv_heads, c.hd, 0, tables[i], cpu_kv,
+                           0, out.data());
+      auto qd = to_device(*gpu, q), kd = to_device(*gpu, k), vd = to_device(*gpu, v);
+      auto od = poisoned(*gpu, q.size());
+      gpu->paged_attention(qd.get(), kd.get(), vd.get(), T, c.heads, c.kv_heads, c.hd, 0, tables[i], gpu_kv,
+                           0, od.get());
+    }
+    std::vector<int64_t> positions = prompt;
+    const int64_t n = int64_t(prompt.size());
+    std::vector<std::span<const int32_t>> spans(tables.begin(), tables.end());
+    for (int step = 0; step < 3; ++step) {
+      auto qg = random_vector(size_t(n * c.heads * 2 * c.hd), seed++);
+      auto k = random_vector(size_t(n * c.kv_heads * c.hd), seed++),
+           v = random_vector(size_t(n * c.kv_heads * c.hd), seed++);
+      std::vector<float> ref(size_t(n * c.heads * c.hd)), kc = k;
+      cpu->attention_decode(qg.data(), kc.data(), v.data(), n, c.heads, c.kv_heads, c.hd, q_norm.data(),
+                            k_norm.data(), 1e-6f, c.rotary, inv_freq.data(), positions, spans, cpu_kv, 0,
+                            ref.data());
+      auto qd = to_device(*gpu, qg), kd = to_device(*gpu, k), vd = to_device(*gpu, v);
+      auto out = poisoned(*gpu, ref.size());
+      gpu->attention_decode(qd.get(), kd.get(), vd.get(), n, c.heads, c.kv_heads, c.hd, q_norm.data(),
+                            k_norm.data(), 1e-6f, c.rotary, inv_freq.data(), positions, spans, gpu_kv, 0,
+                            out.get());
+      EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), 1e-4)
+          << c.heads << "/" << c.kv_heads << " hd " << c.hd << " step " << step;
+      for (auto& p : positions) ++p;
     }
   }
 }
@@ -301,6 +419,79 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
           EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref),
                     be == gpu.get() && n > 8 ? kBf16 : 1e-4)
               << "swiglu " << dtype_name(dt) << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
+// The composite ops: decode-sized batches take the fused kernels (one GEMV over several matrices; the MoE
+// block's routing, experts, shared expert and combine in four launches), larger ones the composed ops.
+TEST_F(CudaOps, MatmulNMatchesSeparateMatmuls) {
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    const int64_t cols = 256;
+    std::vector<Matrix> ws = {store.make(dt, 520, cols, 41), store.make(dt, 130, cols, 42),
+                              store.make(dt, 32, cols, 43), store.make(dt, 5000, cols, 44)};
+    for (size_t count : {2, 3, 4})
+      for (int64_t n : {1, 3, 8, 9}) {
+        auto x = random_vector(size_t(n * cols), uint32_t(n + 80));
+        std::vector<const Matrix*> wp;
+        std::vector<std::vector<float>> refs;
+        for (size_t i = 0; i < count; ++i) {
+          wp.push_back(&ws[i]);
+          refs.emplace_back(size_t(n * ws[i].rows));
+          cpu->matmul(x.data(), n, ws[i], refs.back().data());
+        }
+        for (Backend* be : {gpu32.get(), gpu.get()}) {
+          auto xd = to_device(*be, x);
+          std::vector<Buffer> outs;
+          std::vector<float*> ys;
+          for (size_t i = 0; i < count; ++i)
+            ys.push_back((outs.emplace_back(poisoned(*be, refs[i].size()))).get());
+          be->matmul_n(xd.get(), n, wp, ys);
+          const bool rounded = be == gpu.get() && n > 8;
+          for (size_t i = 0; i < count; ++i)
+            EXPECT_LT(rel_error(to_host(*be, ys[i], refs[i].size()), refs[i]),
+                      rounded && ws[i].rows >= 512 ? kBf16 : kExact)
+                << dtype_name(dt) << " matrix " << i << " of " << count << " n=" << n;
+        }
+      }
+  }
+}
+
+TEST_F(CudaOps, MoeBlockMatchesComposedOps) {
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    struct Case {
+      int E, top_k;
+      int64_t hidden, inter, shared_inter;
+    };
+    for (const Case& c : {Case{16, 4, 256, 64, 96}, Case{256, 8, 2048, 512, 512}, Case{8, 2, 256, 128, 0}}) {
+      std::vector<SwiGlu> experts;
+      for (int e = 0; e < c.E; ++e)
+        experts.push_back({store.make(dt, c.inter, c.hidden, uint32_t(2000 + 3 * e), 0.05f),
+                           store.make(dt, c.inter, c.hidden, uint32_t(2001 + 3 * e), 0.05f),
+                           store.make(dt, c.hidden, c.inter, uint32_t(2002 + 3 * e), 0.05f)});
+      Matrix router = store.make(DType::BF16, c.E, c.hidden, 2900, 0.1f);
+      Matrix shared_gate = store.make(DType::BF16, 1, c.hidden, 2901, 0.1f);
+      SwiGlu shared;
+      if (c.shared_inter)
+        shared = {store.make(dt, c.shared_inter, c.hidden, 2902, 0.05f),
+                  store.make(dt, c.shared_inter, c.hidden, 2903, 0.05f),
+                  store.make(dt, c.hidden, c.shared_inter, 2904, 0.05f)};
+      const SwiGlu* sp = c.shared_inter ? &shared : nullptr;
+      const Matrix* gp = c.shared_inter ? &shared_gate : nullptr;
+      for (int64_t n : {1, 3, 8, 9}) {
+        auto x = random_vector(size_t(n * c.hidden), uint32_t(n + 90));
+        std::vector<float> ref(x.size());
+        cpu->moe_block(router, experts, c.top_k, true, sp, gp, x.data(), n, c.hidden, ref.data());
+        for (Backend* be : {gpu32.get(), gpu.get()}) {
+          auto xd = to_device(*be, x);
+          auto out = poisoned(*be, x.size());
+          be->moe_block(router, experts, c.top_k, true, sp, gp, xd.get(), n, c.hidden, out.get());
+          const bool rounded = be == gpu.get() && n > 8;  // the shared expert's matmuls on tensor cores
+          EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref), rounded ? kBf16 : 1e-4)
+              << dtype_name(dt) << " E=" << c.E << " shared=" << c.shared_inter << " n=" << n
+              << (be == gpu32.get() ? " fp32" : " bf16");
         }
       }
     }
