@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "backend/backend.h"
 #include "command.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -37,6 +38,7 @@ using Clock = std::chrono::steady_clock;
 struct ServeOptions {
   std::string model;
   std::string load_format = "auto";
+  std::string device = "cpu";
   std::string tokenizer;
   std::string host = "0.0.0.0";
   uint16_t port = 30000;
@@ -298,6 +300,8 @@ int serve(const ServeOptions& o) {
   if (text && !text->stop_ids.empty() && weights.config.eos_token_ids.empty()) {
     engine_options.eos_token_ids = text->stop_ids;
   }
+  std::unique_ptr<Backend> backend = make_backend(o.device);  // outlives the engine
+  engine_options.backend = backend.get();
   std::unique_ptr<Engine> engine;
   {
     Progress p("allocating the KV cache and GDN state slots");
@@ -347,6 +351,7 @@ Registration reg{{"serve", "Serve a model over an OpenAI-compatible HTTP API (on
                     cmd.add_option("--load-format", o->load_format,
                                    "auto (read the safetensors) or dummy (random weights of config.json's shape)")
                         ->capture_default_str();
+                    cmd.add_option("--device", o->device, "backend: cpu or cuda")->capture_default_str();
                     cmd.add_option("--tokenizer", o->tokenizer, "directory with tokenizer.json (default: the model's)");
                     cmd.add_option("--host", o->host, "address to listen on")->capture_default_str();
                     cmd.add_option("--port", o->port, "port to listen on (0: any free port)")->capture_default_str();

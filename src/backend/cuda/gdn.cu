@@ -200,7 +200,6 @@ __global__ __launch_bounds__(32 * kDeltaWarps * kDecodeMaxSlabs) void gdn_decode
     const float* __restrict__ b, const float* __restrict__ a, const float* __restrict__ a_log,
     const float* __restrict__ dt_bias, float* const* __restrict__ states, const float* __restrict__ z,
     const float* __restrict__ norm_w, float eps, float* __restrict__ out) {
-  pdl_begin();
   __shared__ float ks[kDeltaMaxDim], qs[kDeltaMaxDim], scratch[32];
   __shared__ float red_kv[kDeltaWarps * kDecodeMaxSlabs][32], red_o[kDeltaWarps * kDecodeMaxSlabs][32];
   const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -209,6 +208,22 @@ __global__ __launch_bounds__(32 * kDeltaWarps * kDecodeMaxSlabs) void gdn_decode
   const int j = slab * 32 + lane;
   const bool col = j < dv;
   const int kh = h / (v_heads / k_heads);
+  // Before pdl_wait: the state (last written by an earlier step) and the gates (b, a: written by the input
+  // projection two kernels back, complete once this kernel runs; see common.cuh). Only the conv output
+  // needs the wait.
+  const int64_t gi = i * v_heads + h;
+  const float beta = sigmoidf_(b[gi]);
+  const float xg = a[gi] + dt_bias[h];
+  const float softplus = xg > 20.0f ? xg : log1pf(expf(xg));
+  const float decay = expf(-expf(a_log[h]) * softplus);
+  float* S = states[i] + int64_t(h) * dk * dv;
+  float s[kDeltaRows];
+#pragma unroll
+  for (int m = 0; m < kDeltaRows; ++m) {
+    const int r = wr + kDeltaWarps * m;
+    s[m] = (col && r < dk) ? S[int64_t(r) * dv + j] : 0.0f;
+  }
+  pdl_begin();
   const float* row = conv + i * C;
   const float* q = row + int64_t(kh) * dk;
   const float* k = row + int64_t(k_heads) * dk + int64_t(kh) * dk;
@@ -222,19 +237,7 @@ __global__ __launch_bounds__(32 * kDeltaWarps * kDecodeMaxSlabs) void gdn_decode
     qs[t] = qv * (1.0f / sqrtf(sq + 1e-6f)) * (1.0f / sqrtf(float(dk)));
     ks[t] = kv0 * (1.0f / sqrtf(sk + 1e-6f));
   }
-  const int64_t gi = i * v_heads + h;
-  const float beta = sigmoidf_(b[gi]);
-  const float xg = a[gi] + dt_bias[h];
-  const float softplus = xg > 20.0f ? xg : log1pf(expf(xg));
-  const float decay = expf(-expf(a_log[h]) * softplus);
   const float vj = col ? v[j] : 0.0f;
-  float* S = states[i] + int64_t(h) * dk * dv;
-  float s[kDeltaRows];
-#pragma unroll
-  for (int m = 0; m < kDeltaRows; ++m) {
-    const int r = wr + kDeltaWarps * m;
-    s[m] = (col && r < dk) ? S[int64_t(r) * dv + j] : 0.0f;
-  }
   __syncthreads();  // qs, ks
   float part = 0.0f;
 #pragma unroll

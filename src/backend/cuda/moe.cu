@@ -492,29 +492,32 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void moe_decode_down(
   const int64_t r0 = int64_t(blockIdx.x) * kDownRows;
   const int64_t r = r0 + warp / kDownWarpsPerRow;
   const int part = warp % kDownWarpsPerRow;
-  if (sd.data && threadIdx.x == 0 && blockIdx.y == 0) {
-    const int64_t rows = imin<int64_t>(kDownRows, sd.rows - r0);
-    if (rows > 0)
-      prefetch_l2(static_cast<const uint8_t*>(sd.data) + r0 * sd.cols * W<T>::kBytes,
-                  uint32_t(rows * sd.cols * W<T>::kBytes));
-  }
-  pdl_begin();
+  // Before pdl_wait: the routing (written two kernels back, by the route kernel: complete once this kernel
+  // runs, see common.cuh) and L2 prefetches of this block's rows of the chosen experts and the shared expert,
+  // so that the down weights stream in while gate/up still runs.
   __shared__ const uint8_t* s_w[kMaxTopK];
   __shared__ const float* s_scale[kMaxTopK];
   __shared__ float s_weight[kMaxTopK];
   __shared__ int32_t s_pair[kMaxTopK];
   __shared__ float s_part[kDecodeWarps];
   const int64_t tok = blockIdx.y;
+  const int64_t rows = imin<int64_t>(kDownRows, t.hidden - r0);
   if (threadIdx.x < top_k) {  // this pair's rank among the token's experts in ascending id
     const int j = threadIdx.x;
     const int e = ids[tok * top_k + j];
     int rank = 0;
     for (int i = 0; i < top_k; ++i) rank += ids[tok * top_k + i] < e;
-    s_w[rank] = static_cast<const uint8_t*>(t.down[e]);
+    const auto* wd = static_cast<const uint8_t*>(t.down[e]);
+    s_w[rank] = wd;
     s_scale[rank] = t.down_scale ? t.down_scale[e] : nullptr;
     s_weight[rank] = weights[tok * top_k + j];
     s_pair[rank] = int32_t(tok * top_k + j);
+    if (rows > 0) prefetch_l2(wd + r0 * t.inter * W<T>::kBytes, uint32_t(rows * t.inter * W<T>::kBytes));
   }
+  if (sd.data && threadIdx.x == 32 && blockIdx.y == 0 && rows > 0)
+    prefetch_l2(static_cast<const uint8_t*>(sd.data) + r0 * sd.cols * W<T>::kBytes,
+                uint32_t(rows * sd.cols * W<T>::kBytes));
+  pdl_begin();
   __syncthreads();
   constexpr int V = W<T>::kVec;
   constexpr int kStride = 32 * kDownWarpsPerRow;
