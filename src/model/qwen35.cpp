@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "common/error.h"
+#include "dist/communicator.h"
 
 namespace moeserve {
 namespace {
@@ -24,8 +25,16 @@ struct SequenceSlice {
 
 }  // namespace
 
-Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend)
-    : weights_(weights), backend_(backend), rope_inv_freq_(weights.config.rope_inv_freq()) {
+Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend, dist::Communicator* comm)
+    : weights_(weights),
+      backend_(backend),
+      comm_(comm),
+      local_(weights.shard.local_config(weights.config)),
+      rope_inv_freq_(weights.config.rope_inv_freq()) {
+  const int ranks = comm ? comm->size() : 1;
+  check(weights.shard.size == ranks && (!comm || weights.shard.rank == comm->rank()),
+        "weights cut for tensor-parallel rank {} of {} run in a group where this is rank {} of {}",
+        weights.shard.rank, weights.shard.size, comm ? comm->rank() : 0, ranks);
   int attention = 0, gdn = 0;
   for (auto type : weights.config.layer_types) {
     attention_index_.push_back(type == LayerType::FullAttention ? attention++ : -1);
@@ -67,13 +76,13 @@ Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend)
 }
 
 KvCacheSpec Qwen35Model::kv_cache_spec(int page_size, int64_t num_pages) const {
-  const auto& c = config();
+  const auto& c = local_;
   return {c.count_layers(LayerType::FullAttention), c.num_kv_heads, c.head_dim, page_size, num_pages,
           backend_.cache_memory()};
 }
 
 StateCacheSpec Qwen35Model::state_cache_spec(int num_slots) const {
-  const auto& c = config();
+  const auto& c = local_;
   return {c.count_layers(LayerType::LinearAttention), c.linear_conv_dim(), c.linear_conv_kernel,
           c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim, num_slots,
           backend_.cache_memory()};
@@ -81,7 +90,7 @@ StateCacheSpec Qwen35Model::state_cache_spec(int num_slots) const {
 
 void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const float* x, int64_t n,
                                   std::span<const SequenceStep> batch, StateCache& state, float* out) const {
-  const auto& c = config();
+  const auto& c = local_;
   const auto& w = lw.gdn;
   const int64_t C = c.linear_conv_dim(), key_dim = c.linear_key_dim(), value_dim = c.linear_value_dim();
   const int Hv = c.linear_num_value_heads;
@@ -128,7 +137,7 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
 
 void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const float* x, int64_t n,
                                   std::span<const SequenceStep> batch, KvCache& kv, float* out) const {
-  const auto& c = config();
+  const auto& c = local_;
   const auto& w = lw.attn;
   const int H = c.num_heads, KVH = c.num_kv_heads, hd = c.head_dim;
   const float eps = float(c.rms_norm_eps);
@@ -167,7 +176,7 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
 }
 
 void Qwen35Model::feed_forward(const LayerWeights& lw, const float* x, int64_t n, float* out) const {
-  const auto& c = config();
+  const auto& c = local_;
   Backend& be = backend_;
   if (!c.is_moe) {
     be.swiglu(lw.mlp, x, n, out);
@@ -210,7 +219,7 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
 
   ForwardOutput result;
   auto h = be.allocate(size_t(n * H)), x = be.allocate(size_t(n * H)), y = be.allocate(size_t(n * H));
-  be.embed(tokens, weights_.embed, h.get());
+  embed(tokens, h.get());
   auto capture = [&](const float* rows) {
     if (!capture_hidden) return;
     result.hidden_states.resize(result.hidden_states.size() + size_t(n * H));
@@ -228,8 +237,10 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
     } else {
       gated_attention(lw, attention_index_[l], x.get(), n, batch, kv, y.get());
     }
+    all_reduce(y.get(), size_t(n * H));
     be.add_rms_norm(h.get(), y.get(), n, H, lw.post_norm.data(), eps, x.get());
     feed_forward(lw, x.get(), n, y.get());
+    all_reduce(y.get(), size_t(n * H));
     // The residual add of the last feed-forward goes with the next layer's input norm (or the final norm).
     if (l + 1 < c.num_layers && !capture_hidden) {
       be.add_rms_norm(h.get(), y.get(), n, H, weights_.layers[l + 1].input_norm.data(), eps, x.get());
@@ -257,10 +268,63 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
   be.rms_norm(selected.get(), m, H, H, weights_.final_norm.data(), eps, true, selected.get(), H);
   result.rows = m;
   result.logits.resize(size_t(m * c.vocab_size));
-  auto logits = be.allocate(size_t(m * c.vocab_size));
-  be.matmul(selected.get(), m, weights_.lm_head, logits.get());
-  be.download(logits.get(), result.logits.data(), result.logits.size());
+  lm_head(selected.get(), m, result.logits.data());
   return result;
+}
+
+void Qwen35Model::all_reduce(float* x, size_t n) const {
+  if (comm_ && comm_->size() > 1) comm_->all_reduce_sum(x, n);
+}
+
+void Qwen35Model::embed(std::span<const int32_t> tokens, float* out) const {
+  Backend& be = backend_;
+  const auto& s = weights_.shard;
+  if (s.size == 1) {
+    be.embed(tokens, weights_.embed, out);
+    return;
+  }
+  // Vocab-parallel: each rank looks up every token in its slice (ids outside it clamped to row 0) and keeps
+  // only its own through a 0/1 row gate (sigmoid(±1e4) is exactly 0 or 1), so the all-reduce assembles each
+  // row from one rank's row plus zeros, exactly. The ops do not depend on which tokens fall where, so a
+  // recorded decode step replays for any tokens.
+  const int64_t H = config().hidden_size, n = int64_t(tokens.size());
+  std::vector<int32_t> local(tokens.size());
+  std::vector<float> gate(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const bool mine = tokens[i] >= s.vocab_begin && tokens[i] < s.vocab_begin + s.vocab_rows;
+    local[i] = mine ? int32_t(tokens[i] - s.vocab_begin) : 0;
+    gate[i] = mine ? 1e4f : -1e4f;
+  }
+  auto rows = be.allocate(size_t(n * H)), gate_logits = be.allocate(size_t(n));
+  be.embed(local, weights_.embed, rows.get());
+  be.upload(gate.data(), gate_logits.get(), gate.size());
+  be.fill_zero(out, size_t(n * H));
+  be.add_sigmoid_gated(out, rows.get(), gate_logits.get(), n, H);
+  all_reduce(out, size_t(n * H));
+}
+
+void Qwen35Model::lm_head(const float* x, int64_t m, float* host_logits) const {
+  Backend& be = backend_;
+  const auto& s = weights_.shard;
+  const int64_t V = config().vocab_size;
+  auto logits = be.allocate(size_t(m * V));
+  if (s.size == 1) {
+    be.matmul(x, m, weights_.lm_head, logits.get());
+    be.download(logits.get(), host_logits, size_t(m * V));
+    return;
+  }
+  // Vocab-parallel: each rank's [m][its rows] block, padded to the common chunk for the all-gather, then
+  // laid side by side into [m][vocab] where the backend runs (downloads complete only after a recorded step).
+  const int64_t block = m * s.vocab_chunk;
+  auto local = be.allocate(size_t(block)), gathered = be.allocate(size_t(block * s.size));
+  be.matmul(x, m, weights_.lm_head, local.get());
+  comm_->all_gather(local.get(), size_t(block), gathered.get());
+  for (int r = 0; r < s.size; ++r) {
+    const int64_t begin = std::min(V, r * s.vocab_chunk), rows = std::min(V, begin + s.vocab_chunk) - begin;
+    const float* src = gathered.get() + r * block;
+    for (int64_t i = 0; i < m; ++i) be.copy(src + i * rows, logits.get() + i * V + begin, size_t(rows));
+  }
+  be.download(logits.get(), host_logits, size_t(m * V));
 }
 
 }  // namespace moeserve

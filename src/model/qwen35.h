@@ -13,6 +13,9 @@
 
 namespace moeserve {
 class Backend;
+namespace dist {
+class Communicator;
+}
 }
 
 namespace moeserve {
@@ -37,8 +40,9 @@ struct ForwardOutput {
 
 class Qwen35Model {
  public:
-  // Both must outlive the model.
-  Qwen35Model(const ModelWeights& weights, Backend& backend);
+  // All must outlive the model. Sharded weights (model/tensor_parallel.h) need the communicator of their
+  // group, whose rank and size they were cut for; every rank then runs forward() on the same batch.
+  Qwen35Model(const ModelWeights& weights, Backend& backend, dist::Communicator* comm = nullptr);
   const ModelConfig& config() const { return weights_.config; }
   Backend& backend() const { return backend_; }
 
@@ -58,8 +62,15 @@ class Qwen35Model {
                        std::span<const SequenceStep> batch, KvCache& kv, float* out) const;
   void feed_forward(const LayerWeights& lw, const float* x, int64_t n, float* out) const;
 
+  // Tensor parallelism: the sum over ranks of a row-parallel layer's partial outputs, in place.
+  void all_reduce(float* x, size_t n) const;
+  void embed(std::span<const int32_t> tokens, float* out) const;
+  void lm_head(const float* x, int64_t m, float* host_logits) const;
+
   const ModelWeights& weights_;
   Backend& backend_;
+  dist::Communicator* comm_;
+  ModelConfig local_;  // this rank's head counts and intermediate sizes (the full config without TP)
   std::vector<int> attention_index_;  // layer -> index among attention layers (KvCache layer), or -1
   std::vector<int> gdn_index_;        // layer -> index among GDN layers (StateCache layer), or -1
   std::vector<float> rope_inv_freq_;

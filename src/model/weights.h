@@ -10,6 +10,7 @@
 
 #include "common/matrix.h"
 #include "model/config.h"
+#include "model/shard_layout.h"
 
 namespace moeserve {
 
@@ -54,6 +55,9 @@ struct ModelWeights {
   Matrix lm_head;  // [vocab, hidden]; the same view as embed when tie_word_embeddings
   std::vector<float> final_norm;
   std::vector<LayerWeights> layers;
+  // The part of the model these weights are under tensor parallelism (model/tensor_parallel.h); the
+  // default (size 1) is all of it.
+  ShardLayout shard;
   // Keeps the mapped files and any converted buffers alive (type-erased so this header stays small).
   std::vector<std::shared_ptr<void>> storage;
 };
