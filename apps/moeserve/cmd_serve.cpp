@@ -17,9 +17,12 @@
 #include "command.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "dist/communicator.h"
 #include "engine/engine.h"
+#include "engine/tp_runner.h"
 #include "model/checkpoint.h"
 #include "model/init_model.h"
+#include "model/tensor_parallel.h"
 #include "server/admission.h"
 #include "server/http.h"
 #include "server/memory_monitor.h"
@@ -64,6 +67,7 @@ struct ServeOptions {
   int chunked_prefill_size = 2048;
   int max_prefill_tokens = 8192;
   bool disable_prefix_cache = false;
+  dist::GroupOptions group;  // --tp, --nnodes, --node-rank, --dist-init-addr (docs/tp.md)
   std::string schedule_policy = "fcfs";
   uint64_t seed = 0;
 };
@@ -194,7 +198,26 @@ ModelWeights demo_weights(const text::Tokenizer& tokenizer, const text::ModelTex
   return make_dummy_weights(config, seed);
 }
 
+// A tensor-parallel rank other than 0: no HTTP, it runs rank 0's steps on its shard until rank 0 stops.
+int serve_tp_follower(const ServeOptions& o, dist::Communicator& group) {
+  check(o.model != kDemo, "--model demo runs on one rank: drop --tp");
+  ModelWeights full = o.load_format == "dummy"
+                          ? make_dummy_weights(ModelConfig::from_file(o.model + "/config.json"), o.seed)
+                          : load_checkpoint(o.model);
+  ModelWeights shard = shard_weights(full, group.rank(), group.size());
+  full = {};
+  auto backend = make_backend(o.device);
+  spdlog::info("rank {} of {} follows rank 0 ({})", group.rank(), group.size(), group.describe());
+  int64_t steps = run_tp_follower(shard, *backend, group);
+  spdlog::info("rank {}: rank 0 stopped after {} steps", group.rank(), steps);
+  return 0;
+}
+
 int serve(const ServeOptions& o) {
+  // NCCL needs the CUDA backend's stream (dist::GroupOptions::cuda_stream), which it does not hand out yet.
+  check(o.group.tp == 1 || o.device == "cpu", "--tp {} runs on the CPU backend for now (docs/tp.md)", o.group.tp);
+  auto group = dist::open_group(o.group);
+  if (group->rank() != 0) return serve_tp_follower(o, *group);
   std::atomic<bool> loading{true};  // before the watcher: its thread reads it until the watcher is gone
   SignalWatcher signals;
   bool demo = o.model == kDemo;
@@ -302,10 +325,19 @@ int serve(const ServeOptions& o) {
   }
   std::unique_ptr<Backend> backend = make_backend(o.device);  // outlives the engine
   engine_options.backend = backend.get();
+  // --tp N: this rank's shard; the followers mirror the engine's steps, not its prefix-cache state copies.
+  if (group->size() > 1) {
+    check(!demo, "--model demo runs on one rank: drop --tp");
+    weights = shard_weights(weights, 0, group->size());
+    engine_options.enable_prefix_cache = false;
+    spdlog::info("tensor-parallel rank 0 of {} ({}); prefix cache off", group->size(), group->describe());
+  }
   std::unique_ptr<Engine> engine;
   {
     Progress p("allocating the KV cache and GDN state slots");
-    engine = Engine::create(weights, engine_options);
+    engine = group->size() > 1
+                 ? Engine::create(make_tp_leader_runner(weights, *backend, *group), engine_options)
+                 : Engine::create(weights, engine_options);
     p.finish(engine->capacity().summary());
   }
   const EngineCapacity& cap = engine->capacity();
@@ -402,6 +434,11 @@ Registration reg{{"serve", "Serve a model over an OpenAI-compatible HTTP API (on
                     cmd.add_option("--max-prefill-tokens", o->max_prefill_tokens, "prompt tokens per step")
                         ->capture_default_str();
                     cmd.add_flag("--disable-prefix-cache", o->disable_prefix_cache, "turn the radix prefix cache off");
+                    cmd.add_option("--tp", o->group.tp, "tensor-parallel ranks (CPU: under mpirun -np N; docs/tp.md)")
+                        ->check(CLI::PositiveNumber);
+                    cmd.add_option("--nnodes", o->group.nnodes, "hosts of the tensor-parallel group");
+                    cmd.add_option("--node-rank", o->group.node_rank, "this host's index in the group");
+                    cmd.add_option("--dist-init-addr", o->group.dist_init_addr, "HOST:PORT of rank 0 (no mpirun)");
                     cmd.add_option("--schedule-policy", o->schedule_policy, "fcfs or lpm (longest prefix match)")
                         ->capture_default_str();
                     cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")

@@ -11,6 +11,8 @@
 #include "backend/backend.h"
 #include "common/error.h"
 #include "dist/communicator.h"
+#include "engine/engine.h"
+#include "engine/tp_runner.h"
 #include "model/checkpoint.h"
 #include "model/qwen35.h"
 #include "model/safetensors.h"
@@ -123,6 +125,44 @@ TEST(TensorParallel, SmallMoeRealDims) {
 // Block-scaled FP8: cuts on block edges keep FP8, the 64-wide expert slices are widened.
 TEST(TensorParallel, SmallMoeRealDimsFp8) {
   if (world->size() <= 2) check_fixture("small-moe-realdims-fp8");
+}
+
+// Serving: rank 0's engine batches 6 concurrent greedy requests (prefill chunks, decode, page tables, slot
+// reuse); the other ranks follow its steps. Tokens equal those of a single-rank engine.
+TEST(TensorParallel, FollowersRunRankZerosEngineSteps) {
+  Models m("tests/fixtures/models/tiny-moe");
+  EngineOptions o;
+  o.cache_memory_bytes = 4 << 20;
+  o.max_running_requests = 4;  // 6 requests: two wait, then reuse slots and pages
+  o.chunked_prefill_size = 16;
+  o.max_model_len = 256;
+  o.enable_prefix_cache = false;
+  if (world->rank() != 0) {
+    EXPECT_GT(run_tp_follower(m.shard, *m.backend, *world), 0);
+    return;
+  }
+  auto run = [&](std::unique_ptr<Engine> engine) {
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    for (int i = 0; i < 6; ++i) {
+      std::vector<int32_t> prompt;
+      for (int t = 0; t < 5 + 9 * i; ++t) prompt.push_back((t * 31 + i * 7) % 512);
+      SamplingParams p;
+      p.temperature = 0;
+      p.max_tokens = 12;
+      p.ignore_eos = true;
+      auto stream = std::make_shared<OutputStream>();
+      GenerateRequest r{fmt::format("r{}", i), prompt, p, 0, stream->sink()};
+      engine->submit(std::move(r));
+      streams.push_back(stream);
+    }
+    std::vector<std::vector<int32_t>> tokens;
+    for (auto& s : streams) tokens.push_back(s->collect().tokens);
+    return tokens;
+  };
+  auto tp = run(Engine::create(make_tp_leader_runner(m.shard, *m.backend, *world), o));
+  auto single = run(Engine::create(m.full, o));
+  EXPECT_EQ(tp, single);
+  EXPECT_EQ(tp[5].size(), 12u);
 }
 
 }  // namespace
