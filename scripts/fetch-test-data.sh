@@ -20,3 +20,5 @@ if [[ ! -f $oracle/node_modules/@huggingface/jinja/package.json ]]; then
   (cd "$oracle" && npm install --silent --no-audit --no-fund --prefix . @huggingface/jinja@0.5.13 >/dev/null)
   echo "fetch-test-data: @huggingface/jinja in $oracle"
 fi
+# The official OpenAI npm SDK for the server's end-to-end tests (tests/server/js).
+tests/server/js/install.sh

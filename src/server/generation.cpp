@@ -384,7 +384,10 @@ void GenerationJob::process(Event& ev, std::string& sse_out) {
       append_completion_logprobs(lp, c.logprobs, logprobs_from, logprobs_to, c.text_offset, text_of);
     }
     c.text += delta;
-    if (stream && (!delta.empty() || c.finished || (want_logprobs && logprobs_to > logprobs_from))) {
+    // Tokens whose text is not out yet (no tokenizer, a partial UTF-8 character) still make a chunk when the
+    // client asked for their ids or logprobs, or those would be lost from the stream.
+    bool new_tokens = (want_logprobs || spec_.return_token_ids) && logprobs_to > logprobs_from;
+    if (stream && (!delta.empty() || c.finished || new_tokens)) {
       json choice = {{"index", c.index},
                      {"text", delta},
                      {"logprobs", lp},
@@ -435,7 +438,7 @@ void GenerationJob::process(Event& ev, std::string& sse_out) {
     chunk(json{{"role", "assistant"}, {"content", ""}}, false, 0, 0);
   }
   json delta = d.to_openai();
-  bool has_delta = !delta.empty() || (want_logprobs && logprobs_to > logprobs_from);
+  bool has_delta = !delta.empty() || ((want_logprobs || spec_.return_token_ids) && logprobs_to > logprobs_from);
   if (has_delta) chunk(std::move(delta), false, logprobs_from, logprobs_to);
   if (c.finished) chunk(json::object(), true, 0, 0);
 }

@@ -37,7 +37,9 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-std::vector<int32_t> ids(const std::string& s) { return qwen3_text().tokenizer.encode(s, false); }
+std::vector<int32_t> ids(const std::string& s) {
+  return qwen3_text().tokenizer.encode(s, false);
+}
 
 // The generation prompt Qwen3.5's template ends with, thinking on and off.
 const std::string kThinkingTail = "<|im_start|>assistant\n<think>\n";
@@ -46,12 +48,12 @@ const std::string kNoThinkingTail = "<|im_start|>assistant\n<think>\n\n</think>\
 // One server over a real engine whose model replies `reply` after `anchor`.
 class Server {
  public:
-  Server(const std::string& anchor, const std::string& reply, AdmissionOptions admission = {.memory_pressure_threshold = 0},
-         ServiceOptions options = {}) {
+  Server(const std::string& anchor, const std::string& reply,
+         AdmissionOptions admission = {.memory_pressure_threshold = 0}, ServiceOptions options = {}) {
     const auto& text = qwen3_text();
     int32_t eos = *text.tokenizer.token_id("<|im_end|>");
-    auto model = std::make_unique<ScriptedModel>(static_cast<int64_t>(text.tokenizer.vocab_size()), eos, ids(anchor),
-                                                 ids(reply));
+    auto model = std::make_unique<ScriptedModel>(static_cast<int64_t>(text.tokenizer.vocab_size()), eos,
+                                                 ids(anchor), ids(reply));
     EngineOptions eo;
     eo.cache_memory_bytes = 64 << 20;
     eo.max_running_requests = 8;
@@ -65,7 +67,8 @@ class Server {
     options.tool_call_parser = "qwen3_coder";
     harness = std::make_unique<Harness>(options, engine.get(), &text.tokenizer, admission);
     Engine* e = engine.get();
-    harness->metrics->set_sources([e] { return std::optional<EngineStats>(e->stats()); }, harness->admission.get());
+    harness->metrics->set_sources([e] { return std::optional<EngineStats>(e->stats()); },
+                                  harness->admission.get());
     harness->service->set_ready(true);
   }
   ~Server() {
@@ -118,7 +121,8 @@ TEST(Generation, CompletionTextUsageAndFinishReasons) {
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(r["usage"]["prompt_tokens"], ids(kPrompt).size());
   EXPECT_EQ(r["usage"]["completion_tokens"], ids(" it was scripted, twice over.").size() + 1);  // + eos
-  EXPECT_EQ(r["usage"]["total_tokens"], r["usage"]["prompt_tokens"].get<int>() + r["usage"]["completion_tokens"].get<int>());
+  EXPECT_EQ(r["usage"]["total_tokens"],
+            r["usage"]["prompt_tokens"].get<int>() + r["usage"]["completion_tokens"].get<int>());
 
   r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 2}});
   EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
@@ -129,12 +133,12 @@ TEST(Generation, CompletionTextUsageAndFinishReasons) {
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(r["choices"][0]["stop_reason"], ",");
 
-  r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 50}, {"stop", ","},
-                                 {"include_stop_str_in_output", true}});
+  r = s.post("/v1/completions",
+             {{"prompt", kPrompt}, {"max_tokens", 50}, {"stop", ","}, {"include_stop_str_in_output", true}});
   EXPECT_EQ(r["choices"][0]["text"], " it was scripted,");
 
-  r = s.post("/v1/completions", {{"prompt", ids(kPrompt)}, {"max_tokens", 3}, {"echo", true},
-                                 {"return_token_ids", true}});
+  r = s.post("/v1/completions",
+             {{"prompt", ids(kPrompt)}, {"max_tokens", 3}, {"echo", true}, {"return_token_ids", true}});
   EXPECT_EQ(r["choices"][0]["text"], kPrompt + " it was scripted");
   EXPECT_EQ(r["choices"][0]["token_ids"], json(ids(" it was scripted")));
   EXPECT_EQ(r["choices"][0]["prompt_token_ids"], json(ids(kPrompt)));
@@ -175,8 +179,9 @@ TEST(Generation, CompletionLogprobs) {
 
 TEST(Generation, CompletionStreamMatchesTheWholeResponse) {
   Server s(kPrompt, " it was scripted, twice over.");
-  auto [chunks, done] = s.stream("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 50},
-                                                     {"stream_options", {{"include_usage", true}}}});
+  auto [chunks, done] =
+      s.stream("/v1/completions",
+               {{"prompt", kPrompt}, {"max_tokens", 50}, {"stream_options", {{"include_usage", true}}}});
   EXPECT_TRUE(done);
   ASSERT_GE(chunks.size(), 3u);
   std::string text;
@@ -184,7 +189,8 @@ TEST(Generation, CompletionStreamMatchesTheWholeResponse) {
   for (size_t i = 0; i + 1 < chunks.size(); ++i) {
     EXPECT_EQ(chunks[i]["object"], "text_completion");
     text += chunks[i]["choices"][0]["text"].get<std::string>();
-    if (!chunks[i]["choices"][0]["finish_reason"].is_null()) finish = chunks[i]["choices"][0]["finish_reason"];
+    if (!chunks[i]["choices"][0]["finish_reason"].is_null())
+      finish = chunks[i]["choices"][0]["finish_reason"];
   }
   EXPECT_EQ(text, " it was scripted, twice over.");
   EXPECT_EQ(finish, "stop");
@@ -227,14 +233,15 @@ TEST(Generation, ChatWithoutThinkingUsesTemplateKwargs) {
   EXPECT_FALSE(r["choices"][0]["message"].contains("reasoning_content"));
 }
 
-const json kWeatherTool = {{"type", "function"},
-                           {"function",
-                            {{"name", "get_weather"},
-                             {"description", "Current weather"},
-                             {"parameters",
-                              {{"type", "object"},
-                               {"properties", {{"city", {{"type", "string"}}}, {"days", {{"type", "integer"}}}}},
-                               {"required", {"city"}}}}}}};
+const json kWeatherTool = {
+    {"type", "function"},
+    {"function",
+     {{"name", "get_weather"},
+      {"description", "Current weather"},
+      {"parameters",
+       {{"type", "object"},
+        {"properties", {{"city", {{"type", "string"}}}, {"days", {{"type", "integer"}}}}},
+        {"required", {"city"}}}}}}};
 
 const std::string kToolCallText =
     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
@@ -242,8 +249,8 @@ const std::string kToolCallText =
 
 TEST(Generation, ChatToolCalls) {
   Server s(kNoThinkingTail, kToolCallText);
-  json body = chat_body("Weather in Paris?", {{"tools", {kWeatherTool}},
-                                              {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  json body = chat_body("Weather in Paris?",
+                        {{"tools", {kWeatherTool}}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
   json r = s.post("/v1/chat/completions", body);
   EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
   const json& m = r["choices"][0]["message"];
@@ -278,19 +285,24 @@ TEST(Generation, NamedToolChoiceForcesTheCall) {
   // The server writes "<tool_call>\n<function=get_weather>\n" into the assistant turn; the model continues.
   Server s(kNoThinkingTail + "<tool_call>\n<function=get_weather>\n",
            "<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>");
-  json r = s.post("/v1/chat/completions",
-                  chat_body("Weather?", {{"tools", {kWeatherTool}},
-                                         {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}));
+  json r =
+      s.post("/v1/chat/completions",
+             chat_body("Weather?",
+                       {{"tools", {kWeatherTool}},
+                        {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}));
   EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
   ASSERT_EQ(r["choices"][0]["message"]["tool_calls"].size(), 1u);
-  EXPECT_EQ(json::parse(r["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
-            json({{"city", "Oslo"}}));
+  EXPECT_EQ(
+      json::parse(r["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+      json({{"city", "Oslo"}}));
 }
 
 TEST(Generation, ChatLogprobs) {
   Server s(kNoThinkingTail, "Yes.");
-  json r = s.post("/v1/chat/completions", chat_body("?", {{"logprobs", true}, {"top_logprobs", 2},
-                                                         {"chat_template_kwargs", {{"enable_thinking", false}}}}));
+  json r = s.post("/v1/chat/completions",
+                  chat_body("?", {{"logprobs", true},
+                                  {"top_logprobs", 2},
+                                  {"chat_template_kwargs", {{"enable_thinking", false}}}}));
   const json& content = r["choices"][0]["logprobs"]["content"];
   ASSERT_GE(content.size(), 2u);
   EXPECT_EQ(content[0]["token"], "Yes");
@@ -302,8 +314,9 @@ TEST(Generation, ChatLogprobs) {
 TEST(Generation, DrainLetsRunningRequestsFinish) {
   Server s(kPrompt, " it was scripted, twice over.");
   Connection c(s.harness->port());
-  ASSERT_TRUE(c.send(Connection::request("POST", "/v1/completions",
-                                         json{{"prompt", kPrompt}, {"max_tokens", 400}, {"ignore_eos", true}}.dump())));
+  ASSERT_TRUE(c.send(
+      Connection::request("POST", "/v1/completions",
+                          json{{"prompt", kPrompt}, {"max_tokens", 400}, {"ignore_eos", true}}.dump())));
   for (int i = 0; i < 500 && s.harness->service->in_flight() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
@@ -323,12 +336,96 @@ TEST(Generation, MetricsAfterTrafficPassPromtool) {
   EXPECT_NE(m.find("moeserve:request_success_total{model_name=\"scripted\",finished_reason=\"stop\"} 2"),
             std::string::npos)
       << m;
-  EXPECT_NE(m.find("moeserve:time_to_first_token_seconds_count{model_name=\"scripted\"} 2"), std::string::npos);
-  EXPECT_NE(m.find("moeserve:e2e_request_latency_seconds_count{model_name=\"scripted\"} 2"), std::string::npos);
+  EXPECT_NE(m.find("moeserve:time_to_first_token_seconds_count{model_name=\"scripted\"} 2"),
+            std::string::npos);
+  EXPECT_NE(m.find("moeserve:e2e_request_latency_seconds_count{model_name=\"scripted\"} 2"),
+            std::string::npos);
   EXPECT_NE(m.find("moeserve:generation_tokens_total{model_name=\"scripted\"} 6"), std::string::npos);
   ASSERT_TRUE(have_promtool());
   auto problems = promtool_problems(m);
   EXPECT_TRUE(problems.empty()) << testing::PrintToString(problems);
+}
+
+TEST(Generation, RepeatedPromptReportsCachedTokens) {
+  std::string prompt;
+  for (int i = 0; i < 6; ++i) prompt += kPrompt + " ";
+  Server s(prompt, " ok");
+  json first = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 4}});
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  json second = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 4}});
+  EXPECT_GT(second["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0) << second.dump();
+  EXPECT_EQ(second["choices"][0]["text"], " ok");  // the cached prefix gives the same answer
+  std::string m = s.metrics();
+  EXPECT_EQ(m.find("moeserve:prefix_cache_hits_total{model_name=\"scripted\"} 0\n"), std::string::npos) << m;
+}
+
+TEST(Generation, QueueFullIs429AndQueueTimeoutIs503) {
+  // One running slot and one queue place; a long generation holds the slot.
+  ServiceOptions options;
+  options.queue_timeout = std::chrono::milliseconds(300);
+  Server s(kPrompt, " go",
+           {.max_running = 1,
+            .max_queued = 1,
+            .queue_timeout = options.queue_timeout,
+            .memory_pressure_threshold = 0},
+           options);
+  Connection holder(s.harness->port());
+  json hold = {{"prompt", kPrompt}, {"max_tokens", 3000}, {"ignore_eos", true}, {"stream", true}};
+  ASSERT_TRUE(holder.send(Connection::request("POST", "/v1/completions", hold.dump())));
+  // Wait until it runs (its first chunk arrived).
+  bool first = false;
+  holder.read_response_with([&](const std::string&) {
+    first = true;
+    return false;
+  });
+  ASSERT_TRUE(first);
+  Connection queued(s.harness->port());
+  ASSERT_TRUE(queued.send(Connection::request("POST", "/v1/completions", json{{"prompt", kPrompt}}.dump())));
+  // The queue now holds one request: the next is refused at once.
+  testing_http::Response refused;
+  for (int i = 0; i < 100 && refused.status != 429; ++i) {
+    refused = s.harness->post("/v1/completions", json{{"prompt", kPrompt}}.dump());
+    if (refused.status != 429) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(refused.status, 429);
+  EXPECT_EQ(refused.headers["retry-after"], "1");
+  EXPECT_EQ(json::parse(refused.body)["error"]["type"], "rate_limit_error");
+  // The queued one gives up after the queue timeout.
+  auto timed_out = queued.read_response(std::chrono::seconds(20));
+  EXPECT_EQ(timed_out.status, 503);
+  EXPECT_NE(timed_out.body.find("queue timeout"), std::string::npos);
+}
+
+TEST(Generation, DisconnectMidStreamCancelsAndFreesTheEngine) {
+  Server s(kPrompt, " go");
+  {
+    Connection c(s.harness->port());
+    // Past its script the model says eos, ignored here and shown as text so every token makes a chunk.
+    json body = {{"prompt", kPrompt},
+                 {"max_tokens", 3000},
+                 {"ignore_eos", true},
+                 {"stream", true},
+                 {"skip_special_tokens", false}};
+    ASSERT_TRUE(c.send(Connection::request("POST", "/v1/completions", body.dump())));
+    int chunks = 0;
+    c.read_response_with([&](const std::string&) { return ++chunks < 3; });
+    ASSERT_EQ(chunks, 3);
+  }  // closed mid-stream
+  EngineStats st;
+  for (int i = 0; i < 1000; ++i) {
+    st = s.engine->stats();
+    if (st.running == 0 && st.kv_pages_used == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.kv_pages_used, 0);
+  EXPECT_EQ(st.requests_aborted, 1u);
+  EXPECT_LT(st.generation_tokens, 3000u);
+  std::string m = s.metrics();
+  EXPECT_NE(m.find("moeserve:request_success_total{model_name=\"scripted\",finished_reason=\"abort\"} 1"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("moeserve:num_requests_running{model_name=\"scripted\"} 0"), std::string::npos);
 }
 
 }  // namespace

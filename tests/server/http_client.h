@@ -52,6 +52,8 @@ class Connection {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
   }
+  // Half-closes: the server sees the end of the request stream (a truncated request ends here).
+  void shutdown_write() { ::shutdown(fd_, SHUT_WR); }
   // Sends all bytes; false if the peer closed.
   bool send(const std::string& bytes) {
     size_t off = 0;
@@ -76,7 +78,8 @@ class Connection {
   // Reads one response. on_chunk (optional) sees each chunk as it arrives; returning false stops reading
   // (the response is then incomplete). status 0 means the connection closed or timed out first.
   template <typename OnChunk>
-  Response read_response_with(OnChunk on_chunk, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  Response read_response_with(OnChunk on_chunk,
+                              std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
     Response r;
     deadline_ = std::chrono::steady_clock::now() + timeout;
     std::string line;
@@ -132,7 +135,8 @@ class Connection {
  private:
   // Reads more bytes into buffer_; false on EOF, error or deadline.
   bool fill() {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - std::chrono::steady_clock::now());
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
     pollfd p{fd_, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;

