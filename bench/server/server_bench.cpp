@@ -1,5 +1,6 @@
 // The HTTP server's own overhead on loopback, without a real model:
-//   1. a trivial endpoint (GET /health) under C keep-alive connections: requests/s, p50/p99 latency;
+//   1. a trivial endpoint (GET /health) and a one-token completion under C keep-alive connections:
+//      requests/s, p50/p99 latency;
 //   2. streaming: tokens/s of the engine alone (a counting model, so the forward pass costs ~nothing) against
 //      the same requests streamed over HTTP/SSE through the server; the difference is the HTTP layer.
 // Usage: server_bench [seconds=5] [connections=8] [streams=32] [tokens=512]
@@ -66,7 +67,9 @@ std::unique_ptr<Engine> make_engine() {
   return Engine::create(std::make_unique<CountingModel>(), eo);
 }
 
-void bench_trivial(uint16_t port, double seconds, int connections) {
+// Requests/s of one request shape under `connections` keep-alive connections, with p50/p99 latency.
+void bench_requests(uint16_t port, double seconds, int connections, const char* what, const std::string& method,
+                    const std::string& path, const std::string& body) {
   std::atomic<bool> stop{false};
   std::vector<std::vector<double>> lat(connections);
   std::vector<std::thread> threads;
@@ -75,7 +78,7 @@ void bench_trivial(uint16_t port, double seconds, int connections) {
       Connection c(port);
       while (!stop) {
         auto t0 = Clock::now();
-        auto r = c.roundtrip("GET", "/health");
+        auto r = c.roundtrip(method, path, body);
         if (r.status != 200) break;
         lat[i].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
       }
@@ -86,13 +89,11 @@ void bench_trivial(uint16_t port, double seconds, int connections) {
   for (auto& t : threads) t.join();
   std::vector<double> all;
   for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-  std::printf(
-      "%s\n",
-      fmt::format("GET /health, {} keep-alive connections, {:.0f} s: {:.0f} requests/s, p50 {:.0f} us, "
-                  "p99 {:.0f} us",
-                  connections, seconds, double(all.size()) / seconds, percentile(all, 0.5),
-                  percentile(all, 0.99))
-          .c_str());
+  std::printf("%s\n", fmt::format("{}, {} keep-alive connections, {:.0f} s: {:.0f} requests/s, p50 {:.0f} us, "
+                                  "p99 {:.0f} us",
+                                  what, connections, seconds, double(all.size()) / seconds, percentile(all, 0.5),
+                                  percentile(all, 0.99))
+                          .c_str());
 }
 
 // Tokens/s of `streams` concurrent requests of `tokens` tokens each, straight from the engine.
@@ -167,7 +168,9 @@ int run(int argc, char** argv) {
   server.start();
   std::printf("%u hardware threads; server: 1 IO thread\n", std::thread::hardware_concurrency());
 
-  bench_trivial(server.port(), seconds, connections);
+  bench_requests(server.port(), seconds, connections, "GET /health", "GET", "/health", "");
+  bench_requests(server.port(), seconds, connections, "POST /v1/completions (4 prompt ids, 1 token)", "POST",
+                 "/v1/completions", R"({"prompt":[1,2,3,4],"max_tokens":1,"temperature":0})");
 
   engine_tokens_per_s(*engine, streams, 16);  // warm-up
   double direct = engine_tokens_per_s(*engine, streams, tokens);

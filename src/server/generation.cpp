@@ -114,7 +114,10 @@ void GenerationJob::on_admitted() {
     GenerateRequest r;
     r.id = c->engine_id;
     r.prompt = spec_.prompts[c->prompt_index];
-    r.snapshot_hint = spec_.snapshot_hint;
+    // Completions: a snapshot before the last prompt token, so the same prompt again is a hit (the engine
+    // alone would file one on the second run, for the third).
+    r.snapshot_hint = spec_.kind == JobSpec::Kind::kChat ? spec_.snapshot_hint
+                                                         : static_cast<int64_t>(r.prompt.size()) - 1;
     r.params = spec_.params;
     if (r.params.seed) r.params.seed = *r.params.seed + static_cast<uint64_t>(c->index);
     int index = c->index;
