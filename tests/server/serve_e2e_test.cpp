@@ -277,12 +277,14 @@ TEST(ServeTinyMoe, DisconnectMidStreamFreesTheRequestsPages) {
     EXPECT_EQ(metric(p->port(), "moeserve:state_slots_used" + model), 1);
   }  // the client goes away mid-stream
   // The server notices, cancels the generation and frees what it held; only the prefix cache keeps pages.
-  double aborted = 0;
-  for (int i = 0; i < 3000 && aborted < 1; ++i) {
+  // The response counts the abort at once; the engine frees the request at its next step: wait for both.
+  double aborted = 0, slots = 1;
+  for (int i = 0; i < 3000 && (aborted < 1 || slots != 0); ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     aborted = metric(p->port(),
                      "moeserve:request_success_total{model_name=\"tests/fixtures/models/tiny-moe\","
                      "finished_reason=\"abort\"}");
-    if (aborted < 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    slots = metric(p->port(), "moeserve:state_slots_used" + model);
   }
   EXPECT_EQ(aborted, 1);
   EXPECT_EQ(metric(p->port(), "moeserve:kv_cache_usage_perc" + model), 0);
