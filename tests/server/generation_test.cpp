@@ -359,43 +359,6 @@ TEST(Generation, RepeatedPromptReportsCachedTokens) {
   EXPECT_EQ(m.find("moeserve:prefix_cache_hits_total{model_name=\"scripted\"} 0\n"), std::string::npos) << m;
 }
 
-TEST(Generation, QueueFullIs429AndQueueTimeoutIs503) {
-  // One running slot and one queue place; a long generation holds the slot.
-  ServiceOptions options;
-  options.queue_timeout = std::chrono::milliseconds(300);
-  Server s(kPrompt, " go",
-           {.max_running = 1,
-            .max_queued = 1,
-            .queue_timeout = options.queue_timeout,
-            .memory_pressure_threshold = 0},
-           options);
-  Connection holder(s.harness->port());
-  json hold = {{"prompt", kPrompt}, {"max_tokens", 3000}, {"ignore_eos", true}, {"stream", true}};
-  ASSERT_TRUE(holder.send(Connection::request("POST", "/v1/completions", hold.dump())));
-  // Wait until it runs (its first chunk arrived).
-  bool first = false;
-  holder.read_response_with([&](const std::string&) {
-    first = true;
-    return false;
-  });
-  ASSERT_TRUE(first);
-  Connection queued(s.harness->port());
-  ASSERT_TRUE(queued.send(Connection::request("POST", "/v1/completions", json{{"prompt", kPrompt}}.dump())));
-  // The queue now holds one request: the next is refused at once.
-  testing_http::Response refused;
-  for (int i = 0; i < 100 && refused.status != 429; ++i) {
-    refused = s.harness->post("/v1/completions", json{{"prompt", kPrompt}}.dump());
-    if (refused.status != 429) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  EXPECT_EQ(refused.status, 429);
-  EXPECT_EQ(refused.headers["retry-after"], "1");
-  EXPECT_EQ(json::parse(refused.body)["error"]["type"], "rate_limit_error");
-  // The queued one gives up after the queue timeout.
-  auto timed_out = queued.read_response(std::chrono::seconds(20));
-  EXPECT_EQ(timed_out.status, 503);
-  EXPECT_NE(timed_out.body.find("queue timeout"), std::string::npos);
-}
-
 TEST(Generation, DisconnectMidStreamCancelsAndFreesTheEngine) {
   Server s(kPrompt, " go");
   {
