@@ -27,7 +27,7 @@ strip --strip-debug "$OUT"/bin/*
 # Libraries outside glibc, the C++ runtime and CUDA itself.
 for bin in "$OUT"/bin/*; do
   ldd "$bin" | awk '/=> \// {print $3}'
-done | sort -u | grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcublas[^/]*)\.so' |
+done | sort -u | grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcublas[^/]*|libnccl)\.so' |
   while read -r lib; do cp -L "$lib" "$OUT/lib/"; done
 cat > "$OUT/run.sh" <<'RUN'
 #!/usr/bin/env bash

@@ -22,6 +22,7 @@
 #include "engine/tp_runner.h"
 #include "model/checkpoint.h"
 #include "model/init_model.h"
+#include "model/random_weights.h"
 #include "model/tensor_parallel.h"
 #include "server/admission.h"
 #include "server/http.h"
@@ -41,6 +42,7 @@ using Clock = std::chrono::steady_clock;
 struct ServeOptions {
   std::string model;
   std::string load_format = "auto";
+  std::string preset;  // --load-format dummy: a built-in shape instead of --model's config.json
   std::string device = "cpu";
   std::string tokenizer;
   std::string host = "0.0.0.0";
@@ -213,6 +215,22 @@ int serve_tp_follower(const ServeOptions& o, dist::Communicator& group) {
   return 0;
 }
 
+// Random weights for --load-format dummy, made where the backend runs when it can (a GPU: no host copy of a
+// 70 GB model).
+ModelWeights dummy_weights(const ModelConfig& config, uint64_t seed, Backend& backend) {
+  uint64_t next = seed * 1000003 + 1;
+  bool on_backend = true;
+  ModelWeights w = make_random_weights(
+      config,
+      [&](int64_t rows, int64_t cols, float bound) {
+        Matrix m = on_backend ? backend.random_matrix(DType::BF16, rows, cols, next++, bound) : Matrix{};
+        on_backend = !m.empty();
+        return m;
+      },
+      uint32_t(seed));
+  return on_backend ? std::move(w) : make_dummy_weights(config, seed);
+}
+
 int serve(const ServeOptions& o) {
   // NCCL needs the CUDA backend's stream (dist::GroupOptions::cuda_stream), which it does not hand out yet.
   check(o.group.tp == 1 || o.device == "cpu", "--tp {} runs on the CPU backend for now (docs/tp.md)", o.group.tp);
@@ -223,6 +241,9 @@ int serve(const ServeOptions& o) {
   bool demo = o.model == kDemo;
   check(o.load_format == "auto" || o.load_format == "dummy", "--load-format {}: expected auto or dummy",
         o.load_format);
+  check(!o.model.empty() || !o.preset.empty(), "--model is required (or --load-format dummy --preset NAME)");
+  check(o.preset.empty() || o.load_format == "dummy", "--preset {} makes random weights: add --load-format dummy",
+        o.preset);
   check(o.memory_pressure_threshold >= 0 && o.memory_pressure_threshold <= 1,
         "--memory-pressure-threshold {}: expected a fraction in [0, 1] (0 turns it off)", o.memory_pressure_threshold);
   text::OutputParserOptions parsers;
@@ -261,8 +282,10 @@ int serve(const ServeOptions& o) {
   }
 
   server::ServiceOptions service_options;
-  service_options.served_model_name =
-      !o.served_model_name.empty() ? o.served_model_name : demo ? "moeserve-demo" : o.model;
+  service_options.served_model_name = !o.served_model_name.empty() ? o.served_model_name
+                                      : demo                       ? "moeserve-demo"
+                                      : o.model.empty()            ? o.preset
+                                                                   : o.model;
   service_options.model_path = o.model;
   service_options.api_key = o.api_key;
   service_options.queue_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.queue_timeout_s * 1000));
@@ -296,13 +319,17 @@ int serve(const ServeOptions& o) {
   spdlog::info("listening on {}:{} (/health answers 503 until the model is loaded)", o.host, http_server.port());
 
   // Weights.
+  std::unique_ptr<Backend> backend = make_backend(o.device);  // outlives the engine
   ModelWeights weights;
   if (demo) {
     Progress p("building the demo model (random weights, Qwen3 vocabulary)");
     weights = demo_weights(text->tokenizer, *text, o.seed);
   } else if (o.load_format == "dummy") {
-    Progress p("building random weights for " + o.model + "/config.json (--load-format dummy)");
-    weights = make_dummy_weights(ModelConfig::from_file(o.model + "/config.json"), o.seed);
+    const std::string shape = o.preset.empty() ? o.model + "/config.json" : "preset " + o.preset;
+    Progress p("building random weights for " + shape + " (--load-format dummy)");
+    weights = dummy_weights(o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json")
+                                             : preset_config(o.preset),
+                            o.seed, *backend);
   } else {
     Progress p("loading weights from " + o.model);
     weights = load_checkpoint(o.model);
@@ -323,7 +350,6 @@ int serve(const ServeOptions& o) {
   if (text && !text->stop_ids.empty() && weights.config.eos_token_ids.empty()) {
     engine_options.eos_token_ids = text->stop_ids;
   }
-  std::unique_ptr<Backend> backend = make_backend(o.device);  // outlives the engine
   engine_options.backend = backend.get();
   // --tp N: this rank's shard; the followers mirror the engine's steps, not its prefix-cache state copies.
   if (group->size() > 1) {
@@ -378,8 +404,10 @@ int serve(const ServeOptions& o) {
 
 Registration reg{{"serve", "Serve a model over an OpenAI-compatible HTTP API (one node)", 10, [](CLI::App& cmd) {
                     auto o = std::make_shared<ServeOptions>();
-                    cmd.add_option("--model", o->model, "checkpoint directory, or 'demo' for the built-in demo model")
-                        ->required();
+                    cmd.add_option("--model", o->model, "checkpoint directory, or 'demo' for the built-in demo model");
+                    cmd.add_option("--preset", o->preset,
+                                   "with --load-format dummy: random weights of a built-in shape (e.g. 35b-a3b; "
+                                   "made on the GPU with --device cuda) instead of --model's config.json");
                     cmd.add_option("--load-format", o->load_format,
                                    "auto (read the safetensors) or dummy (random weights of config.json's shape)")
                         ->capture_default_str();

@@ -13,7 +13,9 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "bench_util.h"
+#include "common/error.h"
 #include "dummy_model.h"
+#include "engine/sampler.h"
 #include "model/qwen35.h"
 
 namespace moeserve {
@@ -28,6 +30,12 @@ struct Options {
   int64_t context = 256;  // prompt length before decode steps
   bool profile = true;
   bool fp8 = false;
+  // How decode steps pick their tokens: full-greedy / full-top-p (every logits row to the host, the sampler
+  // there), greedy / top-p (rows reduced to candidates on the GPU), none (logits downloaded, nothing
+  // sampled).
+  std::vector<std::string> sampling = {"full-greedy", "greedy", "top-p"};
+  float logit_scale =
+      1.0f;  // lm_head scale: random weights give flat rows; ~10 peaks them like a trained model's
 };
 
 using Clock = std::chrono::steady_clock;
@@ -49,6 +57,7 @@ int run(const Options& o) {
   ModelWeights weights = dummy::random_weights(config, [&](int64_t rows, int64_t cols, float bound) {
     // Embeddings and lm_head stay bf16, as FP8 checkpoints keep them.
     const bool big = rows == config.vocab_size;
+    if (big && bound < 1.0f) bound *= o.logit_scale;  // lm_head (the embeddings have bound 1)
     const DType type = big ? DType::BF16 : dt;
     const size_t n = size_t(rows * cols);
     void* p = cuda_tools::allocate_device(*be, n * dtype_size(type));
@@ -100,45 +109,79 @@ int run(const Options& o) {
                                      .c_str());
   }
 
-  // Decode: B sequences of `context` tokens each, then steps of one token per sequence.
-  for (int B : o.batches) {
-    const int64_t cap = o.context + o.decode_steps + 8;
-    const int64_t pages_per_seq = (cap + page_size - 1) / page_size;
-    KvCache kv(model.kv_cache_spec(page_size, pages_per_seq * B));
-    StateCache state(model.state_cache_spec(B));
-    std::vector<std::vector<int32_t>> pages(static_cast<size_t>(B));
-    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B)), next(static_cast<size_t>(B));
-    std::vector<SequenceStep> steps(static_cast<size_t>(B));
-    for (int b = 0; b < B; ++b) {
-      pages[size_t(b)].resize(size_t(pages_per_seq));
-      std::iota(pages[size_t(b)].begin(), pages[size_t(b)].end(), int32_t(b * pages_per_seq));
-      prompts[size_t(b)] = ids(o.context, b + 2);
-      steps[size_t(b)] = {prompts[size_t(b)], 0, pages[size_t(b)], b, false};
-    }
-    auto tp = Clock::now();
-    model.forward(steps, kv, state);
-    const double prefill_s = seconds_since(tp);
-    int64_t pos = o.context;
-    auto decode_step = [&] {
+  // Decode: B sequences of `context` tokens each, then steps of one token per sequence, each sampled as the
+  // engine does (engine/sampler.h) from its candidates or its full row.
+  for (const std::string& mode : o.sampling) {
+    check(mode == "full-greedy" || mode == "full-top-p" || mode == "greedy" || mode == "top-p" ||
+              mode == "none",
+          "--sampling {}: expected full-greedy, full-top-p, greedy, top-p or none", mode);
+    const bool candidates = mode == "greedy" || mode == "top-p";
+    SamplingParams params;
+    params.temperature = mode.find("top-p") != std::string::npos ? 1.0f : 0.0f;
+    params.top_p = 0.9f;
+    for (int B : o.batches) {
+      const int64_t cap = o.context + o.decode_steps + 8;
+      const int64_t pages_per_seq = (cap + page_size - 1) / page_size;
+      KvCache kv(model.kv_cache_spec(page_size, pages_per_seq * B));
+      StateCache state(model.state_cache_spec(B));
+      std::vector<std::vector<int32_t>> pages(static_cast<size_t>(B));
+      std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B)), next(static_cast<size_t>(B));
+      std::vector<SequenceStep> steps(static_cast<size_t>(B));
+      std::vector<Sampler> samplers;
       for (int b = 0; b < B; ++b) {
-        next[size_t(b)] = {int32_t((pos * 31 + b) % config.vocab_size)};
-        steps[size_t(b)] = {next[size_t(b)], pos, pages[size_t(b)], b, false};
+        pages[size_t(b)].resize(size_t(pages_per_seq));
+        std::iota(pages[size_t(b)].begin(), pages[size_t(b)].end(), int32_t(b * pages_per_seq));
+        prompts[size_t(b)] = ids(o.context, b + 2);
+        steps[size_t(b)] = {prompts[size_t(b)], 0, pages[size_t(b)], b, false};
+        samplers.emplace_back(params, std::span<const int32_t>{}, uint64_t(b + 1));
+        next[size_t(b)] = {int32_t(b)};
       }
+      auto tp = Clock::now();
       model.forward(steps, kv, state);
-      ++pos;
-    };
-    for (int i = 0; i < 3; ++i) decode_step();  // measure, record, first replay of the step graph
-    cuda_tools::synchronize(*be);
-    cuda_tools::graph_timing(*be);  // reset
-    auto td = Clock::now();
-    for (int i = 0; i < o.decode_steps; ++i) decode_step();
-    const double s = seconds_since(td) / o.decode_steps;
-    std::printf(
-        "decode batch %3d (context %ld): %7.3f ms/step  %8.0f tok/s%s   [batched prefill %.0f tok/s]\n", B,
-        long(o.context), s * 1e3, B / s,
-        o.layers == 40 ? "" : fmt::format("  (~{:.0f} tok/s at 40 layers)", B / (s * per_layer)).c_str(),
-        double(B * o.context) / prefill_s);
-    std::printf("  %s\n", cuda_tools::graph_timing(*be).c_str());
+      const double prefill_s = seconds_since(tp);
+      int64_t pos = o.context;
+      int64_t full_rows = 0;
+      double sample_s = 0;
+      std::vector<float> row(size_t(config.vocab_size));
+      auto decode_step = [&] {
+        for (int b = 0; b < B; ++b) {
+          steps[size_t(b)] = {next[size_t(b)], pos, pages[size_t(b)], b, false};
+          steps[size_t(b)].candidates = candidates ? kMaxLogitsTopk : 0;
+        }
+        ForwardOutput out = model.forward(steps, kv, state);
+        auto ts = Clock::now();
+        for (int b = 0; b < B && mode != "none"; ++b) {
+          Sampler& sm = samplers[size_t(b)];
+          std::optional<int32_t> t;
+          if (candidates) t = sm.sample(out.candidates[size_t(b)], {});
+          if (!t && candidates) {
+            ++full_rows;
+            out.fetch_row(size_t(b), row.data());
+            t = sm.sample(row, {});
+          }
+          if (!t) t = sm.sample({out.logits.data() + b * config.vocab_size, size_t(config.vocab_size)}, {});
+          next[size_t(b)] = {*t};
+        }
+        sample_s += seconds_since(ts);
+        ++pos;
+      };
+      for (int i = 0; i < 3; ++i) decode_step();  // measure, record, first replay of the step graph
+      cuda_tools::synchronize(*be);
+      cuda_tools::graph_timing(*be);  // reset
+      full_rows = 0;
+      sample_s = 0;
+      auto td = Clock::now();
+      for (int i = 0; i < o.decode_steps; ++i) decode_step();
+      const double s = seconds_since(td) / o.decode_steps;
+      std::printf(
+          "decode %-11s batch %3d (context %ld): %7.3f ms/step  %8.0f tok/s%s   [host sampling %.2f ms/step, "
+          "%.1f%% rows fetched whole; batched prefill %.0f tok/s]\n",
+          mode.c_str(), B, long(o.context), s * 1e3, B / s,
+          o.layers == 40 ? "" : fmt::format("  (~{:.0f} tok/s at 40 layers)", B / (s * per_layer)).c_str(),
+          1e3 * sample_s / o.decode_steps, 100.0 * double(full_rows) / double(B * o.decode_steps),
+          double(B * o.context) / prefill_s);
+      std::printf("  %s\n", cuda_tools::graph_timing(*be).c_str());
+    }
   }
 
   if (o.profile) {
@@ -178,6 +221,11 @@ int main(int argc, char** argv) {
   app.add_option("--context", o.context, "prompt tokens per sequence before decoding")->capture_default_str();
   app.add_flag("!--no-profile", o.profile, "skip the per-op profile");
   app.add_flag("--fp8", o.fp8, "FP8 block-scaled weights (embeddings and lm_head bf16)");
+  app.add_option("--sampling", o.sampling, "full-greedy, full-top-p, greedy, top-p (T=1, p=0.9) or none")
+      ->capture_default_str();
+  app.add_option("--logit-scale", o.logit_scale,
+                 "scale of the lm_head (10: peaked rows like a trained model's)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     return moeserve::run(o);

@@ -1,6 +1,9 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "common/error.h"
@@ -16,6 +19,39 @@ void Backend::argmax(const float* x, int64_t rows, int64_t cols, int32_t* out_ho
   for (int64_t r = 0; r < rows; ++r) {
     download(x + r * cols, row.data(), size_t(cols));
     out_host[r] = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+  }
+}
+
+void Backend::logits_topk(const float* x, int64_t rows, int64_t cols, std::span<const float> temperatures,
+                          int k, float* out) {
+  check(k >= 1 && k <= kMaxLogitsTopk && int64_t(temperatures.size()) == rows,
+        "logits_topk: k {} (1..{}), {} temperatures for {} rows", k, kMaxLogitsTopk, temperatures.size(),
+        rows);
+  const int64_t stride = logits_topk_record_floats(k);
+  std::vector<float> row(static_cast<size_t>(cols)), record(static_cast<size_t>(stride));
+  std::vector<int32_t> idx(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    download(x + r * cols, row.data(), size_t(cols));
+    LogitsTopkHeader h{};
+    h.max = *std::max_element(row.begin(), row.end());
+    const double inv_t = 1.0 / double(temperatures[size_t(r)]);
+    for (float l : row) {
+      h.sum_exp += std::exp(double(l - h.max));
+      h.sum_exp_t += std::exp(double(l - h.max) * inv_t);
+    }
+    h.count = int32_t(std::min<int64_t>(k, cols));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + h.count, idx.end(), [&](int32_t a, int32_t b) {
+      return row[size_t(a)] > row[size_t(b)] || (row[size_t(a)] == row[size_t(b)] && a < b);
+    });
+    std::fill(record.begin(), record.end(), 0.0f);
+    std::memcpy(record.data(), &h, sizeof(h));
+    float* values = record.data() + sizeof(h) / sizeof(float);
+    for (int32_t i = 0; i < h.count; ++i) {
+      values[i] = row[size_t(idx[size_t(i)])];
+      std::memcpy(values + k + i, &idx[size_t(i)], sizeof(int32_t));
+    }
+    upload(record.data(), out + r * stride, size_t(stride));
   }
 }
 

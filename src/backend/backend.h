@@ -22,6 +22,22 @@ namespace moeserve {
 
 class Backend;
 
+// One row's record written by Backend::logits_topk, so that sampling needs only these bytes of a logits row:
+// a header, then k candidate values (largest first; ties: lower index first) and their column indices.
+struct LogitsTopkHeader {
+  float max;         // the row's largest value m
+  int32_t count;     // candidates present: min(k, cols)
+  double sum_exp;    // Σ exp(l - m) over the row (log-softmax normaliser)
+  double sum_exp_t;  // Σ exp((l - m) / temperature) over the row
+};
+static_assert(sizeof(LogitsTopkHeader) == 24);
+// Floats per record: the header, k values, k indices (int32 stored in float slots).
+constexpr int64_t logits_topk_record_floats(int k) {
+  return int64_t(sizeof(LogitsTopkHeader) / sizeof(float)) + 2 * int64_t(k);
+}
+// Candidates a backend reduces one row to at most.
+constexpr int kMaxLogitsTopk = 256;
+
 // A Buffer returns its memory to the backend that allocated it (which may keep it for the next request of
 // the same size: activations are allocated per layer, and fresh pages cost a fault each).
 struct BufferDeleter {
@@ -56,11 +72,19 @@ class Backend {
   virtual void prepare(const float* weights, size_t n) { (void)weights, (void)n; }
   // Memory for the KV pages and GDN state slots (nullptr: host memory).
   virtual CacheMemory* cache_memory() { return nullptr; }
+  // A random weight made in the backend's own memory and owned by the backend: rows×cols of `dtype` (BF16 or
+  // F32) uniform in [-bound, bound) (benchmarks, `serve --load-format dummy`). An empty Matrix where the
+  // backend runs on host memory (make host weights instead).
+  virtual Matrix random_matrix(DType dtype, int64_t rows, int64_t cols, uint64_t seed, float bound) {
+    (void)dtype, (void)rows, (void)cols, (void)seed, (void)bound;
+    return {};
+  }
 
   // Runs `step` (a forward step: ops, then downloads of its results) so that a backend may record the device
-  // work the first times it sees `key` and replay the recording afterwards (CUDA graphs). On a replay the host
-  // code of `step` runs again with the ops only staging their host inputs; a step whose ops differ from the
-  // recording in anything but those inputs (token ids, positions, page tables) is run afresh. The CPU runs it.
+  // work the first times it sees `key` and replay the recording afterwards (CUDA graphs). On a replay the
+  // host code of `step` runs again with the ops only staging their host inputs; a step whose ops differ from
+  // the recording in anything but those inputs (token ids, positions, page tables) is run afresh. The CPU
+  // runs it.
   virtual void run_step(uint64_t key, const std::function<void()>& step) {
     (void)key;
     step();
@@ -68,6 +92,12 @@ class Backend {
 
   // Greedy sampling: out[r] = index of the largest value of row r of x [rows][cols] (the first on ties).
   virtual void argmax(const float* x, int64_t rows, int64_t cols, int32_t* out_host);
+  // Sampling where the logits are: per row r of x [rows][cols], its max m, Σ exp(l - m), Σ exp((l - m) /
+  // temperatures[r]) and its k ≤ kMaxLogitsTopk largest values with their indices, into out [rows][
+  // logits_topk_record_floats(k)] (backend memory; layout: LogitsTopkHeader, values, indices). The sums run
+  // in double here (column order, as the host sampler sums a full row); a GPU may sum in float32.
+  virtual void logits_topk(const float* x, int64_t rows, int64_t cols, std::span<const float> temperatures,
+                           int k, float* out);
 
   // y[n][w.rows] = x[n][w.cols] · wᵀ
   virtual void matmul(const float* x, int64_t n, const Matrix& w, float* y) = 0;
@@ -84,8 +114,8 @@ class Backend {
 
   // RMSNorm over rows of `dim`: out = x * rsqrt(mean(x²) + eps) * (zero_centred ? 1 + w : w).
   // Rows start every x_stride (resp. out_stride) floats, so a norm can read heads out of interleaved rows.
-  virtual void rms_norm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, float eps,
-                        bool zero_centred, float* out, int64_t out_stride) = 0;
+  virtual void rms_norm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w,
+                        float eps, bool zero_centred, float* out, int64_t out_stride) = 0;
   // Gated RMSNorm (GDN output): out = w * (o * rsqrt(mean(o²) + eps)) * silu(z), rows of `dim`.
   virtual void gated_rms_norm(const float* o, const float* z, int64_t rows, int64_t dim, const float* w,
                               float eps, float* out) = 0;
@@ -105,7 +135,8 @@ class Backend {
   virtual void mul_sigmoid(float* x, const float* gate, int64_t rows, int64_t dim, int64_t gate_stride) = 0;
 
   // Depthwise causal conv1d + SiLU of one sequence: x [T][channels], w [channels][kernel]; state
-  // [channels][kernel-1] holds the previous inputs (oldest first) and is advanced to the last kernel-1 inputs.
+  // [channels][kernel-1] holds the previous inputs (oldest first) and is advanced to the last kernel-1
+  // inputs.
   virtual void causal_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel,
                                   float* state, float* out) = 0;
   // beta = sigmoid(b); g = -exp(a_log) * softplus(a + dt_bias); all [T][v_heads].
@@ -115,8 +146,8 @@ class Backend {
   // q, k rows of [k_heads][k_dim] every qk_stride floats; v rows of [v_heads][v_dim] every v_stride floats;
   // state [v_heads][k_dim][v_dim] advanced in place; out [T][v_heads][v_dim].
   virtual void gated_delta_rule(const DeltaRuleShape& s, const float* q, const float* k, int64_t qk_stride,
-                                const float* v, int64_t v_stride, const float* g, const float* beta, int64_t T,
-                                float* state, float* out) = 0;
+                                const float* v, int64_t v_stride, const float* g, const float* beta,
+                                int64_t T, float* state, float* out) = 0;
 
   // SwiGLU feed-forward on n rows: out = down(silu(gate x) * up x).
   virtual void swiglu(const SwiGlu& w, const float* x, int64_t n, float* out) = 0;

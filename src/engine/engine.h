@@ -135,6 +135,10 @@ struct EngineOptions {
   int max_queued_requests = 0;                        // submit() throws when this many wait; 0 = unlimited
   std::optional<std::vector<int32_t>> eos_token_ids;  // unset = the model config's
   Backend* backend = nullptr;  // runs the model (must outlive the engine); null = a CPU backend of its own
+  // Sample from each row's leading candidates, reduced where the logits are (a GPU), fetching a full row only
+  // when they do not decide the token (engine/sampler.h). -1: kMaxLogitsTopk where the backend keeps its
+  // memory on a device, 0 (full rows) on the CPU; 0..kMaxLogitsTopk forces a count (tests).
+  int logit_candidates = -1;
 };
 
 // What the memory budget bought, fixed at create().
@@ -170,7 +174,8 @@ struct EngineStats {
   uint64_t requests_finished = 0;  // any reason
   uint64_t requests_aborted = 0;
   uint64_t preemptions = 0;
-  uint64_t steps = 0;  // forward passes
+  uint64_t steps = 0;                   // forward passes
+  uint64_t sampled_from_full_rows = 0;  // tokens whose candidates did not decide them (logit_candidates)
 };
 
 class Engine {

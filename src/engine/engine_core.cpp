@@ -65,6 +65,10 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
     : model_(std::move(model)), options_(options) {
   check(model_ != nullptr, "engine: no model");
   vocab_ = model_->vocab_size();
+  if (model_->reduces_logits())
+    logit_candidates_ = std::clamp(
+        options_.logit_candidates >= 0 ? options_.logit_candidates : model_->default_logit_candidates(), 0,
+        kMaxLogitsTopk);
   eos_ = options_.eos_token_ids ? *options_.eos_token_ids : model_->eos_token_ids();
   capacity_ = size_caches(model_->kv_cache_spec(options_.page_size, 0), model_->state_cache_spec(0), options_,
                           model_->max_position_embeddings(), model_->cache_memory_available());
@@ -92,7 +96,8 @@ void EngineCore::add(GenerateRequest request) {
   r->params = std::move(request.params);
   r->max_tokens = r->params.max_tokens ? *r->params.max_tokens : capacity_.max_model_len - r->prompt_len;
   r->priority = request.priority;
-  if (request.snapshot_hint > 0 && request.snapshot_hint < r->prompt_len) r->snapshot_hint = request.snapshot_hint;
+  if (request.snapshot_hint > 0 && request.snapshot_hint < r->prompt_len)
+    r->snapshot_hint = request.snapshot_hint;
   r->on_output = std::move(request.on_output);
   r->prompt_logprobs_pending = r->params.prompt_logprobs.has_value();
   r->arrival = next_arrival_++;
@@ -112,6 +117,25 @@ bool EngineCore::cancel(const std::string& id) {
 void EngineCore::abort_all() {
   while (!requests_.empty()) finish(requests_.begin()->second.get(), FinishReason::Abort, false);
 }
+
+// A sequence's last logits row: the full row, or its candidates with the full row fetched on demand.
+struct EngineCore::LogitsRow {
+  const ForwardOutput* out = nullptr;
+  int64_t vocab = 0;
+  const float* full = nullptr;
+  const LogitCandidates* candidates = nullptr;
+  size_t index = 0;
+  std::vector<float> fetched;
+
+  std::span<const float> full_row() {
+    if (!full) {
+      fetched.resize(size_t(vocab));
+      out->fetch_row(index, fetched.data());
+      full = fetched.data();
+    }
+    return {full, size_t(vocab)};
+  }
+};
 
 void EngineCore::step() {
   std::vector<ScheduledChunk> plan = scheduler_->schedule();
@@ -134,6 +158,8 @@ void EngineCore::step() {
     s.pages = r->cache.pages;
     s.state_slot = r->cache.slot;
     s.all_logits = r->prompt_logprobs_pending;
+    s.candidates = logit_candidates_;
+    if (r->params.temperature > 0) s.temperature = r->params.temperature;
     batch.push_back(s);
   }
   ForwardOutput out;
@@ -148,22 +174,35 @@ void EngineCore::step() {
   ++counters_.steps;
 
   const float* row = out.logits.data();
-  for (const auto& c : plan) {
-    Request* r = c.request;
-    const int64_t rows = r->prompt_logprobs_pending ? c.tokens : 1;
-    if (r->uncomputed() > 1 || r->generated() == 0) counters_.prefill_tokens += uint64_t(c.tokens);
+  size_t reduced = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Request* r = plan[i].request;
+    const int64_t tokens = plan[i].tokens;
+    const bool candidates = batch[i].candidates > 0 && !batch[i].all_logits;
+    const int64_t rows = candidates ? 0 : r->prompt_logprobs_pending ? tokens : 1;
+    if (r->uncomputed() > 1 || r->generated() == 0) counters_.prefill_tokens += uint64_t(tokens);
     std::vector<LogprobEntry> prompt_logprobs;
     if (r->prompt_logprobs_pending) {
-      for (int64_t i = 0; i < rows; ++i) {
-        int64_t predicted = r->computed + i + 1;  // row i predicts this position
+      for (int64_t j = 0; j < rows; ++j) {
+        int64_t predicted = r->computed + j + 1;  // row j predicts this position
         if (predicted < r->prompt_len)
           r->prompt_logprobs.push_back(compute_logprobs(
-              {row + i * vocab_, size_t(vocab_)}, r->tokens[size_t(predicted)], *r->params.prompt_logprobs));
+              {row + j * vocab_, size_t(vocab_)}, r->tokens[size_t(predicted)], *r->params.prompt_logprobs));
       }
     }
-    const float* last = row + (rows - 1) * vocab_;
+    LogitsRow last;
+    last.out = &out;
+    last.vocab = vocab_;
+    if (candidates) {
+      check(reduced < out.candidates.size(), "engine: the model returned {} candidate rows for more steps",
+            out.candidates.size());
+      last.candidates = &out.candidates[reduced];
+      last.index = reduced++;
+    } else {
+      last.full = row + (rows - 1) * vocab_;
+    }
     row += rows * vocab_;
-    scheduler_->advance(r, c.tokens);
+    scheduler_->advance(r, tokens);
     if (r->computed == int64_t(r->tokens.size())) {
       if (r->prompt_logprobs_pending) {
         r->prompt_logprobs_pending = false;
@@ -174,21 +213,27 @@ void EngineCore::step() {
   }
 }
 
-void EngineCore::sample_and_emit(Request* r, const float* row, std::vector<LogprobEntry> prompt_logprobs) {
+void EngineCore::sample_and_emit(Request* r, LogitsRow& row, std::vector<LogprobEntry> prompt_logprobs) {
   const SamplingParams& p = r->params;
-  std::span<const float> logits(row, size_t(vocab_));
   std::vector<int32_t> banned;
   if (r->generated() < p.min_tokens) {
     if (!p.ignore_eos) banned = eos_;
     banned.insert(banned.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
   }
-  const int32_t token = r->sampler->sample(logits, banned);
+  std::optional<int32_t> from_candidates;
+  if (row.candidates) from_candidates = r->sampler->sample(*row.candidates, banned);
+  if (row.candidates && !from_candidates) ++counters_.sampled_from_full_rows;
+  const int32_t token = from_candidates ? *from_candidates : r->sampler->sample(row.full_row(), banned);
   r->tokens.push_back(token);
   ++counters_.generation_tokens;
 
   GenerateOutput out;
   out.tokens = {token};
-  if (p.logprobs) out.logprobs.push_back(compute_logprobs(logits, token, p.top_logprobs));
+  if (p.logprobs) {
+    std::optional<LogprobEntry> e;
+    if (!row.full) e = compute_logprobs(*row.candidates, token, p.top_logprobs);
+    out.logprobs.push_back(e ? std::move(*e) : compute_logprobs(row.full_row(), token, p.top_logprobs));
+  }
   out.prompt_logprobs = std::move(prompt_logprobs);
   const bool is_eos = !p.ignore_eos && std::find(eos_.begin(), eos_.end(), token) != eos_.end();
   const bool is_stop =

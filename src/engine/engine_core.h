@@ -49,7 +49,8 @@ class EngineCore {
   void check_invariants() const;
 
  private:
-  void sample_and_emit(Request* r, const float* row, std::vector<LogprobEntry> prompt_logprobs);
+  struct LogitsRow;
+  void sample_and_emit(Request* r, LogitsRow& row, std::vector<LogprobEntry> prompt_logprobs);
   // Retires r: releases its caches (filing its tokens in the prefix cache when keep) and sends final_event.
   void finish(Request* r, GenerateOutput final_event, bool keep);
   void finish(Request* r, FinishReason reason, bool keep, std::string error = {});
@@ -60,6 +61,7 @@ class EngineCore {
   EngineCapacity capacity_;
   std::vector<int32_t> eos_;
   int64_t vocab_ = 0;
+  int logit_candidates_ = 0;  // per row, 0 = full rows
   std::unique_ptr<CacheManager> cache_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;

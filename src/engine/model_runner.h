@@ -22,6 +22,10 @@ class ModelRunner {
   virtual KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const = 0;
   virtual StateCacheSpec state_cache_spec(int num_slots) const = 0;
   virtual ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) = 0;
+  // Whether forward() honours SequenceStep::candidates, and the count worth asking for by default (0 where
+  // full rows cost nothing extra, e.g. logits in host memory).
+  virtual bool reduces_logits() const { return false; }
+  virtual int default_logit_candidates() const { return 0; }
   // Bytes free where the caches live, for EngineOptions::mem_fraction (host MemAvailable unless the model's
   // backend keeps its caches elsewhere).
   virtual int64_t cache_memory_available() const;

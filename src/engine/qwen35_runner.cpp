@@ -27,6 +27,10 @@ class Qwen35Runner : public ModelRunner {
   ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
     return model_.forward(batch, kv, state);
   }
+  bool reduces_logits() const override { return true; }
+  int default_logit_candidates() const override {
+    return model_.backend().cache_memory() != nullptr ? kMaxLogitsTopk : 0;  // logits on a device
+  }
 
  private:
   const ModelWeights& weights_;

@@ -7,13 +7,9 @@
 
 namespace moeserve {
 
-namespace {
+namespace sampling {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Candidates for top-p when no top-k narrows the field: the nucleus almost always lies in the few hundred
-// most likely tokens, so sort those first and fall back to a full sort only when their mass is short.
-constexpr size_t kNucleusProbe = 1024;
 
 struct Candidate {
   float logit;
@@ -24,7 +20,106 @@ bool higher(const Candidate& a, const Candidate& b) {
   return a.logit > b.logit || (a.logit == b.logit && a.token < b.token);
 }
 
-}  // namespace
+// A row's tokens in sampling order, made available lazily.
+class RowView {
+ public:
+  virtual ~RowView() = default;
+  virtual size_t vocab() const = 0;
+  // Whether at(0) .. at(n - 1) are available (n ≤ vocab()); false: only the full row could say.
+  virtual bool ensure(size_t n) = 0;
+  virtual const Candidate& at(size_t i) const = 0;
+  // Σ over the whole row of exp(double(l - max) * inv_t), in column order; nullopt if unknown.
+  virtual std::optional<double> total_weight(double inv_t) = 0;
+};
+
+// A full row: sorts only as far as asked (the mass almost always lies in the first few hundred tokens).
+class FullRow final : public RowView {
+ public:
+  explicit FullRow(std::span<const float> logits) : logits_(logits) {}
+  size_t vocab() const override { return logits_.size(); }
+  bool ensure(size_t n) override {
+    if (n <= sorted_) return true;
+    const size_t V = logits_.size();
+    if (n == 1) {  // the argmax alone: one pass, nothing sorted yet
+      size_t best = 0;
+      for (size_t i = 1; i < V; ++i)
+        if (logits_[i] > logits_[best]) best = i;
+      order_.assign(1, {logits_[best], int32_t(best)});
+      sorted_ = 1;
+      return true;
+    }
+    if (order_.size() < V) {  // every token, then sort a prefix of kProbe or twice the last one
+      order_.resize(V);
+      for (size_t i = 0; i < V; ++i) order_[i] = {logits_[i], int32_t(i)};
+      sorted_ = 0;
+    }
+    const size_t target = std::min(V, std::max({n, kProbe, 2 * sorted_}));
+    auto first = order_.begin() + int64_t(sorted_), mid = order_.begin() + int64_t(target);
+    if (target < V) std::nth_element(first, mid, order_.end(), higher);
+    std::sort(first, mid, higher);
+    sorted_ = target;
+    return true;
+  }
+  const Candidate& at(size_t i) const override { return order_[i]; }
+  std::optional<double> total_weight(double inv_t) override {
+    ensure(1);
+    const float max = order_[0].logit;
+    double z = 0;
+    for (float l : logits_) z += std::exp(double(l - max) * inv_t);
+    return z;
+  }
+
+ private:
+  static constexpr size_t kProbe = 1024;
+  std::span<const float> logits_;
+  std::vector<Candidate> order_;
+  size_t sorted_ = 0;
+};
+
+// A row's leading candidates (not the whole row). Banned candidates go to -inf and to the back; the tokens
+// behind them are unknown, so only the candidates before them are available.
+class CandidateRow final : public RowView {
+ public:
+  CandidateRow(const LogitCandidates& c, std::span<const int32_t> banned) : c_(c), order_(c.tokens.size()) {
+    for (size_t i = 0; i < order_.size(); ++i) order_[i] = {c.logits[i], c.tokens[i]};
+    size_t hits = 0;
+    for (auto& e : order_)
+      if (std::find(banned.begin(), banned.end(), e.token) != banned.end()) e.logit = kNegInf, ++hits;
+    if (hits) std::stable_sort(order_.begin(), order_.end(), higher);
+    available_ = order_.size() - hits;
+    mass_known_ = banned.empty();
+  }
+  size_t vocab() const override { return size_t(c_.vocab); }
+  bool ensure(size_t n) override { return n <= available_; }
+  const Candidate& at(size_t i) const override { return order_[i]; }
+  std::optional<double> total_weight(double inv_t) override {
+    (void)inv_t;  // the row's sums were taken at this request's temperature
+    if (!mass_known_) return std::nullopt;
+    return c_.sum_exp_t;
+  }
+
+ private:
+  const LogitCandidates& c_;
+  std::vector<Candidate> order_;
+  size_t available_ = 0;
+  bool mass_known_ = false;
+};
+
+}  // namespace sampling
+
+using sampling::kNegInf;
+using sampling::RowView;
+
+// What the cuts keep: the first n tokens of the sampling order, weights relative to `max`, summing to total.
+struct Sampler::Cut {
+  size_t n = 0;
+  float max = 0;
+  double inv_t = 1;
+  double total = 0;
+  double weight(const RowView& row, size_t i) const {
+    return std::exp(double(row.at(i).logit - max) * inv_t);
+  }
+};
 
 Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt, uint64_t seed)
     : params_(params), rng_(seed) {
@@ -59,100 +154,138 @@ double Sampler::uniform() {
   return double(rng_() >> 11) * 0x1.0p-53;
 }
 
-std::vector<TokenProb> Sampler::distribution(std::span<const float> raw, std::span<const int32_t> banned) {
-  std::span<const float> logits = raw;
+// The logits the cuts see: penalties applied and banned tokens at -inf (unless that bans everything).
+std::span<const float> Sampler::prepare(std::span<const float> raw, std::span<const int32_t> banned) {
   bool need_copy = has_penalties();
   for (int32_t t : banned) need_copy |= raw[size_t(t)] != kNegInf;
-  if (need_copy) {
-    scratch_.assign(raw.begin(), raw.end());
-    apply_penalties(scratch_);
-    bool all_banned = true;
-    std::vector<float> saved;
-    for (int32_t t : banned) {
-      saved.push_back(scratch_[size_t(t)]);
-      scratch_[size_t(t)] = kNegInf;
-    }
-    for (float l : scratch_) all_banned &= l == kNegInf;
-    if (all_banned)  // nothing else is possible: ignore the ban rather than divide by zero
-      for (size_t i = 0; i < banned.size(); ++i) scratch_[size_t(banned[i])] = saved[i];
-    logits = scratch_;
+  if (!need_copy) return raw;
+  scratch_.assign(raw.begin(), raw.end());
+  apply_penalties(scratch_);
+  std::vector<float> saved;
+  for (int32_t t : banned) {
+    saved.push_back(scratch_[size_t(t)]);
+    scratch_[size_t(t)] = kNegInf;
   }
+  bool all_banned = true;
+  for (float l : scratch_) all_banned &= l == kNegInf;
+  if (all_banned)  // nothing else is possible: ignore the ban rather than divide by zero
+    for (size_t i = 0; i < banned.size(); ++i) scratch_[size_t(banned[i])] = saved[i];
+  return scratch_;
+}
 
-  const size_t V = logits.size();
-  if (params_.temperature <= 0.0f || params_.top_k == 1) {
-    size_t best = 0;
-    for (size_t i = 1; i < V; ++i)
-      if (logits[i] > logits[best]) best = i;
-    return {{int32_t(best), 1.0f}};
-  }
-
-  std::vector<Candidate> cand(V);
-  for (size_t i = 0; i < V; ++i) cand[i] = {logits[i], int32_t(i)};
-  auto order_prefix = [&](size_t n) {  // cand[0, n) = the n best, sorted
-    if (n < cand.size()) std::nth_element(cand.begin(), cand.begin() + int64_t(n), cand.end(), higher);
-    std::sort(cand.begin(), cand.begin() + int64_t(n), higher);
+// top-k, then top-p, then min-p, each keeping a prefix of the sampling order (weights only fall along it).
+std::optional<Sampler::Cut> Sampler::cut(RowView& row) const {
+  if (!row.ensure(1)) return std::nullopt;
+  Cut c;
+  const size_t V = row.vocab();
+  c.max = row.at(0).logit;
+  c.inv_t = 1.0 / params_.temperature;
+  const size_t cap = params_.top_k > 0 && size_t(params_.top_k) < V ? size_t(params_.top_k) : V;
+  // Σ weights of the first n tokens: summed along the order, or over the whole row in column order.
+  auto mass = [&](size_t n) -> std::optional<double> {
+    if (n == V) return row.total_weight(c.inv_t);
+    if (!row.ensure(n)) return std::nullopt;
+    double s = 0;
+    for (size_t i = 0; i < n; ++i) s += c.weight(row, i);
+    return s;
   };
-  if (params_.top_k > 0 && size_t(params_.top_k) < V) {
-    std::nth_element(cand.begin(), cand.begin() + params_.top_k, cand.end(), higher);
-    cand.resize(size_t(params_.top_k));
-  }
-
-  const double inv_t = 1.0 / params_.temperature;
-  float max_logit = kNegInf;
-  for (const auto& c : cand) max_logit = std::max(max_logit, c.logit);
-  auto exp_weight = [&](const Candidate& c) { return std::exp(double(c.logit - max_logit) * inv_t); };
-  double z = 0;
-  for (const auto& c : cand) z += exp_weight(c);
-
-  size_t n = cand.size();
+  std::optional<double> cap_mass;
+  c.n = cap;
   if (params_.top_p < 1.0f) {
     // The smallest set of most likely tokens whose mass reaches top_p (at least one).
-    const double target = params_.top_p * z;
-    size_t sorted = std::min(kNucleusProbe, n);
-    order_prefix(sorted);
-    double mass = 0;
+    cap_mass = mass(cap);
+    if (!cap_mass) return std::nullopt;
+    const double target = params_.top_p * *cap_mass;
+    double acc = 0;
     size_t i = 0;
-    for (; i < sorted && mass < target; ++i) mass += exp_weight(cand[i]);
-    if (mass < target && sorted < n) {  // the probe was too short
-      order_prefix(n);
-      for (; i < n && mass < target; ++i) mass += exp_weight(cand[i]);
+    for (; i < cap && acc < target; ++i) {
+      if (!row.ensure(i + 1)) return std::nullopt;
+      acc += c.weight(row, i);
     }
-    n = std::max<size_t>(i, 1);
+    c.n = std::max<size_t>(i, 1);
   }
   if (params_.min_p > 0.0f) {
     // p >= min_p * p_max, i.e. weight >= min_p (the best token has weight 1).
-    auto end = std::partition(cand.begin(), cand.begin() + int64_t(n),
-                              [&](const Candidate& c) { return exp_weight(c) >= double(params_.min_p); });
-    n = std::max<size_t>(size_t(end - cand.begin()), 1);
+    size_t i = 0;
+    for (; i < c.n; ++i) {
+      if (!row.ensure(i + 1)) return std::nullopt;
+      if (!(c.weight(row, i) >= double(params_.min_p))) break;
+    }
+    c.n = std::max<size_t>(i, 1);
   }
+  std::optional<double> total = c.n == cap && cap_mass ? cap_mass : mass(c.n);
+  if (!total) return std::nullopt;
+  c.total = *total;
+  return c;
+}
 
-  double total = 0;
-  for (size_t i = 0; i < n; ++i) total += exp_weight(cand[i]);
-  std::vector<TokenProb> out;
-  for (size_t i = 0; i < n; ++i) {
-    double w = exp_weight(cand[i]);
-    if (w > 0) out.push_back({cand[i].token, float(w / total)});  // banned tokens (-inf) never appear
+std::optional<int32_t> Sampler::choose(RowView& row) {
+  if (params_.temperature <= 0.0f || params_.top_k == 1) {
+    if (!row.ensure(1)) return std::nullopt;
+    return row.at(0).token;
   }
-  if (out.empty())
-    out.push_back({cand[0].token, 1.0f});  // every logit was -inf: keep going, deterministically
+  std::optional<Cut> c = cut(row);
+  if (!c) return std::nullopt;
+  // Tokens of weight 0 (banned, underflowed) never come up; they sit at the back of the order.
+  if (c->n >= 2 && !row.ensure(2)) return std::nullopt;
+  if (!(c->weight(row, 0) > 0) || c->n < 2 || !(c->weight(row, 1) > 0))
+    return row.at(0).token;  // one possible token (or every logit -inf): no draw
+  if (!pending_u_) pending_u_ = uniform();
+  const double u = *pending_u_;
+  double acc = 0;
+  size_t last = 0;
+  for (size_t i = 0; i < c->n; ++i) {
+    if (!row.ensure(i + 1)) return std::nullopt;
+    const double w = c->weight(row, i);
+    if (!(w > 0)) break;
+    acc += float(w / c->total);
+    last = i;
+    if (u < acc) return row.at(i).token;
+  }
+  return row.at(last).token;  // rounding leftovers go to the last token with weight
+}
+
+std::vector<TokenProb> Sampler::distribution(std::span<const float> raw, std::span<const int32_t> banned) {
+  sampling::FullRow row(prepare(raw, banned));
+  if (params_.temperature <= 0.0f || params_.top_k == 1) {
+    row.ensure(1);
+    return {{row.at(0).token, 1.0f}};
+  }
+  const Cut c = *cut(row);
+  std::vector<TokenProb> out;
+  for (size_t i = 0; i < c.n; ++i) {
+    row.ensure(i + 1);
+    const double w = c.weight(row, i);
+    if (!(w > 0)) break;
+    out.push_back({row.at(i).token, float(w / c.total)});
+  }
+  if (out.empty()) out.push_back({row.at(0).token, 1.0f});  // every logit was -inf
   return out;
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> banned) {
-  std::vector<TokenProb> dist = distribution(logits, banned);
-  int32_t token = dist[0].token;
-  if (dist.size() > 1) {
-    double u = uniform(), acc = 0;
-    token = dist.back().token;  // rounding leftovers go to the last candidate
-    for (const auto& c : dist) {
-      acc += c.prob;
-      if (u < acc) {
-        token = c.token;
-        break;
-      }
-    }
-  }
+  sampling::FullRow row(prepare(logits, banned));
+  const int32_t token = *choose(row);
+  pending_u_.reset();
   accept(token);
+  return token;
+}
+
+std::optional<int32_t> Sampler::sample(const LogitCandidates& candidates, std::span<const int32_t> banned) {
+  if (has_penalties()) return std::nullopt;
+  if (candidates.complete()) {  // a small vocabulary: the candidates are the row
+    std::vector<float> row(size_t(candidates.vocab));
+    for (size_t i = 0; i < candidates.tokens.size(); ++i)
+      row[size_t(candidates.tokens[i])] = candidates.logits[i];
+    return sample(row, banned);
+  }
+  sampling::CandidateRow row(candidates, banned);
+  // A banned token at the front with only -inf after it: the full row decides whether everything is banned.
+  if (row.ensure(1) && row.at(0).logit == kNegInf) return std::nullopt;
+  std::optional<int32_t> token = choose(row);
+  if (!token) return std::nullopt;
+  pending_u_.reset();
+  accept(*token);
   return token;
 }
 
@@ -176,6 +309,19 @@ LogprobEntry compute_logprobs(std::span<const float> logits, int32_t token, int 
     std::partial_sort(idx.begin(), idx.begin() + int64_t(n), idx.end(), better);
     for (size_t i = 0; i < n; ++i) e.top.push_back({idx[i], logits[size_t(idx[i])] - lse});
   }
+  return e;
+}
+
+std::optional<LogprobEntry> compute_logprobs(const LogitCandidates& row, int32_t token, int top_n) {
+  const size_t n = std::min(size_t(std::max(top_n, 0)), size_t(row.vocab));
+  if (n > row.tokens.size()) return std::nullopt;
+  auto at = std::find(row.tokens.begin(), row.tokens.end(), token);
+  if (at == row.tokens.end()) return std::nullopt;
+  const float lse = row.max + float(std::log(row.sum_exp));
+  LogprobEntry e;
+  e.token = token;
+  e.logprob = row.logits[size_t(at - row.tokens.begin())] - lse;
+  for (size_t i = 0; i < n; ++i) e.top.push_back({row.tokens[i], row.logits[i] - lse});
   return e;
 }
 

@@ -10,6 +10,8 @@
 #include "model/qwen35.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
 #include "backend/backend.h"
 #include "common/error.h"
@@ -24,6 +26,22 @@ struct SequenceSlice {
 };
 
 }  // namespace
+
+LogitCandidates read_logit_candidates(const float* record, int k, int64_t vocab) {
+  LogitsTopkHeader h{};
+  std::memcpy(&h, record, sizeof(h));
+  check(h.count >= 0 && h.count <= k, "a logits record holds {} candidates of {}", h.count, k);
+  LogitCandidates c;
+  c.max = h.max;
+  c.sum_exp = h.sum_exp;
+  c.sum_exp_t = h.sum_exp_t;
+  c.vocab = vocab;
+  const float* values = record + sizeof(h) / sizeof(float);
+  c.logits.assign(values, values + h.count);
+  c.tokens.resize(size_t(h.count));
+  std::memcpy(c.tokens.data(), values + k, size_t(h.count) * sizeof(int32_t));
+  return c;
+}
 
 Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend, dist::Communicator* comm)
     : weights_(weights),
@@ -54,8 +72,8 @@ Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend, dist::Co
     prepare(lw.input_norm);
     prepare(lw.post_norm);
     if (lw.type == LayerType::LinearAttention) {
-      for (const Matrix* m : {&lw.gdn.in_proj_qkv, &lw.gdn.in_proj_z, &lw.gdn.in_proj_b, &lw.gdn.in_proj_a,
-                              &lw.gdn.out_proj})
+      for (const Matrix* m :
+           {&lw.gdn.in_proj_qkv, &lw.gdn.in_proj_z, &lw.gdn.in_proj_b, &lw.gdn.in_proj_a, &lw.gdn.out_proj})
         backend.prepare(*m);
       for (const auto* v : {&lw.gdn.conv1d, &lw.gdn.dt_bias, &lw.gdn.a_log, &lw.gdn.norm}) prepare(*v);
     } else {
@@ -77,14 +95,23 @@ Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend, dist::Co
 
 KvCacheSpec Qwen35Model::kv_cache_spec(int page_size, int64_t num_pages) const {
   const auto& c = local_;
-  return {c.count_layers(LayerType::FullAttention), c.num_kv_heads, c.head_dim, page_size, num_pages,
+  return {c.count_layers(LayerType::FullAttention),
+          c.num_kv_heads,
+          c.head_dim,
+          page_size,
+          num_pages,
           backend_.cache_memory()};
 }
 
 StateCacheSpec Qwen35Model::state_cache_spec(int num_slots) const {
   const auto& c = local_;
-  return {c.count_layers(LayerType::LinearAttention), c.linear_conv_dim(), c.linear_conv_kernel,
-          c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim, num_slots,
+  return {c.count_layers(LayerType::LinearAttention),
+          c.linear_conv_dim(),
+          c.linear_conv_kernel,
+          c.linear_num_value_heads,
+          c.linear_key_head_dim,
+          c.linear_value_head_dim,
+          num_slots,
           backend_.cache_memory()};
 }
 
@@ -125,13 +152,13 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
     be.causal_conv1d_silu(qkv.get() + row * C, T, C, w.conv1d.data(), c.linear_conv_kernel,
                           state.conv(gdn_layer, step.state_slot), conv_rows);
     // conv output columns: q [0, key_dim), k [key_dim, 2 key_dim), v [2 key_dim, C)
-    be.gated_delta_rule(shape, conv_rows, conv_rows + key_dim, C, conv_rows + 2 * key_dim, C, g.get() + row * Hv,
-                        beta.get() + row * Hv, T, state.recurrent(gdn_layer, step.state_slot),
-                        core.get() + row * value_dim);
+    be.gated_delta_rule(shape, conv_rows, conv_rows + key_dim, C, conv_rows + 2 * key_dim, C,
+                        g.get() + row * Hv, beta.get() + row * Hv, T,
+                        state.recurrent(gdn_layer, step.state_slot), core.get() + row * value_dim);
     row += T;
   }
-  be.gated_rms_norm(core.get(), z.get(), n * Hv, c.linear_value_head_dim, w.norm.data(), float(c.rms_norm_eps),
-                    core.get());
+  be.gated_rms_norm(core.get(), z.get(), n * Hv, c.linear_value_head_dim, w.norm.data(),
+                    float(c.rms_norm_eps), core.get());
   be.matmul(core.get(), n, w.out_proj, out);
 }
 
@@ -190,19 +217,56 @@ void Qwen35Model::feed_forward(const LayerWeights& lw, const float* x, int64_t n
 
 ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state,
                                    bool capture_hidden) const {
+  const int64_t V = config().vocab_size;
+  int k = 0;
+  size_t reduced = 0;
+  for (const auto& s : batch) {
+    if (s.candidates <= 0 || s.all_logits) continue;
+    check(k == 0 || k == s.candidates,
+          "every step of a batch asks for the same number of candidates ({} and {})", k, s.candidates);
+    check(s.candidates <= kMaxLogitsTopk, "at most {} logit candidates per row, not {}", kMaxLogitsTopk,
+          s.candidates);
+    check(s.temperature > 0 && std::isfinite(s.temperature), "candidates need a temperature > 0, not {}",
+          s.temperature);
+    k = s.candidates;
+    ++reduced;
+  }
+  // The reduced rows' logits stay in the backend's memory for fetch_row. Allocated here, outside a recorded
+  // step, and only ever grown (geometrically): a recording bakes their address in.
+  if (reduced * size_t(V) > candidate_logits_floats_) {
+    candidate_logits_.reset();
+    candidate_logits_floats_ = std::max({reduced * size_t(V), 2 * candidate_logits_floats_, size_t(64 * V)});
+    candidate_logits_ = backend_.allocate(candidate_logits_floats_);
+  }
+
   // Decode steps (one new token per sequence) of the same batch size repeat the same device work, so the
   // backend may record and replay them (CUDA graphs); prefill chunks vary and run directly.
   const bool decode = !capture_hidden && std::all_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
     return s.tokens.size() == 1 && s.start_pos > 0 && !s.all_logits;
   });
-  if (!decode) return forward_step(batch, kv, state, capture_hidden);
   ForwardOutput result;
-  backend_.run_step(uint64_t(batch.size()), [&] { result = forward_step(batch, kv, state, false); });
+  std::vector<float> records;
+  if (decode) {
+    const uint64_t key = uint64_t(batch.size()) | uint64_t(k) << 32;
+    backend_.run_step(key, [&] { result = forward_step(batch, kv, state, false, k, &records); });
+  } else {
+    result = forward_step(batch, kv, state, capture_hidden, k, &records);
+  }
+  if (reduced == 0) return result;
+
+  const int64_t stride = logits_topk_record_floats(k);
+  result.candidates.resize(reduced);
+  for (size_t i = 0; i < reduced; ++i)
+    result.candidates[i] = read_logit_candidates(records.data() + int64_t(i) * stride, k, V);
+  result.fetch_row = [this, V](size_t i, float* host) {
+    backend_.download(candidate_logits_.get() + int64_t(i) * V, host, size_t(V));
+  };
   return result;
 }
 
 ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state,
-                                        bool capture_hidden) const {
+                                        bool capture_hidden, int candidates,
+                                        std::vector<float>* records) const {
   const auto& c = config();
   const int64_t H = c.hidden_size;
   Backend& be = backend_;
@@ -223,7 +287,8 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
   auto capture = [&](const float* rows) {
     if (!capture_hidden) return;
     result.hidden_states.resize(result.hidden_states.size() + size_t(n * H));
-    be.download(rows, result.hidden_states.data() + result.hidden_states.size() - size_t(n * H), size_t(n * H));
+    be.download(rows, result.hidden_states.data() + result.hidden_states.size() - size_t(n * H),
+                size_t(n * H));
   };
   capture(h.get());
 
@@ -250,25 +315,49 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
     if (l + 1 < c.num_layers) capture(h.get());
   }
 
-  // Only the rows whose logits were asked for go through the final norm and the (large) lm_head.
+  // Only the rows whose logits were asked for go through the final norm and the (large) lm_head: first the
+  // last rows of the steps that want candidates, then the full rows, each group in batch order.
   std::vector<int64_t> rows;
+  std::vector<float> temperatures;
   int64_t row = 0;
   for (const auto& step : batch) {
+    row += int64_t(step.tokens.size());
+    if (candidates > 0 && step.candidates > 0 && !step.all_logits) {
+      rows.push_back(row - 1);
+      temperatures.push_back(step.temperature);
+    }
+  }
+  const int64_t reduced = int64_t(rows.size());
+  row = 0;
+  for (const auto& step : batch) {
     const int64_t T = int64_t(step.tokens.size());
-    for (int64_t t = step.all_logits ? 0 : T - 1; t < T; ++t) rows.push_back(row + t);
+    if (step.all_logits || candidates == 0 || step.candidates == 0)
+      for (int64_t t = step.all_logits ? 0 : T - 1; t < T; ++t) rows.push_back(row + t);
     row += T;
   }
   if (capture_hidden) {
     be.rms_norm(h.get(), n, H, H, weights_.final_norm.data(), eps, true, x.get(), H);
     capture(x.get());
   }
-  const int64_t m = int64_t(rows.size());
+  const int64_t m = int64_t(rows.size()), V = c.vocab_size;
   auto selected = be.allocate(size_t(m * H));
   for (int64_t i = 0; i < m; ++i) be.copy(h.get() + rows[i] * H, selected.get() + i * H, size_t(H));
   be.rms_norm(selected.get(), m, H, H, weights_.final_norm.data(), eps, true, selected.get(), H);
-  result.rows = m;
-  result.logits.resize(size_t(m * c.vocab_size));
-  lm_head(selected.get(), m, result.logits.data());
+  if (reduced > 0) {
+    lm_head(selected.get(), reduced, candidate_logits_.get());
+    const int64_t stride = logits_topk_record_floats(candidates);
+    auto rec = be.allocate(size_t(reduced * stride));
+    be.logits_topk(candidate_logits_.get(), reduced, V, temperatures, candidates, rec.get());
+    records->resize(size_t(reduced * stride));
+    be.download(rec.get(), records->data(), records->size());
+  }
+  result.rows = m - reduced;
+  if (result.rows > 0) {
+    auto logits = be.allocate(size_t(result.rows * V));
+    lm_head(selected.get() + reduced * H, result.rows, logits.get());
+    result.logits.resize(size_t(result.rows * V));
+    be.download(logits.get(), result.logits.data(), result.logits.size());
+  }
   return result;
 }
 
@@ -303,18 +392,16 @@ void Qwen35Model::embed(std::span<const int32_t> tokens, float* out) const {
   all_reduce(out, size_t(n * H));
 }
 
-void Qwen35Model::lm_head(const float* x, int64_t m, float* host_logits) const {
+void Qwen35Model::lm_head(const float* x, int64_t m, float* logits) const {
   Backend& be = backend_;
   const auto& s = weights_.shard;
   const int64_t V = config().vocab_size;
-  auto logits = be.allocate(size_t(m * V));
   if (s.size == 1) {
-    be.matmul(x, m, weights_.lm_head, logits.get());
-    be.download(logits.get(), host_logits, size_t(m * V));
+    be.matmul(x, m, weights_.lm_head, logits);
     return;
   }
   // Vocab-parallel: each rank's [m][its rows] block, padded to the common chunk for the all-gather, then
-  // laid side by side into [m][vocab] where the backend runs (downloads complete only after a recorded step).
+  // laid side by side into [m][vocab] where the backend runs.
   const int64_t block = m * s.vocab_chunk;
   auto local = be.allocate(size_t(block)), gathered = be.allocate(size_t(block * s.size));
   be.matmul(x, m, weights_.lm_head, local.get());
@@ -322,9 +409,8 @@ void Qwen35Model::lm_head(const float* x, int64_t m, float* host_logits) const {
   for (int r = 0; r < s.size; ++r) {
     const int64_t begin = std::min(V, r * s.vocab_chunk), rows = std::min(V, begin + s.vocab_chunk) - begin;
     const float* src = gathered.get() + r * block;
-    for (int64_t i = 0; i < m; ++i) be.copy(src + i * rows, logits.get() + i * V + begin, size_t(rows));
+    for (int64_t i = 0; i < m; ++i) be.copy(src + i * rows, logits + i * V + begin, size_t(rows));
   }
-  be.download(logits.get(), host_logits, size_t(m * V));
 }
 
 }  // namespace moeserve

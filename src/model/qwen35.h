@@ -4,9 +4,11 @@
 // slots. The layer sequence follows docs/qwen35-model.md §3; the arithmetic lives in the backend.
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
+#include "backend/backend.h"
 #include "cache/kv_cache.h"
 #include "cache/state_cache.h"
 #include "model/weights.h"
@@ -16,7 +18,7 @@ class Backend;
 namespace dist {
 class Communicator;
 }
-}
+}  // namespace moeserve
 
 namespace moeserve {
 
@@ -27,12 +29,37 @@ struct SequenceStep {
   std::span<const int32_t> pages;   // page table covering positions [0, start_pos + tokens.size())
   int32_t state_slot = 0;           // GDN state slot; start_pos == 0 starts from a zero state
   bool all_logits = false;          // logits of every new token (verify, prompt logprobs) or only the last
+  // > 0 (and not all_logits): instead of the last row's logits, the row reduced where the backend runs to its
+  // `candidates` most likely tokens and its normalisers (LogitCandidates), so a GPU sends a few KB instead of
+  // the whole vocabulary. Every step of a batch asks for the same count or 0.
+  int candidates = 0;
+  float temperature = 1.0f;  // for LogitCandidates::sum_exp_t (> 0)
 };
 
+// The leading tokens of one logits row and the row's normalisers (Backend::logits_topk).
+struct LogitCandidates {
+  float max = 0;                // the row's largest logit
+  double sum_exp = 0;           // Σ exp(l - max) over the whole row
+  double sum_exp_t = 0;         // Σ exp((l - max) / temperature) over the whole row
+  int64_t vocab = 0;            // the row's length
+  std::vector<int32_t> tokens;  // most likely first; ties: lower id first
+  std::vector<float> logits;
+  bool complete() const { return int64_t(tokens.size()) >= vocab; }
+};
+
+// Reads one record of Backend::logits_topk(k) over rows of `vocab`.
+LogitCandidates read_logit_candidates(const float* record, int k, int64_t vocab);
+
 struct ForwardOutput {
-  // Row-major [rows, vocab]: for each step in order, tokens.size() rows if all_logits else one row.
+  // Row-major [rows, vocab]: for each step in order, tokens.size() rows if all_logits, else one row unless
+  // the step asked for candidates.
   std::vector<float> logits;
   int64_t rows = 0;
+  // One per step that asked for candidates, in batch order.
+  std::vector<LogitCandidates> candidates;
+  // fetch_row(i, host): the full logits row behind candidates[i] (for what the candidates cannot decide).
+  // Valid until the model's next forward.
+  std::function<void(size_t, float*)> fetch_row;
   // Filled only when capture_hidden was asked for (batch of one): [num_layers + 1][tokens][hidden],
   // the embeddings, then each layer's output, the last one after the final norm (HF's hidden_states).
   std::vector<float> hidden_states;
@@ -54,8 +81,9 @@ class Qwen35Model {
                         bool capture_hidden = false) const;
 
  private:
+  // candidates: the batch's candidate count (0: none); their records (Backend::logits_topk) go to *records.
   ForwardOutput forward_step(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state,
-                             bool capture_hidden) const;
+                             bool capture_hidden, int candidates, std::vector<float>* records) const;
   void gated_delta_net(const LayerWeights& lw, int gdn_layer, const float* x, int64_t n,
                        std::span<const SequenceStep> batch, StateCache& state, float* out) const;
   void gated_attention(const LayerWeights& lw, int attn_layer, const float* x, int64_t n,
@@ -65,7 +93,7 @@ class Qwen35Model {
   // Tensor parallelism: the sum over ranks of a row-parallel layer's partial outputs, in place.
   void all_reduce(float* x, size_t n) const;
   void embed(std::span<const int32_t> tokens, float* out) const;
-  void lm_head(const float* x, int64_t m, float* host_logits) const;
+  void lm_head(const float* x, int64_t m, float* logits) const;
 
   const ModelWeights& weights_;
   Backend& backend_;
@@ -74,6 +102,9 @@ class Qwen35Model {
   std::vector<int> attention_index_;  // layer -> index among attention layers (KvCache layer), or -1
   std::vector<int> gdn_index_;        // layer -> index among GDN layers (StateCache layer), or -1
   std::vector<float> rope_inv_freq_;
+  // The last step's logits of the rows reduced to candidates, kept (in the backend's memory) for fetch_row.
+  mutable Buffer candidate_logits_;
+  mutable size_t candidate_logits_floats_ = 0;
 };
 
 }  // namespace moeserve

@@ -159,6 +159,75 @@ TEST(EngineOnModel, DemoModelWithQwenVocabularyBatchedEqualsAlone) {
   }
 }
 
+// Sampling from candidates reduced where the logits are (forced on the CPU here; the default on a GPU) gives
+// every request exactly the tokens and logprobs that full rows give: greedy, seeded top-k/top-p/min-p, pure
+// temperature, penalties, eos banned before min_tokens, top_k wider than the candidates.
+TEST(EngineOnModel, LogitCandidatesGiveTheFullRowTokens) {
+  ModelConfig config = preset_config("tiny");
+  config.vocab_size = 151936;
+  config.eos_token_ids = {151645, 151643};
+  ModelWeights weights = make_dummy_weights(config, 9);
+  std::mt19937 rng(31);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 16; ++i) {
+    prompts.push_back(
+        random_prompt(rng, std::uniform_int_distribution<int>(1, 40)(rng), int(config.vocab_size)));
+    SamplingParams p = greedy(6, i % 3 == 0 ? 4 : 0);
+    p.seed = uint64_t(100 + i);
+    switch (i % 8) {
+      case 1:
+        p.temperature = 0.7f, p.top_k = 20;
+        break;
+      case 2:
+        p.temperature = 0.3f, p.top_p = 0.8f;
+        break;
+      case 3:
+        p.temperature = 0.5f, p.min_p = 0.2f;
+        break;
+      case 4:
+        p.temperature = 0.2f;
+        break;  // the whole vocabulary
+      case 5:
+        p.temperature = 0.9f, p.top_k = 400;
+        break;  // wider than the candidates
+      case 6:
+        p.temperature = 0.8f, p.repetition_penalty = 1.3f;
+        break;
+      case 7:
+        p.ignore_eos = false, p.min_tokens = 4, p.temperature = i < 8 ? 0.4f : 0.0f;
+        break;
+      default:
+        break;
+    }
+    params.push_back(p);
+  }
+  std::vector<GenerateOutput> want;
+  {
+    EngineOptions o = options();
+    o.logit_candidates = 0;
+    auto engine = Engine::create(weights, o);
+    for (int i = 0; i < 16; ++i)
+      want.push_back(generate(*engine, "f" + std::to_string(i), prompts[size_t(i)], params[size_t(i)]));
+  }
+  for (int k : {16, 256}) {
+    SCOPED_TRACE(k);
+    EngineOptions o = options();
+    o.logit_candidates = k;
+    auto engine = Engine::create(weights, o);
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    for (int i = 0; i < 16; ++i)
+      streams.push_back(submit(*engine, "c" + std::to_string(i), prompts[size_t(i)], params[size_t(i)]));
+    for (int i = 0; i < 16; ++i) {
+      SCOPED_TRACE(i);
+      expect_same_generation(streams[size_t(i)]->collect(), want[size_t(i)]);
+    }
+    const EngineStats stats = engine->stats();
+    EXPECT_GT(stats.sampled_from_full_rows, 0u) << "penalties need full rows";
+    EXPECT_LT(stats.sampled_from_full_rows + 12, stats.generation_tokens) << "greedy needs only candidates";
+  }
+}
+
 // The proof that the GDN snapshot is right: a prompt served mostly from the cache (KV pages and the recurrent
 // state at the hit) gives the same tokens and logits as computing it from scratch. Page size 4 with odd
 // lengths makes the hit end inside a page (copy-on-write).

@@ -7,6 +7,8 @@
 #include <map>
 #include <random>
 
+#include "backend/backend.h"
+
 namespace moeserve {
 namespace {
 
@@ -169,6 +171,107 @@ TEST(Sampler, LogprobsAreLogSoftmaxOfRawLogitsWithSortedAlternatives) {
   EXPECT_EQ(e.top[1].token, 3);
   EXPECT_EQ(e.top[2].token, 0);
   EXPECT_NEAR(e.top[0].logprob, 3.0 - std::log(z), 1e-5);
+}
+
+// Candidates of a row as the backend reduces it (the CPU's reference op, which a GPU kernel must match).
+LogitCandidates reduce(const std::vector<float>& logits, int k, float temperature) {
+  static auto cpu = make_cpu_backend();
+  std::vector<float> record(size_t(logits_topk_record_floats(k)));
+  const float t = temperature > 0 ? temperature : 1.0f;
+  cpu->logits_topk(logits.data(), 1, int64_t(logits.size()), std::span<const float>(&t, 1), k, record.data());
+  return read_logit_candidates(record.data(), k, int64_t(logits.size()));
+}
+
+// Sampling from a row's candidates (fetching the row only when they cannot decide) draws exactly the tokens
+// and logprobs that sampling from full rows does, for every kind of request, with the same seed.
+TEST(Sampler, CandidatesGiveTheFullRowTokensAndLogprobs) {
+  std::mt19937 rng(5);
+  int decided = 0, fetched = 0;
+  for (float temperature : {0.0f, 0.7f, 1.0f, 1.5f})
+    for (int top_k : {0, 1, 10, 300})
+      for (float top_p : {1.0f, 0.95f, 0.5f})
+        for (float min_p : {0.0f, 0.1f})
+          for (int k : {16, 64, 256})
+            for (int variant : {0, 1, 2}) {  // plain, eos banned (min_tokens), penalties
+              SamplingParams p;
+              p.temperature = temperature;
+              p.top_k = top_k;
+              p.top_p = top_p;
+              p.min_p = min_p;
+              if (variant == 2) p.repetition_penalty = 1.2f, p.frequency_penalty = 0.3f;
+              SCOPED_TRACE(testing::Message()
+                           << "T=" << temperature << " top_k=" << top_k << " top_p=" << top_p
+                           << " min_p=" << min_p << " k=" << k << " variant=" << variant);
+              const std::vector<int32_t> prompt = {3, 5, 8};
+              Sampler full(p, prompt, 99), cand(p, prompt, 99);
+              for (int step = 0; step < 6; ++step) {
+                // Peaked rows (a trained model's) and flat ones (the nucleus far past the candidates).
+                auto logits = random_logits(3000, rng, step % 2 ? 6.0f : 0.5f);
+                std::vector<int32_t> banned;
+                if (variant == 1) banned = {int32_t(step * 7 % 3000), 11};
+                if (variant == 1 && step == 4)  // the banned token is the likeliest
+                  banned.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+                const int32_t want = full.sample(logits, banned);
+                const LogitCandidates c = reduce(logits, k, temperature);
+                std::optional<int32_t> got = cand.sample(c, banned);
+                if (got) {
+                  ++decided;
+                } else {
+                  ++fetched;
+                  got = cand.sample(logits, banned);
+                }
+                ASSERT_EQ(*got, want) << "step " << step;
+                auto lp = compute_logprobs(c, want, 5);
+                if (lp) {
+                  LogprobEntry ref = compute_logprobs(logits, want, 5);
+                  EXPECT_EQ(lp->logprob, ref.logprob);
+                  ASSERT_EQ(lp->top.size(), ref.top.size());
+                  for (size_t i = 0; i < ref.top.size(); ++i) {
+                    EXPECT_EQ(lp->top[i].token, ref.top[i].token);
+                    EXPECT_EQ(lp->top[i].logprob, ref.top[i].logprob);
+                  }
+                }
+              }
+            }
+  // Both ways were taken many times (penalties and flat rows need the row).
+  EXPECT_GT(decided, 1000);
+  EXPECT_GT(fetched, 1000);
+}
+
+TEST(Sampler, CandidatesCoveringTheWholeRowAreTheRow) {
+  std::mt19937 rng(8);
+  SamplingParams p;
+  p.top_p = 0.9f;
+  p.presence_penalty = 0.5f;
+  Sampler full(p, {}, 3), cand(p, {}, 3);
+  for (int step = 0; step < 20; ++step) {
+    auto logits = random_logits(40, rng, 2.0f);
+    const int32_t want = full.sample(logits, {});
+    std::optional<int32_t> got = cand.sample(reduce(logits, 64, 1.0f), {});
+    ASSERT_FALSE(got) << "penalties need the row";
+    EXPECT_EQ(cand.sample(logits, {}), want);
+  }
+  p.presence_penalty = 0;
+  Sampler full2(p, {}, 4), cand2(p, {}, 4);
+  for (int step = 0; step < 20; ++step) {
+    auto logits = random_logits(40, rng, 2.0f);
+    std::optional<int32_t> got = cand2.sample(reduce(logits, 64, 1.0f), std::vector<int32_t>{1});
+    ASSERT_TRUE(got) << "64 candidates of a 40-token row are the row";
+    EXPECT_EQ(*got, full2.sample(logits, std::vector<int32_t>{1}));
+  }
+}
+
+TEST(Sampler, GreedyFromCandidatesSkipsBannedTokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p, {}, 1);
+  std::vector<float> l(100, 0.0f);
+  l[7] = 5, l[3] = 4, l[9] = 4;
+  LogitCandidates c = reduce(l, 4, 1.0f);
+  EXPECT_EQ(s.sample(c, {}), 7);
+  EXPECT_EQ(s.sample(c, std::vector<int32_t>{7}), 3);  // ties: the lower id
+  EXPECT_EQ(s.sample(c, std::vector<int32_t>{7, 3}), 9);
+  EXPECT_EQ(s.sample(c, std::vector<int32_t>{7, 3, 9, 0}), std::nullopt);  // all four candidates banned
 }
 
 }  // namespace

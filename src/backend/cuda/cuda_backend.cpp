@@ -49,6 +49,9 @@ void cublas_ok(cublasStatus_t s, const char* what, int line) {
 #define CUDA_OK(expr) cuda_ok((expr), #expr, __LINE__)
 #define CUBLAS_OK(expr) cublas_ok((expr), #expr, __LINE__)
 
+static_assert(cuda::kLogitsTopkMax == kMaxLogitsTopk &&
+              logits_topk_record_floats(0) == cuda::kLogitsTopkHeaderFloats);
+
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n, size_t a = kAlign) {
   return (n + a - 1) / a * a;
@@ -325,6 +328,14 @@ class CudaBackend final : public Backend, public CacheMemory {
     download_bytes(src, host, n * sizeof(float));
   }
 
+  Matrix random_matrix(DType dtype, int64_t rows, int64_t cols, uint64_t seed, float bound) override {
+    check(dtype == DType::BF16 || dtype == DType::F32, "random_matrix: {} is not made on the GPU",
+          dtype_name(dtype));
+    const size_t n = size_t(rows * cols);
+    void* p = allocate_device(n * dtype_size(dtype));
+    fill_random(p, dtype, int64_t(n), seed, bound);
+    return Matrix{dtype, rows, cols, p};
+  }
   void prepare(const Matrix& w) override { weight(w); }
   void prepare(const float* weights, size_t n) override { vec(weights, n); }
   CacheMemory* cache_memory() override { return this; }
@@ -756,6 +767,19 @@ class CudaBackend final : public Backend, public CacheMemory {
     if (auto op = start("argmax", x, rows, cols, ids.get()))
       cuda::launch_argmax(x, rows, cols, reinterpret_cast<int32_t*>(ids.get()), stream_);
     download_bytes(ids.get(), out_host, size_t(rows) * sizeof(int32_t));
+  }
+
+  void logits_topk(const float* x, int64_t rows, int64_t cols, std::span<const float> temperatures, int k,
+                   float* out) override {
+    check(k >= 1 && k <= kMaxLogitsTopk && int64_t(temperatures.size()) == rows,
+          "logits_topk: k {} (1..{}), {} temperatures for {} rows", k, kMaxLogitsTopk, temperatures.size(),
+          rows);
+    if (rows == 0) return;
+    const void* temps = stage(temperatures.data(), temperatures.size_bytes());
+    auto scratch = allocate((cuda::logits_topk_scratch_bytes(rows, cols, k) + 3) / 4);
+    if (auto op = start("logits_topk", x, rows, cols, temps, k, scratch.get(), out))
+      cuda::launch_logits_topk(x, rows, cols, static_cast<const float*>(temps), k, scratch.get(), out,
+                               stream_);
   }
 
   // ---- tools -------------------------------------------------------------------------------------------

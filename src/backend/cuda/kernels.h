@@ -41,6 +41,13 @@ void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, 
 void launch_to_bf16(const float* x, uint16_t* out, int64_t n, cudaStream_t s);
 void launch_dequant_bf16(const WeightView& w, uint16_t* out, cudaStream_t s);
 void launch_argmax(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t s);
+// Backend::logits_topk (sampling.cu): temperatures [rows] and scratch (logits_topk_scratch_bytes) in device
+// memory; out [rows][kLogitsTopkHeaderFloats + 2k], k ≤ kLogitsTopkMax.
+constexpr int kLogitsTopkMax = 256;
+constexpr int kLogitsTopkHeaderFloats = 6;
+size_t logits_topk_scratch_bytes(int64_t rows, int64_t cols, int k);
+void launch_logits_topk(const float* x, int64_t rows, int64_t cols, const float* temperatures, int k,
+                        void* scratch, float* out, cudaStream_t s);
 // Fills n elements of `type` with reproducible pseudo-random values uniform in [-scale, scale) (benchmarks).
 void launch_fill_random(void* data, WType type, int64_t n, uint64_t seed, float scale, cudaStream_t s);
 

@@ -104,5 +104,66 @@ TEST_F(CudaModel, BatchedEqualsAloneAndResumeEqualsFullPrefill) {
   EXPECT_LT(rel_error(lt, full_tail), 1e-4);
 }
 
+// Decode steps that ask for candidates (recorded and replayed as graphs): each row's candidates and sums are
+// those of its full logits row, which fetch_row brings back, and that row is the one a step without
+// candidates returns.
+TEST_F(CudaModel, DecodeCandidatesAreTheirFullRowsLeaders) {
+  auto gpu = make_backend("cuda", {.fp32_matmul = true});
+  Qwen35Model model(weights, *gpu);
+  auto cpu = make_cpu_backend();
+  const int page_size = 16, k = 16;
+  const int64_t V = config.vocab_size;
+  KvCache kv_a(model.kv_cache_spec(page_size, 16)), kv_b(model.kv_cache_spec(page_size, 16));
+  StateCache st_a(model.state_cache_spec(3)), st_b(model.state_cache_spec(3));
+  std::vector<int32_t> pages[3];
+  std::vector<std::vector<int32_t>> seqs;
+  for (int i = 0; i < 3; ++i) {
+    pages[i].resize(5);
+    std::iota(pages[i].begin(), pages[i].end(), 5 * i);
+    seqs.push_back(prompt(size_t(9 + 5 * i), uint32_t(i + 4)));
+  }
+  for (int i = 0; i < 3; ++i) {
+    SequenceStep s{seqs[size_t(i)], 0, pages[i], i, false};
+    model.forward({&s, 1}, kv_a, st_a);
+    model.forward({&s, 1}, kv_b, st_b);
+  }
+  const std::vector<float> temps = {1.0f, 0.6f, 1.7f};
+  for (int step = 0; step < 6; ++step) {
+    SCOPED_TRACE(step);
+    std::vector<SequenceStep> with(3), without(3);
+    std::vector<int32_t> next(3);
+    for (int i = 0; i < 3; ++i) {
+      next[size_t(i)] = int32_t((step * 31 + i * 7) % V);
+      const int64_t pos = int64_t(seqs[size_t(i)].size()) + step;
+      without[size_t(i)] = {std::span(&next[size_t(i)], 1), pos, pages[i], i, false};
+      with[size_t(i)] = without[size_t(i)];
+      with[size_t(i)].candidates = k;
+      with[size_t(i)].temperature = temps[size_t(i)];
+    }
+    ForwardOutput a = model.forward(with, kv_a, st_a);
+    std::vector<std::vector<float>> rows(3, std::vector<float>(size_t(V)));
+    for (int i = 0; i < 3 && a.fetch_row; ++i) a.fetch_row(size_t(i), rows[size_t(i)].data());
+    ForwardOutput b = model.forward(without, kv_b, st_b);
+    ASSERT_EQ(a.candidates.size(), 3u);
+    EXPECT_EQ(a.rows, 0);
+    ASSERT_EQ(b.logits.size(), size_t(3 * V));
+    for (int i = 0; i < 3; ++i) {
+      SCOPED_TRACE(i);
+      const std::vector<float>& row = rows[size_t(i)];
+      EXPECT_LT(rel_error(row, std::vector<float>(b.logits.begin() + i * V, b.logits.begin() + (i + 1) * V)),
+                1e-6);
+      std::vector<float> record(size_t(logits_topk_record_floats(k)));
+      cpu->logits_topk(row.data(), 1, V, std::span(&temps[size_t(i)], 1), k, record.data());
+      LogitCandidates want = read_logit_candidates(record.data(), k, V);
+      const LogitCandidates& got = a.candidates[size_t(i)];
+      EXPECT_EQ(got.tokens, want.tokens);
+      EXPECT_EQ(got.logits, want.logits);
+      EXPECT_EQ(got.max, want.max);
+      EXPECT_NEAR(got.sum_exp, want.sum_exp, 1e-5 * want.sum_exp);
+      EXPECT_NEAR(got.sum_exp_t, want.sum_exp_t, 1e-5 * want.sum_exp_t);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moeserve

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_util.h"
+#include "model/qwen35.h"
 
 namespace moeserve {
 namespace {
@@ -164,6 +165,43 @@ TEST_F(CudaOps, EmbedAndArgmax) {
   EXPECT_EQ(ids[0], 5);
   EXPECT_EQ(ids[1], 7);
   EXPECT_EQ(ids[2], cols - 1);
+}
+
+// Sampling's reduction of logits rows: the same candidates (values and ids, ties to the lower id) as the
+// CPU's reference, the same max, and the sums to float32 summation order.
+TEST_F(CudaOps, LogitsTopkMatchesTheCpu) {
+  for (int64_t cols : {int64_t(248320), int64_t(20000), int64_t(1000), int64_t(100)}) {
+    const int64_t rows = 6;
+    std::vector<float> x = random_vector(size_t(rows * cols), uint32_t(cols));
+    for (int64_t c = 0; c < cols; ++c) {
+      x[size_t(c)] *= 8.0f;                                 // row 0: peaked
+      x[size_t(cols + c)] = float(c % 7);                   // row 1: many ties
+      x[size_t(2 * cols + c)] = c % 3 ? -INFINITY : -1.0f;  // row 2: mostly -inf
+    }
+    x[size_t(3 * cols + cols - 1)] = 1e30f;  // row 3: the maximum in the last column
+    x[size_t(4 * cols + cols / 2)] = -1e30f;
+    const std::vector<float> temps = {1.0f, 0.7f, 2.0f, 1.0f, 0.05f, 1.3f};
+    auto xd = to_device(*gpu, x);
+    for (int k : {1, 20, 256}) {
+      SCOPED_TRACE(::testing::Message() << "cols " << cols << " k " << k);
+      const int64_t stride = logits_topk_record_floats(k);
+      std::vector<float> want(size_t(rows * stride));
+      cpu->logits_topk(x.data(), rows, cols, temps, k, want.data());
+      auto out = poisoned(*gpu, want.size());
+      gpu->logits_topk(xd.get(), rows, cols, temps, k, out.get());
+      std::vector<float> got = to_host(*gpu, out.get(), want.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        SCOPED_TRACE(r);
+        LogitCandidates g = read_logit_candidates(got.data() + r * stride, k, cols);
+        LogitCandidates w = read_logit_candidates(want.data() + r * stride, k, cols);
+        EXPECT_EQ(g.max, w.max);
+        EXPECT_EQ(g.tokens, w.tokens);
+        EXPECT_EQ(g.logits, w.logits);
+        EXPECT_NEAR(g.sum_exp, w.sum_exp, 1e-5 * w.sum_exp);
+        EXPECT_NEAR(g.sum_exp_t, w.sum_exp_t, 1e-5 * w.sum_exp_t);
+      }
+    }
+  }
 }
 
 TEST_F(CudaOps, CausalConvCarriesStateAcrossChunks) {
