@@ -62,22 +62,31 @@ std::string default_body(bool stream) {
                 : R"({"model":"m","messages":[{"role":"user","content":"hi"}]})";
 }
 
+// A server may close a keep-alive connection after a response that says so (nginx does after
+// `keepalive_requests`, 1000 by default); a client then opens a new one, as every HTTP client does.
+bool server_closes(const HttpResponse& response) {
+  std::string connection = response.header("connection");
+  std::transform(connection.begin(), connection.end(), connection.begin(), ::tolower);
+  return connection == "close";
+}
+
 // Sequential requests on one keep-alive connection; for streams the time to the first chunk. The first
 // `warmup` requests are not counted (connections, caches).
 std::vector<double> latency_samples(uint16_t port, int count, bool stream, const std::string& body,
                                     int warmup) {
-  HttpClient client(port);
+  auto client = std::make_unique<HttpClient>(port);
   std::vector<double> samples;
   for (int i = 0; i < count + warmup; ++i) {
     auto start = Steady::now();
-    client.send("POST", "/v1/chat/completions", body);
+    client->send("POST", "/v1/chat/completions", body);
     HttpResponse response;
-    if (!client.read_head(response, 120'000)) break;
-    if (stream) client.read_chunk(response, 120'000);
+    if (!client->read_head(response, 120'000)) break;
+    if (stream) client->read_chunk(response, 120'000);
     double elapsed = ms_since(start);
-    while (client.read_chunk(response, 120'000)) {
+    while (client->read_chunk(response, 120'000)) {
     }
     if (i >= warmup) samples.push_back(elapsed);
+    if (server_closes(response)) client = std::make_unique<HttpClient>(port);
   }
   return samples;
 }
@@ -103,16 +112,16 @@ Throughput measure_throughput(uint16_t port, int concurrency, double seconds, bo
   std::vector<std::thread> threads;
   for (int t = 0; t < concurrency; ++t) {
     threads.emplace_back([&] {
-      HttpClient client(port);
+      auto client = std::make_unique<HttpClient>(port);
       while (Steady::now() < deadline) {
-        client.send("POST", "/v1/chat/completions", body);
+        client->send("POST", "/v1/chat/completions", body);
         HttpResponse response;
-        if (!client.read_head(response, 120'000) || response.status != 200) {
+        if (!client->read_head(response, 120'000) || response.status != 200) {
           ++errors;
           return;
         }
         long events = 0;
-        while (auto piece = client.read_chunk(response, 120'000)) {
+        while (auto piece = client->read_chunk(response, 120'000)) {
           for (size_t at = piece->find("data: "); at != std::string::npos; at = piece->find("data: ", at + 1))
             ++events;
         }
@@ -122,6 +131,7 @@ Throughput measure_throughput(uint16_t port, int concurrency, double seconds, bo
         }
         ++requests;
         chunks += events;
+        if (server_closes(response)) client = std::make_unique<HttpClient>(port);
       }
     });
   }
@@ -156,7 +166,8 @@ std::unique_ptr<Process> start_route(const std::string& moeserve, uint16_t port,
   return process;
 }
 
-void overhead(const std::string& moeserve, double seconds, int concurrency, int chunks) {
+void overhead(const std::string& moeserve, double seconds, int concurrency, int chunks,
+              const std::vector<std::string>& paths) {
   std::string event = sse_event("token");
   FakeBackend backend([&](const HttpRequest& r, BackendConnection& c) {
     if (r.body.find("\"stream\":true") != std::string::npos) {
@@ -192,6 +203,7 @@ void overhead(const std::string& moeserve, double seconds, int concurrency, int 
   std::printf("%-16s %10s %10s %12s %12s %10s %14s\n", "path", "p50 ms", "p99 ms", "ttfb p50 ms",
               "ttfb p99 ms", "req/s", "chunks/s");
   for (const auto& target : targets) {
+    if (!paths.empty() && std::find(paths.begin(), paths.end(), target.name) == paths.end()) continue;
     Latency small = measure_latency(target.port, 2000, false);
     Latency ttfb = measure_latency(target.port, 1000, true);
     Throughput requests = measure_throughput(target.port, concurrency, seconds, false);
@@ -364,7 +376,7 @@ void real_nodes(const std::string& moeserve, int nodes, double seconds, int conc
   };
   // direct: node 1 (127.0.0.1:node_port).
   std::vector<Target> targets = {
-      {"direct (node 1)", node_port}, {"moeserve route", route_port}, {"nginx", nginx_port}};
+      {"direct (node 1)", node_port, {}}, {"moeserve route", route_port, {}}, {"nginx", nginx_port, {}}};
   for (int round = 0; round < rounds; ++round) {
     for (size_t k = 0; k < targets.size(); ++k) {
       Target& t = targets[(k + size_t(round)) % targets.size()];
@@ -404,6 +416,7 @@ int main(int argc, char** argv) {
   int chunks = 64;
   int nodes = 3, rounds = 3, max_tokens = 32;
   bool only_nodes = false;
+  std::vector<std::string> paths;
   app.add_option("--moeserve", moeserve, "path of the moeserve binary")->capture_default_str();
   app.add_option("--seconds", seconds, "duration of each throughput cell")->capture_default_str();
   app.add_option("--concurrency", concurrency, "client connections for the throughput cells")
@@ -414,10 +427,11 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "rounds over the real-node paths")->capture_default_str();
   app.add_option("--max-tokens", max_tokens, "tokens per stream from the real nodes")->capture_default_str();
   app.add_flag("--only-nodes", only_nodes, "run the real-node part alone");
+  app.add_option("--paths", paths, "overhead part: only these paths (direct, \"moeserve route\", nginx)");
   CLI11_PARSE(app, argc, argv);
   ::signal(SIGPIPE, SIG_IGN);
   if (!only_nodes) {
-    overhead(moeserve, seconds, concurrency, chunks);
+    overhead(moeserve, seconds, concurrency, chunks, paths);
     cache_hit_rate(moeserve);
   }
   if (nodes > 0) real_nodes(moeserve, nodes, seconds, concurrency, rounds, max_tokens);

@@ -35,6 +35,11 @@ constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 constexpr size_t kRelayChunk = 32 * 1024;            // one read from a backend, one write to the client
 constexpr size_t kUpstreamBufferLimit = 128 * 1024;  // raw bytes read ahead of the parser (head + body)
 constexpr uint32_t kHeaderLimit = 64 * 1024;
+// Beast reads at most the free capacity of a buffer (512 bytes at least): a small buffer would split a burst
+// of SSE events into many reads and as many client writes. nginx reads into proxy_buffer_size (one page) and
+// client_body_buffer_size (16 KiB).
+constexpr size_t kUpstreamReadSize = 16 * 1024;
+constexpr size_t kClientReadSize = 16 * 1024;
 
 using Request = http::request<http::string_body>;
 
@@ -70,8 +75,18 @@ bool idle_connection_usable(tcp::socket& socket) {
   return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
+// A connection to a backend with its read buffer: both live as long as the connection, so a request on a
+// pooled connection allocates nothing for them.
+struct Upstream {
+  beast::tcp_stream stream;
+  beast::flat_buffer buffer{kUpstreamBufferLimit};
+  explicit Upstream(const net::any_io_executor& executor) : stream(executor) {
+    buffer.reserve(kUpstreamReadSize);
+  }
+};
+
 struct IdleConnection {
-  std::unique_ptr<beast::tcp_stream> stream;
+  std::unique_ptr<Upstream> upstream;
   Clock::time_point since;
 };
 
@@ -81,6 +96,34 @@ struct Worker {
   std::thread thread;
   // Touched only from this worker's thread.
   std::unordered_map<int, std::deque<IdleConnection>> pools;  // backend id -> idle connections, newest last
+  // Relay buffers of finished responses, reused: a fresh 32 KiB allocation per response costs a page fault
+  // per page, and freeing it can shrink the heap (madvise), which flushes every core's TLB.
+  std::vector<std::unique_ptr<char[]>> spare_chunks;
+};
+
+// A relay buffer borrowed from the worker for one response.
+class RelayChunk {
+ public:
+  explicit RelayChunk(Worker& worker) : worker_(worker) {
+    if (worker.spare_chunks.empty()) {
+      data_ = std::make_unique_for_overwrite<char[]>(kRelayChunk);
+    } else {
+      data_ = std::move(worker.spare_chunks.back());
+      worker.spare_chunks.pop_back();
+    }
+  }
+  ~RelayChunk() {
+    if (worker_.spare_chunks.size() < kSpareChunks) worker_.spare_chunks.push_back(std::move(data_));
+  }
+  RelayChunk(const RelayChunk&) = delete;
+  RelayChunk& operator=(const RelayChunk&) = delete;
+  char* data() { return data_.get(); }
+  static constexpr size_t size() { return kRelayChunk; }
+
+ private:
+  static constexpr size_t kSpareChunks = 256;  // 8 MiB per worker at most
+  Worker& worker_;
+  std::unique_ptr<char[]> data_;
 };
 
 enum class AttemptEnd { delivered, client_gone, retry };
@@ -135,7 +178,7 @@ struct Router::Impl {
     std::string client_address = socket.remote_endpoint(ignored).address().to_string();
     beast::tcp_stream client(std::move(socket));
     beast::flat_buffer buffer;
-    std::vector<char> relay(kRelayChunk);
+    buffer.reserve(kClientReadSize);
     try {
       for (;;) {
         http::request_parser<http::string_body> parser;
@@ -363,9 +406,10 @@ struct Router::Impl {
         client_keep_alive, error_json(message, "server_error", 502));
   }
 
-  awaitable<std::unique_ptr<beast::tcp_stream>> connect(const BackendAddress& address, Duration timeout,
-                                                        std::string& error) {
-    auto stream = std::make_unique<beast::tcp_stream>(co_await net::this_coro::executor);
+  awaitable<std::unique_ptr<Upstream>> connect(const BackendAddress& address, Duration timeout,
+                                               std::string& error) {
+    auto upstream = std::make_unique<Upstream>(co_await net::this_coro::executor);
+    beast::tcp_stream* stream = &upstream->stream;
     tcp::resolver resolver(co_await net::this_coro::executor);
     auto [rec, endpoints] =
         co_await resolver.async_resolve(address.host, std::to_string(address.port), use_tuple);
@@ -381,10 +425,10 @@ struct Router::Impl {
     }
     beast::error_code ignored;
     stream->socket().set_option(tcp::no_delay(true), ignored);
-    co_return stream;
+    co_return upstream;
   }
 
-  std::unique_ptr<beast::tcp_stream> take_idle(Worker& worker, int backend_id) {
+  std::unique_ptr<Upstream> take_idle(Worker& worker, int backend_id) {
     auto it = worker.pools.find(backend_id);
     if (it == worker.pools.end()) return nullptr;
     auto& idle = it->second;
@@ -393,17 +437,17 @@ struct Router::Impl {
       IdleConnection connection = std::move(idle.back());
       idle.pop_back();
       if (now - connection.since < config.keepalive_timeout &&
-          idle_connection_usable(connection.stream->socket()))
-        return std::move(connection.stream);
+          idle_connection_usable(connection.upstream->stream.socket()))
+        return std::move(connection.upstream);
     }
     return nullptr;
   }
 
-  void put_idle(Worker& worker, int backend_id, std::unique_ptr<beast::tcp_stream> stream) {
+  void put_idle(Worker& worker, int backend_id, std::unique_ptr<Upstream> upstream) {
     if (config.keepalive <= 0) return;
     auto& idle = worker.pools[backend_id];
-    stream->expires_never();
-    idle.push_back({std::move(stream), Clock::now()});
+    upstream->stream.expires_never();
+    idle.push_back({std::move(upstream), Clock::now()});
     // nginx `keepalive N`: at most N idle connections per worker; the least recently used are closed.
     while (idle.size() > static_cast<size_t>(config.keepalive)) idle.pop_front();
   }
@@ -417,7 +461,8 @@ struct Router::Impl {
       auto now = Clock::now();
       for (auto& [id, idle] : worker.pools)
         std::erase_if(idle, [&](IdleConnection& c) {
-          return now - c.since >= config.keepalive_timeout || !idle_connection_usable(c.stream->socket());
+          return now - c.since >= config.keepalive_timeout ||
+                 !idle_connection_usable(c.upstream->stream.socket());
         });
     }
   }
@@ -437,8 +482,7 @@ struct Router::Impl {
       return AttemptResult{AttemptEnd::retry, false, std::move(reason)};
     };
 
-    std::unique_ptr<beast::tcp_stream> upstream;
-    beast::flat_buffer buffer(kUpstreamBufferLimit);
+    std::unique_ptr<Upstream> upstream;
     std::optional<http::response_parser<http::buffer_body>> parser;
     // A pooled connection can have been closed by the backend an instant ago (the keep-alive race); that is
     // no failure of the backend, so the request goes again on a fresh connection to the same backend.
@@ -450,8 +494,8 @@ struct Router::Impl {
         upstream = co_await connect(backend.address, config.connect_timeout, error);
         if (!upstream) co_return fail_attempt(error);
       }
-      upstream->expires_after(config.send_timeout);
-      auto [wec, wn] = co_await http::async_write(*upstream, request, use_tuple);
+      upstream->stream.expires_after(config.send_timeout);
+      auto [wec, wn] = co_await http::async_write(upstream->stream, request, use_tuple);
       if (wec) {
         if (reused) continue;
         co_return fail_attempt(wec == beast::error::timeout ? "send timeout"
@@ -461,19 +505,23 @@ struct Router::Impl {
       parser->header_limit(kHeaderLimit);
       parser->body_limit(boost::none);
       if (request.method() == http::verb::head) parser->skip(true);
-      buffer.clear();
-      upstream->expires_after(config.read_timeout);
-      auto [rec, rn] = co_await http::async_read_header(*upstream, buffer, *parser, use_tuple);
+      upstream->buffer.clear();
+      upstream->stream.expires_after(config.read_timeout);
+      auto [rec, rn] =
+          co_await http::async_read_header(upstream->stream, upstream->buffer, *parser, use_tuple);
       if (rec) {
-        if (reused && buffer.size() == 0 && rec != beast::error::timeout) continue;
+        if (reused && upstream->buffer.size() == 0 && rec != beast::error::timeout) continue;
         co_return fail_attempt(rec == beast::error::timeout ? "read timeout"
                                                             : "no response: " + rec.message());
       }
       break;
     }
+    upstream->stream.expires_never();
+    beast::flat_buffer& buffer = upstream->buffer;
     double ttfb = seconds_since(started);
     auto& head = parser->get();
     int status = head.result_int();
+    auto status_reason = [status] { return fmt::format("status {}", status); };
 
     if ((status == 502 || status == 503 || status == 504 || status == 429) && may_retry &&
         balancer.can_route(route, tried)) {
@@ -482,14 +530,21 @@ struct Router::Impl {
           balancer.retry_after(backend, Duration(static_cast<int64_t>(*wait * 1000)));
         balancer.finish(selection, Outcome::neutral);
       } else {
-        balancer.finish(selection, Outcome::failure, fmt::format("status {}", status));
+        balancer.finish(selection, Outcome::failure, status_reason());
       }
       balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
-      co_return AttemptResult{AttemptEnd::retry, false, fmt::format("status {}", status)};
+      co_return AttemptResult{AttemptEnd::retry, false, status_reason()};
     }
     // The response is committed to this backend from here on.
     Outcome outcome = (status == 502 || status == 503 || status == 504) ? Outcome::failure : Outcome::success;
     if (status == 429) outcome = Outcome::neutral;
+    // The backend's part is over: release it (before the last bytes go out, as nginx does, so that a client
+    // that sends its next request at once already sees the backend's in-flight count without this one).
+    auto release_backend = [&] {
+      balancer.finish(selection, outcome, outcome == Outcome::failure ? status_reason() : std::string());
+      balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
+      if (parser->keep_alive() && buffer.size() == 0) put_idle(worker, backend.id, std::move(upstream));
+    };
 
     http::response<http::buffer_body> response{head.result(), client_version == 10 ? 10u : 11u};
     response.reason(head.reason());
@@ -514,59 +569,67 @@ struct Router::Impl {
       return AttemptResult{AttemptEnd::client_gone, false, {}};
     };
 
-    client.expires_after(config.send_timeout);
-    auto [hec, hn] = co_await http::async_write_header(client, serializer, use_tuple);
-    if (hec) co_return client_gone();
     if (no_body) {
-      balancer.finish(selection, outcome, fmt::format("status {}", status));
-      balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
-      if (parser->keep_alive() && buffer.size() == 0) put_idle(worker, backend.id, std::move(upstream));
-      co_return AttemptResult{AttemptEnd::delivered, true, {}};
+      release_backend();
+      client.expires_after(config.send_timeout);
+      auto [hec, hn] = co_await http::async_write_header(client, serializer, use_tuple);
+      co_return AttemptResult{AttemptEnd::delivered, !hec, {}};
     }
 
-    std::vector<char> chunk(kRelayChunk);
+    // Moves what the parser can take from bytes already received into the relay buffer, without waiting.
     std::string failure;
+    auto parse_received = [&] {
+      while (!parser->is_done() && buffer.size() > 0 && parser->get().body().size > 0) {
+        beast::error_code pec;
+        size_t used = parser->put(buffer.data(), pec);
+        buffer.consume(used);
+        if (pec == http::error::need_more || pec == http::error::need_buffer || used == 0) break;
+        if (pec) {
+          failure = "malformed response body: " + pec.message();
+          break;
+        }
+      }
+    };
+
+    RelayChunk chunk(worker);
+    // The head goes out with the body bytes that came with it, in one write; alone when none came yet (nginx
+    // does the same), so that a client sees the head of a stream whose first event takes a while.
+    bool head_sent = false;
     for (;;) {
       parser->get().body().data = chunk.data();
       parser->get().body().size = chunk.size();
-      // Each side's timer runs only while that side is awaited, so that a slow client is never taken for a
-      // slow backend (a failure counted against it) and the reverse.
-      if (!parser->is_done()) {  // an empty body (Content-Length: 0) is complete with the head
-        client.expires_never();
-        upstream->expires_after(config.read_timeout);
-        auto [rec, rn] = co_await http::async_read_some(*upstream, buffer, *parser, use_tuple);
+      if (!head_sent) {
+        parse_received();
+      } else if (!parser->is_done()) {  // an empty body (Content-Length: 0) is complete with the head
+        // Each side's timer runs only while that side is awaited, so that a slow client is never taken for a
+        // slow backend (a failure counted against it) and the reverse.
+        upstream->stream.expires_after(config.read_timeout);
+        auto [rec, rn] = co_await http::async_read_some(upstream->stream, buffer, *parser, use_tuple);
         if (rec == http::error::need_buffer) rec = {};
         if (rec) {
           failure =
               rec == beast::error::timeout ? "read timeout mid-response" : "backend closed mid-response";
           break;
         }
+        upstream->stream.expires_never();
         // Parse whatever else has already arrived (often several SSE chunks) into the same buffer, so that
         // the client gets them in one write instead of one write per upstream chunk.
-        while (!parser->is_done() && buffer.size() > 0 && parser->get().body().size > 0) {
-          beast::error_code pec;
-          size_t used = parser->put(buffer.data(), pec);
-          buffer.consume(used);
-          if (pec == http::error::need_more || pec == http::error::need_buffer || used == 0) break;
-          if (pec) {
-            failure = "malformed response body: " + pec.message();
-            break;
-          }
-        }
-        if (!failure.empty()) break;
+        parse_received();
       }
+      if (!failure.empty()) break;
       size_t got = chunk.size() - parser->get().body().size;
       bool upstream_done = parser->is_done();
       if (upstream_done) {
-        // The backend's part is over: release it before the last bytes go out, as nginx does, so that a
-        // client that sends its next request at once already sees the backend's in-flight count without this
-        // one.
-        balancer.finish(selection, outcome, fmt::format("status {}", status));
-        balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
-        if (parser->keep_alive() && buffer.size() == 0) put_idle(worker, backend.id, std::move(upstream));
-      } else {
-        upstream->expires_never();
-        if (got == 0) continue;
+        release_backend();
+      } else if (got == 0) {
+        if (!head_sent) {
+          client.expires_after(config.send_timeout);
+          auto [hec, hn] = co_await http::async_write_header(client, serializer, use_tuple);
+          if (hec) co_return client_gone();
+          client.expires_never();
+          head_sent = true;
+        }
+        continue;
       }
       response.body().data = got ? chunk.data() : nullptr;
       response.body().size = got;
@@ -576,8 +639,9 @@ struct Router::Impl {
       if (wec == http::error::need_buffer) wec = {};
       if (upstream_done) co_return AttemptResult{AttemptEnd::delivered, !wec, {}};
       if (wec) co_return client_gone();
+      client.expires_never();
+      head_sent = true;
     }
-
     // The backend failed after the client got part of the response: no retry is possible any more.
     spdlog::warn("route: backend {} failed mid-response for {}: {}", backend.url, original_target, failure);
     balancer.finish(selection, Outcome::failure, failure);
@@ -624,10 +688,10 @@ struct Router::Impl {
     auto stream = co_await connect(backend->address, config.health_timeout, error);
     bool ok = false;
     if (stream) {
-      auto health = co_await fetch(*stream, *backend, config.health_path);
+      auto health = co_await fetch(stream->stream, *backend, config.health_path);
       ok = health && health->result_int() / 100 == 2;
       if (ok) {
-        if (auto models = co_await fetch(*stream, *backend, "/v1/models");
+        if (auto models = co_await fetch(stream->stream, *backend, "/v1/models");
             models && models->result_int() == 200) {
           auto doc = nlohmann::json::parse(models->body(), nullptr, false);
           if (doc.is_object() && doc.contains("data") && doc["data"].is_array()) {
@@ -640,7 +704,7 @@ struct Router::Impl {
             balancer.set_models(*backend, std::move(ids), std::move(cards));
           }
         }
-        if (auto metrics = co_await fetch(*stream, *backend, "/metrics");
+        if (auto metrics = co_await fetch(stream->stream, *backend, "/metrics");
             metrics && metrics->result_int() == 200) {
           ReportedLoad load = parse_reported_load(metrics->body());
           balancer.set_reported_load(*backend, load.requests, load.kv_usage);

@@ -99,6 +99,64 @@ TEST(RouterProxy, StreamsEachChunkBeforeTheBackendFinishes) {
   EXPECT_NE(response.body.find("[DONE]"), std::string::npos);
 }
 
+TEST(RouterProxy, SendsTheHeadBeforeTheFirstEventExists) {
+  Gate client_has_head;
+  FakeBackend backend([&](const HttpRequest&, BackendConnection& c) {
+    c.start_stream();
+    // A long prefill: the first event comes only after the client saw the head.
+    if (!client_has_head.wait(60'000)) return;
+    c.chunk(sse_event("late"));
+    c.end_stream();
+  });
+  Router router(config_for({backend.url()}));
+  router.start();
+  HttpClient client(router.port());
+  client.send("POST", "/v1/chat/completions", chat_body({{"user", "hi"}}, true));
+  HttpResponse response;
+  ASSERT_TRUE(client.read_head(response, 20'000))
+      << "the router held the response head until the body started";
+  EXPECT_EQ(response.status, 200);
+  EXPECT_FALSE(client_has_head.is_open());
+  client_has_head.open();
+  while (client.read_chunk(response)) {
+  }
+  EXPECT_TRUE(response.complete);
+  EXPECT_NE(response.body.find("late"), std::string::npos);
+}
+
+// Everything in one send with the head: the router takes the events that came with the head, a burst larger
+// than one read, and a chunk larger than its relay buffer, and the client gets them all in order.
+TEST(RouterProxy, RelaysBurstsAndChunksLargerThanTheRelayBufferIntact) {
+  std::string expected;
+  std::string burst;
+  auto add_chunk = [&](const std::string& data) {
+    char size[32];
+    std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+    burst += size + data + "\r\n";
+    expected += data;
+  };
+  for (int i = 0; i < 2000; ++i) add_chunk(sse_event("t" + std::to_string(i)));
+  add_chunk("data: " + std::string(100'000, 'x') + "\n\n");
+  for (int i = 0; i < 50; ++i) add_chunk(sse_event("after" + std::to_string(i)));
+  burst += "0\r\n\r\n";
+  FakeBackend backend([&](const HttpRequest&, BackendConnection& c) {
+    c.send_raw("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+               burst);
+  });
+  Router router(config_for({backend.url()}));
+  router.start();
+  HttpClient client(router.port());
+  for (int round = 0; round < 2; ++round) {  // the second one on the kept-alive connections
+    client.send("POST", "/v1/chat/completions", chat_body({{"user", "hi"}}, true));
+    HttpResponse response = client.read_response();
+    EXPECT_EQ(response.status, 200);
+    EXPECT_TRUE(response.complete);
+    EXPECT_TRUE(response.body == expected)
+        << "got " << response.body.size() << " of " << expected.size() << " bytes, or out of order";
+  }
+  EXPECT_EQ(backend.connections_accepted(), 1u);
+}
+
 TEST(RouterProxy, ReusesUpstreamConnectionsAndRelaysEmptyBodies) {
   FakeBackend backend([](const HttpRequest& r, BackendConnection& c) {
     c.respond(200, r.target == "/empty" ? "" : R"({"ok":true})");
