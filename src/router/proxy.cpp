@@ -91,14 +91,15 @@ struct IdleConnection {
 };
 
 struct Worker {
+  // Relay buffers of finished responses, reused: a fresh 32 KiB allocation per response costs a page fault
+  // per page, and freeing it can shrink the heap (madvise), which flushes every core's TLB. Declared before
+  // the io_context: destroying it destroys suspended requests, which give their buffers back here.
+  std::vector<std::unique_ptr<char[]>> spare_chunks;
   net::io_context ioc{1};
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
   std::thread thread;
   // Touched only from this worker's thread.
   std::unordered_map<int, std::deque<IdleConnection>> pools;  // backend id -> idle connections, newest last
-  // Relay buffers of finished responses, reused: a fresh 32 KiB allocation per response costs a page fault
-  // per page, and freeing it can shrink the heap (madvise), which flushes every core's TLB.
-  std::vector<std::unique_ptr<char[]>> spare_chunks;
 };
 
 // A relay buffer borrowed from the worker for one response.
