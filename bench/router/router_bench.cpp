@@ -166,8 +166,8 @@ std::unique_ptr<Process> start_route(const std::string& moeserve, uint16_t port,
   return process;
 }
 
-void overhead(const std::string& moeserve, double seconds, int concurrency, int chunks,
-              const std::vector<std::string>& paths) {
+void overhead(const std::string& moeserve, const std::string& baseline, double seconds, int concurrency,
+              int chunks, int samples, const std::vector<std::string>& paths) {
   std::string event = sse_event("token");
   FakeBackend backend([&](const HttpRequest& r, BackendConnection& c) {
     if (r.body.find("\"stream\":true") != std::string::npos) {
@@ -198,14 +198,21 @@ void overhead(const std::string& moeserve, double seconds, int concurrency, int 
   };
   std::vector<Target> targets = {
       {"direct", backend.port()}, {"moeserve route", route_port}, {"nginx", nginx_port}};
+  std::unique_ptr<Process> baseline_route;
+  if (!baseline.empty()) {
+    uint16_t port = free_port();
+    baseline_route =
+        start_route(baseline, port, {backend.url()}, "least_conn", (dir / "route-baseline.log").string());
+    targets.push_back({"route baseline", port});
+  }
   std::printf("\n== overhead: one backend, concurrency %d, %d SSE chunks per stream, %.0f s per cell ==\n",
               concurrency, chunks, seconds);
   std::printf("%-16s %10s %10s %12s %12s %10s %14s\n", "path", "p50 ms", "p99 ms", "ttfb p50 ms",
               "ttfb p99 ms", "req/s", "chunks/s");
   for (const auto& target : targets) {
     if (!paths.empty() && std::find(paths.begin(), paths.end(), target.name) == paths.end()) continue;
-    Latency small = measure_latency(target.port, 2000, false);
-    Latency ttfb = measure_latency(target.port, 1000, true);
+    Latency small = measure_latency(target.port, 2 * samples, false);
+    Latency ttfb = measure_latency(target.port, samples, true);
     Throughput requests = measure_throughput(target.port, concurrency, seconds, false);
     Throughput streams = measure_throughput(target.port, concurrency, seconds, true);
     std::printf("%-16s %10.3f %10.3f %12.3f %12.3f %10.0f %14.0f%s\n", target.name.c_str(), small.p50,
@@ -216,6 +223,10 @@ void overhead(const std::string& moeserve, double seconds, int concurrency, int 
   nginx.wait();
   route->signal(SIGTERM);
   route->wait();
+  if (baseline_route) {
+    baseline_route->signal(SIGTERM);
+    baseline_route->wait();
+  }
 }
 
 // A backend with its own prefix cache: an LRU radix tree of the prompts it served, bounded like KV memory.
@@ -307,8 +318,8 @@ void cache_hit_rate(const std::string& moeserve) {
 // (this machine's load drifts): time to first byte of a stream, sequentially on one keep-alive connection,
 // and streamed requests/s with `concurrency` clients. "direct" is node 1 alone (a third of the cluster's
 // capacity).
-void real_nodes(const std::string& moeserve, int nodes, double seconds, int concurrency, int rounds,
-                int max_tokens) {
+void real_nodes(const std::string& moeserve, const std::string& baseline, int nodes, double seconds,
+                int concurrency, int rounds, int max_tokens) {
   namespace fs = std::filesystem;
   fs::path dir = fs::temp_directory_path() / ("router-bench-nodes-" + std::to_string(::getpid()));
   fs::create_directories(dir / "nginx");
@@ -377,6 +388,16 @@ void real_nodes(const std::string& moeserve, int nodes, double seconds, int conc
   // direct: node 1 (127.0.0.1:node_port).
   std::vector<Target> targets = {
       {"direct (node 1)", node_port, {}}, {"moeserve route", route_port, {}}, {"nginx", nginx_port, {}}};
+  std::unique_ptr<Process> baseline_route;
+  if (!baseline.empty()) {
+    uint16_t port = free_port();
+    baseline_route = std::make_unique<Process>(
+        std::vector<std::string>{baseline, "--log-level", "warn", "route", "--config",
+                                 (dir / "plan/router/router.yaml").string(), "--port", std::to_string(port)},
+        (dir / "route-baseline.log").string());
+    if (!wait_listening(port)) throw std::runtime_error("the baseline router did not start");
+    targets.push_back({"route baseline", port, {}});
+  }
   for (int round = 0; round < rounds; ++round) {
     for (size_t k = 0; k < targets.size(); ++k) {
       Target& t = targets[(k + size_t(round)) % targets.size()];
@@ -402,6 +423,10 @@ void real_nodes(const std::string& moeserve, int nodes, double seconds, int conc
   nginx.wait();
   route.signal(SIGTERM);
   route.wait();
+  if (baseline_route) {
+    baseline_route->signal(SIGTERM);
+    baseline_route->wait();
+  }
   for (auto& server : servers) server->signal(SIGTERM);
   for (auto& server : servers) server->wait(30'000);
 }
@@ -417,6 +442,8 @@ int main(int argc, char** argv) {
   int nodes = 3, rounds = 3, max_tokens = 32;
   bool only_nodes = false;
   std::vector<std::string> paths;
+  int samples = 1000;
+  std::string baseline;
   app.add_option("--moeserve", moeserve, "path of the moeserve binary")->capture_default_str();
   app.add_option("--seconds", seconds, "duration of each throughput cell")->capture_default_str();
   app.add_option("--concurrency", concurrency, "client connections for the throughput cells")
@@ -427,13 +454,17 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "rounds over the real-node paths")->capture_default_str();
   app.add_option("--max-tokens", max_tokens, "tokens per stream from the real nodes")->capture_default_str();
   app.add_flag("--only-nodes", only_nodes, "run the real-node part alone");
+  app.add_option("--samples", samples, "overhead part: streams timed for TTFB (twice as many small requests)")
+      ->capture_default_str();
+  app.add_option("--baseline", baseline,
+                 "another moeserve binary whose router runs as one more path (\"route baseline\")");
   app.add_option("--paths", paths, "overhead part: only these paths (direct, \"moeserve route\", nginx)");
   CLI11_PARSE(app, argc, argv);
   ::signal(SIGPIPE, SIG_IGN);
   if (!only_nodes) {
-    overhead(moeserve, seconds, concurrency, chunks, paths);
+    overhead(moeserve, baseline, seconds, concurrency, chunks, samples, paths);
     cache_hit_rate(moeserve);
   }
-  if (nodes > 0) real_nodes(moeserve, nodes, seconds, concurrency, rounds, max_tokens);
+  if (nodes > 0) real_nodes(moeserve, baseline, nodes, seconds, concurrency, rounds, max_tokens);
   return 0;
 }

@@ -40,6 +40,7 @@ constexpr uint32_t kHeaderLimit = 64 * 1024;
 // client_body_buffer_size (16 KiB).
 constexpr size_t kUpstreamReadSize = 16 * 1024;
 constexpr size_t kClientReadSize = 16 * 1024;
+constexpr Duration kUncheckedIdle{1000};
 
 using Request = http::request<http::string_body>;
 
@@ -75,12 +76,136 @@ bool idle_connection_usable(tcp::socket& socket) {
   return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
+// I/O timeouts kept lazily, as nginx keeps them: each socket has a deadline that its reads and writes move
+// (a store, no system call) and its worker's watchdog looks at every socket a few times a second, cancelling
+// the operation of one past its deadline; the operation then ends with beast::error::timeout. Beast's
+// tcp_stream instead arms and cancels a timer around every read and write, which costs a timer-queue update
+// and one more completion handler each time. A timeout fires up to one watchdog period late.
+class TimedSocket;
+
+class Watchdog {
+ public:
+  void add(TimedSocket* socket) {
+    index_of(socket) = sockets_.size();
+    sockets_.push_back(socket);
+  }
+  void remove(TimedSocket* socket) {
+    size_t at = index_of(socket);
+    sockets_[at] = sockets_.back();
+    index_of(sockets_[at]) = at;
+    sockets_.pop_back();
+  }
+  void check(Clock::time_point now);
+
+ private:
+  static size_t& index_of(TimedSocket* socket);
+  std::vector<TimedSocket*> sockets_;
+};
+
+// A completion handler that reports a cancellation by the watchdog as a timeout; everything associated with
+// the wrapped handler (executor, allocator, cancellation slot) stays associated.
+template <class Handler>
+struct TimeoutAware {
+  Handler handler;
+  const bool* expired;
+  void operator()(beast::error_code ec, size_t n) {
+    if (ec == net::error::operation_aborted && *expired) ec = beast::error::timeout;
+    std::move(handler)(ec, n);
+  }
+};
+
+}  // namespace
+}  // namespace moeserve::router
+
+template <template <typename, typename> class Associator, typename Handler, typename DefaultCandidate>
+struct boost::asio::associator<Associator, moeserve::router::TimeoutAware<Handler>, DefaultCandidate>
+    : Associator<Handler, DefaultCandidate> {
+  static typename Associator<Handler, DefaultCandidate>::type get(
+      const moeserve::router::TimeoutAware<Handler>& h) noexcept {
+    return Associator<Handler, DefaultCandidate>::get(h.handler);
+  }
+  static auto get(const moeserve::router::TimeoutAware<Handler>& h, const DefaultCandidate& c) noexcept
+      -> decltype(Associator<Handler, DefaultCandidate>::get(h.handler, c)) {
+    return Associator<Handler, DefaultCandidate>::get(h.handler, c);
+  }
+};
+
+namespace moeserve::router {
+namespace {
+
+// A TCP socket with a deadline, usable wherever Beast wants an AsyncStream. Lives and dies on its worker's
+// thread.
+class TimedSocket {
+ public:
+  using executor_type = tcp::socket::executor_type;
+  TimedSocket(Watchdog& watchdog, tcp::socket socket) : watchdog_(watchdog), socket_(std::move(socket)) {
+    watchdog_.add(this);
+  }
+  TimedSocket(Watchdog& watchdog, const executor_type& executor) : watchdog_(watchdog), socket_(executor) {
+    watchdog_.add(this);
+  }
+  ~TimedSocket() { watchdog_.remove(this); }
+  TimedSocket(const TimedSocket&) = delete;
+  TimedSocket& operator=(const TimedSocket&) = delete;
+
+  executor_type get_executor() { return socket_.get_executor(); }
+  tcp::socket& socket() { return socket_; }
+  // As tcp_stream's: the deadline covers every operation until it is moved again.
+  void expires_after(Duration timeout) {
+    deadline_ = Clock::now() + timeout;
+    expired_ = false;
+  }
+  void expires_never() {
+    deadline_ = Clock::time_point::max();
+    expired_ = false;
+  }
+  bool expired() const { return expired_; }
+
+  template <class Buffers, class Token>
+  auto async_read_some(const Buffers& buffers, Token&& token) {
+    return net::async_initiate<Token, void(beast::error_code, size_t)>(
+        [this](auto handler, const Buffers& b) {
+          socket_.async_read_some(b, TimeoutAware<decltype(handler)>{std::move(handler), &expired_});
+        },
+        token, buffers);
+  }
+  template <class Buffers, class Token>
+  auto async_write_some(const Buffers& buffers, Token&& token) {
+    return net::async_initiate<Token, void(beast::error_code, size_t)>(
+        [this](auto handler, const Buffers& b) {
+          socket_.async_write_some(b, TimeoutAware<decltype(handler)>{std::move(handler), &expired_});
+        },
+        token, buffers);
+  }
+
+ private:
+  friend class Watchdog;
+  Watchdog& watchdog_;
+  tcp::socket socket_;
+  Clock::time_point deadline_ = Clock::time_point::max();
+  bool expired_ = false;
+  size_t index_ = 0;  // in the watchdog's list
+};
+
+size_t& Watchdog::index_of(TimedSocket* socket) {
+  return socket->index_;
+}
+
+void Watchdog::check(Clock::time_point now) {
+  for (TimedSocket* socket : sockets_) {
+    if (socket->expired_ || now < socket->deadline_) continue;
+    socket->expired_ = true;
+    beast::error_code ignored;
+    socket->socket_.cancel(ignored);
+  }
+}
+
 // A connection to a backend with its read buffer: both live as long as the connection, so a request on a
 // pooled connection allocates nothing for them.
 struct Upstream {
-  beast::tcp_stream stream;
+  TimedSocket stream;
   beast::flat_buffer buffer{kUpstreamBufferLimit};
-  explicit Upstream(const net::any_io_executor& executor) : stream(executor) {
+  Upstream(Watchdog& watchdog, const TimedSocket::executor_type& executor) : stream(watchdog, executor) {
     buffer.reserve(kUpstreamReadSize);
   }
 };
@@ -95,7 +220,10 @@ struct Worker {
   // per page, and freeing it can shrink the heap (madvise), which flushes every core's TLB. Declared before
   // the io_context: destroying it destroys suspended requests, which give their buffers back here.
   std::vector<std::unique_ptr<char[]>> spare_chunks;
-  net::io_context ioc{1};
+  Watchdog watchdog;  // outlives the sockets of suspended requests too
+  // One thread runs it; every socket is used only from that thread, so the reactor's per-socket locks are
+  // left out (the scheduler and descriptor registration keep theirs: the acceptor hands sockets over).
+  net::io_context ioc{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
   net::executor_work_guard<net::io_context::executor_type> guard{ioc.get_executor()};
   std::thread thread;
   // Touched only from this worker's thread.
@@ -177,7 +305,7 @@ struct Router::Impl {
     beast::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
     std::string client_address = socket.remote_endpoint(ignored).address().to_string();
-    beast::tcp_stream client(std::move(socket));
+    TimedSocket client(worker.watchdog, std::move(socket));
     beast::flat_buffer buffer;
     buffer.reserve(kClientReadSize);
     try {
@@ -204,14 +332,22 @@ struct Router::Impl {
           static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
           co_await net::async_write(client, net::buffer(kContinue), use_tuple);
         }
-        if (!parser.is_done()) {
+        // The body usually came with the head: take it from the buffer at once rather than through another
+        // asynchronous read, which would complete through the scheduler's queue (one more epoll_wait).
+        while (!parser.is_done() && buffer.size() > 0) {
+          size_t used = parser.put(buffer.data(), ec);
+          buffer.consume(used);
+          if (ec == http::error::need_more) ec = {};
+          if (ec || used == 0) break;
+        }
+        if (!ec && !parser.is_done())
           std::tie(ec, n) = co_await http::async_read(client, buffer, parser, use_tuple);
+        if (ec) {
           if (ec == http::error::body_limit) {
             co_await send_local(client, http::status::payload_too_large, head.version(), false,
                                 body_too_large());
-            break;
           }
-          if (ec) break;
+          break;
         }
         Request request = parser.release();
         bool keep_alive = request.keep_alive();
@@ -224,7 +360,7 @@ struct Router::Impl {
       spdlog::error("route: connection from {} ended by an internal error: {}", client_address, e.what());
     }
     client.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    client.close();
+    client.socket().close(ignored);
   }
 
   std::string body_too_large() const {
@@ -234,9 +370,8 @@ struct Router::Impl {
   }
 
   // A response the router writes itself. Returns whether the connection may serve another request.
-  awaitable<bool> send_local(beast::tcp_stream& client, http::status status, unsigned version,
-                             bool keep_alive, std::string body,
-                             std::string_view content_type = "application/json") {
+  awaitable<bool> send_local(TimedSocket& client, http::status status, unsigned version, bool keep_alive,
+                             std::string body, std::string_view content_type = "application/json") {
     http::response<http::string_body> res{status, version == 10 ? 10u : 11u};
     res.set(http::field::server, "moeserve-route");
     res.set(http::field::content_type, content_type);
@@ -253,7 +388,7 @@ struct Router::Impl {
     return request[http::field::authorization] == "Bearer " + key;
   }
 
-  awaitable<bool> handle(Worker& worker, beast::tcp_stream& client, Request& request,
+  awaitable<bool> handle(Worker& worker, TimedSocket& client, Request& request,
                          const std::string& client_address) {
     std::string_view target = request.target();
     std::string_view path = target.substr(0, target.find('?'));
@@ -297,7 +432,7 @@ struct Router::Impl {
     co_return co_await proxy(worker, client, request, client_address);
   }
 
-  awaitable<bool> admin(beast::tcp_stream& client, Request& request, std::string_view path) {
+  awaitable<bool> admin(TimedSocket& client, Request& request, std::string_view path) {
     unsigned version = request.version();
     bool keep_alive = request.keep_alive();
     const std::string& key = config.admin_key.empty() ? config.api_key : config.admin_key;
@@ -360,7 +495,7 @@ struct Router::Impl {
 
   // ---- proxying -----------------------------------------------------------------------------------------
 
-  awaitable<bool> proxy(Worker& worker, beast::tcp_stream& client, Request& request,
+  awaitable<bool> proxy(Worker& worker, TimedSocket& client, Request& request,
                         const std::string& client_address) {
     BodyNeeds needs;
     needs.key = config.policy == Policy::cache_aware;
@@ -407,25 +542,44 @@ struct Router::Impl {
         client_keep_alive, error_json(message, "server_error", 502));
   }
 
-  awaitable<std::unique_ptr<Upstream>> connect(const BackendAddress& address, Duration timeout,
-                                               std::string& error) {
-    auto upstream = std::make_unique<Upstream>(co_await net::this_coro::executor);
-    beast::tcp_stream* stream = &upstream->stream;
-    tcp::resolver resolver(co_await net::this_coro::executor);
-    auto [rec, endpoints] =
-        co_await resolver.async_resolve(address.host, std::to_string(address.port), use_tuple);
-    if (rec) {
-      error = "cannot resolve " + address.host + ": " + rec.message();
-      co_return nullptr;
+  awaitable<std::unique_ptr<Upstream>> connect(Worker& worker, const BackendAddress& address,
+                                               Duration timeout, std::string& error) {
+    auto upstream = std::make_unique<Upstream>(worker.watchdog, co_await net::this_coro::executor);
+    upstream->stream.expires_after(timeout);
+    std::vector<tcp::endpoint> endpoints;
+    beast::error_code ec;
+    if (auto ip = net::ip::make_address(address.host, ec); !ec) {
+      endpoints.emplace_back(ip, address.port);  // an address needs no resolver (a thread per io_context)
+    } else {
+      tcp::resolver resolver(co_await net::this_coro::executor);
+      auto [rec, results] =
+          co_await resolver.async_resolve(address.host, std::to_string(address.port), use_tuple);
+      if (rec) {
+        error = "cannot resolve " + address.host + ": " + rec.message();
+        co_return nullptr;
+      }
+      for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+      if (endpoints.empty()) {
+        error = "cannot resolve " + address.host + ": no address";
+        co_return nullptr;
+      }
     }
-    stream->expires_after(timeout);
-    auto [ec, endpoint] = co_await stream->async_connect(endpoints, use_tuple);
+    tcp::socket& socket = upstream->stream.socket();
+    for (const auto& endpoint : endpoints) {
+      if (socket.is_open()) socket.close(ec);
+      std::tie(ec) = co_await socket.async_connect(endpoint, use_tuple);
+      if (!ec) break;
+      if (upstream->stream.expired()) {
+        error = "connect timeout";
+        co_return nullptr;
+      }
+    }
     if (ec) {
-      error = ec == beast::error::timeout ? "connect timeout" : "connect failed: " + ec.message();
+      error = "connect failed: " + ec.message();
       co_return nullptr;
     }
-    beast::error_code ignored;
-    stream->socket().set_option(tcp::no_delay(true), ignored);
+    upstream->stream.expires_never();
+    socket.set_option(tcp::no_delay(true), ec);
     co_return upstream;
   }
 
@@ -437,7 +591,11 @@ struct Router::Impl {
     while (!idle.empty()) {
       IdleConnection connection = std::move(idle.back());
       idle.pop_back();
-      if (now - connection.since < config.keepalive_timeout &&
+      if (now - connection.since >= config.keepalive_timeout) continue;
+      // A backend may have closed an idle connection (its own keep-alive timeout), so one idle for a while is
+      // checked first (a system call). One pooled an instant ago is not: should its backend have closed it
+      // all the same, the request meets the closed connection and goes again on a fresh one (attempt_on).
+      if (now - connection.since < kUncheckedIdle ||
           idle_connection_usable(connection.upstream->stream.socket()))
         return std::move(connection.upstream);
     }
@@ -451,6 +609,20 @@ struct Router::Impl {
     idle.push_back({std::move(upstream), Clock::now()});
     // nginx `keepalive N`: at most N idle connections per worker; the least recently used are closed.
     while (idle.size() > static_cast<size_t>(config.keepalive)) idle.pop_front();
+  }
+
+  awaitable<void> watch_timeouts(Worker& worker) {
+    // A quarter of the shortest timeout, between 10 and 250 ms (nginx's timers are 300 ms lazy).
+    Duration shortest = std::min(
+        {config.client_header_timeout, config.read_timeout, config.send_timeout, config.connect_timeout});
+    if (config.health_interval.count() > 0) shortest = std::min(shortest, config.health_timeout);
+    auto period = std::clamp<Duration>(shortest / 4, Duration(10), Duration(250));
+    net::steady_timer timer(worker.ioc);
+    while (!stopping) {
+      timer.expires_after(period);
+      co_await timer.async_wait(use_tuple);
+      worker.watchdog.check(Clock::now());
+    }
   }
 
   awaitable<void> sweep_idle(Worker& worker) {
@@ -468,7 +640,7 @@ struct Router::Impl {
     }
   }
 
-  awaitable<AttemptResult> attempt_on(Worker& worker, const Selection& selection, beast::tcp_stream& client,
+  awaitable<AttemptResult> attempt_on(Worker& worker, const Selection& selection, TimedSocket& client,
                                       Request& request, const std::string& original_target,
                                       const RouteRequest& route, const std::vector<int>& tried,
                                       bool may_retry, bool client_keep_alive, unsigned client_version) {
@@ -492,7 +664,7 @@ struct Router::Impl {
       bool reused = upstream != nullptr;
       if (!reused) {
         std::string error;
-        upstream = co_await connect(backend.address, config.connect_timeout, error);
+        upstream = co_await connect(worker, backend.address, config.connect_timeout, error);
         if (!upstream) co_return fail_attempt(error);
       }
       upstream->stream.expires_after(config.send_timeout);
@@ -665,7 +837,7 @@ struct Router::Impl {
   // ---- health checks -----------------------------------------------------------------------------------
 
   // One GET on an open connection; nullopt when it failed.
-  awaitable<std::optional<http::response<http::string_body>>> fetch(beast::tcp_stream& stream,
+  awaitable<std::optional<http::response<http::string_body>>> fetch(TimedSocket& stream,
                                                                     const Backend& backend,
                                                                     std::string target) {
     Request request{http::verb::get, backend.address.prefix + target, 11};
@@ -686,7 +858,7 @@ struct Router::Impl {
 
   awaitable<void> health_check(std::shared_ptr<Backend> backend) {
     std::string error;
-    auto stream = co_await connect(backend->address, config.health_timeout, error);
+    auto stream = co_await connect(*workers[0], backend->address, config.health_timeout, error);
     bool ok = false;
     if (stream) {
       auto health = co_await fetch(stream->stream, *backend, config.health_path);
@@ -748,6 +920,7 @@ struct Router::Impl {
     if (config.health_interval.count() > 0) net::co_spawn(workers[0]->ioc, health_loop(), net::detached);
     for (auto& worker : workers) {
       net::co_spawn(worker->ioc, sweep_idle(*worker), net::detached);
+      net::co_spawn(worker->ioc, watch_timeouts(*worker), net::detached);
       worker->thread = std::thread([w = worker.get()] { w->ioc.run(); });
     }
   }

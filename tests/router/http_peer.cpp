@@ -153,6 +153,10 @@ void BackendConnection::close_after() {
   close_after_ = true;
 }
 
+void BackendConnection::hang_up() {
+  hang_up_ = true;
+}
+
 // ---- FakeBackend ----------------------------------------------------------------------------------------
 
 FakeBackend::FakeBackend(Handler handler, std::string name)

@@ -44,14 +44,16 @@ class BackendConnection {
   bool send_raw(const std::string& bytes);
   void reset();        // abortive close (RST), as a crashing server
   void close_after();  // close the connection after this request instead of keeping it alive
+  void hang_up();      // close it after this request without saying so (as a keep-alive timeout does)
   int fd() const { return fd_; }
   bool closed() const { return closed_; }
-  bool keep_open() const { return !close_after_ && !closed_; }
+  bool keep_open() const { return !close_after_ && !hang_up_ && !closed_; }
 
  private:
   int fd_;
   bool closed_ = false;
   bool close_after_ = false;
+  bool hang_up_ = false;
 };
 
 class FakeBackend {

@@ -3,6 +3,7 @@
 // never after, 429 Retry-After, cache_aware stickiness, /v1/models merging, admin calls, limits, and /metrics
 // under promtool.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <cstdio>
@@ -173,6 +174,30 @@ TEST(RouterProxy, ReusesUpstreamConnectionsAndRelaysEmptyBodies) {
   EXPECT_EQ(backend.connections_accepted(), 1u) << "keep-alive upstream connections must be reused";
 }
 
+// The keep-alive race: the backend closes each connection right after its response, without a
+// `Connection: close`. A pooled connection reused at once meets the close and the request goes again on a
+// fresh one; one idle for a while is checked before use. Neither is a failure of the backend.
+TEST(RouterProxy, ARequestMeetingAClosedPooledConnectionGoesAgainOnAFreshOne) {
+  FakeBackend backend([](const HttpRequest&, BackendConnection& c) {
+    c.respond(200, R"({"ok":true})");
+    c.hang_up();
+  });
+  Router router(config_for({backend.url()}));
+  router.start();
+  HttpClient client(router.port());
+  for (int i = 0; i < 6; ++i) {
+    if (i == 5) std::this_thread::sleep_for(1200ms);  // past the router's unchecked-idle window
+    client.send("POST", "/v1/chat/completions", chat_body({{"user", "hi"}}));
+    HttpResponse response = client.read_response();
+    EXPECT_EQ(response.status, 200) << "request " << i;
+    EXPECT_EQ(response.body, R"({"ok":true})") << "request " << i;
+  }
+  EXPECT_EQ(backend.request_count(), 6u) << "each request reached the backend exactly once";
+  auto described = router.balancer().describe();
+  EXPECT_EQ(described[0]["failures"], 0) << described.dump();
+  EXPECT_EQ(described[0]["fails"], 0) << described.dump();
+}
+
 TEST(RouterProxy, LeastConnSpreadsConcurrentStreamsEvenly) {
   Gate release;
   auto hold = [&](const HttpRequest&, BackendConnection& c) {
@@ -246,6 +271,53 @@ TEST(RouterProxy, NeverRetriesAfterStreamingStartedAndEndsWithAnErrorEvent) {
   EXPECT_EQ(healthy.request_count(), 0u) << "a request whose response had started must not be sent again";
   HttpResponse after;
   EXPECT_FALSE(client.read_head(after, 2000)) << "the connection must close after a broken stream";
+}
+
+// The router's timeouts (kept lazily by a watchdog, not a timer per read): a backend silent before its
+// answer is a failure retried elsewhere, one silent mid-stream ends the stream with an error event, and a
+// client that sends nothing is disconnected.
+TEST(RouterProxy, ReadAndClientHeaderTimeoutsEndSilentPeers) {
+  Gate done;
+  FakeBackend silent([&](const HttpRequest& r, BackendConnection& c) {
+    if (r.body.find("\"stream\":true") != std::string::npos) {
+      c.start_stream();
+      c.chunk(sse_event("partial"));
+    }
+    done.wait(30'000);  // then nothing, far longer than --read-timeout
+  });
+  FakeBackend healthy(answer_with("healthy"));
+  auto config = [](const std::vector<std::string>& urls) {
+    RouterConfig c = config_for(urls);
+    c.read_timeout = 300ms;
+    c.client_header_timeout = 300ms;
+    return c;
+  };
+  {
+    Router router(config({silent.url(), healthy.url()}));
+    router.start();
+    for (int i = 0; i < 2; ++i) {  // equal backends alternate: one of the two requests meets the silent one
+      HttpResponse response = post_chat(router.port());
+      EXPECT_EQ(response.status, 200);
+      EXPECT_EQ(backend_of(response), "healthy") << "a backend silent before answering is retried elsewhere";
+    }
+    auto described = router.balancer().describe();
+    EXPECT_EQ(described[0]["failures"], 1) << described.dump();
+  }
+  Router router(config({silent.url()}));
+  router.start();
+  HttpClient streaming(router.port());
+  streaming.send("POST", "/v1/chat/completions", chat_body({{"user", "stream"}}, true));
+  HttpResponse stream = streaming.read_response(10'000);
+  EXPECT_EQ(stream.status, 200);
+  EXPECT_NE(stream.body.find("partial"), std::string::npos);
+  EXPECT_NE(stream.body.find("read timeout"), std::string::npos) << stream.body;
+
+  HttpClient idle(router.port());
+  HttpResponse nothing;
+  EXPECT_FALSE(idle.read_head(nothing, 10'000));
+  char byte;
+  EXPECT_EQ(::recv(idle.fd(), &byte, 1, MSG_DONTWAIT), 0) << "an idle client must be disconnected";
+  done.open();
 }
 
 TEST(RouterProxy, EjectsAfterMaxFailsAndTakesTheBackendBackAfterFailTimeout) {
