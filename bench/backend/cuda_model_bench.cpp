@@ -34,8 +34,9 @@ struct Options {
   // there), greedy / top-p (rows reduced to candidates on the GPU), none (logits downloaded, nothing
   // sampled).
   std::vector<std::string> sampling = {"full-greedy", "greedy", "top-p"};
-  float logit_scale =
-      1.0f;  // lm_head scale: random weights give flat rows; ~10 peaks them like a trained model's
+  // lm_head scale: random weights give flat rows; ~10 peaks them like a trained model's.
+  float logit_scale = 1.0f;
+  std::vector<int> profile_batches = {1};  // decode batch sizes of the per-op profile
 };
 
 using Clock = std::chrono::steady_clock;
@@ -196,13 +197,35 @@ int run(const Options& o) {
     model.forward({&step, 1}, kv, state);
     std::printf("\nper-op GPU time, prefill of 1024 tokens:\n%s", cuda_tools::profile_report(*be).c_str());
     cuda_tools::reset_profile(*be);
-    std::vector<int32_t> one = {5};
-    for (int i = 0; i < 4; ++i) {
-      SequenceStep d{one, 1024 + i, pages, 0, false};
-      model.forward({&d, 1}, kv, state);
-    }
-    std::printf("\nper-op GPU time, 4 decode steps at batch 1:\n%s", cuda_tools::profile_report(*be).c_str());
     cuda_tools::set_profiling(*be, false);
+    for (int B : o.profile_batches) {
+      // B sequences of 256 tokens (prefilled unprofiled), then 4 profiled decode steps with candidates.
+      const int64_t per_seq = 256 / page_size + 2;
+      KvCache dkv(model.kv_cache_spec(page_size, per_seq * B));
+      StateCache dstate(model.state_cache_spec(B));
+      std::vector<std::vector<int32_t>> dpages(static_cast<size_t>(B)), dprompts(static_cast<size_t>(B));
+      std::vector<SequenceStep> steps(static_cast<size_t>(B));
+      std::vector<int32_t> tok(static_cast<size_t>(B), 5);
+      for (int b = 0; b < B; ++b) {
+        dpages[size_t(b)].resize(size_t(per_seq));
+        std::iota(dpages[size_t(b)].begin(), dpages[size_t(b)].end(), int32_t(b * per_seq));
+        dprompts[size_t(b)] = ids(256, b + 11);
+        steps[size_t(b)] = {dprompts[size_t(b)], 0, dpages[size_t(b)], b, false};
+      }
+      model.forward(steps, dkv, dstate);
+      cuda_tools::reset_profile(*be);
+      cuda_tools::set_profiling(*be, true);
+      for (int i = 0; i < 4; ++i) {
+        for (int b = 0; b < B; ++b) {
+          steps[size_t(b)] = {std::span(&tok[size_t(b)], 1), 256 + i, dpages[size_t(b)], b, false};
+          steps[size_t(b)].candidates = kMaxLogitsTopk;
+        }
+        model.forward(steps, dkv, dstate);
+      }
+      std::printf("\nper-op GPU time, 4 decode steps at batch %d:\n%s", B,
+                  cuda_tools::profile_report(*be).c_str());
+      cuda_tools::set_profiling(*be, false);
+    }
   }
   return 0;
 }
@@ -222,6 +245,8 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-profile", o.profile, "skip the per-op profile");
   app.add_flag("--fp8", o.fp8, "FP8 block-scaled weights (embeddings and lm_head bf16)");
   app.add_option("--sampling", o.sampling, "full-greedy, full-top-p, greedy, top-p (T=1, p=0.9) or none")
+      ->capture_default_str();
+  app.add_option("--profile-batches", o.profile_batches, "decode batch sizes of the per-op profile")
       ->capture_default_str();
   app.add_option("--logit-scale", o.logit_scale,
                  "scale of the lm_head (10: peaked rows like a trained model's)")

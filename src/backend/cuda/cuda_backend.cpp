@@ -62,7 +62,13 @@ constexpr int64_t kGemvMaxRows = 8;
 // Matrices with fewer rows than this keep float32 activations at every batch size.
 constexpr int64_t kTensorCoreMinRows = 512;
 // Routed (token, expert) pairs from which the MoE uses tensor-core tiles instead of the GEMV-style kernels.
-constexpr int64_t kMoeMmaMinPairs = 1024;
+int64_t moe_mma_min_pairs() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("MOESERVE_CUDA_MOE_MMA_MIN_PAIRS");  // for measuring
+    return e ? std::atoll(e) : int64_t(1024);
+  }();
+  return v;
+}
 
 WType wtype(DType t) {
   switch (t) {
@@ -632,7 +638,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     check(top_k >= 1 && top_k <= 16 && top_k <= table.experts,
           "moe: top-k {} is not supported on CUDA (1..16)", top_k);
     const int64_t P = n * top_k;
-    const bool tc = !fp32_matmul_ && P >= kMoeMmaMinPairs && cuda::moe_mma_supported(table);
+    const bool tc = !fp32_matmul_ && P >= moe_mma_min_pairs() && cuda::moe_mma_supported(table);
     const int tile = cuda::moe_tile(n, top_k, table.experts, tc);
     const int64_t max_items = cuda::moe_max_items(P, table.experts, tile);
     auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
