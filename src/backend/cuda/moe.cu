@@ -204,6 +204,145 @@ __global__ __launch_bounds__(kSimtWarps * 32) void moe_down_simt(ExpertTable t, 
         if (b < count && row0 + r < t.hidden) y[int64_t(first + b) * t.hidden + row0 + r] = acc[r][b];
 }
 
+// ---- mid-size batches (tile 8, 16-byte rows, no FP8) ------------------------------------------------------
+// The SIMT kernels above give each warp 2 rows and run gate and up as two passes over x; a batch of 64 tokens
+// spreads its 512 pairs over nearly every expert, so the whole step streams ~1.3 GB of expert weights per
+// layer and wants more bytes in flight per warp. Here a warp takes 2 gate rows and the 2 up rows beside them
+// in one pass (4 weight loads per x load), and the down projection gives each row 8 lanes and each lane 2
+// rows of 8 vectors, so a lane has 16 loads in flight and a reduction spans 8 lanes instead of 32.
+constexpr int kMidWarps = 8;
+constexpr int kMidGateUpRows = 2;
+constexpr int kMidDownLanes = 8;
+constexpr int kMidDownRows = 2 * 32 / kMidDownLanes;  // per warp
+
+template <WType T, int kTile>
+__global__ __launch_bounds__(kMidWarps * 32) void moe_gate_up_mid(
+    ExpertTable t, const float* __restrict__ x, int top_k, const int32_t* __restrict__ sorted,
+    const int32_t* __restrict__ items, const int32_t* __restrict__ num_items, float* __restrict__ h) {
+  pdl_begin();
+  if (int(blockIdx.y) >= *num_items) return;
+  const int32_t* it = items + 3 * blockIdx.y;
+  const int e = it[0], first = it[1], count = it[2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row0 = (int64_t(blockIdx.x) * kMidWarps + warp) * kMidGateUpRows;
+  if (row0 >= t.inter) return;
+  constexpr int V = W<T>::kVec, R = 2 * kMidGateUpRows;
+  const int64_t K = t.hidden;
+  const uint8_t* wrow[R];
+#pragma unroll
+  for (int r = 0; r < kMidGateUpRows; ++r) {
+    const int64_t row = imin<int64_t>(row0 + r, t.inter - 1);
+    wrow[r] = static_cast<const uint8_t*>(t.gate[e]) + row * K * W<T>::kBytes;
+    wrow[kMidGateUpRows + r] = static_cast<const uint8_t*>(t.up[e]) + row * K * W<T>::kBytes;
+  }
+  const float* xr[kTile];
+#pragma unroll
+  for (int b = 0; b < kTile; ++b) xr[b] = x + int64_t(sorted[first + imin(b, count - 1)] / top_k) * K;
+  float acc[R][kTile] = {};
+#pragma unroll 4
+  for (int64_t c = lane; c < K / V; c += 32) {
+    float wv[R][V];
+#pragma unroll
+    for (int r = 0; r < R; ++r) W<T>::load_vec(wrow[r] + c * V * W<T>::kBytes, wv[r]);
+#pragma unroll
+    for (int b = 0; b < kTile; ++b) {
+      if (b < count) {
+        const float4* xp = reinterpret_cast<const float4*>(xr[b] + c * V);
+        float xv[V];
+#pragma unroll
+        for (int q = 0; q < V / 4; ++q) {
+          const float4 f = __ldg(xp + q);
+          xv[4 * q] = f.x, xv[4 * q + 1] = f.y, xv[4 * q + 2] = f.z, xv[4 * q + 3] = f.w;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int q = 0; q < V; ++q) acc[r][b] = fmaf(wv[r][q], xv[q], acc[r][b]);
+      }
+    }
+  }
+  warp_reduce_all(acc, count);
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < kMidGateUpRows; ++r)
+#pragma unroll
+      for (int b = 0; b < kTile; ++b)
+        if (b < count && row0 + r < t.inter)
+          h[int64_t(first + b) * t.inter + row0 + r] = siluf_(acc[r][b]) * acc[kMidGateUpRows + r][b];
+}
+
+template <WType T, int kTile>
+__global__ __launch_bounds__(kMidWarps * 32) void moe_down_mid(ExpertTable t, const float* __restrict__ h,
+                                                               const int32_t* __restrict__ items,
+                                                               const int32_t* __restrict__ num_items,
+                                                               float* __restrict__ y) {
+  pdl_begin();
+  if (int(blockIdx.y) >= *num_items) return;
+  const int32_t* it = items + 3 * blockIdx.y;
+  const int e = it[0], first = it[1], count = it[2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int group = lane / kMidDownLanes, sub = lane % kMidDownLanes;
+  constexpr int V = W<T>::kVec, kGroups = 32 / kMidDownLanes;
+  const int64_t K = t.inter;
+  // This lane's two rows: group g of the warp's 8 takes rows g and g + 4.
+  const int64_t base = (int64_t(blockIdx.x) * kMidWarps + warp) * kMidDownRows;
+  if (base >= t.hidden) return;
+  const int64_t rows[2] = {base + group, base + group + kGroups};
+  const uint8_t* wrow[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    wrow[r] =
+        static_cast<const uint8_t*>(t.down[e]) + imin<int64_t>(rows[r], t.hidden - 1) * K * W<T>::kBytes;
+  const float* hr[kTile];
+#pragma unroll
+  for (int b = 0; b < kTile; ++b) hr[b] = h + int64_t(first + imin(b, count - 1)) * K;
+  float acc[2][kTile] = {};
+#pragma unroll 8
+  for (int64_t c = sub; c < K / V; c += kMidDownLanes) {
+    float wv[2][V];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) W<T>::load_vec(wrow[r] + c * V * W<T>::kBytes, wv[r]);
+#pragma unroll
+    for (int b = 0; b < kTile; ++b) {
+      if (b < count) {
+        const float4* xp = reinterpret_cast<const float4*>(hr[b] + c * V);
+        float xv[V];
+#pragma unroll
+        for (int q = 0; q < V / 4; ++q) {
+          const float4 f = __ldg(xp + q);
+          xv[4 * q] = f.x, xv[4 * q + 1] = f.y, xv[4 * q + 2] = f.z, xv[4 * q + 3] = f.w;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int q = 0; q < V; ++q) acc[r][b] = fmaf(wv[r][q], xv[q], acc[r][b]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int b = 0; b < kTile; ++b)
+      if (b < count)
+#pragma unroll
+        for (int o = kMidDownLanes / 2; o > 0; o >>= 1)
+          acc[r][b] += __shfl_xor_sync(0xffffffffu, acc[r][b], o);
+  if (sub == 0)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int b = 0; b < kTile; ++b)
+        if (b < count && rows[r] < t.hidden) y[int64_t(first + b) * t.hidden + rows[r]] = acc[r][b];
+}
+
+bool moe_mid_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOESERVE_CUDA_MOE_MID");  // 0: the two-row SIMT kernels (for comparison)
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
 // ---- tensor-core path ----------------------------------------------------------------------------------
 namespace wmma = nvcuda::wmma;
 constexpr int kMmaN = 64, kMmaK = 32, kMmaLd = kMmaK + 8, kMmaThreads = 128, kCLd = kMmaN + 4;
@@ -378,6 +517,18 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
   }
   const bool vec = (t.hidden % W<T>::kVec == 0) && (t.inter % W<T>::kVec == 0) &&
                    (T != WType::FP8 || t.block_cols % W<T>::kVec == 0);
+  if constexpr (T != WType::FP8) {
+    if (vec && tile == kMoeSimtTile && moe_mid_enabled()) {
+      const dim3 g1(blocks_for(t.inter, kMidWarps * kMidGateUpRows), unsigned(max_items));
+      const dim3 g2(blocks_for(t.hidden, kMidWarps * kMidDownRows), unsigned(max_items));
+      float* h = static_cast<float*>(s.h);
+      launch_k(moe_gate_up_mid<T, kMoeSimtTile>, g1, kMidWarps * 32, 0, stream, t, x, top_k, s.sorted,
+               s.items, s.num_items, h);
+      launch_k(moe_down_mid<T, kMoeSimtTile>, g2, kMidWarps * 32, 0, stream, t, static_cast<const float*>(h),
+               s.items, s.num_items, s.y);
+      return;
+    }
+  }
   const int rows_per_block = kSimtWarps * kSimtRows;
   const dim3 g1(blocks_for(t.inter, rows_per_block), unsigned(max_items));
   const dim3 g2(blocks_for(t.hidden, rows_per_block), unsigned(max_items));
