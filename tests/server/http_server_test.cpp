@@ -81,8 +81,23 @@ class HttpServerTest : public ::testing::Test {
     server_->start();
   }
   void TearDown() override {
-    for (auto& t : producers_) t.join();
+    // Stop first: a request still in flight could otherwise start a producer after the joins.
     server_->stop();
+    std::lock_guard lock(mutex_);
+    for (auto& t : producers_) t.join();
+  }
+
+  // The body of the last /flood or /wait request, once its handler has run (null after 5 s).
+  std::shared_ptr<QueueBody> wait_for_body() {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard lock(mutex_);
+        if (last_body_) return last_body_;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return nullptr;
   }
 
   Reply handle(HttpRequest& req) {
@@ -97,6 +112,7 @@ class HttpServerTest : public ::testing::Test {
     } else if (req.path == "/stream" || req.path == "/whole") {
       int n = req.query.empty() ? 5 : std::stoi(req.query);
       auto body = std::make_shared<QueueBody>(req.path == "/stream");
+      std::lock_guard lock(mutex_);
       producers_.emplace_back([body, n] {
         for (int i = 0; i < n; ++i) {
           body->push("data: " + std::to_string(i) + "\n\n");
@@ -108,6 +124,7 @@ class HttpServerTest : public ::testing::Test {
     } else if (req.path == "/flood") {
       // 64 MiB of output produced as fast as possible: far more than socket buffers hold.
       auto body = std::make_shared<QueueBody>(true);
+      std::lock_guard lock(mutex_);
       producers_.emplace_back([body] {
         std::string block(1 << 20, 'x');
         for (int i = 0; i < 64 && !body->cancelled; ++i) body->push(block);
@@ -117,6 +134,7 @@ class HttpServerTest : public ::testing::Test {
       r.body = body;
     } else if (req.path == "/wait") {
       auto body = std::make_shared<QueueBody>(true);
+      std::lock_guard lock(mutex_);
       last_body_ = body;
       r.body = body;
     } else {
@@ -127,6 +145,7 @@ class HttpServerTest : public ::testing::Test {
   }
 
   std::unique_ptr<HttpServer> server_;
+  std::mutex mutex_;  // handlers run on the server's threads
   std::vector<std::thread> producers_;
   std::shared_ptr<QueueBody> last_body_;
 };
@@ -230,15 +249,14 @@ TEST_F(HttpServerTest, ClientDisconnectCancelsTheBodyWhileWaiting) {
   {
     Connection c(server_->port());
     ASSERT_TRUE(c.send(Connection::request("GET", "/wait")));
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (!last_body_ && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-    ASSERT_TRUE(last_body_);
+    ASSERT_TRUE(wait_for_body());
   }  // closes the socket with the response still pending
+  auto body = wait_for_body();
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!last_body_->cancelled && std::chrono::steady_clock::now() < deadline) {
+  while (!body->cancelled && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  EXPECT_TRUE(last_body_->cancelled);
+  EXPECT_TRUE(body->cancelled);
   auto t0 = std::chrono::steady_clock::now();
   while (server_->active_responses() > 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -249,6 +267,7 @@ TEST_F(HttpServerTest, ClientDisconnectCancelsTheBodyWhileWaiting) {
 TEST_F(HttpServerTest, SlowReaderDoesNotHoldUpOtherClients) {
   Connection slow(server_->port());
   ASSERT_TRUE(slow.send(Connection::request("GET", "/flood")));  // never read
+  ASSERT_TRUE(wait_for_body());  // the flood is being produced before the others connect
   for (int i = 0; i < 20; ++i) {
     Connection c(server_->port());
     EXPECT_EQ(c.roundtrip("GET", "/hello").status, 200);
@@ -264,10 +283,9 @@ TEST_F(HttpServerTest, SlowReaderDoesNotHoldUpOtherClients) {
 TEST_F(HttpServerTest, StopLetsResponsesInProgressFinishWithinGrace) {
   Connection c(server_->port());
   ASSERT_TRUE(c.send(Connection::request("GET", "/wait")));
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (!last_body_ && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-  ASSERT_TRUE(last_body_);
-  std::thread finisher([body = last_body_] {
+  auto body = wait_for_body();
+  ASSERT_TRUE(body);
+  std::thread finisher([body] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     body->push("data: last\n\n");
     body->finish();
