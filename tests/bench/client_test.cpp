@@ -105,8 +105,10 @@ TEST(Client, TimingsFollowTheScriptedDelays) {
   }
   std::sort(ttft_excess.begin(), ttft_excess.end());
   std::sort(itl_excess.begin(), itl_excess.end());
-  EXPECT_LT(ttft_excess[4], 0.05);  // median: loopback and parsing cost well under 50 ms
-  EXPECT_LT(itl_excess[4], 0.01);  // median: mean gaps within 10 ms of the server's (2 busy cores)
+  // Medians, bounded by the scripted delays themselves: a client that counted a gap twice or missed the
+  // first token would be off by a whole TTFT or ITL; scheduling noise on two busy cores (ctest -j) is not.
+  EXPECT_LT(ttft_excess[4], script.ttft_s);
+  EXPECT_LT(itl_excess[4], script.itl_s);
   for (const auto& s : served) {
     EXPECT_EQ(s.body["max_tokens"], 10);
     EXPECT_EQ(s.body["ignore_eos"], true);
