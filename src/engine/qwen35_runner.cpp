@@ -28,6 +28,10 @@ class Qwen35Runner : public ModelRunner {
     return model_.forward(batch, kv, state);
   }
   bool reduces_logits() const override { return true; }
+  int64_t cache_memory_available() const override {
+    const CacheMemory* device = model_.backend().cache_memory();
+    return device ? device->free_bytes() : ModelRunner::cache_memory_available();
+  }
   int default_logit_candidates() const override {
     return model_.backend().cache_memory() != nullptr ? kMaxLogitsTopk : 0;  // logits on a device
   }
