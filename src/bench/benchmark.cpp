@@ -23,6 +23,24 @@ json get_json(const Endpoint& endpoint, const std::string& target, const std::st
   return j.is_discarded() ? json(r.body) : j;
 }
 
+// Whether the server takes ignore_eos/min_tokens (vLLM, SGLang, moeserve do; OpenAI's API and strict proxies
+// answer 400). One 1-token request with them; when it is refused and the same request without them is not,
+// the run goes on without them and its output lengths are the model's own.
+bool accepts_exact_length_fields(const Endpoint& endpoint, const BenchConfig& config) {
+  json body = {{"model", config.workload.model},
+               {"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})},
+               {"max_tokens", 1},
+               {"stream", false}};
+  json exact = body;
+  exact["ignore_eos"] = true;
+  exact["min_tokens"] = 1;
+  const std::string target = endpoint.api("/chat/completions");
+  HttpResponse with = http_post_json(endpoint, target, exact.dump(), config.load.api_key, 60);
+  if (with.status != 400) return true;  // accepted, or a failure the run itself will report
+  HttpResponse without = http_post_json(endpoint, target, body.dump(), config.load.api_key, 60);
+  return without.status == 400;  // refused either way: not these fields' fault
+}
+
 }  // namespace
 
 size_t default_num_requests(const WorkloadOptions& workload, size_t concurrency) {
@@ -50,6 +68,11 @@ json run_benchmark(BenchConfig config, const PromptGenerator& prompts,
   }
   check(!config.scenarios.empty() && !config.concurrencies.empty(),
         "nothing to run: no scenario or load point");
+  if (config.workload.ignore_eos && !accepts_exact_length_fields(endpoint, config)) {
+    spdlog::warn("{} refuses ignore_eos/min_tokens: output lengths are the model's own, not --output-len",
+                 endpoint.url());
+    config.workload.ignore_eos = false;
+  }
 
   json doc = {
       {"format", "moeserve-bench/1"},

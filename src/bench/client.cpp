@@ -435,8 +435,9 @@ class Runner {
   std::vector<RequestRecord> records_;
 };
 
-awaitable<HttpResponse> get(tcp::resolver::results_type targets, const Endpoint& endpoint, std::string target,
-                            std::string api_key, Clock::duration timeout) {
+// One request on its own connection; a POST when `json_body` is not empty.
+awaitable<HttpResponse> one_shot(tcp::resolver::results_type targets, const Endpoint& endpoint, std::string target,
+                                 std::string json_body, std::string api_key, Clock::duration timeout) {
   HttpResponse out;
   beast::tcp_stream stream(co_await asio::this_coro::executor);
   stream.expires_after(timeout);
@@ -444,10 +445,15 @@ awaitable<HttpResponse> get(tcp::resolver::results_type targets, const Endpoint&
     out.error = ec.message();
     co_return out;
   }
-  http::request<http::empty_body> req{http::verb::get, target, 11};
+  http::request<http::string_body> req{json_body.empty() ? http::verb::get : http::verb::post, target, 11};
   req.set(http::field::host, endpoint.host + ":" + endpoint.port);
   req.set(http::field::user_agent, "moeserve-bench");
   if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
+  if (!json_body.empty()) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = std::move(json_body);
+    req.prepare_payload();
+  }
   if (auto [ec, n] = co_await http::async_write(stream, req, nothrow); ec) {
     out.error = ec.message();
     co_return out;
@@ -503,17 +509,33 @@ std::string Endpoint::url() const {
   return "http://" + (v6 ? "[" + host + "]" : host) + ":" + port + prefix;
 }
 
-HttpResponse http_get(const Endpoint& endpoint, const std::string& target, const std::string& api_key,
-                      double timeout_s) {
+namespace {
+
+HttpResponse blocking_request(const Endpoint& endpoint, const std::string& target, std::string json_body,
+                              const std::string& api_key, double timeout_s) {
   asio::io_context io;
   beast::error_code ec;
   tcp::resolver resolver(io);
   auto targets = resolver.resolve(endpoint.host, endpoint.port, ec);
   if (ec) return {0, "", ec.message()};
   auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-  auto future = asio::co_spawn(io, get(targets, endpoint, target, api_key, timeout), asio::use_future);
+  auto future = asio::co_spawn(io, one_shot(targets, endpoint, target, std::move(json_body), api_key, timeout),
+                               asio::use_future);
   io.run();
   return future.get();
+}
+
+}  // namespace
+
+HttpResponse http_get(const Endpoint& endpoint, const std::string& target, const std::string& api_key,
+                      double timeout_s) {
+  return blocking_request(endpoint, target, "", api_key, timeout_s);
+}
+
+HttpResponse http_post_json(const Endpoint& endpoint, const std::string& target, const std::string& body,
+                            const std::string& api_key, double timeout_s) {
+  check(!body.empty(), "POST {} needs a body", target);
+  return blocking_request(endpoint, target, body, api_key, timeout_s);
 }
 
 LoadResult run_load(const Endpoint& endpoint, const LoadOptions& load, const WorkloadOptions& workload,

@@ -36,6 +36,9 @@ struct HttpResponse {
 // One blocking GET (for /version, /v1/models), bounded by timeout_s.
 HttpResponse http_get(const Endpoint& endpoint, const std::string& target, const std::string& api_key,
                       double timeout_s);
+// One blocking POST of a JSON body (for probing what a server accepts), bounded by timeout_s.
+HttpResponse http_post_json(const Endpoint& endpoint, const std::string& target, const std::string& body,
+                            const std::string& api_key, double timeout_s);
 
 struct LoadOptions {
   size_t concurrency = 1;   // most requests in flight (with a request rate: 0 = no cap)

@@ -350,7 +350,43 @@ TEST(Benchmark, SweepRecordsServerAndOneRunPerConcurrency) {
     EXPECT_EQ(r["summary"]["failed"], 0);
     EXPECT_EQ(r["requests"].size(), 8u);
   }
-  EXPECT_EQ(server.served().size(), 48u);
+  // 48 measured requests, after one probe that checked ignore_eos/min_tokens are accepted.
+  auto served = server.served();
+  ASSERT_EQ(served.size(), 49u);
+  EXPECT_EQ(served[0].body["max_tokens"], 1);
+  EXPECT_EQ(served[0].body["ignore_eos"], true);
+  EXPECT_TRUE(doc["config"]["ignore_eos"].get<bool>());
+  for (size_t i = 1; i < served.size(); ++i) EXPECT_EQ(served[i].body["ignore_eos"], true);
+}
+
+TEST(Benchmark, ServerThatRefusesIgnoreEosIsBenchmarkedWithoutIt) {
+  FakeScript script;
+  script.rejected_fields = {"ignore_eos", "min_tokens"};
+  FakeOpenAiServer server(script);
+  BenchConfig config;
+  config.url = server.url();
+  config.scenarios = {Scenario::single_turn};
+  config.concurrencies = {2};
+  config.load.num_requests = 6;
+  config.workload = workload(Scenario::single_turn, 24, 8);
+  PromptGenerator prompts(5);
+  json doc = run_benchmark(config, prompts, {});
+  EXPECT_FALSE(doc["config"]["ignore_eos"].get<bool>());
+  ASSERT_EQ(doc["runs"].size(), 1u);
+  EXPECT_EQ(doc["runs"][0]["summary"]["failed"], 0) << doc["runs"][0]["summary"].dump(1);
+  auto served = server.served();
+  ASSERT_EQ(served.size(), 2u + 6u);  // the refused probe, the probe without the fields, the run
+  EXPECT_TRUE(served[0].body.contains("ignore_eos"));
+  for (size_t i = 1; i < served.size(); ++i) {
+    EXPECT_FALSE(served[i].body.contains("ignore_eos"));
+    EXPECT_FALSE(served[i].body.contains("min_tokens"));
+  }
+  // Without them the fake stops at its natural length (5 < 8): the lengths are the server's, and the
+  // records say none was asked to be exact.
+  for (const json& r : doc["runs"][0]["requests"]) {
+    EXPECT_EQ(r["completion_tokens"], 5);
+    EXPECT_FALSE(r["exact_output"].get<bool>());
+  }
 }
 
 // `moeserve route` in front of the fake: the bench works through a real streaming proxy, and what it measures

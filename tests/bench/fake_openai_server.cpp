@@ -221,6 +221,18 @@ void FakeOpenAiServer::serve_chat(int fd, const std::string& body_text, bool& ke
     served_.push_back(record);
   };
 
+  for (const std::string& field : script_.rejected_fields) {
+    if (!body.is_object() || !body.contains(field)) continue;
+    remember();
+    std::string reply =
+        json{{"error",
+              {{"message", "Unrecognized request argument supplied: " + field}, {"type", "invalid_request_error"}}}}
+            .dump();
+    send_all(fd, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: " +
+                     std::to_string(reply.size()) + "\r\n\r\n" + reply);
+    return;
+  }
+
   if (failure == Failure::close_before_headers) {
     remember();
     keep_alive = false;

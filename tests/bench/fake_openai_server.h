@@ -35,6 +35,8 @@ struct FakeScript {
   bool prefix_cache = true;           // report cached_tokens (costs O(history) per request)
   bool close_after_response = false;  // "Connection: close" on every reply
   double stall_s = 1.0;
+  // Body fields answered with a 400, the way OpenAI's own API refuses arguments it does not know.
+  std::vector<std::string> rejected_fields;
   // Failure of the n-th chat request (0-based, arrival order).
   std::function<Failure(size_t n)> failure = [](size_t) { return Failure::none; };
 };

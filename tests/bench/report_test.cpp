@@ -7,8 +7,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <fmt/format.h>
 
 #include "bench/plot.h"
+#include "bench/progress.h"
 #include "bench/record.h"
 
 namespace moeserve::bench {
@@ -72,6 +75,55 @@ TEST(Compare, DifferencesAreAgainstTheFirstFile) {
   EXPECT_NE(total.find("total_throughput"), std::string::npos);
   EXPECT_THROW(compare_table(inputs, "latency"), std::exception);
   EXPECT_THROW(compare_table({{"x", json::object()}}), std::exception);
+}
+
+TEST(Compare, LatencyColumnsAreEachRowsOwnPercentiles) {
+  json fast = run("single_turn", 2, 900), slow = run("single_turn", 16, 1000);
+  std::string table = compare_table({{"a", document("a", {fast})}, {"b", document("b", {slow})}});
+  // One row per endpoint: 13 whitespace-separated cells, latencies last (ms).
+  auto cells_of = [&](const std::string& label) {
+    std::istringstream lines(table);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream in(line);
+      std::vector<std::string> cells;
+      for (std::string c; in >> c;) cells.push_back(c);
+      if (cells.size() == 13 && cells[2] == label) return cells;
+    }
+    ADD_FAILURE() << "no row for " << label << " in\n" << table;
+    return std::vector<std::string>(13);
+  };
+  for (auto [label, r] : {std::pair{"a", &fast}, std::pair{"b", &slow}}) {
+    const json& s = (*r)["summary"];
+    auto ms = [&](const char* m, const char* q) { return fmt::format("{:.1f}", s[m][q].get<double>()); };
+    std::vector<std::string> cells = cells_of(label);
+    EXPECT_EQ(cells[8], ms("ttft_ms", "median")) << table;
+    EXPECT_EQ(cells[9], ms("ttft_ms", "p99"));
+    EXPECT_EQ(cells[10], ms("tpot_ms", "median"));
+    EXPECT_EQ(cells[11], ms("itl_ms", "p99"));
+    EXPECT_EQ(cells[12], ms("e2el_ms", "median"));
+  }
+  // TTFT scales with the concurrency in run(): the rows must not share one set of latencies.
+  EXPECT_NE(cells_of("a")[8], cells_of("b")[8]);
+}
+
+TEST(Progress, BarFollowsRequestsOrTimeWhicheverIsFurther) {
+  Progress p;
+  p.planned = 40;
+  p.completed = 9;
+  p.failed = 1;
+  p.in_flight = 4;
+  p.elapsed_s = 125;
+  std::string line = ProgressBar::render("single_turn c=4", p, 8);
+  EXPECT_EQ(line, "single_turn c=4 │██      │ 10/40 req  0.1 req/s  1 failed  4 in flight  02:05");
+  p.completed = 10;  // 11/40 of 8 cells = 2.2 cells: two full blocks and an eighth-block remainder
+  EXPECT_NE(ProgressBar::render("t", p, 8).find("██▏     │"), std::string::npos);
+  p.duration_s = 250;  // half the time gone wins over 11/40 of the requests
+  EXPECT_NE(ProgressBar::render("t", p, 8).find("████    │"), std::string::npos);
+  p.finished = true;
+  EXPECT_NE(ProgressBar::render("t", p, 8).find("████████│"), std::string::npos);
+  Progress unbounded;
+  unbounded.completed = 3;
+  EXPECT_NE(ProgressBar::render("t", unbounded, 4).find("│    │ 3 req"), std::string::npos);
 }
 
 TEST(Report, RunBlockShowsTheMetrics) {
