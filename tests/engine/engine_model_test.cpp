@@ -351,5 +351,50 @@ TEST(EngineOnModel, PreemptionOnASmallPoolChangesNoTokenAndLeaksNothing) {
   EXPECT_EQ(stats.live_slots_used, 0);
 }
 
+// EngineOptions::state_dtype = BF16: a budget holds the same slots in half the bytes (the rest becomes KV
+// pages), and requests run through bf16 snapshots with prefix hits like a float32 pool. Their tokens start
+// out the same, then may part at a near-tie of this random-weight model's flat logits (greedy over 1024
+// tokens; tests/model/state_dtype_test.cpp bounds the logits themselves), so only the first is compared.
+TEST(EngineOnModel, Bf16StateHalvesTheSlotBytesAndServesLikeFloat32) {
+  ModelWeights weights = load_checkpoint(kModels + "small-moe-realdims");
+  const int vocab = int(weights.config.vocab_size);
+  EngineOptions o = options(16);
+  o.max_running_requests = 4;
+  o.snapshot_slots = 4;
+  o.max_model_len = 256;
+  auto f32 = Engine::create(weights, o);
+  o.state_dtype = StateDtype::BF16;
+  auto bf16 = Engine::create(weights, o);
+  const EngineCapacity &a = f32->capacity(), &b = bf16->capacity();
+  EXPECT_EQ(b.live_slots, a.live_slots);
+  EXPECT_EQ(b.snapshot_slots, a.snapshot_slots);
+  EXPECT_EQ(2 * b.state_bytes, a.state_bytes);
+  EXPECT_GT(b.kv_pages, a.kv_pages);
+  EXPECT_NE(b.summary().find("MiB, bf16)"), std::string::npos) << b.summary();
+
+  std::mt19937 rng(26);
+  const auto shared = random_prompt(rng, 48, vocab);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back(concat(shared, random_prompt(rng, 8 + i, vocab)));
+  std::vector<std::shared_ptr<OutputStream>> sa, sb;
+  for (int i = 0; i < 8; ++i) {
+    sa.push_back(submit(*f32, "a" + std::to_string(i), prompts[size_t(i)], greedy(48)));
+    sb.push_back(submit(*bf16, "b" + std::to_string(i), prompts[size_t(i)], greedy(48)));
+  }
+  int64_t cached = 0;
+  for (int i = 0; i < 8; ++i) {
+    SCOPED_TRACE(i);
+    const auto want = sa[size_t(i)]->collect(), got = sb[size_t(i)]->collect();
+    EXPECT_EQ(got.finish_reason, FinishReason::Length);
+    ASSERT_EQ(got.tokens.size(), 48u);
+    EXPECT_EQ(got.tokens[0], want.tokens[0]);
+    cached += got.usage.cached_tokens;
+  }
+  EXPECT_GT(cached, 0);  // later requests resumed from bf16 snapshots of the shared prefix
+  const EngineStats s = bf16->stats();
+  EXPECT_EQ(s.kv_pages_used, 0);
+  EXPECT_EQ(s.live_slots_used, 0);
+}
+
 }  // namespace
 }  // namespace moeserve
