@@ -269,38 +269,46 @@ TEST(EngineOnModel, MultiTurnConversationResumesFromThePreviousTurnsEnd) {
   }
 }
 
-// Preemption on the real model: 8 requests of 90 tokens (some sharing a prefix, some sampled with a seed)
-// on a KV pool of 160 tokens. Requests are preempted and resume from their snapshots (or recompute), yet
-// every request gets exactly the tokens it gets alone on a roomy pool, every invariant holds after every
-// step, and at the end every page and slot is back in its pool.
+// Preemption on the real model: 16 requests of up to 100 tokens (half sharing a 40-token prefix, some sampled with a
+// seed, two priorities, half arriving while the others run) on a KV pool of 160 tokens. Requests are
+// preempted and resume from their snapshots (or recompute), yet every request gets exactly the tokens it gets
+// on a roomy pool, every invariant holds after every step, and at the end every page and slot is back in its
+// pool.
 TEST(EngineOnModel, PreemptionOnASmallPoolChangesNoTokenAndLeaksNothing) {
   ModelWeights weights = load_checkpoint(kModels + "tiny-moe");
-  const int vocab = int(weights.config.vocab_size);
+  const int vocab = int(weights.config.vocab_size), n = 16;
   std::mt19937 rng(25);
-  const auto shared = random_prompt(rng, 24, vocab);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const auto shared = random_prompt(rng, 40, vocab);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<SamplingParams> params;
-  for (int i = 0; i < 8; ++i) {
-    prompts.push_back(i % 2 ? concat(shared, random_prompt(rng, 16, vocab)) : random_prompt(rng, 40, vocab));
-    SamplingParams p = greedy(50, 2);
+  std::vector<int> priorities;
+  for (int i = 0; i < n; ++i) {
+    prompts.push_back(i % 2 ? concat(shared, random_prompt(rng, uniform(1, 10), vocab))
+                            : random_prompt(rng, uniform(20, 50), vocab));
+    SamplingParams p = greedy(uniform(20, 50), 2);
     if (i % 4 == 3) {
       p.temperature = 0.8f;
       p.top_k = 20;
       p.seed = uint64_t(i);
     }
     params.push_back(p);
+    priorities.push_back(uniform(0, 1));
   }
   auto run = [&](EngineOptions o, EngineStats* final_stats) {
     EngineCore core(make_qwen35_runner(weights, nullptr), o);
     std::vector<std::shared_ptr<OutputStream>> streams;
-    for (int i = 0; i < 8; ++i) {
-      GenerateRequest r{"r" + std::to_string(i), prompts[size_t(i)], params[size_t(i)], 0, {}};
+    auto add = [&](int i) {
+      GenerateRequest r{
+          "r" + std::to_string(i), prompts[size_t(i)], params[size_t(i)], priorities[size_t(i)], {}};
       streams.push_back(std::make_shared<OutputStream>());
       r.on_output = streams.back()->sink();
       core.validate(r);
       core.add(std::move(r));
-    }
-    for (int step = 0; step < 20000 && !core.idle(); ++step) {
+    };
+    for (int i = 0; i < n / 2; ++i) add(i);
+    for (int step = 0; step < 20000 && (!core.idle() || int(streams.size()) < n); ++step) {
+      if (step >= 10 && step % 5 == 0 && int(streams.size()) < n) add(int(streams.size()));
       core.step();
       core.deliver();
       core.check_invariants();
@@ -338,13 +346,15 @@ TEST(EngineOnModel, PreemptionOnASmallPoolChangesNoTokenAndLeaksNothing) {
   }
   EngineStats stats;
   const auto got = run(small, &stats);
-  for (int i = 0; i < 8; ++i) {
+  ASSERT_EQ(got.size(), size_t(n));
+  for (int i = 0; i < n; ++i) {
     SCOPED_TRACE(i);
     EXPECT_EQ(got[size_t(i)].finish_reason, FinishReason::Length);
-    EXPECT_EQ(got[size_t(i)].tokens.size(), 50u);
+    EXPECT_EQ(int(got[size_t(i)].tokens.size()), *params[size_t(i)].max_tokens);
     expect_same_generation(got[size_t(i)], want[size_t(i)]);
   }
   EXPECT_GT(stats.preemptions, 0u);
+  EXPECT_GT(stats.prefix_cache_hits, 0u);
   EXPECT_EQ(stats.kv_pages_free, stats.kv_pages_total);
   EXPECT_EQ(stats.kv_pages_cached, 0);
   EXPECT_EQ(stats.snapshot_slots_used, 0);
