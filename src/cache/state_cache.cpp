@@ -1,10 +1,44 @@
 #include "cache/state_cache.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "common/error.h"
 
 namespace moeserve {
+
+namespace {
+
+// Bulk conversions for every GDN layer's state, twice per decode step. Fixed blocks of 16 so that -O2's
+// vectoriser (straight-line code only) turns each block into a few SIMD instructions; the tail runs one by
+// one. Rounding is f32_to_bf16's: nearest even, a NaN stays a quiet NaN.
+constexpr int64_t kBlock = 16;
+
+inline float widen_one(uint16_t v) {
+  return std::bit_cast<float>(uint32_t(v) << 16);
+}
+
+inline uint16_t round_one(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x40u;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+void widen(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = widen_one(src[i + j]);
+  for (; i < n; ++i) dst[i] = widen_one(src[i]);
+}
+
+void round_bf16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (int64_t j = 0; j < kBlock; ++j) dst[i + j] = round_one(src[i + j]);
+  for (; i < n; ++i) dst[i] = round_one(src[i]);
+}
+
+}  // namespace
 
 StateCache::StateCache(const StateCacheSpec& spec) : spec_(spec) {
   check(spec.dtype == DType::F32 || spec.dtype == DType::BF16, "GDN state: dtype {} (expected F32 or BF16)",
@@ -39,16 +73,14 @@ void StateCache::load(int layer, int slot, float* conv, float* recurrent) const 
   check(!is_f32(), "GDN state: load() is for a bf16 pool; a float32 pool is used in place");
   const uint16_t* c = conv16_ + offset(layer, slot, spec_.conv_floats());
   const uint16_t* r = rec16_ + offset(layer, slot, spec_.recurrent_floats());
-  std::transform(c, c + spec_.conv_floats(), conv, bf16_to_f32);
-  std::transform(r, r + spec_.recurrent_floats(), recurrent, bf16_to_f32);
+  widen(c, conv, spec_.conv_floats());
+  widen(r, recurrent, spec_.recurrent_floats());
 }
 
 void StateCache::store(int layer, int slot, const float* conv, const float* recurrent) {
   check(!is_f32(), "GDN state: store() is for a bf16 pool; a float32 pool is used in place");
-  std::transform(conv, conv + spec_.conv_floats(), conv16_ + offset(layer, slot, spec_.conv_floats()),
-                 f32_to_bf16);
-  std::transform(recurrent, recurrent + spec_.recurrent_floats(),
-                 rec16_ + offset(layer, slot, spec_.recurrent_floats()), f32_to_bf16);
+  round_bf16(conv, conv16_ + offset(layer, slot, spec_.conv_floats()), spec_.conv_floats());
+  round_bf16(recurrent, rec16_ + offset(layer, slot, spec_.recurrent_floats()), spec_.recurrent_floats());
 }
 
 void StateCache::clear_slot(int slot) {
