@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -76,6 +77,17 @@ TEST(StateCache, Bf16StoreRoundsToNearestAndLoadWidens) {
     EXPECT_EQ(r[i], bf16_to_f32(f32_to_bf16(rec[i]))) << i;
     EXPECT_NEAR(r[i], rec[i], std::abs(rec[i]) / 256) << i;  // 8 significant bits
   }
+  // Infinities stay infinite, a NaN stays a NaN (no rounding carries it into an infinity).
+  std::vector<float> special(30, 1.0f);
+  special[0] = INFINITY, special[1] = -INFINITY, special[2] = NAN, special[3] = 3.4e38f;  // the last rounds up
+  cache.store(0, 0, conv.data(), special.data());
+  cache.load(0, 0, c.data(), r.data());
+  EXPECT_EQ(r[0], INFINITY);
+  EXPECT_EQ(r[1], -INFINITY);
+  EXPECT_TRUE(std::isnan(r[2]));
+  EXPECT_EQ(r[3], bf16_to_f32(f32_to_bf16(3.4e38f)));
+  EXPECT_EQ(r[4], 1.0f);
+  cache.clear_slot(0);
   // Other layers and slots are untouched (zero).
   cache.load(0, 2, c.data(), r.data());
   EXPECT_EQ(r, std::vector<float>(30, 0.0f));
