@@ -118,9 +118,10 @@ class OutputStream {
 
 enum class SchedulePolicy { Fcfs, Lpm };  // first come first served; longest prefix match first
 
-// How GDN state slots are stored. The recurrence always runs in float32; BF16 rounds the state between steps
-// (half the bytes per slot: twice the running requests and snapshots in one budget, at a small cost in
-// accuracy; docs/engine.md). BF16 needs caches in host memory (the CPU backend).
+// How GDN state slots are stored. The recurrence always runs in float32; BF16 rounds the state between steps:
+// half the bytes per slot (what the slots leave of the budget becomes KV pages; or raise max_running_requests
+// and snapshot_slots), at a small cost in accuracy (docs/engine.md). BF16 needs caches in host memory (the
+// CPU backend).
 enum class StateDtype { F32, BF16 };
 
 struct EngineOptions {

@@ -18,7 +18,7 @@ using testing::random_vector;
 using testing::sigmoid;
 using testing::silu;
 
-class CpuOps2 : public ::testing::Test {
+class CpuOpsAgainstScalar : public ::testing::Test {
  protected:
   std::unique_ptr<Backend> be = make_cpu_backend();
 };
@@ -29,7 +29,7 @@ double mean_square(const float* x, int64_t n) {
   return ms / double(n);
 }
 
-TEST_F(CpuOps2, GatedRmsNormScalesByTheWeightAndSiluOfTheGate) {
+TEST_F(CpuOpsAgainstScalar, GatedRmsNormScalesByTheWeightAndSiluOfTheGate) {
   const int64_t rows = 5, dim = 24;
   auto o = random_vector(size_t(rows * dim), 20), z = random_vector(size_t(rows * dim), 21, 2.0f);
   auto w = random_vector(dim, 22, 0.5f);
@@ -49,7 +49,7 @@ TEST_F(CpuOps2, GatedRmsNormScalesByTheWeightAndSiluOfTheGate) {
   for (float x : zero_out) EXPECT_EQ(x, 0.0f);
 }
 
-TEST_F(CpuOps2, MulSigmoidReadsGateRowsAtTheirStride) {
+TEST_F(CpuOpsAgainstScalar, MulSigmoidReadsGateRowsAtTheirStride) {
   // The attention output gate: gate values sit every 2*dim floats, interleaved with the query.
   const int64_t rows = 4, dim = 8, stride = 2 * dim;
   auto x = random_vector(size_t(rows * dim), 23), gate = random_vector(size_t(rows * stride), 24, 3.0f);
@@ -62,7 +62,7 @@ TEST_F(CpuOps2, MulSigmoidReadsGateRowsAtTheirStride) {
           << r << "," << i;
 }
 
-TEST_F(CpuOps2, AddSigmoidGatedAddsEachRowScaledByItsOwnGate) {
+TEST_F(CpuOpsAgainstScalar, AddSigmoidGatedAddsEachRowScaledByItsOwnGate) {
   const int64_t rows = 3, dim = 20;
   auto out = random_vector(size_t(rows * dim), 25), y = random_vector(size_t(rows * dim), 26);
   std::vector<float> gate = {-30.0f, 0.0f, 1.5f};  // off, half, mostly on
@@ -75,7 +75,7 @@ TEST_F(CpuOps2, AddSigmoidGatedAddsEachRowScaledByItsOwnGate) {
     }
 }
 
-TEST_F(CpuOps2, AddRmsNormUpdatesTheResidualAndNormalisesIt) {
+TEST_F(CpuOpsAgainstScalar, AddRmsNormUpdatesTheResidualAndNormalisesIt) {
   const int64_t rows = 3, dim = 16;
   auto h = random_vector(size_t(rows * dim), 27), y = random_vector(size_t(rows * dim), 28);
   auto w = random_vector(dim, 29, 0.1f);
@@ -96,7 +96,7 @@ TEST_F(CpuOps2, AddRmsNormUpdatesTheResidualAndNormalisesIt) {
   }
 }
 
-TEST_F(CpuOps2, EmbedCopiesTableRowsAndRejectsIdsOutsideTheVocabulary) {
+TEST_F(CpuOpsAgainstScalar, EmbedCopiesTableRowsAndRejectsIdsOutsideTheVocabulary) {
   Bf16Matrix table(10, 12, 30);
   std::vector<int32_t> tokens = {9, 0, 9, 4};
   std::vector<float> out(tokens.size() * 12);
@@ -133,7 +133,7 @@ std::vector<double> naive_swiglu(const Bf16Matrix& gate, const Bf16Matrix& up, c
   return out;
 }
 
-TEST_F(CpuOps2, DenseSwigluMlpMatchesTheDefinition) {
+TEST_F(CpuOpsAgainstScalar, DenseSwigluMlpMatchesTheDefinition) {
   // Odd sizes (no SIMD-friendly multiple) and one row (decode) as well as several (prefill).
   for (auto [n, hidden, inter] : {std::tuple{1, 24, 40}, {7, 33, 59}}) {
     Bf16Matrix gate(inter, hidden, 31), up(inter, hidden, 32), down(hidden, inter, 33);
@@ -145,7 +145,7 @@ TEST_F(CpuOps2, DenseSwigluMlpMatchesTheDefinition) {
   }
 }
 
-TEST_F(CpuOps2, MatmulNGivesEachMatrixItsOwnProduct) {
+TEST_F(CpuOpsAgainstScalar, MatmulNGivesEachMatrixItsOwnProduct) {
   const int64_t n = 3, cols = 19;
   Bf16Matrix a(5, cols, 35), b(11, cols, 36);
   auto x = random_vector(size_t(n * cols), 37);
@@ -161,7 +161,7 @@ TEST_F(CpuOps2, MatmulNGivesEachMatrixItsOwnProduct) {
   EXPECT_THROW(be->matmul_n(x.data(), n, ws, one), Error);
 }
 
-TEST_F(CpuOps2, MoeBlockAddsTheSigmoidGatedSharedExpertToTheRoutedMixture) {
+TEST_F(CpuOpsAgainstScalar, MoeBlockAddsTheSigmoidGatedSharedExpertToTheRoutedMixture) {
   const int E = 4, top_k = 2;
   const int64_t hidden = 10, inter = 6, shared_inter = 8, n = 5;
   std::vector<Bf16Matrix> mats;
@@ -278,7 +278,7 @@ struct NaiveGdn {
   }
 };
 
-TEST_F(CpuOps2, GdnDecodeFollowsConvGatesDeltaRuleAndGatedNormStepByStep) {
+TEST_F(CpuOpsAgainstScalar, GdnDecodeFollowsConvGatesDeltaRuleAndGatedNormStepByStep) {
   const DeltaRuleShape s{2, 4, 8, 6};
   const int kernel = 4, n = 2, steps = 5;
   const int64_t C = 2 * 2 * 8 + 4 * 6, value_dim = 4 * 6;
@@ -323,7 +323,7 @@ TEST_F(CpuOps2, GdnDecodeFollowsConvGatesDeltaRuleAndGatedNormStepByStep) {
   }
 }
 
-TEST_F(CpuOps2, AttentionDecodeNormalisesRotatesCachesAndAttends) {
+TEST_F(CpuOpsAgainstScalar, AttentionDecodeNormalisesRotatesCachesAndAttends) {
   // Two sequences decoded token by token from position 0 over their own scattered pages.
   const int heads = 4, kv_heads = 2, hd = 8, rotary = 4, page_size = 2, steps = 5, n = 2;
   KvCache kv({1, kv_heads, hd, page_size, 8});
@@ -386,7 +386,7 @@ TEST_F(CpuOps2, AttentionDecodeNormalisesRotatesCachesAndAttends) {
   }
 }
 
-TEST_F(CpuOps2, ArgmaxTakesTheFirstLargestValueOfEachRow) {
+TEST_F(CpuOpsAgainstScalar, ArgmaxTakesTheFirstLargestValueOfEachRow) {
   const std::vector<float> x = {1,  5,  5,  -2,  // a tie: the first one
                                 -7, -3, -9, -3,  // all negative
                                 0,  0,  0,  0};
