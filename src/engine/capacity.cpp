@@ -35,6 +35,7 @@ EngineCapacity size_caches(const KvCacheSpec& kv, const StateCacheSpec& state, c
   EngineCapacity cap;
   cap.page_size = options.page_size;
   cap.live_slots = options.max_running_requests;
+  cap.state_dtype = options.state_dtype;
   int snapshots = options.snapshot_slots < 0 ? 2 * cap.live_slots : options.snapshot_slots;
   int64_t max_len = options.max_model_len > 0 ? options.max_model_len : model_max_len;
   check(max_len > 1, "max model length must be at least 2 tokens, got {}", max_len);

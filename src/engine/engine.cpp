@@ -34,10 +34,9 @@ const char* to_string(FinishReason reason) {
 std::string EngineCapacity::summary() const {
   return fmt::format(
       "KV cache {} pages x {} tokens = {} tokens ({:.1f} MiB); GDN state {} live + {} snapshot slots ({:.1f} "
-      "MiB); "
-      "max model length {}",
+      "MiB{}); max model length {}",
       kv_pages, page_size, kv_tokens, kv_bytes / 1048576.0, live_slots, snapshot_slots,
-      state_bytes / 1048576.0, max_model_len);
+      state_bytes / 1048576.0, state_dtype == StateDtype::BF16 ? ", bf16" : "", max_model_len);
 }
 
 struct Engine::Impl {

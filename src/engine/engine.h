@@ -118,6 +118,12 @@ class OutputStream {
 
 enum class SchedulePolicy { Fcfs, Lpm };  // first come first served; longest prefix match first
 
+// How GDN state slots are stored. The recurrence always runs in float32; BF16 rounds the state between steps:
+// half the bytes per slot (what the slots leave of the budget becomes KV pages; or raise max_running_requests
+// and snapshot_slots), at a small cost in accuracy (docs/engine.md). BF16 needs caches in host memory (the
+// CPU backend).
+enum class StateDtype { F32, BF16 };
+
 struct EngineOptions {
   int page_size = 16;  // tokens per KV page
   // Memory for KV pages plus GDN state slots (live and snapshots). cache_memory_bytes wins when > 0; else
@@ -127,9 +133,10 @@ struct EngineOptions {
   double mem_fraction = 0.0;
   int max_running_requests = 32;  // = live GDN state slots
   int snapshot_slots = -1;  // GDN state snapshots the prefix cache may hold; -1 = 2 x max_running_requests
-  int chunked_prefill_size = 2048;  // prompt tokens of one request per step
-  int max_prefill_tokens = 8192;    // prompt tokens of all requests per step
-  int64_t max_model_len = 0;        // prompt + output limit; 0 = the model's max_position_embeddings
+  StateDtype state_dtype = StateDtype::F32;  // live and snapshot slots alike
+  int chunked_prefill_size = 2048;           // prompt tokens of one request per step
+  int max_prefill_tokens = 8192;             // prompt tokens of all requests per step
+  int64_t max_model_len = 0;                 // prompt + output limit; 0 = the model's max_position_embeddings
   SchedulePolicy policy = SchedulePolicy::Fcfs;
   bool enable_prefix_cache = true;
   int max_queued_requests = 0;                        // submit() throws when this many wait; 0 = unlimited
@@ -150,6 +157,7 @@ struct EngineCapacity {
   int snapshot_slots = 0;
   int64_t kv_bytes = 0;
   int64_t state_bytes = 0;  // live + snapshot slots
+  StateDtype state_dtype = StateDtype::F32;
   int64_t max_model_len = 0;
   std::string summary() const;  // one line for the log
 };

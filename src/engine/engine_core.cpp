@@ -70,12 +70,21 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
         options_.logit_candidates >= 0 ? options_.logit_candidates : model_->default_logit_candidates(), 0,
         kMaxLogitsTopk);
   eos_ = options_.eos_token_ids ? *options_.eos_token_ids : model_->eos_token_ids();
-  capacity_ = size_caches(model_->kv_cache_spec(options_.page_size, 0), model_->state_cache_spec(0), options_,
+  auto state_spec = [&](int slots) {
+    StateCacheSpec spec = model_->state_cache_spec(slots);
+    spec.dtype = options_.state_dtype == StateDtype::BF16 ? DType::BF16 : DType::F32;
+    check(
+        spec.dtype == DType::F32 || spec.memory == nullptr,
+        "a bf16 GDN state needs the caches in host memory (the CPU backend); this backend keeps them in its "
+        "own memory, in float32");
+    return spec;
+  };
+  capacity_ = size_caches(model_->kv_cache_spec(options_.page_size, 0), state_spec(0), options_,
                           model_->max_position_embeddings(), model_->cache_memory_available());
-  cache_ = std::make_unique<CacheManager>(
-      model_->kv_cache_spec(capacity_.page_size, capacity_.kv_pages),
-      model_->state_cache_spec(capacity_.live_slots + capacity_.snapshot_slots), capacity_.live_slots,
-      capacity_.snapshot_slots, options_.enable_prefix_cache);
+  cache_ = std::make_unique<CacheManager>(model_->kv_cache_spec(capacity_.page_size, capacity_.kv_pages),
+                                          state_spec(capacity_.live_slots + capacity_.snapshot_slots),
+                                          capacity_.live_slots, capacity_.snapshot_slots,
+                                          options_.enable_prefix_cache);
   SchedulerOptions so;
   so.chunked_prefill_size = std::max(options_.chunked_prefill_size, 1);
   so.max_prefill_tokens = std::max(options_.max_prefill_tokens, so.chunked_prefill_size);

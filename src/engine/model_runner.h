@@ -31,4 +31,8 @@ class ModelRunner {
   virtual int64_t cache_memory_available() const;
 };
 
+// The real model: Qwen35Model over `weights` (which must outlive it) on `backend`, or on a CPU backend of its
+// own when backend is null.
+std::unique_ptr<ModelRunner> make_qwen35_runner(const ModelWeights& weights, Backend* backend);
+
 }  // namespace moeserve

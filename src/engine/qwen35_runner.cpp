@@ -44,8 +44,12 @@ class Qwen35Runner : public ModelRunner {
 
 }  // namespace
 
+std::unique_ptr<ModelRunner> make_qwen35_runner(const ModelWeights& weights, Backend* backend) {
+  return std::make_unique<Qwen35Runner>(weights, backend);
+}
+
 std::unique_ptr<Engine> Engine::create(const ModelWeights& weights, const EngineOptions& options) {
-  return create(std::make_unique<Qwen35Runner>(weights, options.backend), options);
+  return create(make_qwen35_runner(weights, options.backend), options);
 }
 
 }  // namespace moeserve

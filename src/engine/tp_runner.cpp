@@ -10,8 +10,9 @@
 namespace moeserve {
 namespace {
 
-// A step crosses the ranks as: page size, state slots, KV pages (so followers size their caches like rank
-// 0's), then per sequence start_pos, state_slot, all_logits, tokens, page table. An empty message: stop.
+// A step crosses the ranks as: page size, state slots, KV pages, state dtype (so followers size and store
+// their caches like rank 0's), then per sequence start_pos, state_slot, all_logits, tokens, page table. An
+// empty message: stop.
 struct WireSequence {
   std::vector<int32_t> tokens, pages;
   int64_t start_pos = 0;
@@ -93,6 +94,7 @@ class TpLeaderRunner final : public ModelRunner {
     w.put(int32_t(page_size_));
     w.put(int32_t(num_slots_));
     w.put(int64_t(num_pages_));
+    w.put(uint8_t(state.spec().dtype == DType::BF16));
     w.put(uint32_t(batch.size()));
     for (const auto& s : batch) {
       w.put(s.start_pos);
@@ -127,18 +129,22 @@ int64_t run_tp_follower(const ModelWeights& shard, Backend& backend, dist::Commu
   std::optional<StateCache> state;
   int32_t page_size = 0, num_slots = 0;
   int64_t num_pages = 0, steps = 0;
+  DType state_dtype = DType::F32;
   for (std::vector<uint8_t> bytes;; ++steps) {
     comm.broadcast(bytes);
     if (bytes.empty()) return steps;
     Reader r(bytes);
     const auto ps = r.get<int32_t>(), slots = r.get<int32_t>();
     const auto pages = r.get<int64_t>();
-    if (!kv || ps != page_size || pages != num_pages || slots != num_slots) {
-      page_size = ps, num_pages = pages, num_slots = slots;
+    const DType dtype = r.get<uint8_t>() != 0 ? DType::BF16 : DType::F32;
+    if (!kv || ps != page_size || pages != num_pages || slots != num_slots || dtype != state_dtype) {
+      page_size = ps, num_pages = pages, num_slots = slots, state_dtype = dtype;
       kv.reset();
       state.reset();
       kv.emplace(model.kv_cache_spec(page_size, num_pages));
-      state.emplace(model.state_cache_spec(num_slots));
+      StateCacheSpec spec = model.state_cache_spec(num_slots);
+      spec.dtype = state_dtype;
+      state.emplace(spec);
     }
     std::vector<WireSequence> seqs(r.get<uint32_t>());
     std::vector<SequenceStep> batch;

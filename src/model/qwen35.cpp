@@ -130,35 +130,52 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
   be.matmul_n(x, n, in_proj, in_out);
 
   const DeltaRuleShape shape{c.linear_num_key_heads, Hv, c.linear_key_head_dim, c.linear_value_head_dim};
-  if (int64_t(batch.size()) == n) {  // decode: one token per sequence, all sequences at once
-    std::vector<float*> conv_states, states;
-    for (const auto& step : batch) {
-      conv_states.push_back(state.conv(gdn_layer, step.state_slot));
-      states.push_back(state.recurrent(gdn_layer, step.state_slot));
+  // Each sequence's state of this layer: in place in a float32 pool; from a bf16 pool, widened into float32
+  // for this step and rounded back after it.
+  const bool staged = !state.is_f32();
+  const int64_t conv_n = state.spec().conv_floats(), rec_n = state.spec().recurrent_floats();
+  Buffer staging;
+  if (staged) staging = be.allocate(batch.size() * size_t(conv_n + rec_n));
+  std::vector<float*> conv_states, states;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int slot = batch[i].state_slot;
+    if (staged) {
+      float* s = staging.get() + i * size_t(conv_n + rec_n);
+      state.load(gdn_layer, slot, s, s + conv_n);
+      conv_states.push_back(s);
+      states.push_back(s + conv_n);
+    } else {
+      conv_states.push_back(state.conv(gdn_layer, slot));
+      states.push_back(state.recurrent(gdn_layer, slot));
     }
+  }
+
+  if (int64_t(batch.size()) == n) {  // decode: one token per sequence, all sequences at once
     be.gdn_decode(shape, qkv.get(), z.get(), b.get(), a.get(), n, w.conv1d.data(), c.linear_conv_kernel,
                   w.a_log.data(), w.dt_bias.data(), w.norm.data(), float(c.rms_norm_eps), conv_states, states,
                   core.get());
-    be.matmul(core.get(), n, w.out_proj, out);
-    return;
+  } else {
+    auto conv = be.allocate(size_t(n * C));
+    auto beta = be.allocate(size_t(n * Hv)), g = be.allocate(size_t(n * Hv));
+    be.gdn_gates(b.get(), a.get(), w.a_log.data(), w.dt_bias.data(), n, Hv, beta.get(), g.get());
+    int64_t row = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int64_t T = int64_t(batch[i].tokens.size());
+      float* conv_rows = conv.get() + row * C;
+      be.causal_conv1d_silu(qkv.get() + row * C, T, C, w.conv1d.data(), c.linear_conv_kernel, conv_states[i],
+                            conv_rows);
+      // conv output columns: q [0, key_dim), k [key_dim, 2 key_dim), v [2 key_dim, C)
+      be.gated_delta_rule(shape, conv_rows, conv_rows + key_dim, C, conv_rows + 2 * key_dim, C,
+                          g.get() + row * Hv, beta.get() + row * Hv, T, states[i],
+                          core.get() + row * value_dim);
+      row += T;
+    }
+    be.gated_rms_norm(core.get(), z.get(), n * Hv, c.linear_value_head_dim, w.norm.data(),
+                      float(c.rms_norm_eps), core.get());
   }
-  auto conv = be.allocate(size_t(n * C));
-  auto beta = be.allocate(size_t(n * Hv)), g = be.allocate(size_t(n * Hv));
-  be.gdn_gates(b.get(), a.get(), w.a_log.data(), w.dt_bias.data(), n, Hv, beta.get(), g.get());
-  int64_t row = 0;
-  for (const auto& step : batch) {
-    const int64_t T = int64_t(step.tokens.size());
-    float* conv_rows = conv.get() + row * C;
-    be.causal_conv1d_silu(qkv.get() + row * C, T, C, w.conv1d.data(), c.linear_conv_kernel,
-                          state.conv(gdn_layer, step.state_slot), conv_rows);
-    // conv output columns: q [0, key_dim), k [key_dim, 2 key_dim), v [2 key_dim, C)
-    be.gated_delta_rule(shape, conv_rows, conv_rows + key_dim, C, conv_rows + 2 * key_dim, C,
-                        g.get() + row * Hv, beta.get() + row * Hv, T,
-                        state.recurrent(gdn_layer, step.state_slot), core.get() + row * value_dim);
-    row += T;
-  }
-  be.gated_rms_norm(core.get(), z.get(), n * Hv, c.linear_value_head_dim, w.norm.data(),
-                    float(c.rms_norm_eps), core.get());
+  if (staged)
+    for (size_t i = 0; i < batch.size(); ++i)
+      state.store(gdn_layer, batch[i].state_slot, conv_states[i], states[i]);
   be.matmul(core.get(), n, w.out_proj, out);
 }
 

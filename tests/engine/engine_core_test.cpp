@@ -4,6 +4,7 @@
 
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "fake_model.h"
 
@@ -124,16 +125,21 @@ TEST(EngineCore, TenTurnConversationHitsEveryEarlierTurn) {
   Harness h;
   std::mt19937 rng(3);
   std::vector<int32_t> conversation = random_tokens(rng, 20);
+  uint64_t queries = 0, hits = 0;
   for (int turn = 0; turn < 10; ++turn) {
     auto out = h.generate("t" + std::to_string(turn), conversation, greedy(6));
     EXPECT_EQ(out.tokens, h.model->expected_greedy(conversation, 6));
-    if (turn > 0) {
-      EXPECT_GE(out.usage.cached_tokens, int64_t(conversation.size()) - 12) << "turn " << turn;
-    }
+    // Everything but the 5 new tokens and the previous answer's last token (sampled, never fed back), which
+    // the previous turn's end-of-request snapshot stops short of.
+    const int64_t want = turn == 0 ? 0 : int64_t(conversation.size()) - 6;
+    EXPECT_EQ(out.usage.cached_tokens, want) << "turn " << turn;
+    queries += conversation.size();
+    hits += uint64_t(want);
     conversation = concat(concat(conversation, out.tokens), random_tokens(rng, 5));
   }
   auto stats = h.core->stats();
-  EXPECT_GT(stats.prefix_cache_hits, stats.prefix_cache_queries / 2);
+  EXPECT_EQ(stats.prefix_cache_queries, queries);
+  EXPECT_EQ(stats.prefix_cache_hits, hits);
 }
 
 TEST(EngineCore, RepeatedPromptHitsFromTheThirdTime) {
@@ -261,6 +267,66 @@ TEST(EngineCore, HigherPriorityArrivalPreemptsLowerPriorityWork) {
   h.run_until_idle();
   EXPECT_EQ(low1->collect().tokens, h.model->expected_greedy({1, 2, 3}, 40));
   EXPECT_EQ(low2->collect().tokens, h.model->expected_greedy({4, 5, 6}, 40));
+}
+
+// The order in which waiting requests get the engine's one slot: the order of their first tokens.
+std::vector<std::string> admission_order(
+    Harness& h, const std::vector<std::tuple<std::string, std::vector<int32_t>, int>>& requests) {
+  auto order = std::make_shared<std::vector<std::string>>();
+  for (const auto& [id, prompt, priority] : requests) {
+    GenerateRequest r{id, prompt, greedy(2), priority, {}};
+    r.on_output = [order, id = id](const GenerateOutput&) {
+      if (std::find(order->begin(), order->end(), id) == order->end()) order->push_back(id);
+    };
+    h.core->validate(r);
+    h.core->add(std::move(r));
+  }
+  h.run_until_idle();
+  return *order;
+}
+
+// One slot, a blocker holding it, and three requests waiting behind it: fcfs serves them in arrival order,
+// lpm serves the one with the longest cached prefix first; priority comes before either.
+TEST(EngineCore, WaitingRequestsAreAdmittedByPriorityThenPolicy) {
+  std::mt19937 rng(13);
+  const auto doc = random_tokens(rng, 64);
+  const auto cold = random_tokens(rng, 20), short_tail = random_tokens(rng, 5),
+             long_tail = random_tokens(rng, 10), urgent = random_tokens(rng, 12);
+  const auto short_prompt = concat({doc.begin(), doc.begin() + 40}, short_tail);
+  for (SchedulePolicy policy : {SchedulePolicy::Fcfs, SchedulePolicy::Lpm}) {
+    SCOPED_TRACE(policy == SchedulePolicy::Lpm ? "lpm" : "fcfs");
+    EngineOptions o = Harness::defaults();  // chunks of 32: a snapshot at 32 inside the document
+    o.max_running_requests = 1;
+    o.snapshot_slots = 8;
+    o.policy = policy;
+    Harness h(o);
+    const auto warm = h.generate("warm", doc, greedy(2));  // snapshots at 32 and at its end, 65
+    const auto long_prompt = concat(concat(doc, warm.tokens), long_tail);
+    auto blocker =
+        h.submit("blocker", {1, 2, 3}, greedy(3), /*priority=*/-5);  // holds the slot, never preempted
+    h.step();
+    auto order = admission_order(
+        h, {{"cold", cold, 0}, {"short", short_prompt, 0}, {"long", long_prompt, 0}, {"urgent", urgent, -1}});
+    EXPECT_EQ(blocker->collect().tokens.size(), 3u);
+    if (policy == SchedulePolicy::Fcfs) {
+      EXPECT_EQ(order, (std::vector<std::string>{"urgent", "cold", "short", "long"}));
+    } else {  // cached prefixes: long 65, short 32, cold 0
+      EXPECT_EQ(order, (std::vector<std::string>{"urgent", "long", "short", "cold"}));
+    }
+    EXPECT_EQ(h.core->stats().preemptions, 0u);
+  }
+}
+
+// Lower values first (vLLM): with the same slot count, a priority-0 request overtakes priority-1 requests
+// that arrived before it, and the priority-1 ones keep their arrival order among themselves.
+TEST(EngineCore, LowerPriorityValueIsServedFirstAndTiesKeepArrivalOrder) {
+  EngineOptions o = Harness::defaults();
+  o.max_running_requests = 1;
+  Harness h(o);
+  auto blocker = h.submit("blocker", {9, 9, 9}, greedy(2), -1);
+  h.step();
+  auto order = admission_order(h, {{"a", {1, 2}, 1}, {"b", {3, 4}, 1}, {"c", {5, 6}, 0}, {"d", {7, 8}, 2}});
+  EXPECT_EQ(order, (std::vector<std::string>{"c", "a", "b", "d"}));
 }
 
 TEST(EngineCore, CancelEndsTheStreamAndFreesPagesAtOnce) {

@@ -6,6 +6,8 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "engine/engine_core.h"
+#include "engine/model_runner.h"
 #include "model/checkpoint.h"
 #include "model/init_model.h"
 #include "model/safetensors.h"
@@ -265,6 +267,143 @@ TEST(EngineOnModel, MultiTurnConversationResumesFromThePreviousTurnsEnd) {
     expect_same_generation(out, generate(*cold, "c" + std::to_string(turn), conversation, greedy(6, 2)));
     conversation = concat(concat(conversation, out.tokens), random_prompt(rng, 10, 512));
   }
+}
+
+// Preemption on the real model: 16 requests of up to 100 tokens (half sharing a 40-token prefix, some sampled with a
+// seed, two priorities, half arriving while the others run) on a KV pool of 160 tokens. Requests are
+// preempted and resume from their snapshots (or recompute), yet every request gets exactly the tokens it gets
+// on a roomy pool, every invariant holds after every step, and at the end every page and slot is back in its
+// pool.
+TEST(EngineOnModel, PreemptionOnASmallPoolChangesNoTokenAndLeaksNothing) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe");
+  const int vocab = int(weights.config.vocab_size), n = 16;
+  std::mt19937 rng(25);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const auto shared = random_prompt(rng, 40, vocab);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+  std::vector<int> priorities;
+  for (int i = 0; i < n; ++i) {
+    prompts.push_back(i % 2 ? concat(shared, random_prompt(rng, uniform(1, 10), vocab))
+                            : random_prompt(rng, uniform(20, 50), vocab));
+    SamplingParams p = greedy(uniform(20, 50), 2);
+    if (i % 4 == 3) {
+      p.temperature = 0.8f;
+      p.top_k = 20;
+      p.seed = uint64_t(i);
+    }
+    params.push_back(p);
+    priorities.push_back(uniform(0, 1));
+  }
+  auto run = [&](EngineOptions o, EngineStats* final_stats) {
+    EngineCore core(make_qwen35_runner(weights, nullptr), o);
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    auto add = [&](int i) {
+      GenerateRequest r{
+          "r" + std::to_string(i), prompts[size_t(i)], params[size_t(i)], priorities[size_t(i)], {}};
+      streams.push_back(std::make_shared<OutputStream>());
+      r.on_output = streams.back()->sink();
+      core.validate(r);
+      core.add(std::move(r));
+    };
+    for (int i = 0; i < n / 2; ++i) add(i);
+    for (int step = 0; step < 20000 && (!core.idle() || int(streams.size()) < n); ++step) {
+      if (step >= 10 && step % 5 == 0 && int(streams.size()) < n) add(int(streams.size()));
+      core.step();
+      core.deliver();
+      core.check_invariants();
+    }
+    EXPECT_TRUE(core.idle());
+    std::vector<GenerateOutput> outs;
+    for (auto& s : streams) outs.push_back(s->collect());
+    if (final_stats) {
+      const EngineStats s = core.stats();
+      EXPECT_EQ(s.running, 0);
+      EXPECT_EQ(s.queued, 0);
+      EXPECT_EQ(s.kv_pages_used, 0);
+      EXPECT_EQ(s.live_slots_used, 0);
+      EXPECT_EQ(s.kv_pages_free + s.kv_pages_cached, s.kv_pages_total);
+      core.flush_cache();
+      *final_stats = core.stats();
+    }
+    return outs;
+  };
+
+  EngineOptions roomy = options(4);
+  const auto want = run(roomy, nullptr);
+
+  auto probe = make_qwen35_runner(weights, nullptr);
+  EngineOptions small = options(4);
+  small.max_running_requests = 8;
+  small.snapshot_slots = 4;
+  small.max_model_len = 100;
+  small.cache_memory_bytes = 12 * probe->state_cache_spec(1).bytes_per_slot() +
+                             40 * 4 * probe->kv_cache_spec(4, 1).bytes_per_token();  // 40 pages of 4
+  {
+    EngineCore sized(make_qwen35_runner(weights, nullptr), small);
+    ASSERT_EQ(sized.capacity().kv_tokens, 160);
+    ASSERT_EQ(sized.capacity().snapshot_slots, 4);
+  }
+  EngineStats stats;
+  const auto got = run(small, &stats);
+  ASSERT_EQ(got.size(), size_t(n));
+  for (int i = 0; i < n; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(got[size_t(i)].finish_reason, FinishReason::Length);
+    EXPECT_EQ(int(got[size_t(i)].tokens.size()), *params[size_t(i)].max_tokens);
+    expect_same_generation(got[size_t(i)], want[size_t(i)]);
+  }
+  EXPECT_GT(stats.preemptions, 0u);
+  EXPECT_GT(stats.prefix_cache_hits, 0u);
+  EXPECT_EQ(stats.kv_pages_free, stats.kv_pages_total);
+  EXPECT_EQ(stats.kv_pages_cached, 0);
+  EXPECT_EQ(stats.snapshot_slots_used, 0);
+  EXPECT_EQ(stats.live_slots_used, 0);
+}
+
+// EngineOptions::state_dtype = BF16: a budget holds the same slots in half the bytes (the rest becomes KV
+// pages), and requests run through bf16 snapshots with prefix hits like a float32 pool. Their tokens start
+// out the same, then may part at a near-tie of this random-weight model's flat logits (greedy over 1024
+// tokens; tests/model/state_dtype_test.cpp bounds the logits themselves), so only the first is compared.
+TEST(EngineOnModel, Bf16StateHalvesTheSlotBytesAndServesLikeFloat32) {
+  ModelWeights weights = load_checkpoint(kModels + "small-moe-realdims");
+  const int vocab = int(weights.config.vocab_size);
+  EngineOptions o = options(16);
+  o.max_running_requests = 4;
+  o.snapshot_slots = 4;
+  o.max_model_len = 256;
+  auto f32 = Engine::create(weights, o);
+  o.state_dtype = StateDtype::BF16;
+  auto bf16 = Engine::create(weights, o);
+  const EngineCapacity &a = f32->capacity(), &b = bf16->capacity();
+  EXPECT_EQ(b.live_slots, a.live_slots);
+  EXPECT_EQ(b.snapshot_slots, a.snapshot_slots);
+  EXPECT_EQ(2 * b.state_bytes, a.state_bytes);
+  EXPECT_GT(b.kv_pages, a.kv_pages);
+  EXPECT_NE(b.summary().find("MiB, bf16)"), std::string::npos) << b.summary();
+
+  std::mt19937 rng(26);
+  const auto shared = random_prompt(rng, 48, vocab);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back(concat(shared, random_prompt(rng, 8 + i, vocab)));
+  std::vector<std::shared_ptr<OutputStream>> sa, sb;
+  for (int i = 0; i < 8; ++i) {
+    sa.push_back(submit(*f32, "a" + std::to_string(i), prompts[size_t(i)], greedy(48)));
+    sb.push_back(submit(*bf16, "b" + std::to_string(i), prompts[size_t(i)], greedy(48)));
+  }
+  int64_t cached = 0;
+  for (int i = 0; i < 8; ++i) {
+    SCOPED_TRACE(i);
+    const auto want = sa[size_t(i)]->collect(), got = sb[size_t(i)]->collect();
+    EXPECT_EQ(got.finish_reason, FinishReason::Length);
+    ASSERT_EQ(got.tokens.size(), 48u);
+    EXPECT_EQ(got.tokens[0], want.tokens[0]);
+    cached += got.usage.cached_tokens;
+  }
+  EXPECT_GT(cached, 0);  // later requests resumed from bf16 snapshots of the shared prefix
+  const EngineStats s = bf16->stats();
+  EXPECT_EQ(s.kv_pages_used, 0);
+  EXPECT_EQ(s.live_slots_used, 0);
 }
 
 }  // namespace
