@@ -13,11 +13,13 @@
 //   engine->submit(std::move(r));        // throws moeserve::Error on bad input (answer 400)
 //   ... on client disconnect: engine->cancel("cmpl-1");   // frees its pages within one step
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moeserve {
@@ -35,6 +37,7 @@ struct SamplingParams {
   float presence_penalty = 0.0f;   // OpenAI semantics, over generated tokens: logit -= presence * [count > 0]
   float frequency_penalty = 0.0f;  //                                          logit -= frequency * count
   float repetition_penalty = 1.0f;  // HF/vLLM semantics, over prompt + generated: logit /= p if > 0 else *= p
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias): logit += bias, after the penalties
   std::optional<uint64_t> seed;     // same seed -> same tokens, whatever else shares the batch
   std::optional<int> max_tokens;    // new tokens; unset = until the context (max_model_len) is full
   int min_tokens = 0;               // eos and stop ids are suppressed until this many tokens exist

@@ -42,6 +42,7 @@ SamplingParams to_engine(const SamplingSettings& s) {
   p.min_tokens = s.min_tokens;
   p.ignore_eos = s.ignore_eos;
   p.stop_token_ids = s.stop_token_ids;
+  p.logit_bias = s.logit_bias;
   return p;
 }
 
@@ -166,6 +167,28 @@ void OpenAiService::check_generation_ready() const {
   }
 }
 
+void OpenAiService::note_ignored(const std::vector<std::string>& names) {
+  if (names.empty()) return;
+  std::lock_guard lock(ignored_mutex_);
+  for (const auto& name : names) {
+    // Bounded: a client inventing names must not grow the set without end.
+    if (ignored_logged_.size() < kMaxIgnoredNamesLogged && ignored_logged_.insert(name).second) {
+      spdlog::debug("ignoring the request parameter '{}' (unknown to this server; logged once)", name);
+    }
+  }
+}
+
+void OpenAiService::check_logit_bias(const SamplingParams& params) const {
+  Engine* engine = engine_.load();
+  if (!engine) return;  // loading: the request is refused with 503 right after
+  const int64_t vocab = engine->vocab_size();
+  for (auto [token, bias] : params.logit_bias) {
+    if (token >= vocab) {
+      throw invalid_param("logit_bias", "token id {} is outside the vocabulary ({} tokens)", token, vocab);
+    }
+  }
+}
+
 HttpResponse OpenAiService::health() const {
   if (draining_) return error_response(503, "draining: the server is shutting down");
   if (!ready_) return error_response(503, "loading: the model is not ready yet");
@@ -274,6 +297,7 @@ Reply OpenAiService::start_job(JobSpec spec) {
 
 Reply OpenAiService::completions(HttpRequest& req) {
   CompletionRequest cr = parse_completion_request(req.body);
+  note_ignored(cr.ignored);
   check_model(cr.model);
   if (!cr.sampling.stop.empty() && !tokenizer_) {
     throw invalid_param("stop", "stop strings need a tokenizer; this model has none (use stop_token_ids)");
@@ -322,6 +346,8 @@ Reply OpenAiService::completions(HttpRequest& req) {
   }
   if (cr.prompt_logprobs) spec.params.prompt_logprobs = *cr.prompt_logprobs;
   for (auto& p : spec.prompts) check_context_length(p, spec.params, max_model_len_.load(), "prompt");
+  check_logit_bias(spec.params);
+  spec.priority = cr.priority;
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
   spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;
@@ -335,6 +361,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
 
 Reply OpenAiService::chat_completions(HttpRequest& req) {
   ChatRequest cr = parse_chat_request(req.body);
+  note_ignored(cr.ignored);
   check_model(cr.model);
   if (!options_.chat_template || !tokenizer_) {
     throw ApiError(400, "this model has no chat template or tokenizer; use /v1/completions with token ids",
@@ -363,6 +390,8 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
     spec.logprobs = cr.top_logprobs;
   }
   check_context_length(spec.prompts[0], spec.params, max_model_len_.load(), "messages");
+  check_logit_bias(spec.params);
+  spec.priority = cr.priority;
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
   spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;
