@@ -157,6 +157,11 @@ struct EngineCapacity {
   std::string summary() const;  // one line for the log
 };
 
+// Forward passes by batch size (sequences in the step, prefill chunks and decodes alike): bucket 0 counts
+// batches of 1, bucket i of (2^(i-1), 2^i], the last one also everything larger.
+constexpr int kStepBatchBuckets = 10;
+int step_batch_bucket(size_t sequences);
+
 // Counters are cumulative since start (Prometheus counters); the rest are gauges.
 struct EngineStats {
   int running = 0;  // requests holding a live slot (prefilling or decoding)
@@ -178,6 +183,8 @@ struct EngineStats {
   uint64_t requests_aborted = 0;
   uint64_t preemptions = 0;
   uint64_t steps = 0;                   // forward passes
+  uint64_t step_sequences = 0;          // Σ over forward passes of their batch size (mean = this / steps)
+  std::array<uint64_t, kStepBatchBuckets> steps_by_batch{};  // forward passes by batch size (step_batch_bucket)
   uint64_t sampled_from_full_rows = 0;  // tokens whose candidates did not decide them (logit_candidates)
 };
 

@@ -177,6 +177,8 @@ void EngineCore::step() {
     return;
   }
   ++counters_.steps;
+  counters_.step_sequences += plan.size();
+  ++counters_.steps_by_batch[size_t(step_batch_bucket(plan.size()))];
 
   const float* row = out.logits.data();
   size_t reduced = 0;

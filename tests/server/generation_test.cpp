@@ -112,6 +112,13 @@ json chat_body(const std::string& user, json extra = json::object()) {
 
 const std::string kPrompt = "The quick brown fox jumps over the lazy dog because";
 
+// The value of the sample `series` ("name{labels}") in a /metrics text, or -1 when absent.
+double sample_value(const std::string& metrics, const std::string& series) {
+  size_t at = metrics.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(metrics.substr(at + series.size() + 2));
+}
+
 TEST(Generation, CompletionTextUsageAndFinishReasons) {
   Server s(kPrompt, " it was scripted, twice over.");
   json r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 50}});
@@ -341,6 +348,13 @@ TEST(Generation, MetricsAfterTrafficPassPromtool) {
   EXPECT_NE(m.find("moeserve:e2e_request_latency_seconds_count{model_name=\"scripted\"} 2"),
             std::string::npos);
   EXPECT_NE(m.find("moeserve:generation_tokens_total{model_name=\"scripted\"} 6"), std::string::npos);
+  // One observation per engine step; each sequence-step yields one token here (the prompts fit one prefill
+  // chunk, whose step samples the first token), so the batch sizes add up to the tokens generated.
+  const std::string labels = "{model_name=\"scripted\"}";
+  EXPECT_EQ(sample_value(m, "moeserve:engine_step_batch_size_count" + labels),
+            sample_value(m, "moeserve:engine_steps_total" + labels));
+  EXPECT_GT(sample_value(m, "moeserve:engine_steps_total" + labels), 0);
+  EXPECT_EQ(sample_value(m, "moeserve:engine_step_batch_size_sum" + labels), 6);
   ASSERT_TRUE(have_promtool());
   auto problems = promtool_problems(m);
   EXPECT_TRUE(problems.empty()) << testing::PrintToString(problems);
