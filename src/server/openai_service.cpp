@@ -434,13 +434,23 @@ std::string OpenAiService::render_chat(const ChatRequest& cr, std::string* force
   }
   if (forced_prefix && (cr.tool_choice == ToolChoice::kRequired || cr.tool_choice == ToolChoice::kNamed)) {
     // No grammar backend: force the call by writing its opening into the assistant turn. A prompt that ends
-    // inside <think> is closed first, as the non-thinking template form does.
+    // inside <think> is closed first, as the non-thinking template form does. A named function (or
+    // "required" with a single tool, which can only mean that one) is written out, so the output is a call of
+    // that function whatever the model does next; "required" with several tools stops before the name, which
+    // the model chooses (not checked against tools: that would take constrained decoding).
     if (text::prompt_opens_reasoning(prompt)) prompt += "\n</think>\n\n";
+    std::optional<std::string> name;
+    if (cr.tool_choice == ToolChoice::kNamed) name = cr.tool_choice_name;
+    if (cr.tool_choice == ToolChoice::kRequired && cr.tools.size() == 1) {
+      name = cr.tools[0]["function"]["name"].get<std::string>();
+    }
+    const bool hermes = options_.tool_call_parser == "hermes";
     std::string prefix = "<tool_call>\n";
-    if (cr.tool_choice == ToolChoice::kNamed) {
-      prefix += options_.tool_call_parser == "hermes"
-                    ? fmt::format("{{\"name\": \"{}\", \"arguments\": ", cr.tool_choice_name)
-                    : fmt::format("<function={}>\n", cr.tool_choice_name);
+    if (name) {
+      prefix += hermes ? fmt::format("{{\"name\": {}, \"arguments\": ", json(*name).dump())
+                       : fmt::format("<function={}>\n", *name);
+    } else {
+      prefix += hermes ? "{\"name\": \"" : "<function=";
     }
     *forced_prefix = prefix;
   }

@@ -304,6 +304,45 @@ TEST(Generation, NamedToolChoiceForcesTheCall) {
       json({{"city", "Oslo"}}));
 }
 
+TEST(Generation, RequiredToolChoiceForcesACall) {
+  const json time_tool = {{"type", "function"},
+                          {"function",
+                           {{"name", "get_time"},
+                            {"parameters", {{"type", "object"}, {"properties", {{"zone", {{"type", "string"}}}}}}}}}};
+  {
+    // One tool: "required" can only mean that one, so its name is written too, as for a named choice.
+    Server s(kNoThinkingTail + "<tool_call>\n<function=get_weather>\n",
+             "<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>");
+    json r = s.post("/v1/chat/completions",
+                    chat_body("Weather?", {{"tools", {kWeatherTool}}, {"tool_choice", "required"}}));
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls") << r.dump();
+    ASSERT_EQ(r["choices"][0]["message"]["tool_calls"].size(), 1u) << r.dump();
+    EXPECT_EQ(r["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  }
+  // Several tools: the opening up to the name is written; the model picks the function.
+  Server s(kNoThinkingTail + "<tool_call>\n<function=",
+           "get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>");
+  json body = chat_body("Time?", {{"tools", {kWeatherTool, time_tool}}, {"tool_choice", "required"}});
+  json r = s.post("/v1/chat/completions", body);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls") << r.dump();
+  const json& calls = r["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 1u) << r.dump();
+  EXPECT_EQ(calls[0]["function"]["name"], "get_time");
+  EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()), json({{"zone", "UTC"}}));
+  EXPECT_TRUE(r["choices"][0]["message"]["content"].is_null());
+  // Streamed, the call arrives as tool_calls deltas, not as content.
+  auto [chunks, done] = s.stream("/v1/chat/completions", body);
+  EXPECT_TRUE(done);
+  std::string name, content;
+  for (auto& c : chunks) {
+    const json& d = c["choices"][0]["delta"];
+    content += d.value("content", "");
+    for (auto& t : d.value("tool_calls", json::array())) name += t["function"].value("name", "");
+  }
+  EXPECT_EQ(name, "get_time");
+  EXPECT_EQ(content, "");
+}
+
 TEST(Generation, ChatLogprobs) {
   Server s(kNoThinkingTail, "Yes.");
   json r = s.post("/v1/chat/completions",
