@@ -303,6 +303,8 @@ int serve(const ServeOptions& o) {
   metrics.set_sources(nullptr, &admission);
   server::OpenAiService service(service_options, nullptr, text ? &text->tokenizer : nullptr, admission, metrics);
 
+  // Declared before the HTTP server, so destroyed after it: its device memory is read from HTTP threads.
+  std::unique_ptr<Backend> backend;
   // Start listening before loading weights: /health says 503 (loading) until the engine is up.
   server::HttpServerOptions http;
   http.host = o.host;
@@ -318,7 +320,20 @@ int serve(const ServeOptions& o) {
   spdlog::info("listening on {}:{} (/health answers 503 until the model is loaded)", o.host, http_server.port());
 
   // Weights.
-  std::unique_ptr<Backend> backend = make_backend(o.device);  // outlives the engine
+  backend = make_backend(o.device);  // outlives the engine
+  // A GPU's device memory is a memory-pressure source next to the host's; the most pressured one wins.
+  if (auto m = backend->device_memory()) {
+    spdlog::info("memory pressure: {} device memory is watched too ({:.1f} of {:.1f} GiB in use)", o.device,
+                 double(m->total_bytes - std::min(m->free_bytes, m->total_bytes)) / (1 << 30),
+                 double(m->total_bytes) / (1 << 30));
+    Backend* b = backend.get();
+    memory->add_source(o.device, [b, name = o.device]() -> std::optional<server::MemoryReading> {
+      auto now = b->device_memory();
+      if (!now) return std::nullopt;
+      return server::MemoryReading{now->total_bytes - std::min(now->free_bytes, now->total_bytes),
+                                   now->total_bytes, name};
+    });
+  }
   ModelWeights weights;
   if (demo) {
     Progress p("building the demo model (random weights, Qwen3 vocabulary)");
