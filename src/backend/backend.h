@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -72,6 +73,13 @@ class Backend {
   virtual void prepare(const float* weights, size_t n) { (void)weights, (void)n; }
   // Memory for the KV pages and GDN state slots (nullptr: host memory).
   virtual CacheMemory* cache_memory() { return nullptr; }
+  // Free and total bytes of the memory the backend allocates from (a GPU's device memory), for the server's
+  // memory-pressure sensing; nullopt where that is host memory, which the server reads itself. Thread-safe.
+  struct MemoryInfo {
+    uint64_t free_bytes = 0;
+    uint64_t total_bytes = 0;
+  };
+  virtual std::optional<MemoryInfo> device_memory() const { return std::nullopt; }
   // A random weight made in the backend's own memory and owned by the backend: rows×cols of `dtype` (BF16 or
   // F32) uniform in [-bound, bound) (benchmarks, `serve --load-format dummy`). An empty Matrix where the
   // backend runs on host memory (make host weights instead).

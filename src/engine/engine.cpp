@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -29,6 +31,12 @@ const char* to_string(FinishReason reason) {
       break;
   }
   return "";
+}
+
+int step_batch_bucket(size_t sequences) {
+  // Bucket i holds (2^(i-1), 2^i]: the bit width of sequences - 1.
+  const int i = sequences <= 1 ? 0 : std::bit_width(sequences - 1);
+  return std::min(i, kStepBatchBuckets - 1);
 }
 
 std::string EngineCapacity::summary() const {

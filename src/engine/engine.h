@@ -13,11 +13,13 @@
 //   engine->submit(std::move(r));        // throws moeserve::Error on bad input (answer 400)
 //   ... on client disconnect: engine->cancel("cmpl-1");   // frees its pages within one step
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moeserve {
@@ -35,6 +37,7 @@ struct SamplingParams {
   float presence_penalty = 0.0f;   // OpenAI semantics, over generated tokens: logit -= presence * [count > 0]
   float frequency_penalty = 0.0f;  //                                          logit -= frequency * count
   float repetition_penalty = 1.0f;  // HF/vLLM semantics, over prompt + generated: logit /= p if > 0 else *= p
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias): logit += bias, after the penalties
   std::optional<uint64_t> seed;     // same seed -> same tokens, whatever else shares the batch
   std::optional<int> max_tokens;    // new tokens; unset = until the context (max_model_len) is full
   int min_tokens = 0;               // eos and stop ids are suppressed until this many tokens exist
@@ -162,6 +165,11 @@ struct EngineCapacity {
   std::string summary() const;  // one line for the log
 };
 
+// Forward passes by batch size (sequences in the step, prefill chunks and decodes alike): bucket 0 counts
+// batches of 1, bucket i of (2^(i-1), 2^i], the last one also everything larger.
+constexpr int kStepBatchBuckets = 10;
+int step_batch_bucket(size_t sequences);
+
 // Counters are cumulative since start (Prometheus counters); the rest are gauges.
 struct EngineStats {
   int running = 0;  // requests holding a live slot (prefilling or decoding)
@@ -183,6 +191,8 @@ struct EngineStats {
   uint64_t requests_aborted = 0;
   uint64_t preemptions = 0;
   uint64_t steps = 0;                   // forward passes
+  uint64_t step_sequences = 0;          // Σ over forward passes of their batch size (mean = this / steps)
+  std::array<uint64_t, kStepBatchBuckets> steps_by_batch{};  // forward passes by batch size (step_batch_bucket)
   uint64_t sampled_from_full_rows = 0;  // tokens whose candidates did not decide them (logit_candidates)
 };
 

@@ -57,6 +57,11 @@ void validate_request(const GenerateRequest& r, int64_t vocab, int64_t max_model
   for (int32_t t : p.stop_token_ids)
     check(t >= 0 && t < vocab, "request {}: stop token id {} is outside the vocabulary [0, {})", r.id, t,
           vocab);
+  for (auto [t, bias] : p.logit_bias) {
+    check(t >= 0 && t < vocab, "request {}: logit_bias token id {} is outside the vocabulary [0, {})", r.id, t,
+          vocab);
+    check(std::isfinite(bias), "request {}: the logit_bias of token {} is not finite", r.id, t);
+  }
 }
 
 }  // namespace
@@ -181,6 +186,8 @@ void EngineCore::step() {
     return;
   }
   ++counters_.steps;
+  counters_.step_sequences += plan.size();
+  ++counters_.steps_by_batch[size_t(step_batch_bucket(plan.size()))];
 
   const float* row = out.logits.data();
   size_t reduced = 0;

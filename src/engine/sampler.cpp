@@ -128,7 +128,7 @@ Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt, 
 
 bool Sampler::has_penalties() const {
   return params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
-         params_.presence_penalty != 0.0f;
+         params_.presence_penalty != 0.0f || !params_.logit_bias.empty();
 }
 
 void Sampler::apply_penalties(std::span<float> logits) const {
@@ -143,6 +143,7 @@ void Sampler::apply_penalties(std::span<float> logits) const {
     for (auto [t, count] : generated_)
       logits[size_t(t)] -= params_.frequency_penalty * float(count) + params_.presence_penalty;
   }
+  for (auto [t, bias] : params_.logit_bias) logits[size_t(t)] += bias;
 }
 
 void Sampler::accept(int32_t token) {

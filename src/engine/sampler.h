@@ -4,8 +4,8 @@
 // numbers whether it runs alone or in a batch of 100.
 //
 // Order (as Hugging Face's generate applies its processors): penalties on the raw logits (repetition over
-// prompt + output, frequency and presence over the output), then greedy argmax if temperature is 0, else
-// temperature, top-k, top-p, min-p, and a draw from what is left, renormalised.
+// prompt + output, frequency and presence over the output) and the request's logit_bias, then greedy argmax
+// if temperature is 0, else temperature, top-k, top-p, min-p, and a draw from what is left, renormalised.
 //
 // Every cut keeps a prefix of the tokens in sampling order (most likely first, ties: lower id first), and the
 // draw walks that order too, so a row's leading candidates (LogitCandidates, reduced where the logits are)

@@ -119,6 +119,7 @@ void GenerationJob::on_admitted() {
     r.snapshot_hint = spec_.kind == JobSpec::Kind::kChat ? spec_.snapshot_hint
                                                          : static_cast<int64_t>(r.prompt.size()) - 1;
     r.params = spec_.params;
+    r.priority = spec_.priority;
     if (r.params.seed) r.params.seed = *r.params.seed + static_cast<uint64_t>(c->index);
     int index = c->index;
     r.on_output = [weak, index](const GenerateOutput& out) {

@@ -51,6 +51,7 @@ struct JobSpec {
   std::vector<std::string> prompt_texts;      // for echo: the prompt as text
   int n = 1;
   SamplingParams params;  // per choice; choice i of a seeded request uses seed + i
+  int priority = 0;       // engine priority of every choice (smaller first)
   std::vector<std::string> stop;
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;

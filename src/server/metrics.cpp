@@ -25,6 +25,18 @@ void Histogram::observe(double v) {
   sum_.fetch_add(v, std::memory_order_relaxed);
 }
 
+void Histogram::add(std::span<const uint64_t> per_bucket, double sum) {
+  check(per_bucket.size() == bounds_.size() + 1, "histogram: {} bucket counts for {} buckets", per_bucket.size(),
+        bounds_.size() + 1);
+  uint64_t n = 0;
+  for (size_t i = 0; i < per_bucket.size(); ++i) {
+    buckets_[i].fetch_add(per_bucket[i], std::memory_order_relaxed);
+    n += per_bucket[i];
+  }
+  count_.fetch_add(n, std::memory_order_relaxed);
+  sum_.fetch_add(sum, std::memory_order_relaxed);
+}
+
 MetricsRegistry::MetricsRegistry(Labels const_labels) : const_labels_(std::move(const_labels)) {}
 
 MetricsRegistry::Family& MetricsRegistry::family(const std::string& name, const std::string& help, Type type,

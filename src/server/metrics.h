@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,9 @@ class Histogram {
   // bounds: strictly increasing finite upper bounds; the +Inf bucket is implicit.
   explicit Histogram(std::vector<double> bounds);
   void observe(double v);
+  // Observations counted elsewhere (the difference of two snapshots of a histogram kept by the engine):
+  // per_bucket[i] more in bucket i as bucket_count() numbers them (bounds().size() + 1 entries), `sum` more.
+  void add(std::span<const uint64_t> per_bucket, double sum);
 
   const std::vector<double>& bounds() const { return bounds_; }
   // Observations in (bounds()[i-1], bounds()[i]]; i == bounds().size() is the +Inf bucket. Not cumulative.

@@ -1,5 +1,7 @@
 #include "server/openai_request.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -24,7 +26,7 @@ const char* type_name(const json& v) {
   }
 }
 
-// Reads the fields of one JSON object, remembering which were used, so that finish() can reject the rest.
+// Reads the fields of one JSON object, remembering which were used, so that finish() can name the rest.
 // `prefix` names nested objects in messages ("stream_options.include_usage").
 class Fields {
  public:
@@ -43,8 +45,16 @@ class Fields {
     auto it = object_.find(key);
     return it != object_.end() && !it->is_null();
   }
-  // Accepted for compatibility and ignored (e.g. "store", "metadata").
+  // Known and without effect here (e.g. a message's "refusal"): not reported as unknown.
   void ignore(const std::string& key) { used_.insert(key); }
+
+  // A known parameter that has no effect here, still checked for its type so a malformed one is a 400.
+  void ignore_typed(const std::string& key, json::value_t type) {
+    const json* v = get(key);
+    if (!v || v->type() == type) return;
+    json expected(type);
+    throw invalid_param(name(key), "must be {}, got {}", type_name(expected), type_name(*v));
+  }
 
   std::optional<bool> boolean(const std::string& key) {
     const json* v = get(key);
@@ -94,13 +104,11 @@ class Fields {
     return i;
   }
 
-  // Rejects every key that was not read: an unknown parameter is a client bug worth reporting.
-  void finish() const {
+  // Keys that were not read are parameters this server does not know: accepted and ignored, as vLLM and
+  // SGLang do, since clients add new ones faster than servers learn them. Their names go to `ignored`.
+  void finish(std::vector<std::string>& ignored) const {
     for (auto it = object_.begin(); it != object_.end(); ++it) {
-      if (!used_.count(it.key())) {
-        throw ApiError(400, fmt::format("Unrecognized request argument supplied: {}", name(it.key())),
-                       "invalid_request_error", name(it.key()));
-      }
+      if (!used_.count(it.key())) ignored.push_back(name(it.key()));
     }
   }
 
@@ -119,6 +127,29 @@ std::vector<int32_t> token_ids(const json& v, const std::string& param) {
   ids.reserve(v.size());
   for (auto& t : v) ids.push_back(static_cast<int32_t>(Fields::to_integer(t, param, 0, INT32_MAX)));
   return ids;
+}
+
+// {"token id": bias, ...} as OpenAI defines it: decimal token-id keys, biases in [-100, 100] added to the
+// logits (-100 in effect bans a token, +100 in effect forces it). Sorted by token id.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v) {
+  if (!v.is_object()) throw invalid_param("logit_bias", "must be an object of token id -> bias, got {}", type_name(v));
+  std::vector<std::pair<int32_t, float>> out;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string& key = it.key();
+    int64_t id = -1;
+    auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (key.empty() || ec != std::errc() || end != key.data() + key.size() || id < 0 || id > INT32_MAX) {
+      throw invalid_param("logit_bias", "keys must be token ids (decimal strings), got '{}'", key);
+    }
+    const json& bias = it.value();
+    if (!bias.is_number() || !std::isfinite(bias.get<double>()) || std::fabs(bias.get<double>()) > 100) {
+      throw invalid_param("logit_bias", "the bias of token {} must be a number in [-100, 100], got {}", id,
+                          bias.dump());
+    }
+    out.emplace_back(static_cast<int32_t>(id), bias.get<float>());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 void parse_sampling(Fields& f, SamplingSettings& s, bool chat) {
@@ -165,13 +196,10 @@ void parse_sampling(Fields& f, SamplingSettings& s, bool chat) {
   if (auto v = f.boolean("ignore_eos")) s.ignore_eos = *v;
   if (auto v = f.boolean("include_stop_str_in_output")) s.include_stop_str_in_output = *v;
   if (auto v = f.boolean("skip_special_tokens")) s.skip_special_tokens = *v;
-  if (const json* v = f.get("logit_bias")) {
-    if (!v->is_object()) throw invalid_param("logit_bias", "must be an object of token id -> bias");
-    if (!v->empty()) throw invalid_param("logit_bias", "is not supported by this server");
-  }
+  if (const json* v = f.get("logit_bias")) s.logit_bias = parse_logit_bias(*v);
 }
 
-void parse_stream(Fields& f, StreamSettings& s) {
+void parse_stream(Fields& f, StreamSettings& s, std::vector<std::string>& ignored) {
   if (auto v = f.boolean("stream")) s.stream = *v;
   if (const json* opts = f.get("stream_options")) {
     if (!opts->is_object()) throw invalid_param("stream_options", "must be an object");
@@ -179,13 +207,52 @@ void parse_stream(Fields& f, StreamSettings& s) {
     Fields o(*opts, "stream_options.");
     if (auto v = o.boolean("include_usage")) s.include_usage = *v;
     if (auto v = o.boolean("continuous_usage_stats")) s.continuous_usage_stats = *v;
-    o.finish();
+    o.finish(ignored);
   }
 }
 
-// Fields that OpenAI SDKs or other clients send and that do not change what this server does.
-void ignore_harmless(Fields& f) {
-  for (const char* key : {"store", "metadata", "service_tier", "parallel_tool_calls"}) {
+// Parameters OpenAI SDKs and frameworks send that do not change what this server generates: type-checked,
+// then ignored. `modalities` is honoured in the only way a text model can: text, or a 400.
+void parse_harmless(Fields& f) {
+  using T = json::value_t;
+  f.ignore_typed("store", T::boolean);
+  f.ignore_typed("metadata", T::object);
+  f.ignore_typed("service_tier", T::string);
+  f.ignore_typed("parallel_tool_calls", T::boolean);
+  f.ignore_typed("reasoning_effort", T::string);
+  f.ignore_typed("prediction", T::object);  // predicted outputs only make generation faster
+  f.ignore_typed("audio", T::object);       // output audio settings: with modalities ["text"], unused
+  if (const json* v = f.get("modalities")) {
+    if (!v->is_array()) throw invalid_param("modalities", "must be an array of strings, got {}", type_name(*v));
+    for (auto& m : *v) {
+      if (m != "text") throw invalid_param("modalities", "this model outputs text only, got {}", m.dump());
+    }
+  }
+}
+
+int parse_priority(Fields& f) {
+  auto v = f.integer("priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max());
+  return v ? static_cast<int>(*v) : 0;
+}
+
+// Structured output needs constrained decoding, which this server does not have: asking for it is a 400, not
+// free text that merely looks like the answer to a different question.
+void check_structured_output(Fields& f) {
+  if (const json* v = f.get("response_format")) {
+    if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string()) {
+      throw invalid_param("response_format", "must be an object with a string 'type'");
+    }
+    if ((*v)["type"] != "text") {
+      throw invalid_param("response_format",
+                          "type '{}' is not supported: this server has no constrained decoding for structured "
+                          "output; use 'text'",
+                          (*v)["type"].get<std::string>());
+    }
+  }
+  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+    if (f.has(key)) {
+      throw invalid_param(key, "is not supported: this server has no constrained decoding for structured output");
+    }
     f.ignore(key);
   }
 }
@@ -193,18 +260,6 @@ void ignore_harmless(Fields& f) {
 void check_best_of(Fields& f, int n) {
   if (auto best_of = f.integer("best_of", 1, kMaxN); best_of && *best_of != n) {
     throw invalid_param("best_of", "only best_of == n is supported (n = {}), got {}", n, *best_of);
-  }
-}
-
-void check_response_format(Fields& f) {
-  if (const json* v = f.get("response_format")) {
-    if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string()) {
-      throw invalid_param("response_format", "must be an object with a string 'type'");
-    }
-    if ((*v)["type"] != "text") {
-      throw invalid_param("response_format", "type '{}' is not supported (no structured-output backend)",
-                          (*v)["type"].get<std::string>());
-    }
   }
 }
 
@@ -230,7 +285,7 @@ json normalise_content(const json& content, const std::string& param) {
   return text;
 }
 
-json parse_messages(const json* v) {
+json parse_messages(const json* v, std::vector<std::string>& ignored) {
   if (!v) throw invalid_param("messages", "is required");
   if (!v->is_array() || v->empty()) throw invalid_param("messages", "must be a non-empty array");
   json out = json::array();
@@ -284,7 +339,7 @@ json parse_messages(const json* v) {
     f.ignore("annotations");
     f.ignore("audio");
     f.ignore("function_call");
-    f.finish();
+    f.finish(ignored);
     out.push_back(std::move(msg));
   }
   return out;
@@ -404,11 +459,13 @@ CompletionRequest parse_completion_request(std::string_view body) {
   if (auto v = f.boolean("return_token_ids")) r.return_token_ids = *v;
   if (f.has("suffix")) throw invalid_param("suffix", "is not supported");
   parse_sampling(f, r.sampling, /*chat=*/false);
-  parse_stream(f, r.stream);
+  parse_stream(f, r.stream, r.ignored);
   if (r.sampling.max_tokens && *r.sampling.max_tokens == 0) throw invalid_param("max_tokens", "must be at least 1");
   if (auto v = f.string("user")) r.user = *v;
-  ignore_harmless(f);
-  f.finish();
+  r.priority = parse_priority(f);
+  check_structured_output(f);
+  parse_harmless(f);
+  f.finish(r.ignored);
   return r;
 }
 
@@ -417,7 +474,7 @@ ChatRequest parse_chat_request(std::string_view body) {
   Fields f(j);
   ChatRequest r;
   r.model = f.string("model");
-  r.messages = parse_messages(f.get("messages"));
+  r.messages = parse_messages(f.get("messages"), r.ignored);
   r.tools = parse_tools(f.get("tools"));
   parse_tool_choice(f.get("tool_choice"), r);
   if (auto v = f.integer("n", 1, kMaxN)) r.n = static_cast<int>(*v);
@@ -443,19 +500,20 @@ ChatRequest parse_chat_request(std::string_view body) {
   // Clients written for other servers pass enable_thinking at the top level (SGLang's separate_reasoning
   // examples, some LangChain wrappers); fold it into the template arguments.
   if (auto v = f.boolean("enable_thinking")) r.chat_template_kwargs["enable_thinking"] = *v;
-  check_response_format(f);
+  check_structured_output(f);
   parse_sampling(f, r.sampling, /*chat=*/true);
   if (r.sampling.max_tokens && *r.sampling.max_tokens == 0) {
     throw invalid_param("max_tokens", "must be at least 1");
   }
-  parse_stream(f, r.stream);
+  parse_stream(f, r.stream, r.ignored);
   if (auto v = f.string("user")) r.user = *v;
+  r.priority = parse_priority(f);
   if (f.has("functions") || f.has("function_call")) {
     throw invalid_param(f.has("functions") ? "functions" : "function_call",
                         "the legacy function-calling parameters are not supported; use tools and tool_choice");
   }
-  ignore_harmless(f);
-  f.finish();
+  parse_harmless(f);
+  f.finish(r.ignored);
   return r;
 }
 

@@ -1,13 +1,17 @@
 #pragma once
 // Parsing and validation of OpenAI request bodies (/v1/completions, /v1/chat/completions) into typed requests.
-// Everything a client can get wrong is caught here and reported as ApiError 400 naming the parameter, the way
-// the OpenAI API and vLLM do; unknown parameters are rejected rather than silently ignored.
+// Everything a client can get wrong in a parameter this server knows is caught here and reported as ApiError 400
+// naming the parameter, the way the OpenAI API and vLLM do. Unknown parameters are accepted and ignored, as vLLM
+// and SGLang do (SDKs and frameworks add new ones all the time); their names are returned for a debug log.
+// Known parameters asking for something this server cannot do (structured output, non-text modalities) are
+// rejected rather than ignored, since ignoring them would change what the client gets.
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -27,6 +31,7 @@ struct SamplingSettings {
   int min_tokens = 0;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // token id -> added to its logit, in [-100, 100]
   bool ignore_eos = false;
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
@@ -52,6 +57,8 @@ struct CompletionRequest {
   SamplingSettings sampling;
   StreamSettings stream;
   std::string user;
+  int priority = 0;                  // vLLM extension: smaller is served first by the engine
+  std::vector<std::string> ignored;  // unknown parameters, as dotted paths ("stream_options.x")
 };
 
 enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
@@ -72,9 +79,11 @@ struct ChatRequest {
   SamplingSettings sampling;
   StreamSettings stream;
   std::string user;
+  int priority = 0;
+  std::vector<std::string> ignored;
 };
 
-// Throw ApiError (400) on invalid JSON, wrong types, out-of-range values and unknown parameters.
+// Throw ApiError (400) on invalid JSON, wrong types, out-of-range values and unsupported requests.
 CompletionRequest parse_completion_request(std::string_view body);
 ChatRequest parse_chat_request(std::string_view body);
 

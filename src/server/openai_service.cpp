@@ -42,6 +42,7 @@ SamplingParams to_engine(const SamplingSettings& s) {
   p.min_tokens = s.min_tokens;
   p.ignore_eos = s.ignore_eos;
   p.stop_token_ids = s.stop_token_ids;
+  p.logit_bias = s.logit_bias;
   return p;
 }
 
@@ -166,6 +167,28 @@ void OpenAiService::check_generation_ready() const {
   }
 }
 
+void OpenAiService::note_ignored(const std::vector<std::string>& names) {
+  if (names.empty()) return;
+  std::lock_guard lock(ignored_mutex_);
+  for (const auto& name : names) {
+    // Bounded: a client inventing names must not grow the set without end.
+    if (ignored_logged_.size() < kMaxIgnoredNamesLogged && ignored_logged_.insert(name).second) {
+      spdlog::debug("ignoring the request parameter '{}' (unknown to this server; logged once)", name);
+    }
+  }
+}
+
+void OpenAiService::check_logit_bias(const SamplingParams& params) const {
+  Engine* engine = engine_.load();
+  if (!engine) return;  // loading: the request is refused with 503 right after
+  const int64_t vocab = engine->vocab_size();
+  for (auto [token, bias] : params.logit_bias) {
+    if (token >= vocab) {
+      throw invalid_param("logit_bias", "token id {} is outside the vocabulary ({} tokens)", token, vocab);
+    }
+  }
+}
+
 HttpResponse OpenAiService::health() const {
   if (draining_) return error_response(503, "draining: the server is shutting down");
   if (!ready_) return error_response(503, "loading: the model is not ready yet");
@@ -274,6 +297,7 @@ Reply OpenAiService::start_job(JobSpec spec) {
 
 Reply OpenAiService::completions(HttpRequest& req) {
   CompletionRequest cr = parse_completion_request(req.body);
+  note_ignored(cr.ignored);
   check_model(cr.model);
   if (!cr.sampling.stop.empty() && !tokenizer_) {
     throw invalid_param("stop", "stop strings need a tokenizer; this model has none (use stop_token_ids)");
@@ -322,6 +346,8 @@ Reply OpenAiService::completions(HttpRequest& req) {
   }
   if (cr.prompt_logprobs) spec.params.prompt_logprobs = *cr.prompt_logprobs;
   for (auto& p : spec.prompts) check_context_length(p, spec.params, max_model_len_.load(), "prompt");
+  check_logit_bias(spec.params);
+  spec.priority = cr.priority;
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
   spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;
@@ -335,6 +361,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
 
 Reply OpenAiService::chat_completions(HttpRequest& req) {
   ChatRequest cr = parse_chat_request(req.body);
+  note_ignored(cr.ignored);
   check_model(cr.model);
   if (!options_.chat_template || !tokenizer_) {
     throw ApiError(400, "this model has no chat template or tokenizer; use /v1/completions with token ids",
@@ -363,6 +390,8 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
     spec.logprobs = cr.top_logprobs;
   }
   check_context_length(spec.prompts[0], spec.params, max_model_len_.load(), "messages");
+  check_logit_bias(spec.params);
+  spec.priority = cr.priority;
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
   spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;
@@ -405,13 +434,23 @@ std::string OpenAiService::render_chat(const ChatRequest& cr, std::string* force
   }
   if (forced_prefix && (cr.tool_choice == ToolChoice::kRequired || cr.tool_choice == ToolChoice::kNamed)) {
     // No grammar backend: force the call by writing its opening into the assistant turn. A prompt that ends
-    // inside <think> is closed first, as the non-thinking template form does.
+    // inside <think> is closed first, as the non-thinking template form does. A named function (or
+    // "required" with a single tool, which can only mean that one) is written out, so the output is a call of
+    // that function whatever the model does next; "required" with several tools stops before the name, which
+    // the model chooses (not checked against tools: that would take constrained decoding).
     if (text::prompt_opens_reasoning(prompt)) prompt += "\n</think>\n\n";
+    std::optional<std::string> name;
+    if (cr.tool_choice == ToolChoice::kNamed) name = cr.tool_choice_name;
+    if (cr.tool_choice == ToolChoice::kRequired && cr.tools.size() == 1) {
+      name = cr.tools[0]["function"]["name"].get<std::string>();
+    }
+    const bool hermes = options_.tool_call_parser == "hermes";
     std::string prefix = "<tool_call>\n";
-    if (cr.tool_choice == ToolChoice::kNamed) {
-      prefix += options_.tool_call_parser == "hermes"
-                    ? fmt::format("{{\"name\": \"{}\", \"arguments\": ", cr.tool_choice_name)
-                    : fmt::format("<function={}>\n", cr.tool_choice_name);
+    if (name) {
+      prefix += hermes ? fmt::format("{{\"name\": {}, \"arguments\": ", json(*name).dump())
+                       : fmt::format("<function={}>\n", *name);
+    } else {
+      prefix += hermes ? "{\"name\": \"" : "<function=";
     }
     *forced_prefix = prefix;
   }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,9 @@ class OpenAiService {
   Reply start_job(JobSpec spec);
   std::vector<int32_t> encode(const std::string& text, bool add_special_tokens, const char* param) const;
   int64_t turn_boundary(const std::vector<int32_t>& prompt) const;
+  // Logs each unknown request parameter's name once, at debug level.
+  void note_ignored(const std::vector<std::string>& names);
+  void check_logit_bias(const SamplingParams& params) const;
   // The prompt text of a chat request; forced_prefix (if given) receives the text appended to force a tool
   // call (tool_choice "required" or a named function).
   std::string render_chat(const ChatRequest& request, std::string* forced_prefix) const;
@@ -89,6 +93,10 @@ class OpenAiService {
 
   std::mutex jobs_mutex_;
   std::vector<std::weak_ptr<GenerationJob>> jobs_;
+
+  static constexpr size_t kMaxIgnoredNamesLogged = 256;
+  std::mutex ignored_mutex_;
+  std::set<std::string> ignored_logged_;
 };
 
 }  // namespace moeserve::server

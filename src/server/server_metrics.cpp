@@ -1,10 +1,18 @@
 #include "server/server_metrics.h"
 
+#include <algorithm>
+
 #include "engine/engine.h"
 
 namespace moeserve::server {
 
 namespace {
+// The engine's buckets (EngineStats::steps_by_batch): 1, 2, 4, ..., then +Inf.
+std::vector<double> step_batch_buckets() {
+  std::vector<double> bounds;
+  for (int i = 0; i + 1 < kStepBatchBuckets; ++i) bounds.push_back(double(uint64_t(1) << i));
+  return bounds;
+}
 constexpr const char* kRunning = "moeserve:num_requests_running";
 constexpr const char* kWaiting = "moeserve:num_requests_waiting";
 }  // namespace
@@ -24,7 +32,11 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
       generation_tokens_per_request(registry_.histogram(
           "moeserve:request_generation_tokens", "Generated tokens per finished request.", token_count_buckets())),
       prompt_tokens(registry_.counter("moeserve:prompt_tokens_total", "Prompt tokens of admitted requests.")),
-      generation_tokens(registry_.counter("moeserve:generation_tokens_total", "Generated tokens.")) {
+      generation_tokens(registry_.counter("moeserve:generation_tokens_total", "Generated tokens.")),
+      step_batch_size(registry_.histogram("moeserve:engine_step_batch_size",
+                                          "Sequences in each engine forward pass (prefill chunks and decodes).",
+                                          step_batch_buckets())),
+      seen_steps_by_batch_(kStepBatchBuckets, 0) {
   // Register the remaining families up front so /metrics lists them before the first request.
   registry_.gauge(kRunning, "Sequences generating in the engine.");
   registry_.gauge(kWaiting, "Requests waiting: in the admission queue or the engine's.");
@@ -91,6 +103,14 @@ void ServerMetrics::collect() {
     advance("moeserve:prefix_cache_hits_total", engine->prefix_cache_hits, seen_hits_);
     advance("moeserve:engine_steps_total", engine->steps, seen_steps_);
     advance("moeserve:num_preemptions_total", engine->preemptions, seen_preemptions_);
+    std::vector<uint64_t> new_steps(kStepBatchBuckets, 0);
+    for (size_t i = 0; i < new_steps.size(); ++i) {
+      new_steps[i] = engine->steps_by_batch[i] - std::min(engine->steps_by_batch[i], seen_steps_by_batch_[i]);
+      seen_steps_by_batch_[i] += new_steps[i];
+    }
+    uint64_t new_sequences = engine->step_sequences - std::min(engine->step_sequences, seen_step_sequences_);
+    seen_step_sequences_ += new_sequences;
+    step_batch_size.add(new_steps, static_cast<double>(new_sequences));
     double pages = static_cast<double>(std::max<int64_t>(engine->kv_pages_total, 1));
     reg.gauge("moeserve:kv_cache_usage_perc", "").set(engine->kv_pages_used / pages);
     reg.gauge("moeserve:kv_cache_cached_perc", "").set(engine->kv_pages_cached / pages);

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "server/admission.h"
 #include "server/metrics.h"
@@ -39,6 +40,7 @@ class ServerMetrics {
   Histogram& generation_tokens_per_request;
   Counter& prompt_tokens;
   Counter& generation_tokens;
+  Histogram& step_batch_size;  // mirrored from the engine's per-step counts at scrape time
 
   // Mirrors engine and admission state at scrape time. Either source may be absent (tests, startup).
   void set_sources(std::function<std::optional<EngineStats>()> engine, Admission* admission);
@@ -51,6 +53,8 @@ class ServerMetrics {
   Admission* admission_ = nullptr;
   // Last engine counter values seen, to advance our counters by the difference.
   uint64_t seen_queries_ = 0, seen_hits_ = 0, seen_steps_ = 0, seen_preemptions_ = 0;
+  uint64_t seen_step_sequences_ = 0;
+  std::vector<uint64_t> seen_steps_by_batch_;
 };
 
 }  // namespace moeserve::server

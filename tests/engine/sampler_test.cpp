@@ -274,5 +274,34 @@ TEST(Sampler, GreedyFromCandidatesSkipsBannedTokens) {
   EXPECT_EQ(s.sample(c, std::vector<int32_t>{7, 3, 9, 0}), std::nullopt);  // all four candidates banned
 }
 
+TEST(Sampler, LogitBiasShiftsTheLogitsAndForcesTheCandidatesPathToTheRow) {
+  std::mt19937 rng(13);
+  auto logits = random_logits(3000, rng);
+  const auto argmax = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const int32_t forced = argmax == 17 ? 18 : 17;
+  SamplingParams p;
+  p.temperature = 0;
+  p.logit_bias = {{argmax, -100.0f}};
+  // The greedy token banned by -100: the next best one comes up.
+  std::vector<float> shifted = logits;
+  shifted[size_t(argmax)] -= 100.0f;
+  const auto second = int32_t(std::max_element(shifted.begin(), shifted.end()) - shifted.begin());
+  EXPECT_NE(second, argmax);
+  EXPECT_EQ(Sampler(p, {}, 1).sample(logits, {}), second);
+  // +100 on an unlikely token makes it the greedy one; sampled at T=1 it carries nearly all the mass.
+  p.logit_bias = {{forced, 100.0f}};
+  EXPECT_EQ(Sampler(p, {}, 1).sample(logits, {}), forced);
+  p.temperature = 1;
+  auto dist = Sampler(p, {}, 1).distribution(logits, {});
+  ASSERT_FALSE(dist.empty());
+  EXPECT_EQ(dist[0].token, forced);
+  EXPECT_GT(dist[0].prob, 0.999f);
+  // The leading candidates were reduced without the bias: they cannot decide, the full row does.
+  p.temperature = 0;
+  Sampler cand(p, {}, 1);
+  EXPECT_FALSE(cand.sample(reduce(logits, 64, 0.0f), {}));
+  EXPECT_EQ(cand.sample(logits, {}), forced);
+}
+
 }  // namespace
 }  // namespace moeserve

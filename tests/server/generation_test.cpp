@@ -112,6 +112,13 @@ json chat_body(const std::string& user, json extra = json::object()) {
 
 const std::string kPrompt = "The quick brown fox jumps over the lazy dog because";
 
+// The value of the sample `series` ("name{labels}") in a /metrics text, or -1 when absent.
+double sample_value(const std::string& metrics, const std::string& series) {
+  size_t at = metrics.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(metrics.substr(at + series.size() + 2));
+}
+
 TEST(Generation, CompletionTextUsageAndFinishReasons) {
   Server s(kPrompt, " it was scripted, twice over.");
   json r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 50}});
@@ -297,6 +304,45 @@ TEST(Generation, NamedToolChoiceForcesTheCall) {
       json({{"city", "Oslo"}}));
 }
 
+TEST(Generation, RequiredToolChoiceForcesACall) {
+  const json time_tool = {{"type", "function"},
+                          {"function",
+                           {{"name", "get_time"},
+                            {"parameters", {{"type", "object"}, {"properties", {{"zone", {{"type", "string"}}}}}}}}}};
+  {
+    // One tool: "required" can only mean that one, so its name is written too, as for a named choice.
+    Server s(kNoThinkingTail + "<tool_call>\n<function=get_weather>\n",
+             "<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>");
+    json r = s.post("/v1/chat/completions",
+                    chat_body("Weather?", {{"tools", {kWeatherTool}}, {"tool_choice", "required"}}));
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls") << r.dump();
+    ASSERT_EQ(r["choices"][0]["message"]["tool_calls"].size(), 1u) << r.dump();
+    EXPECT_EQ(r["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  }
+  // Several tools: the opening up to the name is written; the model picks the function.
+  Server s(kNoThinkingTail + "<tool_call>\n<function=",
+           "get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>");
+  json body = chat_body("Time?", {{"tools", {kWeatherTool, time_tool}}, {"tool_choice", "required"}});
+  json r = s.post("/v1/chat/completions", body);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls") << r.dump();
+  const json& calls = r["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 1u) << r.dump();
+  EXPECT_EQ(calls[0]["function"]["name"], "get_time");
+  EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()), json({{"zone", "UTC"}}));
+  EXPECT_TRUE(r["choices"][0]["message"]["content"].is_null());
+  // Streamed, the call arrives as tool_calls deltas, not as content.
+  auto [chunks, done] = s.stream("/v1/chat/completions", body);
+  EXPECT_TRUE(done);
+  std::string name, content;
+  for (auto& c : chunks) {
+    const json& d = c["choices"][0]["delta"];
+    content += d.value("content", "");
+    for (auto& t : d.value("tool_calls", json::array())) name += t["function"].value("name", "");
+  }
+  EXPECT_EQ(name, "get_time");
+  EXPECT_EQ(content, "");
+}
+
 TEST(Generation, ChatLogprobs) {
   Server s(kNoThinkingTail, "Yes.");
   json r = s.post("/v1/chat/completions",
@@ -341,6 +387,13 @@ TEST(Generation, MetricsAfterTrafficPassPromtool) {
   EXPECT_NE(m.find("moeserve:e2e_request_latency_seconds_count{model_name=\"scripted\"} 2"),
             std::string::npos);
   EXPECT_NE(m.find("moeserve:generation_tokens_total{model_name=\"scripted\"} 6"), std::string::npos);
+  // One observation per engine step; each sequence-step yields one token here (the prompts fit one prefill
+  // chunk, whose step samples the first token), so the batch sizes add up to the tokens generated.
+  const std::string labels = "{model_name=\"scripted\"}";
+  EXPECT_EQ(sample_value(m, "moeserve:engine_step_batch_size_count" + labels),
+            sample_value(m, "moeserve:engine_steps_total" + labels));
+  EXPECT_GT(sample_value(m, "moeserve:engine_steps_total" + labels), 0);
+  EXPECT_EQ(sample_value(m, "moeserve:engine_step_batch_size_sum" + labels), 6);
   ASSERT_TRUE(have_promtool());
   auto problems = promtool_problems(m);
   EXPECT_TRUE(problems.empty()) << testing::PrintToString(problems);
@@ -389,6 +442,108 @@ TEST(Generation, DisconnectMidStreamCancelsAndFreesTheEngine) {
             std::string::npos)
       << m;
   EXPECT_NE(m.find("moeserve:num_requests_running{model_name=\"scripted\"} 0"), std::string::npos);
+}
+
+TEST(Generation, LogitBiasBansAndForcesTokens) {
+  Server s(kPrompt, " it was");
+  const std::vector<int32_t> script = ids(" it was");
+  ASSERT_GE(script.size(), 2u);
+  auto greedy = [&](json bias) {
+    json body = {{"prompt", kPrompt}, {"max_tokens", 2}, {"temperature", 0}, {"return_token_ids", true}};
+    if (!bias.is_null()) body["logit_bias"] = bias;
+    return s.post("/v1/completions", body)["choices"][0]["token_ids"];
+  };
+  EXPECT_EQ(greedy(nullptr), json({script[0], script[1]}));
+  // -100 on the scripted token: the model's runner-up (the next id, 10 logits behind) comes first; the script
+  // then goes on from its second token.
+  EXPECT_EQ(greedy({{std::to_string(script[0]), -100}}), json({script[0] + 1, script[1]}));
+  // +100 on a token the model gives no weight makes it the greedy one at every step.
+  EXPECT_EQ(greedy({{"42", 100}}), json({42, 42}));
+  // Sampled (T=1), +100 still wins: the model's own favourite is 80 logits behind.
+  json sampled = s.post("/v1/completions", {{"prompt", kPrompt},
+                                            {"max_tokens", 2},
+                                            {"temperature", 1},
+                                            {"seed", 3},
+                                            {"return_token_ids", true},
+                                            {"logit_bias", {{"42", 100}}}});
+  EXPECT_EQ(sampled["choices"][0]["token_ids"], json({42, 42}));
+  // Chat takes it too.
+  json chat = s.post("/v1/chat/completions",
+                     chat_body("?", {{"max_tokens", 1}, {"logit_bias", {{"42", 100}}}, {"return_token_ids", true}}));
+  EXPECT_EQ(chat["choices"][0]["token_ids"], json({42}));
+  // A token id outside the model's vocabulary is the client's error.
+  auto r = s.harness->post("/v1/completions",
+                           json{{"prompt", kPrompt}, {"logit_bias", {{"99999999", 1}}}}.dump());
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(json::parse(r.body)["error"]["param"], "logit_bias");
+}
+
+TEST(Generation, ParametersTheServerDoesNotUseAreAccepted) {
+  Server s(kNoThinkingTail, "Fine.");
+  json plain = chat_body("Hi", {{"chat_template_kwargs", {{"enable_thinking", false}}}});
+  json extras = plain;
+  extras.update({{"priority", -1},
+                 {"reasoning_effort", "low"},
+                 {"parallel_tool_calls", true},
+                 {"service_tier", "auto"},
+                 {"store", false},
+                 {"metadata", {{"trace", "abc"}}},
+                 {"prediction", {{"type", "content"}, {"content", "Fine."}}},
+                 {"modalities", {"text"}},
+                 {"response_format", {{"type", "text"}}},
+                 {"logit_bias", json::object()},
+                 {"some_future_parameter", {{"nested", true}}}});
+  json a = s.post("/v1/chat/completions", plain);
+  json b = s.post("/v1/chat/completions", extras);
+  EXPECT_EQ(b["choices"][0]["message"], a["choices"][0]["message"]);
+  EXPECT_EQ(b["choices"][0]["message"]["content"], "Fine.");
+  // Asking for what the server cannot do is still a 400, not silently different output.
+  for (json bad : {json{{"response_format", {{"type", "json_object"}}}},
+                   json{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
+                   json{{"modalities", {"text", "audio"}}}, json{{"priority", "urgent"}}}) {
+    json body = plain;
+    body.update(bad);
+    auto r = s.harness->post("/v1/chat/completions", body.dump());
+    EXPECT_EQ(r.status, 400) << bad.dump() << " -> " << r.body;
+    EXPECT_EQ(json::parse(r.body)["error"]["param"], bad.begin().key()) << r.body;
+  }
+}
+
+TEST(Generation, TemplateErrorsAre400NamingTheMessages) {
+  Server s(kNoThinkingTail, "Fine.");
+  // Qwen3.5's template raises on a conversation without a user turn and on a system message not first.
+  for (json messages : {json{{{"role", "system"}, {"content", "Be brief."}}},
+                        json{{{"role", "user"}, {"content", "Hi"}}, {{"role", "system"}, {"content", "Late."}}}}) {
+    auto r = s.harness->post("/v1/chat/completions", json{{"messages", messages}}.dump());
+    EXPECT_EQ(r.status, 400) << r.body;
+    json e = json::parse(r.body)["error"];
+    EXPECT_EQ(e["param"], "messages");
+    EXPECT_EQ(e["type"], "invalid_request_error");
+    EXPECT_NE(e["message"].get<std::string>().find("chat template"), std::string::npos) << e.dump();
+  }
+  EXPECT_EQ(s.harness->get("/health").status, 200);
+}
+
+TEST(Generation, QueueTimeoutIs503AndTheQueueMovesOn) {
+  ServiceOptions options;
+  options.queue_timeout = std::chrono::milliseconds(100);
+  Server s(kPrompt, " it was", {.max_running = 1, .max_queued = 4, .memory_pressure_threshold = 0}, options);
+  // Another holder of the only generation slot, for as long as this test wants.
+  auto holder = s.harness->admission->enter(1, [] {});
+  ASSERT_EQ(holder->state(), Admission::Ticket::State::kRunning);
+  for (bool stream : {false, true}) {
+    auto r = s.harness->post("/v1/completions", json{{"prompt", kPrompt}, {"stream", stream}}.dump());
+    EXPECT_EQ(r.status, 503) << r.body;
+    EXPECT_EQ(r.headers["retry-after"], "1");
+    json e = json::parse(r.body)["error"];
+    EXPECT_NE(e["message"].get<std::string>().find("queue timeout"), std::string::npos) << e.dump();
+  }
+  EXPECT_EQ(s.harness->admission->stats().queued, 0);  // the timed-out requests left the queue
+  EXPECT_NE(s.metrics().find("moeserve:request_errors_total{model_name=\"scripted\",status=\"503\"} 2"),
+            std::string::npos);
+  holder->leave();
+  json ok = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 5}});
+  EXPECT_EQ(ok["choices"][0]["text"], " it was");
 }
 
 }  // namespace

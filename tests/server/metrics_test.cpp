@@ -44,6 +44,22 @@ TEST(Metrics, HistogramBucketsAreCumulative) {
   EXPECT_NE(text.find("lat_seconds_count 4\n"), std::string::npos) << text;
 }
 
+TEST(Metrics, HistogramAddsCountsKeptElsewhere) {
+  MetricsRegistry reg;
+  Histogram& h = reg.histogram("batch", "Batch size.", {1, 2, 4});
+  h.observe(1);
+  const std::vector<uint64_t> more = {0, 3, 1, 2};  // three of 2, one of 3, two above 4 (say 5 and 9)
+  h.add(more, 2 * 3 + 3 + 5 + 9);
+  std::string text = reg.render();
+  EXPECT_NE(text.find("batch_bucket{le=\"1\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("batch_bucket{le=\"2\"} 4\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("batch_bucket{le=\"4\"} 5\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("batch_bucket{le=\"+Inf\"} 7\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("batch_sum 24\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("batch_count 7\n"), std::string::npos) << text;
+  EXPECT_THROW(h.add(std::vector<uint64_t>{1, 2}, 3), std::exception);  // not one count per bucket
+}
+
 TEST(Metrics, CollectorsRunBeforeRendering) {
   MetricsRegistry reg;
   Gauge& g = reg.gauge("queue", "Queued.");

@@ -1,6 +1,8 @@
 // Request parsing and validation: every field of the issue, and the 400s that name the parameter.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "server/api_error.h"
 #include "server/openai_request.h"
 
@@ -112,9 +114,19 @@ TEST(CompletionRequest, InvalidValuesNameTheParameter) {
            {R"({"prompt":"x","stream":"yes"})", "stream"},
            {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
            {R"({"prompt":"x","stream":true,"stream_options":{"include_usage":1}})", "stream_options.include_usage"},
-           {R"({"prompt":"x","stream":true,"stream_options":{"bogus":1}})", "stream_options.bogus"},
            {R"({"prompt":"x","suffix":"y"})", "suffix"},
-           {R"({"prompt":"x","logit_bias":{"5":1}})", "logit_bias"},
+           {R"({"prompt":"x","logit_bias":[1]})", "logit_bias"},
+           {R"({"prompt":"x","logit_bias":{"a5":1}})", "logit_bias"},
+           {R"({"prompt":"x","logit_bias":{"-5":1}})", "logit_bias"},
+           {R"({"prompt":"x","logit_bias":{"5":101}})", "logit_bias"},
+           {R"({"prompt":"x","logit_bias":{"5":"up"}})", "logit_bias"},
+           {R"({"prompt":"x","priority":"high"})", "priority"},
+           {R"({"prompt":"x","priority":1.5})", "priority"},
+           {R"({"prompt":"x","store":"yes"})", "store"},
+           {R"({"prompt":"x","metadata":[]})", "metadata"},
+           {R"({"prompt":"x","modalities":["text","audio"]})", "modalities"},
+           {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{}}})", "response_format"},
+           {R"({"prompt":"x","guided_json":{"type":"object"}})", "guided_json"},
            {R"({"prompt":"x","min_tokens":5,"max_tokens":2})", "min_tokens"},
            {R"({"prompt":"x","model":7})", "model"},
            {R"({"prompt":""})", "prompt"},
@@ -123,7 +135,6 @@ TEST(CompletionRequest, InvalidValuesNameTheParameter) {
            {R"({"prompt":[1,-5]})", "prompt"},
            {R"({"prompt":{"a":1}})", "prompt"},
            {R"({"max_tokens":3})", "prompt"},
-           {R"({"prompt":"x","frobnicate":1})", "frobnicate"},
        }) {
     ApiError e = completion_error(c.body);
     EXPECT_EQ(e.status, 400) << c.body;
@@ -132,6 +143,36 @@ TEST(CompletionRequest, InvalidValuesNameTheParameter) {
     EXPECT_EQ(*e.param, c.param) << c.body << ": " << e.what();
     EXPECT_NE(std::string(e.what()).find(c.param), std::string::npos) << e.what();
   }
+}
+
+TEST(CompletionRequest, ParsesLogitBiasAndPriority) {
+  auto r = parse_completion_request(R"({"prompt":"x","logit_bias":{"50":-100,"7":2.5,"0":100},"priority":-3})");
+  EXPECT_EQ(r.sampling.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{0, 100.0f}, {7, 2.5f}, {50, -100.0f}}));
+  EXPECT_EQ(r.priority, -3);
+  EXPECT_TRUE(parse_completion_request(R"({"prompt":"x","logit_bias":{}})").sampling.logit_bias.empty());
+}
+
+// What current OpenAI SDKs, LangChain and vLLM/SGLang clients send: parameters with no effect here are
+// accepted (type-checked when known), unknown ones are ignored and named for the log.
+TEST(ChatRequest, AcceptsParametersItDoesNotUseAndNamesTheUnknownOnes) {
+  auto r = parse_chat_request(R"({"messages":[{"role":"user","content":"x","colour":"red"}],
+      "priority":2,"reasoning_effort":"low","parallel_tool_calls":false,"service_tier":"auto","store":true,
+      "metadata":{"k":"v"},"prediction":{"type":"content","content":"x"},"modalities":["text"],
+      "logit_bias":{"3":-1},"response_format":{"type":"text"},"guided_decoding_backend":"xgrammar",
+      "stream":true,"stream_options":{"include_usage":true,"include_obfuscation":false},
+      "frobnicate":{"deep":[1]},"top_a":0.1})");
+  EXPECT_EQ(r.priority, 2);
+  EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{3, -1.0f}}));
+  EXPECT_TRUE(r.stream.include_usage);
+  EXPECT_EQ(r.messages[0].size(), 2u) << r.messages[0].dump();  // role and content only
+  std::vector<std::string> ignored = r.ignored;
+  std::sort(ignored.begin(), ignored.end());
+  EXPECT_EQ(ignored, (std::vector<std::string>{"frobnicate", "guided_decoding_backend", "messages[0].colour",
+                                               "stream_options.include_obfuscation", "top_a"}));
+
+  auto c = parse_completion_request(R"({"prompt":"x","response_format":{"type":"text"},"best_of":1,"x":1})");
+  EXPECT_EQ(c.ignored, std::vector<std::string>{"x"});
 }
 
 TEST(RequestBody, MalformedJsonIs400WithoutParam) {
@@ -195,7 +236,6 @@ TEST(ChatRequest, InvalidValuesNameTheParameter) {
            {R"({"messages":[{"role":"user","content":5}]})", "messages[0].content"},
            {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})",
             "messages[0].content[0].type"},
-           {R"({"messages":[{"role":"user","content":"x","colour":"red"}]})", "messages[0].colour"},
            {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", "messages[0].tool_calls"},
            {R"({"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{"}}]}]})",
             "messages[0].tool_calls[0].function.arguments"},
@@ -213,10 +253,12 @@ TEST(ChatRequest, InvalidValuesNameTheParameter) {
            {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
             "response_format"},
            {R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", "functions"},
+           {R"({"messages":[{"role":"user","content":"x"}],"guided_choice":["a","b"]})", "guided_choice"},
+           {R"({"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"no"})", "parallel_tool_calls"},
+           {R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":3})", "reasoning_effort"},
            {R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":0})", "max_tokens"},
            {R"({"messages":[{"role":"user","content":"x"}],"continue_final_message":true})",
             "continue_final_message"},
-           {R"({"messages":[{"role":"user","content":"x"}],"prompt":"x"})", "prompt"},
        }) {
     ApiError e = chat_error(c.body);
     EXPECT_EQ(e.status, 400) << c.body;

@@ -465,12 +465,51 @@ TEST_F(ServeDemo, RepeatedPromptAndTenTurnConversationHitTheCache) {
   EXPECT_GT(metric(p->port(), "moeserve:prefix_cache_hits_total{model_name=\"moeserve-demo\"}"), 0);
 }
 
+TEST_F(ServeDemo, FindsItsTokenizerFromAnyWorkingDirectory) {
+  // From / the relative .cache/tokenizer-qwen3 does not exist; the binary's location leads to the checkout.
+  ServeProcess p({"--model", "demo", "--cache-memory-gb", "0.0625"}, "/");
+  ASSERT_TRUE(p.wait_ready()) << p.output();
+  json r = post_json(p.port(), "/v1/chat/completions",
+                     {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 2}});
+  EXPECT_EQ(r["object"], "chat.completion");
+  // An explicit directory without a tokenizer is an error that names it, not a crash.
+  ServeProcess bad({"--model", "demo"}, "/", {"MOESERVE_DEMO_TOKENIZER=/nonexistent/qwen3"});
+  EXPECT_FALSE(bad.wait_ready(std::chrono::seconds(60)));
+  auto code = bad.wait_exit(std::chrono::seconds(10));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_NE(*code, 0);
+  EXPECT_NE(bad.output().find("/nonexistent/qwen3"), std::string::npos) << bad.output();
+  EXPECT_NE(bad.output().find("MOESERVE_DEMO_TOKENIZER"), std::string::npos) << bad.output();
+}
+
+TEST_F(ServeDemo, RequiredToolChoiceWithOneToolIsACallOfIt) {
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625"});
+  json tool = {{"type", "function"},
+               {"function",
+                {{"name", "get_weather"},
+                 {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}};
+  json body = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+               {"max_tokens", 8},
+               {"temperature", 0},
+               {"tools", {tool}},
+               {"tool_choice", "required"}};
+  // Whatever the untrained model writes after the forced opening, the answer is a call of the one tool.
+  json r = post_json(p->port(), "/v1/chat/completions", body);
+  const json& calls = r["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 1u) << r.dump();
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_TRUE(json::parse(calls[0]["function"]["arguments"].get<std::string>(), nullptr, false).is_object())
+      << calls.dump();
+}
+
 TEST_F(ServeDemo, OfficialOpenAiSdk) {
   ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0)
       << "node is missing: run scripts/install-deps.sh (Node.js + npm run the official openai SDK)";
   ASSERT_TRUE(std::filesystem::exists("tests/server/js/node_modules/openai/package.json"))
       << "the openai npm SDK is missing: run tests/server/js/install.sh (scripts/fetch-test-data.sh does)";
-  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk"});
+  // The limits sdk_test.mjs checks 413, 429 and 503 against.
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk", "--max-concurrency", "2",
+                  "--max-queued-requests", "1", "--queue-timeout", "1", "--max-request-body-mb", "1"});
   std::string cmd = "node tests/server/js/sdk_test.mjs http://127.0.0.1:" + std::to_string(p->port()) +
                     " moeserve-demo sk-sdk 2>&1";
   FILE* f = popen(cmd.c_str(), "r");

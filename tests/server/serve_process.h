@@ -22,7 +22,9 @@ namespace moeserve::server {
 
 class ServeProcess {
  public:
-  explicit ServeProcess(std::vector<std::string> args) {
+  // cwd: where it runs ("" = here); extra_env: "NAME=value" entries added to this process's environment.
+  explicit ServeProcess(std::vector<std::string> args, const std::string& cwd = "",
+                        std::vector<std::string> extra_env = {}) {
     std::vector<std::string> argv_s = {MOESERVE_BINARY, "serve", "--host", "127.0.0.1", "--port", "0"};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
@@ -35,7 +37,12 @@ class ServeProcess {
     posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
     posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
     posix_spawn_file_actions_addclose(&actions, fds[0]);
-    int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    if (!cwd.empty()) posix_spawn_file_actions_addchdir_np(&actions, cwd.c_str());
+    std::vector<char*> env;
+    for (char** e = environ; *e; ++e) env.push_back(*e);
+    for (auto& e : extra_env) env.push_back(e.data());
+    env.push_back(nullptr);
+    int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), env.data());
     posix_spawn_file_actions_destroy(&actions);
     close(fds[1]);
     if (rc != 0) throw std::runtime_error("cannot start " + argv_s[0]);

@@ -101,7 +101,7 @@ TEST(Service, GenerationRequestsValidateBeforeReadiness) {
            {"/v1/completions", "{not json", 400, ""},
            {"/v1/completions", "[]", 400, ""},
            {"/v1/completions", R"({"prompt":[1],"temperature":-1})", 400, "temperature"},
-           {"/v1/completions", R"({"prompt":[1],"bogus":true})", 400, "bogus"},
+           {"/v1/completions", R"({"prompt":[1],"logit_bias":{"x":1}})", 400, "logit_bias"},
            {"/v1/completions", R"({"prompt":[1],"model":"gpt-4"})", 404, "model"},
            {"/v1/completions", R"({"prompt":"text needs a tokenizer"})", 400, "prompt"},
            {"/v1/completions", R"({"prompt":[1],"stop":["x"]})", 400, "stop"},
@@ -110,6 +110,8 @@ TEST(Service, GenerationRequestsValidateBeforeReadiness) {
            {"/v1/chat/completions", R"({"messages":[{"role":"user"}],"n":0})", 400, "n"},
            // Valid, but the model is not loaded yet.
            {"/v1/completions", R"({"prompt":[1,2,3],"max_tokens":61})", 503, ""},
+           // An unknown parameter is ignored (vLLM, SGLang), so this one is valid too.
+           {"/v1/completions", R"({"prompt":[1,2,3],"max_tokens":61,"bogus":true})", 503, ""},
        }) {
     auto r = h.post(c.path, c.body);
     EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;

@@ -345,6 +345,15 @@ class CudaBackend final : public Backend, public CacheMemory {
   void prepare(const Matrix& w) override { weight(w); }
   void prepare(const float* weights, size_t n) override { vec(weights, n); }
   CacheMemory* cache_memory() override { return this; }
+  std::optional<MemoryInfo> device_memory() const override {
+    // Any thread may ask: its current device is 0 unless it chose another, and so is the backend's.
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess || total_b == 0) {
+      cudaGetLastError();  // clear this thread's error: the figure is optional
+      return std::nullopt;
+    }
+    return MemoryInfo{free_b, total_b};
+  }
 
   // CacheMemory
   float* allocate_cache(size_t floats) override {

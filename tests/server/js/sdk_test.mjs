@@ -1,6 +1,8 @@
 // Drives a running `moeserve serve` with the official OpenAI SDK, the way users do, and checks what the SDK
 // hands back: chat and completions, streaming and not, logprobs, and errors surfacing as the SDK's typed
 // exceptions with the right status. Usage: node sdk_test.mjs BASE_URL MODEL [API_KEY]
+// The server must run with --max-concurrency 2 --max-queued-requests 1 --queue-timeout 1
+// --max-request-body-mb 1 (the 413, 429 and 503 checks count on them).
 // Prints one line per check; exits 1 if any failed.
 import OpenAI from "openai";
 
@@ -88,6 +90,53 @@ await expectError("404 on an unknown model", 404, OpenAI.NotFoundError,
 if (apiKey !== "none") {
   const wrong = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: "wrong-key", maxRetries: 0 });
   await expectError("401 on a wrong API key", 401, OpenAI.AuthenticationError, () => wrong.models.list());
+}
+
+// Parameters newer SDK versions and frameworks send are accepted (ignored when they change nothing here).
+const extras = await client.chat.completions.create({
+  model, messages, max_tokens: 2, temperature: 0, store: false, metadata: { run: "sdk" }, service_tier: "auto",
+  parallel_tool_calls: false, reasoning_effort: "low", modalities: ["text"], response_format: { type: "text" },
+  prediction: { type: "content", content: "hello" }, priority: 0, some_future_parameter: 1,
+});
+check("chat: unused parameters are accepted", extras.choices.length === 1, JSON.stringify(extras));
+await expectError("400 on structured output (no constrained decoding)", 400, OpenAI.BadRequestError,
+                  () => client.chat.completions.create({ model, messages, response_format: { type: "json_object" } }));
+
+// 413: a body over --max-request-body-mb 1.
+await expectError("413 on a body over the limit", 413, OpenAI.APIError, () => client.chat.completions.create(
+    { model, messages: [{ role: "user", content: "x".repeat(2 << 20) }], max_tokens: 1 }));
+
+// 429 and 503: a stream of two choices holds both generation slots (--max-concurrency 2), one request waits
+// in the queue (--max-queued-requests 1) until the queue timeout answers 503, one more meanwhile gets 429.
+async function waitingRequests() {
+  const text = await (await fetch(`${baseURL}/metrics`)).text();
+  const line = text.split("\n").find((l) => l.startsWith("moeserve:num_requests_waiting{"));
+  return line ? Number(line.split(" ").pop()) : -1;
+}
+const holder = new AbortController();
+const hold = await client.completions.create(
+    { model, prompt: "Hold the slots", max_tokens: 30000, ignore_eos: true, stream: true, n: 2 },
+    { signal: holder.signal });  // returns once the server admitted it (the stream's head is out)
+const queued = client.completions.create({ model, prompt: "Wait in the queue", max_tokens: 1 })
+                   .then(() => null, (e) => e);
+let waiting = 0;
+for (let i = 0; i < 500 && waiting < 1; i++) {
+  waiting = await waitingRequests();
+  if (waiting < 1) await new Promise((r) => setTimeout(r, 10));
+}
+check("a request waits in the admission queue", waiting === 1, `waiting=${waiting}`);
+await expectError("429 when the admission queue is full", 429, OpenAI.RateLimitError,
+                  () => client.completions.create({ model, prompt: "One too many", max_tokens: 1 }));
+const timedOut = await queued;
+check("503 (InternalServerError) on the queue timeout",
+      timedOut instanceof OpenAI.InternalServerError && timedOut.status === 503 &&
+          /queue timeout/.test(timedOut.message),
+      `${timedOut?.constructor?.name} status=${timedOut?.status} ${timedOut?.message}`);
+holder.abort();
+try {
+  for await (const chunk of hold) void chunk;  // ends with the abort
+} catch (e) {
+  if (!(e instanceof OpenAI.APIUserAbortError) && e?.name !== "AbortError") throw e;
 }
 
 console.log(failures === 0 ? "all SDK checks passed" : `${failures} SDK checks failed`);
