@@ -74,7 +74,8 @@ class Backend {
   // Memory for the KV pages and GDN state slots (nullptr: host memory).
   virtual CacheMemory* cache_memory() { return nullptr; }
   // Free and total bytes of the memory the backend allocates from (a GPU's device memory), for the server's
-  // memory-pressure sensing; nullopt where that is host memory, which the server reads itself. Thread-safe.
+  // memory-pressure sensing and what the engine's mem_fraction is a share of; nullopt where that is host
+  // memory, which the server and the engine read themselves. Thread-safe.
   struct MemoryInfo {
     uint64_t free_bytes = 0;
     uint64_t total_bytes = 0;

@@ -4,7 +4,6 @@
 // Every operation is ordered with that backend's work (a device backend runs them on its stream).
 
 #include <cstddef>
-#include <cstdint>
 
 namespace moeserve {
 
@@ -16,8 +15,6 @@ class CacheMemory {
   virtual void free_cache(float* p) = 0;
   virtual void zero_cache(float* p, size_t floats) = 0;
   virtual void copy_cache(const float* src, float* dst, size_t floats) = 0;
-  // Bytes still free for caches (device memory after the weights are loaded): what --mem-fraction is a share of.
-  virtual int64_t free_bytes() const = 0;
 };
 
 }  // namespace moeserve

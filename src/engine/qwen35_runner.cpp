@@ -29,8 +29,9 @@ class Qwen35Runner : public ModelRunner {
   }
   bool reduces_logits() const override { return true; }
   int64_t cache_memory_available() const override {
-    const CacheMemory* device = model_.backend().cache_memory();
-    return device ? device->free_bytes() : ModelRunner::cache_memory_available();
+    // A device backend's caches compete for its own memory (on GB10's unified memory: the system's).
+    auto device = model_.backend().device_memory();
+    return device ? int64_t(device->free_bytes) : ModelRunner::cache_memory_available();
   }
   int default_logit_candidates() const override {
     return model_.backend().cache_memory() != nullptr ? kMaxLogitsTopk : 0;  // logits on a device

@@ -373,11 +373,6 @@ class CudaBackend final : public Backend, public CacheMemory {
   }
   void zero_cache(float* p, size_t floats) override { fill_zero(p, floats); }
   void copy_cache(const float* src, float* dst, size_t floats) override { copy(src, dst, floats); }
-  int64_t free_bytes() const override {
-    // On GB10's unified memory this is the system's free memory, which is what the caches compete for.
-    size_t free_b = 0, total_b = 0;
-    return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? int64_t(free_b) : 0;
-  }
 
   // ---- graphs ------------------------------------------------------------------------------------------
   void run_step(uint64_t key, const std::function<void()>& step) override {
