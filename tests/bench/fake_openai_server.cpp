@@ -306,11 +306,13 @@ void FakeOpenAiServer::serve_chat(int fd, const std::string& body_text, bool& ke
           i == 2)
         break;
       std::string word = "w" + std::to_string(i);
+      // Stamped before the write: the client cannot have read the chunk earlier, however this thread is
+      // scheduled after the write.
+      record.token_sent.push_back(Clock::now());
       if (!send_event(fd, chunk_json(model, {{"content", " " + word}}))) {
         keep_alive = false;
         return;
       }
-      record.token_sent.push_back(Clock::now());
       reply_tokens.push_back(word);
     }
   }

@@ -44,7 +44,7 @@ struct FakeScript {
 struct ServedRequest {
   nlohmann::json body;
   std::chrono::steady_clock::time_point received;                 // the whole body was read
-  std::vector<std::chrono::steady_clock::time_point> token_sent;  // each token chunk written
+  std::vector<std::chrono::steady_clock::time_point> token_sent;  // just before each token chunk is written
   size_t prompt_tokens = 0, cached_tokens = 0;
 };
 
