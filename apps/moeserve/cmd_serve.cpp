@@ -72,6 +72,9 @@ struct ServeOptions {
   bool disable_prefix_cache = false;
   dist::GroupOptions group;  // --tp, --nnodes, --node-rank, --dist-init-addr (docs/tp.md)
   std::string schedule_policy = "fcfs";
+  bool enable_priority = false;
+  int snapshot_slots = -1;
+  std::string gdn_state_dtype = "float32";
   uint64_t seed = 0;
 };
 
@@ -291,6 +294,7 @@ int serve(const ServeOptions& o) {
   service_options.chat_template = chat_template;
   service_options.reasoning_parser = o.reasoning_parser;
   service_options.tool_call_parser = o.tool_call_parser;
+  service_options.enable_priority = o.enable_priority;
 
   server::ServerMetrics metrics(service_options.served_model_name);
   auto memory = std::make_shared<server::MemoryMonitor>();
@@ -361,6 +365,10 @@ int serve(const ServeOptions& o) {
   check(o.schedule_policy == "fcfs" || o.schedule_policy == "lpm", "--schedule-policy {}: expected fcfs or lpm",
         o.schedule_policy);
   engine_options.policy = o.schedule_policy == "lpm" ? SchedulePolicy::Lpm : SchedulePolicy::Fcfs;
+  engine_options.snapshot_slots = o.snapshot_slots;
+  check(o.gdn_state_dtype == "float32" || o.gdn_state_dtype == "bfloat16",
+        "--gdn-state-dtype {}: expected float32 or bfloat16", o.gdn_state_dtype);
+  engine_options.state_dtype = o.gdn_state_dtype == "bfloat16" ? StateDtype::BF16 : StateDtype::F32;
   if (text && !text->stop_ids.empty() && weights.config.eos_token_ids.empty()) {
     engine_options.eos_token_ids = text->stop_ids;
   }
@@ -482,6 +490,13 @@ Registration reg{{"serve", "Serve a model over an OpenAI-compatible HTTP API (on
                     cmd.add_option("--node-rank", o->group.node_rank, "this host's index in the group");
                     cmd.add_option("--dist-init-addr", o->group.dist_init_addr, "HOST:PORT of rank 0 (no mpirun)");
                     cmd.add_option("--schedule-policy", o->schedule_policy, "fcfs or lpm (longest prefix match)")
+                        ->capture_default_str();
+                    cmd.add_flag("--enable-priority-scheduling", o->enable_priority,
+                                 "requests' priority (smaller first) orders the queue and preemption");
+                    cmd.add_option("--snapshot-slots", o->snapshot_slots,
+                                   "GDN state snapshots the prefix cache may keep (default 2 x running requests)");
+                    cmd.add_option("--gdn-state-dtype", o->gdn_state_dtype,
+                                   "float32, or bfloat16 (half the state memory; CPU only)")
                         ->capture_default_str();
                     cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")
                         ->capture_default_str();

@@ -347,7 +347,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
   if (cr.prompt_logprobs) spec.params.prompt_logprobs = *cr.prompt_logprobs;
   for (auto& p : spec.prompts) check_context_length(p, spec.params, max_model_len_.load(), "prompt");
   check_logit_bias(spec.params);
-  spec.priority = cr.priority;
+  spec.priority = options_.enable_priority ? cr.priority : 0;
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
   spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;
@@ -391,7 +391,7 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
   }
   check_context_length(spec.prompts[0], spec.params, max_model_len_.load(), "messages");
   check_logit_bias(spec.params);
-  spec.priority = cr.priority;
+  spec.priority = options_.enable_priority ? cr.priority : 0;
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
   spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;

@@ -37,6 +37,9 @@ struct ServiceOptions {
   std::shared_ptr<const text::ChatTemplate> chat_template;
   std::string reasoning_parser;  // "qwen3"
   std::string tool_call_parser;  // "qwen3_coder" or "hermes"
+  // Requests' `priority` orders the engine's queue and preemption only when the operator asks for it
+  // (otherwise any client could jump the queue); else it is accepted and ignored.
+  bool enable_priority = false;
 };
 
 class OpenAiService {
