@@ -17,6 +17,7 @@
 #include "text/bpe.h"
 #include "text/regex.h"
 #include "text/utf8.h"
+#include "text/word_cache.h"
 
 namespace moeserve::text {
 
@@ -72,20 +73,25 @@ struct Normalizer {
 
 struct UnicodeNormalizer : Normalizer {
   int options;
-  explicit UnicodeNormalizer(int o) : options(o) {}
-  // True when no normalization form can change this code point in any context: below U+0300 (ASCII and
-  // precomposed Latin-1), or a starter without a canonical decomposition that never composes with what
-  // precedes it. Lets almost all real text (CJK included) skip the normalizer entirely.
-  static bool stable(uint32_t cp) {
+  bool compat;  // NFKC/NFKD: compatibility decompositions apply too
+  explicit UnicodeNormalizer(int o) : options(o), compat((o & UTF8PROC_COMPAT) != 0) {}
+  // True when this normalization form cannot change this code point in any context: below U+0300 (ASCII
+  // and precomposed Latin-1), or a starter that never composes with what precedes it and has no
+  // decomposition this form applies. Lets almost all real text (CJK and its full-width punctuation
+  // included) skip the normalizer entirely.
+  bool stable(uint32_t cp) const {
     if (cp < 0x300) return true;
     if ((cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2)) return false;  // Hangul V/T jamo
     const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(cp));
     if (p->combining_class != 0) return false;
     if (p->comb_index != UINT16_MAX && p->comb_index >= 0x8000)
-      return false;                           // composes with its predecessor
-    return p->decomp_seqindex == UINT16_MAX;  // conservatively: any decomposition may change
+      return false;  // composes with its predecessor
+    if (p->decomp_seqindex == UINT16_MAX) return true;
+    // A compatibility decomposition (decomp_type != 0, e.g. the full-width comma) is left alone by NFC and
+    // NFD; a canonical one may change in any form (conservatively: even an NFC form that maps to itself).
+    return !compat && p->decomp_type != 0;
   }
-  static bool needs_work(std::string_view s) {
+  bool needs_work(std::string_view s) const {
     size_t i = 0;
     while (i < s.size()) {
       if (static_cast<unsigned char>(s[i]) < 0x80) {
@@ -235,6 +241,8 @@ using Sink = std::function<void(std::string_view)>;
 struct PreTokenizer {
   virtual ~PreTokenizer() = default;
   virtual void split(std::string_view piece, std::deque<std::string>& arena, const Sink& sink) const = 0;
+  // True when split() passes every piece through unchanged: a Sequence leaves such a step out.
+  virtual bool identity() const { return false; }
 };
 
 enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
@@ -360,6 +368,8 @@ struct ByteLevelPreTokenizer : PreTokenizer {
       sink(piece);
     }
   }
+  // Qwen's ByteLevel (after a Split) only marks the model as byte-level: skipping it saves a call per word.
+  bool identity() const override { return !add_prefix_space && !regex; }
 };
 
 struct DigitsPreTokenizer : PreTokenizer {
@@ -423,9 +433,11 @@ std::unique_ptr<PreTokenizer> make_pretokenizer(const json& j, const std::string
     auto p = std::make_unique<SequencePreTokenizer>();
     const json& list = field(j, "pretokenizers", where);
     check(list.is_array(), "{}.pretokenizers: expected an array", where);
-    for (size_t i = 0; i < list.size(); ++i)
-      p->steps.push_back(
-          make_pretokenizer(list[i], fmt::format("{}.pretokenizers[{}]", where, i), byte_level));
+    for (size_t i = 0; i < list.size(); ++i) {
+      auto step = make_pretokenizer(list[i], fmt::format("{}.pretokenizers[{}]", where, i), byte_level);
+      if (!step->identity()) p->steps.push_back(std::move(step));
+    }
+    if (p->steps.size() == 1) return std::move(p->steps[0]);
     return p;
   }
   fail("{}: pre-tokenizer type '{}' is not supported (supported: Split, ByteLevel, Digits, Sequence)", where,
@@ -562,32 +574,7 @@ void check_decoder(const json& j, const std::string& where) {
   fail("{}: decoder type '{}' is not supported (supported: ByteLevel)", where, type);
 }
 
-// ---- word cache ----------------------------------------------------------------------------------
-// Most text repeats a small set of pre-tokens; caching their ids makes BPE nearly free. One cache per
-// thread (no locks on the hot path), tagged with the owning tokenizer's serial number; it is cleared when
-// full or when the thread switches tokenizers.
-
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
-struct WordCache {
-  static constexpr size_t kMaxWordBytes = 256;
-  static constexpr size_t kCapacity = 1 << 16;
-  uint64_t owner = 0;
-  std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
-
-  static WordCache& for_tokenizer(uint64_t serial) {
-    thread_local WordCache cache;
-    if (cache.owner != serial) {
-      cache.map.clear();
-      cache.owner = serial;
-    }
-    return cache;
-  }
-};
-
+// Identifies a tokenizer's entries in the per-thread word cache.
 std::atomic<uint64_t> next_serial{1};
 
 std::string read_file(const std::string& path) {
@@ -625,16 +612,13 @@ void Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& o
     bpe.encode_word(word, byte_level, out);
     return;
   }
-  WordCache& cache = WordCache::for_tokenizer(serial);
-  if (auto it = cache.map.find(word); it != cache.map.end()) {
-    out.insert(out.end(), it->second.begin(), it->second.end());
-    return;
-  }
+  thread_local WordCache cache;
+  cache.set_owner(serial);
+  uint64_t hash = WordCache::hash(word);
+  if (cache.append_cached(word, hash, out)) return;
   size_t before = out.size();
   bpe.encode_word(word, byte_level, out);
-  if (cache.map.size() >= WordCache::kCapacity) cache.map.clear();
-  cache.map.emplace(std::string(word),
-                    std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
+  cache.insert(word, hash, std::span<const int32_t>(out).subspan(before));
 }
 
 // Normalizes, splits on normalized added tokens, pre-tokenizes and runs BPE on one stretch of text that

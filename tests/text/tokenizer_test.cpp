@@ -115,6 +115,12 @@ TEST(Tokenizer, NfcNormalizesCombiningSequences) {
   EXPECT_EQ(qwen3().encode("cafe\xCC\x81"), qwen3().encode("caf\xC3\xA9"));
 }
 
+TEST(Tokenizer, NfcLeavesCompatibilityCharactersAlone) {
+  // The full-width comma has only a compatibility decomposition: NFC keeps it (NFKC would make it ',').
+  std::string text = "\xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x8C\xE4\xB8\x96\xE7\x95\x8C";  // 你好，世界
+  EXPECT_EQ(qwen3().decode(qwen3().encode(text)), text);
+}
+
 // ---- a tiny hand-made tokenizer.json, to exercise components the Qwen file does not use -------------
 
 nlohmann::json tiny_tokenizer() {
@@ -151,6 +157,16 @@ TEST(Tokenizer, HandMadeBpeAppliesRankedMergesUnknownAndTemplate) {
   EXPECT_EQ(t.encode("abc x", false), (std::vector<int32_t>{4, 7}));
   // lstrip/rstrip: the spaces around <s> belong to it.
   EXPECT_EQ(t.encode("ab <s> c", false), (std::vector<int32_t>{3, 8, 2}));
+}
+
+TEST(Tokenizer, NfkcFoldsCompatibilityCharacters) {
+  auto j = tiny_tokenizer();
+  j["model"]["vocab"][","] = 9;
+  j["normalizer"] = {{"type", "NFKC"}};
+  Tokenizer t = Tokenizer::from_json(j.dump());
+  EXPECT_EQ(t.encode("ab\xEF\xBC\x8C", false), (std::vector<int32_t>{3, 9}));  // "ab，" -> "ab,"
+  j["normalizer"] = {{"type", "NFC"}};
+  EXPECT_EQ(Tokenizer::from_json(j.dump()).encode("ab\xEF\xBC\x8C", false), (std::vector<int32_t>{3, 7}));
 }
 
 TEST(Tokenizer, MalformedFilesGiveErrorsThatSayWhat) {
