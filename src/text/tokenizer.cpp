@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -561,17 +562,99 @@ void parse_post_processor(const json& j, const std::string& where, PostProcessor
        where, type);
 }
 
-void check_decoder(const json& j, const std::string& where) {
-  check(!j.is_null(), "{}: a tokenizer without a decoder is not supported (expected ByteLevel)", where);
+// The decoder chain, reduced to what it does to one token's text (ByteLevel, Replace, ByteFallback) and what
+// it does to the whole decoded text once tokens are fused (Strip after Fuse).
+struct Decoder {
+  bool byte_level = false;
+  bool byte_fallback = false;                                     // "<0xE4>" decodes to the byte 0xE4
+  std::vector<std::pair<std::string, std::string>> replacements;  // in order, on each token
+  bool fused = false;
+  std::string strip_content;
+  size_t strip_start = 0, strip_stop = 0;
+
+  std::string token_bytes(const std::string& token) const {
+    if (byte_level) {
+      // A token whose characters all belong to the byte alphabet becomes those bytes; any other (e.g. an
+      // added "<|im_start|>" with non-alphabet characters) stays as its UTF-8.
+      std::string bytes;
+      bool all_mapped = is_valid_utf8(token);
+      for (size_t i = 0; all_mapped && i < token.size();) {
+        int b = byte_from_char(utf8_decode(token, i));
+        if (b < 0) all_mapped = false;
+        bytes.push_back(static_cast<char>(b));
+      }
+      return all_mapped ? bytes : token;
+    }
+    if (byte_fallback && token.size() == 6 && token.starts_with("<0x") && token.ends_with('>') &&
+        std::isxdigit(static_cast<unsigned char>(token[3])) &&
+        std::isxdigit(static_cast<unsigned char>(token[4])))
+      return std::string(1, static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16)));
+    std::string text = token;
+    for (const auto& [from, to] : replacements) {
+      std::string out;
+      size_t pos = 0;
+      for (size_t at; (at = text.find(from, pos)) != std::string::npos; pos = at + from.size())
+        out.append(text, pos, at - pos).append(to);
+      text = out.append(text, pos);
+    }
+    return text;
+  }
+
+  // Strip after Fuse: up to strip_start copies of the content at the start, strip_stop at the end.
+  void finish(std::string& text) const {
+    if (strip_content.empty()) return;
+    size_t b = 0, e = text.size();
+    for (size_t n = 0; n < strip_start && text.compare(b, strip_content.size(), strip_content) == 0; ++n)
+      b += strip_content.size();
+    for (size_t n = 0; n < strip_stop && e >= b + strip_content.size() &&
+                       text.compare(e - strip_content.size(), strip_content.size(), strip_content) == 0;
+         ++n)
+      e -= strip_content.size();
+    text = text.substr(b, e - b);
+  }
+};
+
+void parse_decoder(const json& j, const std::string& where, Decoder& out) {
+  check(!j.is_null(), "{}: a tokenizer without a decoder is not supported", where);
   std::string type = string_field(j, "type", where);
-  if (type == "ByteLevel") return;
   if (type == "Sequence") {
     const json& list = field(j, "decoders", where);
-    check(list.size() == 1, "{}: only a Sequence holding one ByteLevel decoder is supported", where);
-    check_decoder(list[0], where + ".decoders[0]");
+    check(list.is_array(), "{}.decoders: expected an array", where);
+    for (size_t i = 0; i < list.size(); ++i)
+      parse_decoder(list[i], fmt::format("{}.decoders[{}]", where, i), out);
     return;
   }
-  fail("{}: decoder type '{}' is not supported (supported: ByteLevel)", where, type);
+  check(type == "Strip" || out.strip_content.empty(), "{}: a decoder after Strip is not supported", where);
+  if (type == "ByteLevel") {
+    out.byte_level = true;
+  } else if (type == "ByteFallback") {
+    out.byte_fallback = true;
+  } else if (type == "Fuse") {
+    out.fused = true;  // our decode always concatenates: Fuse only makes a later Strip act on the whole text
+  } else if (type == "Replace") {
+    const json& p = field(j, "pattern", where);
+    check(p.is_object() && p.contains("String") && p["String"].is_string(),
+          "{}.pattern: only a {{\"String\": ...}} pattern is supported in a Replace decoder", where);
+    out.replacements.emplace_back(p["String"].get<std::string>(), string_field(j, "content", where));
+  } else if (type == "Strip") {
+    check(out.fused, "{}: Strip is supported only after Fuse (on the whole decoded text)", where);
+    out.strip_content = string_field(j, "content", where);
+    check(!out.strip_content.empty(), "{}.content: expected a non-empty string", where);
+    auto count = [&](const char* key) {
+      const json& v = field(j, key, where);
+      check(v.is_number_unsigned(), "{}.{}: expected a non-negative integer", where, key);
+      return v.get<size_t>();
+    };
+    out.strip_start = count("start");
+    out.strip_stop = count("stop");
+  } else {
+    fail(
+        "{}: decoder type '{}' is not supported (supported: ByteLevel, ByteFallback, Fuse, Replace, Strip, "
+        "Sequence)",
+        where, type);
+  }
+  check(!(out.byte_level && (out.byte_fallback || !out.replacements.empty())),
+        "{}: ByteLevel cannot be combined with ByteFallback or Replace", where);
 }
 
 // Identifies a tokenizer's entries in the per-thread word cache.
@@ -599,6 +682,7 @@ struct Tokenizer::Impl {
   AddedMatcher raw_matcher, normalized_matcher;
   std::unordered_map<std::string, int32_t> added_by_content;
   PostProcessor post;
+  Decoder decoder;
   std::vector<std::string> token_bytes;  // decoded bytes of each id
   std::vector<uint8_t> flags;            // bit 0: added, bit 1: special
   uint64_t serial = next_serial++;       // identifies this tokenizer's entries in the per-thread cache
@@ -740,7 +824,7 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin)
   }
   if (root.contains("post_processor"))
     parse_post_processor(root["post_processor"], origin + ": post_processor", impl->post);
-  check_decoder(root.contains("decoder") ? root["decoder"] : json(), origin + ": decoder");
+  parse_decoder(root.contains("decoder") ? root["decoder"] : json(), origin + ": decoder", impl->decoder);
 
   // Added tokens.
   if (root.contains("added_tokens")) {
@@ -776,19 +860,8 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin)
   for (const AddedToken& a : impl->added) bpe.id_to_token[a.id] = a.content;
   impl->token_bytes.resize(bpe.id_to_token.size());
   impl->flags.assign(bpe.id_to_token.size(), 0);
-  for (size_t id = 0; id < bpe.id_to_token.size(); ++id) {
-    // ByteLevel decoder: a token whose characters all belong to the byte alphabet becomes those bytes;
-    // any other token (e.g. an added "<|im_start|>" with non-alphabet characters) stays as its UTF-8.
-    const std::string& tok = bpe.id_to_token[id];
-    std::string bytes;
-    bool all_mapped = is_valid_utf8(tok);
-    for (size_t i = 0; all_mapped && i < tok.size();) {
-      int b = byte_from_char(utf8_decode(tok, i));
-      if (b < 0) all_mapped = false;
-      bytes.push_back(static_cast<char>(b));
-    }
-    impl->token_bytes[id] = all_mapped ? bytes : tok;
-  }
+  for (size_t id = 0; id < bpe.id_to_token.size(); ++id)
+    impl->token_bytes[id] = impl->decoder.token_bytes(bpe.id_to_token[id]);
   for (const AddedToken& a : impl->added) impl->flags[a.id] = 1 | (a.special ? 2 : 0);
   return Tokenizer(std::move(impl));
 }
@@ -838,6 +911,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
     if (skip_special_tokens && is_special(id)) continue;
     bytes += token_bytes(id);
   }
+  impl_->decoder.finish(bytes);
   return is_valid_utf8(bytes) ? bytes : utf8_lossy(bytes);
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // A Hugging Face `tokenizer.json` tokenizer: normalizer, pre-tokenizer, BPE model, added tokens,
 // post-processor and decoder, producing the same ids and text as the `tokenizers` library for the components
-// it supports (the byte-level BPE of the Qwen, Llama-3 and DeepSeek families). Unsupported components are
+// it supports (the byte-level BPE of the Qwen, Llama-3 and DeepSeek families, and the byte-fallback BPE of
+// Llama-2 / Mistral style files). Unsupported components are
 // load errors that name them. A Tokenizer is immutable after loading, cheap to copy and safe to share between
 // threads.
 
