@@ -32,7 +32,7 @@ class Tokenizer {
                                                  bool add_special_tokens = true) const;
 
   // Ill-formed byte sequences (e.g. a lone piece of a multi-byte character) become U+FFFD, as in HF.
-  // Unknown ids are an error.
+  // Negative ids are an error; ids past the tokenizer (embedding padding) decode to nothing, as in HF.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
   // The raw bytes one token contributes to decoded text (after the ByteLevel decoder): the unit the
