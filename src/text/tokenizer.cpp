@@ -572,6 +572,12 @@ struct Decoder {
   std::string strip_content;
   size_t strip_start = 0, strip_stop = 0;
 
+  bool is_byte_token(const std::string& token) const {
+    return byte_fallback && token.size() == 6 && token.starts_with("<0x") && token.ends_with('>') &&
+           std::isxdigit(static_cast<unsigned char>(token[3])) &&
+           std::isxdigit(static_cast<unsigned char>(token[4]));
+  }
+
   std::string token_bytes(const std::string& token) const {
     if (byte_level) {
       // A token whose characters all belong to the byte alphabet becomes those bytes; any other (e.g. an
@@ -585,9 +591,7 @@ struct Decoder {
       }
       return all_mapped ? bytes : token;
     }
-    if (byte_fallback && token.size() == 6 && token.starts_with("<0x") && token.ends_with('>') &&
-        std::isxdigit(static_cast<unsigned char>(token[3])) &&
-        std::isxdigit(static_cast<unsigned char>(token[4])))
+    if (is_byte_token(token))
       return std::string(1, static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16)));
     std::string text = token;
     for (const auto& [from, to] : replacements) {
@@ -684,7 +688,7 @@ struct Tokenizer::Impl {
   PostProcessor post;
   Decoder decoder;
   std::vector<std::string> token_bytes;  // decoded bytes of each id
-  std::vector<uint8_t> flags;            // bit 0: added, bit 1: special
+  std::vector<uint8_t> flags;            // bit 0: added, bit 1: special, bit 2: a byte-fallback "<0xXX>"
   uint64_t serial = next_serial++;       // identifies this tokenizer's entries in the per-thread cache
 
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
@@ -862,6 +866,8 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin)
   impl->flags.assign(bpe.id_to_token.size(), 0);
   for (size_t id = 0; id < bpe.id_to_token.size(); ++id)
     impl->token_bytes[id] = impl->decoder.token_bytes(bpe.id_to_token[id]);
+  for (size_t id = 0; id < bpe.id_to_token.size(); ++id)
+    if (impl->decoder.is_byte_token(bpe.id_to_token[id])) impl->flags[id] = 4;
   for (const AddedToken& a : impl->added) impl->flags[a.id] = 1 | (a.special ? 2 : 0);
   return Tokenizer(std::move(impl));
 }
@@ -906,12 +912,30 @@ const std::string& Tokenizer::token_bytes(int32_t id) const {
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  const Impl& m = *impl_;
   std::string bytes;
+  // ByteFallback decodes each run of byte tokens on its own: valid UTF-8 stays, otherwise every byte of the
+  // run becomes U+FFFD (tokenizers' rule, which differs from replacing maximal ill-formed subsequences).
+  size_t run_start = 0;
+  auto close_run = [&] {
+    std::string_view run(bytes.data() + run_start, bytes.size() - run_start);
+    if (!is_valid_utf8(run)) {
+      size_t n = run.size();
+      bytes.resize(run_start);
+      for (size_t i = 0; i < n; ++i) bytes += "\xEF\xBF\xBD";
+    }
+  };
+  bool in_run = false;
   for (int32_t id : ids) {
     if (skip_special_tokens && is_special(id)) continue;
+    bool byte_token = id >= 0 && static_cast<size_t>(id) < m.flags.size() && (m.flags[id] & 4);
+    if (byte_token && !in_run) run_start = bytes.size();
+    if (!byte_token && in_run) close_run();
+    in_run = byte_token;
     bytes += token_bytes(id);
   }
-  impl_->decoder.finish(bytes);
+  if (in_run) close_run();
+  m.decoder.finish(bytes);
   return is_valid_utf8(bytes) ? bytes : utf8_lossy(bytes);
 }
 

@@ -224,6 +224,11 @@ TEST(Tokenizer, ByteFallbackSpellsUnknownCharactersAsBytesAndDecodesThemBack) {
   EXPECT_EQ(t.decode(std::vector<int32_t>{1, 263, 2}), "<s> ab</s>");
   EXPECT_EQ(t.decode(std::vector<int32_t>{1, 263, 2}, true), "ab");
   EXPECT_EQ(t.decode(std::vector<int32_t>{263, byte(0xB8)}), "ab\uFFFD");
+  // As in tokenizers, a run of byte tokens that is not UTF-8 gives one U+FFFD per byte: here the two bytes
+  // of an unfinished 中 (a maximal ill-formed subsequence, which utf8_lossy would make a single U+FFFD).
+  EXPECT_EQ(t.decode(std::vector<int32_t>{byte(0xE4), byte(0xB8), 263}), "\uFFFD\uFFFD ab");
+  EXPECT_EQ(t.decode(std::vector<int32_t>{byte(0xC3), byte(0xA9), 259, byte(0xE4), byte(0xB8)}),
+            "\u00e9 \uFFFD\uFFFD");
 }
 
 TEST(Tokenizer, WithoutByteTokensUnknownCharactersFuseIntoOneUnk) {
