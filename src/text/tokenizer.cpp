@@ -74,14 +74,17 @@ struct Normalizer {
 
 struct UnicodeNormalizer : Normalizer {
   int options;
-  bool compat;  // NFKC/NFKD: compatibility decompositions apply too
-  explicit UnicodeNormalizer(int o) : options(o), compat((o & UTF8PROC_COMPAT) != 0) {}
-  // True when this normalization form cannot change this code point in any context: below U+0300 (ASCII
-  // and precomposed Latin-1), or a starter that never composes with what precedes it and has no
-  // decomposition this form applies. Lets almost all real text (CJK and its full-width punctuation
-  // included) skip the normalizer entirely.
+  bool compat;     // NFKC/NFKD: compatibility decompositions apply too
+  bool decompose;  // NFD/NFKD: nothing is recomposed
+  explicit UnicodeNormalizer(int o)
+      : options(o), compat((o & UTF8PROC_COMPAT) != 0), decompose((o & UTF8PROC_COMPOSE) == 0) {}
+  // True when this normalization form cannot change this code point in any context: a starter that never
+  // composes with what precedes it and has no decomposition this form applies. Lets almost all real text (CJK
+  // and its full-width punctuation included) skip the normalizer entirely. Checked against utf8proc for every
+  // code point after several kinds of predecessor, in all four forms.
   bool stable(uint32_t cp) const {
-    if (cp < 0x300) return true;
+    if (cp < (decompose || compat ? 0x80u : 0x300u)) return true;  // Latin-1 is NFC already, not NFD/NFKC
+    if (decompose && cp >= 0xAC00 && cp <= 0xD7A3) return false;   // Hangul syllables decompose by rule
     if ((cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2)) return false;  // Hangul V/T jamo
     const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(cp));
     if (p->combining_class != 0) return false;

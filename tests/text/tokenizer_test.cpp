@@ -170,6 +170,22 @@ TEST(Tokenizer, NfkcFoldsCompatibilityCharacters) {
   EXPECT_EQ(Tokenizer::from_json(j.dump()).encode("ab\xEF\xBC\x8C", false), (std::vector<int32_t>{3, 7}));
 }
 
+TEST(Tokenizer, DecomposingAndCompatibilityFormsChangeLatin1AndHangul) {
+  auto j = tiny_tokenizer();
+  j["model"]["vocab"]["A"] = 9;
+  j["model"]["vocab"]["\u0300"] = 10;
+  j["model"]["vocab"]["\u1100"] = 11;
+  j["model"]["vocab"]["\u1161"] = 12;
+  j["normalizer"] = {{"type", "NFD"}};
+  Tokenizer nfd = Tokenizer::from_json(j.dump());
+  EXPECT_EQ(nfd.encode("\u00C0", false), (std::vector<int32_t>{9, 10}));   // À -> A + grave
+  EXPECT_EQ(nfd.encode("\uAC00", false), (std::vector<int32_t>{11, 12}));  // 가 -> ᄀ + ᅡ
+  j["normalizer"] = {{"type", "NFC"}};
+  EXPECT_EQ(Tokenizer::from_json(j.dump()).encode("\u00C0", false), (std::vector<int32_t>{7}));  // stays À
+  j["normalizer"] = {{"type", "NFKC"}};
+  EXPECT_EQ(Tokenizer::from_json(j.dump()).encode("a\u00A0b", false), (std::vector<int32_t>{0, 1}));  // NBSP
+}
+
 // Llama/Mistral style: SentencePiece's "▁" for spaces, no ByteLevel, and characters missing from the
 // vocabulary spelled as byte tokens "<0x00>".."<0xFF>".
 nlohmann::json byte_fallback_tokenizer() {
