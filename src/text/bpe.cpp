@@ -130,14 +130,16 @@ void BpeModel::merge_small(std::vector<int32_t>& s) const {
 // Heap-driven merging over a linked list: O(n log n), so long words (a run of CJK characters, a megabyte of
 // one character) stay cheap. The scratch buffers are per thread so that a word allocates nothing.
 void BpeModel::merge_large(std::vector<int32_t>& s) const {
+  // Ordered by one 64-bit key, rank then position: lowest rank first, then leftmost, the order tokenizers
+  // merges in. left/right detect entries made stale by an earlier merge.
   struct Candidate {
-    int32_t rank;
-    int32_t pos;
+    uint64_t key;
     int32_t left;
     int32_t right;
-    int32_t merged;
-    // Lowest rank first, then leftmost: the order tokenizers merges in.
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    bool operator>(const Candidate& o) const { return key > o.key; }
+  };
+  auto key = [](int32_t rank, int32_t pos) {
+    return (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(pos);
   };
   thread_local std::vector<int32_t> prev, next;
   thread_local std::vector<Candidate> heap;
@@ -152,13 +154,13 @@ void BpeModel::merge_large(std::vector<int32_t>& s) const {
   auto push = [&](int32_t pos) {
     if (pos < 0 || next[pos] < 0) return;
     if (const auto* e = merges.find(s[pos], s[next[pos]])) {
-      heap.push_back({e->rank, pos, s[pos], s[next[pos]], e->merged});
+      heap.push_back({key(e->rank, pos), s[pos], s[next[pos]]});
       std::push_heap(heap.begin(), heap.end(), std::greater<>());
     }
   };
   for (size_t i = 0; i + 1 < n; ++i) {
     if (const auto* e = merges.find(s[i], s[i + 1]))
-      heap.push_back({e->rank, static_cast<int32_t>(i), s[i], s[i + 1], e->merged});
+      heap.push_back({key(e->rank, static_cast<int32_t>(i)), s[i], s[i + 1]});
   }
   std::make_heap(heap.begin(), heap.end(), std::greater<>());
   constexpr int32_t kDead = -2;  // prev[] of a symbol merged into its left neighbour
@@ -166,15 +168,16 @@ void BpeModel::merge_large(std::vector<int32_t>& s) const {
     std::pop_heap(heap.begin(), heap.end(), std::greater<>());
     Candidate c = heap.back();
     heap.pop_back();
-    int32_t r = next[c.pos];
+    auto pos = static_cast<int32_t>(c.key & 0xFFFFFFFFu);
+    int32_t r = next[pos];
     // Stale entry: one side was merged away or changed since this pair was pushed.
-    if (prev[c.pos] == kDead || r < 0 || s[c.pos] != c.left || s[r] != c.right) continue;
-    s[c.pos] = c.merged;
+    if (prev[pos] == kDead || r < 0 || s[pos] != c.left || s[r] != c.right) continue;
+    s[pos] = merges.find(c.left, c.right)->merged;
     prev[r] = kDead;
-    next[c.pos] = next[r];
-    if (next[r] >= 0) prev[next[r]] = c.pos;
-    push(prev[c.pos]);
-    push(c.pos);
+    next[pos] = next[r];
+    if (next[r] >= 0) prev[next[r]] = pos;
+    push(prev[pos]);
+    push(pos);
   }
   size_t out = 0;
   for (int32_t i = 0; i >= 0; i = next[i]) s[out++] = s[i];
