@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
-#include <queue>
 
 #include "text/utf8.h"
 
@@ -55,8 +55,8 @@ void BpeModel::encode_word(std::string_view word, bool byte_level, std::vector<i
       return;
     }
   }
-  std::vector<int32_t> symbols;
-  symbols.reserve(word.size());
+  thread_local std::vector<int32_t> symbols;  // reused: a word allocates nothing
+  symbols.clear();
   if (byte_level) {
     if (ignore_merges) {
       std::string mapped;
@@ -127,44 +127,61 @@ void BpeModel::merge_small(std::vector<int32_t>& s) const {
   s.resize(n);
 }
 
-// Heap-driven merging over a linked list: O(n log n), so a megabyte-long word stays cheap.
+// Heap-driven merging over a linked list: O(n log n), so long words (a run of CJK characters, a megabyte of
+// one character) stay cheap. The scratch buffers are per thread so that a word allocates nothing.
 void BpeModel::merge_large(std::vector<int32_t>& s) const {
+  // Ordered by one 64-bit key, rank then position: lowest rank first, then leftmost, the order tokenizers
+  // merges in. left/right detect entries made stale by an earlier merge.
+  struct Candidate {
+    uint64_t key;
+    int32_t left;
+    int32_t right;
+    bool operator>(const Candidate& o) const { return key > o.key; }
+  };
+  auto key = [](int32_t rank, int32_t pos) {
+    return (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(pos);
+  };
+  thread_local std::vector<int32_t> prev, next;
+  thread_local std::vector<Candidate> heap;
   size_t n = s.size();
-  std::vector<int32_t> prev(n), next(n);
+  prev.resize(n);
+  next.resize(n);
+  heap.clear();
   for (size_t i = 0; i < n; ++i) {
     prev[i] = static_cast<int32_t>(i) - 1;
     next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
   }
-  struct Candidate {
-    int32_t rank;
-    int32_t pos;
-    int32_t left;
-    int32_t right;
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
   auto push = [&](int32_t pos) {
     if (pos < 0 || next[pos] < 0) return;
-    if (const auto* e = merges.find(s[pos], s[next[pos]])) heap.push({e->rank, pos, s[pos], s[next[pos]]});
+    if (const auto* e = merges.find(s[pos], s[next[pos]])) {
+      heap.push_back({key(e->rank, pos), s[pos], s[next[pos]]});
+      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    }
   };
-  for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
-  std::vector<bool> dead(n, false);
-  while (!heap.empty()) {
-    Candidate c = heap.top();
-    heap.pop();
-    int32_t r = next[c.pos];
-    // Stale entry: one side was merged away or changed since this pair was pushed.
-    if (dead[c.pos] || r < 0 || s[c.pos] != c.left || s[r] != c.right) continue;
-    s[c.pos] = merges.find(c.left, c.right)->merged;
-    dead[r] = true;
-    next[c.pos] = next[r];
-    if (next[r] >= 0) prev[next[r]] = c.pos;
-    push(prev[c.pos]);
-    push(c.pos);
+  for (size_t i = 0; i + 1 < n; ++i) {
+    if (const auto* e = merges.find(s[i], s[i + 1]))
+      heap.push_back({key(e->rank, static_cast<int32_t>(i)), s[i], s[i + 1]});
   }
-  std::vector<int32_t> result;
-  for (int32_t i = 0; i >= 0; i = next[i]) result.push_back(s[i]);
-  s.swap(result);
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  constexpr int32_t kDead = -2;  // prev[] of a symbol merged into its left neighbour
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    Candidate c = heap.back();
+    heap.pop_back();
+    auto pos = static_cast<int32_t>(c.key & 0xFFFFFFFFu);
+    int32_t r = next[pos];
+    // Stale entry: one side was merged away or changed since this pair was pushed.
+    if (prev[pos] == kDead || r < 0 || s[pos] != c.left || s[r] != c.right) continue;
+    s[pos] = merges.find(c.left, c.right)->merged;
+    prev[r] = kDead;
+    next[pos] = next[r];
+    if (next[r] >= 0) prev[next[r]] = pos;
+    push(prev[pos]);
+    push(pos);
+  }
+  size_t out = 0;
+  for (int32_t i = 0; i >= 0; i = next[i]) s[out++] = s[i];
+  s.resize(out);
 }
 
 }  // namespace moeserve::text

@@ -43,7 +43,7 @@ class MergeTable {
 };
 
 struct BpeModel {
-  static constexpr size_t kSmallWord = 256;  // longer words merge through a heap (O(n log n))
+  static constexpr size_t kSmallWord = 32;  // longer words (runs of CJK characters) merge through a heap
   std::unordered_map<std::string, int32_t> vocab;
   std::vector<std::string> id_to_token;  // indexed by id; empty string where the id is unused
   MergeTable merges;

@@ -1302,58 +1302,98 @@ struct SetStmt : Stmt {
   }
 };
 
+using Params = std::vector<std::pair<std::string, ExprPtr>>;  // name, default (may be null)
+
+// A macro (or a call block's `caller`) as a callable that renders `body` with the arguments bound, in a new
+// scope under `defining` (the frame the macro was defined in: it sees that frame's variables at call time).
+// Weak: a macro is stored in the frame it captures, and a strong reference would leak both.
+Value make_macro(Interpreter& in, const std::string& name, const Params& params, const Body& body,
+                 bool uses_caller) {
+  std::weak_ptr<Frame> defining = in.frame;
+  Interpreter* interp = &in;
+  return Value::function(name, [interp, defining, &name, &params, &body, uses_caller](Args& a) {
+    if (interp->depth > 256) raise("RecursionError", "macro '" + name + "' recursed too deeply");
+    ++interp->depth;
+    struct Depth {
+      Interpreter* in;
+      ~Depth() { --in->depth; }
+    } guard{interp};
+    auto scope = defining.lock();
+    if (!scope) raise("TemplateRuntimeError", "macro '" + name + "' called outside its scope");
+    return interp->scoped(scope, [&] {
+      List varargs;
+      auto kwargs = std::make_shared<Dict>();
+      for (size_t i = 0; i < a.positional.size(); ++i) {
+        if (i < params.size()) {
+          interp->assign(params[i].first, a.positional[i]);
+        } else {
+          varargs.push_back(a.positional[i]);
+        }
+      }
+      // Jinja2 passes a call block's body as the keyword `caller`, which only a macro whose body names
+      // `caller` accepts (with its own wording for the error).
+      bool has_caller = false;
+      for (const auto& [k, v] : a.keyword) {
+        if (k == "caller" && uses_caller) {
+          interp->assign(k, v);
+          has_caller = true;
+          continue;
+        }
+        if (k == "caller")
+          raise("TypeError",
+                "macro '" + name +
+                    "' was invoked with two values for the special caller argument. This is most "
+                    "likely a bug.");
+        bool is_param =
+            std::any_of(params.begin(), params.end(), [&](const auto& p) { return p.first == k; });
+        if (is_param) {
+          interp->assign(k, v);
+        } else {
+          kwargs->set(k, v);
+        }
+      }
+      if (uses_caller && !has_caller) interp->assign("caller", Value::undefined("No caller defined"));
+      for (size_t i = a.positional.size(); i < params.size(); ++i) {
+        const auto& [pname, dflt] = params[i];
+        if (interp->frame->vars.count(pname)) continue;
+        interp->assign(pname, dflt ? dflt->eval(*interp)
+                                   : Value::undefined("parameter '" + pname + "' was not provided"));
+      }
+      interp->assign("varargs", Value(std::move(varargs)));
+      interp->assign("kwargs", Value(kwargs));
+      std::string out;
+      exec_body(*interp, body, out);
+      return Value(out);
+    });
+  });
+}
+
 struct MacroStmt : Stmt {
   std::string name;
-  std::vector<std::pair<std::string, ExprPtr>> params;  // default may be null
+  Params params;
   Body body;
+  bool uses_caller = false;  // the body names `caller`: it may be called from a {% call %} block
   Flow exec(Interpreter& in, std::string&) const override {
-    // Weak: the macro is stored in the frame it captures, and a strong reference would leak both.
-    std::weak_ptr<Frame> defining = in.frame;
-    Interpreter* interp = &in;
-    const MacroStmt* self = this;
-    in.assign(name, Value::function(name, [interp, defining, self](Args& a) {
-                if (interp->depth > 256)
-                  raise("RecursionError", "macro '" + self->name + "' recursed too deeply");
-                ++interp->depth;
-                struct Depth {
-                  Interpreter* in;
-                  ~Depth() { --in->depth; }
-                } guard{interp};
-                auto scope = defining.lock();
-                if (!scope) raise("TemplateRuntimeError", "macro '" + self->name + "' called outside its scope");
-                return interp->scoped(scope, [&] {
-                  List varargs;
-                  auto kwargs = std::make_shared<Dict>();
-                  for (size_t i = 0; i < a.positional.size(); ++i) {
-                    if (i < self->params.size()) {
-                      interp->assign(self->params[i].first, a.positional[i]);
-                    } else {
-                      varargs.push_back(a.positional[i]);
-                    }
-                  }
-                  for (const auto& [k, v] : a.keyword) {
-                    bool is_param = std::any_of(self->params.begin(), self->params.end(),
-                                                [&](const auto& p) { return p.first == k; });
-                    if (is_param) {
-                      interp->assign(k, v);
-                    } else {
-                      kwargs->set(k, v);
-                    }
-                  }
-                  for (size_t i = a.positional.size(); i < self->params.size(); ++i) {
-                    const auto& [pname, dflt] = self->params[i];
-                    if (interp->frame->vars.count(pname)) continue;
-                    interp->assign(pname,
-                                   dflt ? dflt->eval(*interp)
-                                        : Value::undefined("parameter '" + pname + "' was not provided"));
-                  }
-                  interp->assign("varargs", Value(std::move(varargs)));
-                  interp->assign("kwargs", Value(kwargs));
-                  std::string out;
-                  exec_body(*interp, self->body, out);
-                  return Value(out);
-                });
-              }));
+    in.assign(name, make_macro(in, name, params, body, uses_caller));
+    return Flow::kNormal;
+  }
+};
+
+// {% call(params) macro(args) %}body{% endcall %}: calls the macro with the body as a macro named `caller`
+// (seeing the variables where the block is) and outputs what the macro returns.
+struct CallBlock : Stmt {
+  Params caller_params;
+  Body body;
+  ExprPtr call;  // a Call expression
+  Flow exec(Interpreter& in, std::string& out) const override {
+    static const std::string kCaller = "caller";
+    const auto& c = static_cast<const Call&>(*call);
+    Value f = c.callee->eval(in);
+    if (f.is_undefined()) undefined_error(f);
+    if (!f.is_callable()) raise("TypeError", "'" + f.type_repr() + "' is not callable");
+    Args a = eval_args(in, c.args);
+    a.keyword.emplace_back(kCaller, make_macro(in, kCaller, caller_params, body, false));
+    out += to_string(f.as_function()(a));
     return Flow::kNormal;
   }
 };
@@ -1497,6 +1537,8 @@ class Parser {
       s = parse_set();
     } else if (name == "macro") {
       s = parse_macro();
+    } else if (name == "call") {
+      s = parse_call_block();
     } else if (name == "break" || name == "continue") {
       auto c = std::make_unique<LoopControl>();
       c->flow = name == "break" ? Flow::kBreak : Flow::kContinue;
@@ -1610,9 +1652,8 @@ class Parser {
     return s;
   }
 
-  StmtPtr parse_macro() {
-    auto s = std::make_unique<MacroStmt>();
-    s->name = expect_name();
+  Params parse_params() {
+    Params params;
     expect_op("(");
     while (!at_op(")")) {
       std::string pname = expect_name();
@@ -1621,14 +1662,35 @@ class Parser {
         ++p_;
         dflt = parse_expression();
       }
-      s->params.emplace_back(pname, std::move(dflt));
+      params.emplace_back(pname, std::move(dflt));
       if (!at_op(")")) expect_op(",");
     }
     ++p_;
+    return params;
+  }
+
+  StmtPtr parse_macro() {
+    auto s = std::make_unique<MacroStmt>();
+    s->name = expect_name();
+    s->params = parse_params();
     expect_block_end();
+    size_t callers_before = caller_names_;
     s->body = parse_body({"endmacro"});
+    s->uses_caller = caller_names_ != callers_before;
     take_block_name();
     if (peek().type == Tok::kName) ++p_;  // {% endmacro name %}
+    expect_block_end();
+    return s;
+  }
+
+  StmtPtr parse_call_block() {
+    auto s = std::make_unique<CallBlock>();
+    if (at_op("(")) s->caller_params = parse_params();
+    s->call = parse_expression();
+    if (!dynamic_cast<const Call*>(s->call.get())) error("expected a macro call after 'call'");
+    expect_block_end();
+    s->body = parse_body({"endcall"});
+    take_block_name();
     expect_block_end();
     return s;
   }
@@ -1804,6 +1866,7 @@ class Parser {
         if (n == "true" || n == "True") return literal(Value(true));
         if (n == "false" || n == "False") return literal(Value(false));
         if (n == "none" || n == "None") return literal(Value::none());
+        if (n == "caller") ++caller_names_;
         auto e = std::make_unique<Name>();
         e->name = n;
         e->line = line;
@@ -1989,6 +2052,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t p_ = 0;
+  size_t caller_names_ = 0;  // references to `caller` parsed so far (a macro naming it accepts a call block)
 };
 
 Value make_globals_namespace(Args& a) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -17,6 +18,7 @@
 #include "text/bpe.h"
 #include "text/regex.h"
 #include "text/utf8.h"
+#include "text/word_cache.h"
 
 namespace moeserve::text {
 
@@ -72,20 +74,28 @@ struct Normalizer {
 
 struct UnicodeNormalizer : Normalizer {
   int options;
-  explicit UnicodeNormalizer(int o) : options(o) {}
-  // True when no normalization form can change this code point in any context: below U+0300 (ASCII and
-  // precomposed Latin-1), or a starter without a canonical decomposition that never composes with what
-  // precedes it. Lets almost all real text (CJK included) skip the normalizer entirely.
-  static bool stable(uint32_t cp) {
-    if (cp < 0x300) return true;
+  bool compat;     // NFKC/NFKD: compatibility decompositions apply too
+  bool decompose;  // NFD/NFKD: nothing is recomposed
+  explicit UnicodeNormalizer(int o)
+      : options(o), compat((o & UTF8PROC_COMPAT) != 0), decompose((o & UTF8PROC_COMPOSE) == 0) {}
+  // True when this normalization form cannot change this code point in any context: a starter that never
+  // composes with what precedes it and has no decomposition this form applies. Lets almost all real text (CJK
+  // and its full-width punctuation included) skip the normalizer entirely. Checked against utf8proc for every
+  // code point after several kinds of predecessor, in all four forms.
+  bool stable(uint32_t cp) const {
+    if (cp < (decompose || compat ? 0x80u : 0x300u)) return true;  // Latin-1 is NFC already, not NFD/NFKC
+    if (decompose && cp >= 0xAC00 && cp <= 0xD7A3) return false;   // Hangul syllables decompose by rule
     if ((cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2)) return false;  // Hangul V/T jamo
     const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(cp));
     if (p->combining_class != 0) return false;
     if (p->comb_index != UINT16_MAX && p->comb_index >= 0x8000)
-      return false;                           // composes with its predecessor
-    return p->decomp_seqindex == UINT16_MAX;  // conservatively: any decomposition may change
+      return false;  // composes with its predecessor
+    if (p->decomp_seqindex == UINT16_MAX) return true;
+    // A compatibility decomposition (decomp_type != 0, e.g. the full-width comma) is left alone by NFC and
+    // NFD; a canonical one may change in any form (conservatively: even an NFC form that maps to itself).
+    return !compat && p->decomp_type != 0;
   }
-  static bool needs_work(std::string_view s) {
+  bool needs_work(std::string_view s) const {
     size_t i = 0;
     while (i < s.size()) {
       if (static_cast<unsigned char>(s[i]) < 0x80) {
@@ -235,6 +245,8 @@ using Sink = std::function<void(std::string_view)>;
 struct PreTokenizer {
   virtual ~PreTokenizer() = default;
   virtual void split(std::string_view piece, std::deque<std::string>& arena, const Sink& sink) const = 0;
+  // True when split() passes every piece through unchanged: a Sequence leaves such a step out.
+  virtual bool identity() const { return false; }
 };
 
 enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
@@ -360,6 +372,8 @@ struct ByteLevelPreTokenizer : PreTokenizer {
       sink(piece);
     }
   }
+  // Qwen's ByteLevel (after a Split) only marks the model as byte-level: skipping it saves a call per word.
+  bool identity() const override { return !add_prefix_space && !regex; }
 };
 
 struct DigitsPreTokenizer : PreTokenizer {
@@ -423,9 +437,11 @@ std::unique_ptr<PreTokenizer> make_pretokenizer(const json& j, const std::string
     auto p = std::make_unique<SequencePreTokenizer>();
     const json& list = field(j, "pretokenizers", where);
     check(list.is_array(), "{}.pretokenizers: expected an array", where);
-    for (size_t i = 0; i < list.size(); ++i)
-      p->steps.push_back(
-          make_pretokenizer(list[i], fmt::format("{}.pretokenizers[{}]", where, i), byte_level));
+    for (size_t i = 0; i < list.size(); ++i) {
+      auto step = make_pretokenizer(list[i], fmt::format("{}.pretokenizers[{}]", where, i), byte_level);
+      if (!step->identity()) p->steps.push_back(std::move(step));
+    }
+    if (p->steps.size() == 1) return std::move(p->steps[0]);
     return p;
   }
   fail("{}: pre-tokenizer type '{}' is not supported (supported: Split, ByteLevel, Digits, Sequence)", where,
@@ -549,45 +565,106 @@ void parse_post_processor(const json& j, const std::string& where, PostProcessor
        where, type);
 }
 
-void check_decoder(const json& j, const std::string& where) {
-  check(!j.is_null(), "{}: a tokenizer without a decoder is not supported (expected ByteLevel)", where);
+// The decoder chain, reduced to what it does to one token's text (ByteLevel, Replace, ByteFallback) and what
+// it does to the whole decoded text once tokens are fused (Strip after Fuse).
+struct Decoder {
+  bool byte_level = false;
+  bool byte_fallback = false;                                     // "<0xE4>" decodes to the byte 0xE4
+  std::vector<std::pair<std::string, std::string>> replacements;  // in order, on each token
+  bool fused = false;
+  std::string strip_content;
+  size_t strip_start = 0, strip_stop = 0;
+
+  bool is_byte_token(const std::string& token) const {
+    return byte_fallback && token.size() == 6 && token.starts_with("<0x") && token.ends_with('>') &&
+           std::isxdigit(static_cast<unsigned char>(token[3])) &&
+           std::isxdigit(static_cast<unsigned char>(token[4]));
+  }
+
+  std::string token_bytes(const std::string& token) const {
+    if (byte_level) {
+      // A token whose characters all belong to the byte alphabet becomes those bytes; any other (e.g. an
+      // added "<|im_start|>" with non-alphabet characters) stays as its UTF-8.
+      std::string bytes;
+      bool all_mapped = is_valid_utf8(token);
+      for (size_t i = 0; all_mapped && i < token.size();) {
+        int b = byte_from_char(utf8_decode(token, i));
+        if (b < 0) all_mapped = false;
+        bytes.push_back(static_cast<char>(b));
+      }
+      return all_mapped ? bytes : token;
+    }
+    if (is_byte_token(token))
+      return std::string(1, static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16)));
+    std::string text = token;
+    for (const auto& [from, to] : replacements) {
+      std::string out;
+      size_t pos = 0;
+      for (size_t at; (at = text.find(from, pos)) != std::string::npos; pos = at + from.size())
+        out.append(text, pos, at - pos).append(to);
+      text = out.append(text, pos);
+    }
+    return text;
+  }
+
+  // Strip after Fuse: up to strip_start copies of the content at the start, strip_stop at the end.
+  void finish(std::string& text) const {
+    if (strip_content.empty()) return;
+    size_t b = 0, e = text.size();
+    for (size_t n = 0; n < strip_start && text.compare(b, strip_content.size(), strip_content) == 0; ++n)
+      b += strip_content.size();
+    for (size_t n = 0; n < strip_stop && e >= b + strip_content.size() &&
+                       text.compare(e - strip_content.size(), strip_content.size(), strip_content) == 0;
+         ++n)
+      e -= strip_content.size();
+    text = text.substr(b, e - b);
+  }
+};
+
+void parse_decoder(const json& j, const std::string& where, Decoder& out) {
+  check(!j.is_null(), "{}: a tokenizer without a decoder is not supported", where);
   std::string type = string_field(j, "type", where);
-  if (type == "ByteLevel") return;
   if (type == "Sequence") {
     const json& list = field(j, "decoders", where);
-    check(list.size() == 1, "{}: only a Sequence holding one ByteLevel decoder is supported", where);
-    check_decoder(list[0], where + ".decoders[0]");
+    check(list.is_array(), "{}.decoders: expected an array", where);
+    for (size_t i = 0; i < list.size(); ++i)
+      parse_decoder(list[i], fmt::format("{}.decoders[{}]", where, i), out);
     return;
   }
-  fail("{}: decoder type '{}' is not supported (supported: ByteLevel)", where, type);
+  check(type == "Strip" || out.strip_content.empty(), "{}: a decoder after Strip is not supported", where);
+  if (type == "ByteLevel") {
+    out.byte_level = true;
+  } else if (type == "ByteFallback") {
+    out.byte_fallback = true;
+  } else if (type == "Fuse") {
+    out.fused = true;  // our decode always concatenates: Fuse only makes a later Strip act on the whole text
+  } else if (type == "Replace") {
+    const json& p = field(j, "pattern", where);
+    check(p.is_object() && p.contains("String") && p["String"].is_string(),
+          "{}.pattern: only a {{\"String\": ...}} pattern is supported in a Replace decoder", where);
+    out.replacements.emplace_back(p["String"].get<std::string>(), string_field(j, "content", where));
+  } else if (type == "Strip") {
+    check(out.fused, "{}: Strip is supported only after Fuse (on the whole decoded text)", where);
+    out.strip_content = string_field(j, "content", where);
+    check(!out.strip_content.empty(), "{}.content: expected a non-empty string", where);
+    auto count = [&](const char* key) {
+      const json& v = field(j, key, where);
+      check(v.is_number_unsigned(), "{}.{}: expected a non-negative integer", where, key);
+      return v.get<size_t>();
+    };
+    out.strip_start = count("start");
+    out.strip_stop = count("stop");
+  } else {
+    fail(
+        "{}: decoder type '{}' is not supported (supported: ByteLevel, ByteFallback, Fuse, Replace, Strip, "
+        "Sequence)",
+        where, type);
+  }
+  check(!(out.byte_level && (out.byte_fallback || !out.replacements.empty())),
+        "{}: ByteLevel cannot be combined with ByteFallback or Replace", where);
 }
 
-// ---- word cache ----------------------------------------------------------------------------------
-// Most text repeats a small set of pre-tokens; caching their ids makes BPE nearly free. One cache per
-// thread (no locks on the hot path), tagged with the owning tokenizer's serial number; it is cleared when
-// full or when the thread switches tokenizers.
-
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
-struct WordCache {
-  static constexpr size_t kMaxWordBytes = 256;
-  static constexpr size_t kCapacity = 1 << 16;
-  uint64_t owner = 0;
-  std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
-
-  static WordCache& for_tokenizer(uint64_t serial) {
-    thread_local WordCache cache;
-    if (cache.owner != serial) {
-      cache.map.clear();
-      cache.owner = serial;
-    }
-    return cache;
-  }
-};
-
+// Identifies a tokenizer's entries in the per-thread word cache.
 std::atomic<uint64_t> next_serial{1};
 
 std::string read_file(const std::string& path) {
@@ -612,8 +689,9 @@ struct Tokenizer::Impl {
   AddedMatcher raw_matcher, normalized_matcher;
   std::unordered_map<std::string, int32_t> added_by_content;
   PostProcessor post;
+  Decoder decoder;
   std::vector<std::string> token_bytes;  // decoded bytes of each id
-  std::vector<uint8_t> flags;            // bit 0: added, bit 1: special
+  std::vector<uint8_t> flags;            // bit 0: added, bit 1: special, bit 2: a byte-fallback "<0xXX>"
   uint64_t serial = next_serial++;       // identifies this tokenizer's entries in the per-thread cache
 
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
@@ -625,16 +703,13 @@ void Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& o
     bpe.encode_word(word, byte_level, out);
     return;
   }
-  WordCache& cache = WordCache::for_tokenizer(serial);
-  if (auto it = cache.map.find(word); it != cache.map.end()) {
-    out.insert(out.end(), it->second.begin(), it->second.end());
-    return;
-  }
+  thread_local WordCache cache;
+  cache.set_owner(serial);
+  uint64_t hash = WordCache::hash(word);
+  if (cache.append_cached(word, hash, out)) return;
   size_t before = out.size();
   bpe.encode_word(word, byte_level, out);
-  if (cache.map.size() >= WordCache::kCapacity) cache.map.clear();
-  cache.map.emplace(std::string(word),
-                    std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
+  cache.insert(word, hash, std::span<const int32_t>(out).subspan(before));
 }
 
 // Normalizes, splits on normalized added tokens, pre-tokenizes and runs BPE on one stretch of text that
@@ -756,7 +831,7 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin)
   }
   if (root.contains("post_processor"))
     parse_post_processor(root["post_processor"], origin + ": post_processor", impl->post);
-  check_decoder(root.contains("decoder") ? root["decoder"] : json(), origin + ": decoder");
+  parse_decoder(root.contains("decoder") ? root["decoder"] : json(), origin + ": decoder", impl->decoder);
 
   // Added tokens.
   if (root.contains("added_tokens")) {
@@ -792,19 +867,10 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin)
   for (const AddedToken& a : impl->added) bpe.id_to_token[a.id] = a.content;
   impl->token_bytes.resize(bpe.id_to_token.size());
   impl->flags.assign(bpe.id_to_token.size(), 0);
-  for (size_t id = 0; id < bpe.id_to_token.size(); ++id) {
-    // ByteLevel decoder: a token whose characters all belong to the byte alphabet becomes those bytes;
-    // any other token (e.g. an added "<|im_start|>" with non-alphabet characters) stays as its UTF-8.
-    const std::string& tok = bpe.id_to_token[id];
-    std::string bytes;
-    bool all_mapped = is_valid_utf8(tok);
-    for (size_t i = 0; all_mapped && i < tok.size();) {
-      int b = byte_from_char(utf8_decode(tok, i));
-      if (b < 0) all_mapped = false;
-      bytes.push_back(static_cast<char>(b));
-    }
-    impl->token_bytes[id] = all_mapped ? bytes : tok;
-  }
+  for (size_t id = 0; id < bpe.id_to_token.size(); ++id)
+    impl->token_bytes[id] = impl->decoder.token_bytes(bpe.id_to_token[id]);
+  for (size_t id = 0; id < bpe.id_to_token.size(); ++id)
+    if (impl->decoder.is_byte_token(bpe.id_to_token[id])) impl->flags[id] = 4;
   for (const AddedToken& a : impl->added) impl->flags[a.id] = 1 | (a.special ? 2 : 0);
   return Tokenizer(std::move(impl));
 }
@@ -849,11 +915,30 @@ const std::string& Tokenizer::token_bytes(int32_t id) const {
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  const Impl& m = *impl_;
   std::string bytes;
+  // ByteFallback decodes each run of byte tokens on its own: valid UTF-8 stays, otherwise every byte of the
+  // run becomes U+FFFD (tokenizers' rule, which differs from replacing maximal ill-formed subsequences).
+  size_t run_start = 0;
+  auto close_run = [&] {
+    std::string_view run(bytes.data() + run_start, bytes.size() - run_start);
+    if (!is_valid_utf8(run)) {
+      size_t n = run.size();
+      bytes.resize(run_start);
+      for (size_t i = 0; i < n; ++i) bytes += "\xEF\xBF\xBD";
+    }
+  };
+  bool in_run = false;
   for (int32_t id : ids) {
     if (skip_special_tokens && is_special(id)) continue;
+    bool byte_token = id >= 0 && static_cast<size_t>(id) < m.flags.size() && (m.flags[id] & 4);
+    if (byte_token && !in_run) run_start = bytes.size();
+    if (!byte_token && in_run) close_run();
+    in_run = byte_token;
     bytes += token_bytes(id);
   }
+  if (in_run) close_run();
+  m.decoder.finish(bytes);
   return is_valid_utf8(bytes) ? bytes : utf8_lossy(bytes);
 }
 

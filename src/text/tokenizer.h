@@ -1,7 +1,8 @@
 #pragma once
 // A Hugging Face `tokenizer.json` tokenizer: normalizer, pre-tokenizer, BPE model, added tokens,
 // post-processor and decoder, producing the same ids and text as the `tokenizers` library for the components
-// it supports (the byte-level BPE of the Qwen, Llama-3 and DeepSeek families). Unsupported components are
+// it supports (the byte-level BPE of the Qwen, Llama-3 and DeepSeek families, and the byte-fallback BPE of
+// Llama-2 / Mistral style files). Unsupported components are
 // load errors that name them. A Tokenizer is immutable after loading, cheap to copy and safe to share between
 // threads.
 
@@ -31,7 +32,7 @@ class Tokenizer {
                                                  bool add_special_tokens = true) const;
 
   // Ill-formed byte sequences (e.g. a lone piece of a multi-byte character) become U+FFFD, as in HF.
-  // Unknown ids are an error.
+  // Negative ids are an error; ids past the tokenizer (embedding padding) decode to nothing, as in HF.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
   // The raw bytes one token contributes to decoded text (after the ByteLevel decoder): the unit the

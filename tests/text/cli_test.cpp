@@ -35,9 +35,28 @@ TEST(Cli, TokenizeEncodesLikeTheGoldensAndDecodes) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["ids"], nlohmann::json::parse("[9707, 11, 1879, 0]"));
   r = run(std::string("tokenize --tokenizer ") + testing::kQwen3Dir + " --decode 9707,11,1879,0");
   EXPECT_EQ(r.out, "Hello, world!\n");
-  r = run(std::string("tokenize --tokenizer ") + testing::kQwen3Dir + " --decode 1,x 2>&1");
-  EXPECT_EQ(r.status, 1);
-  EXPECT_THAT(r.out, ::testing::HasSubstr("'x' is not an integer id"));
+  // The JSON list that encoding prints is accepted back as it is.
+  r = run(std::string("tokenize --tokenizer ") + testing::kQwen3Dir + " --decode '[9707, 11, 1879, 0]'");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.out, "Hello, world!\n");
+}
+
+TEST(Cli, TokenizeDecodeRejectsJunkIds) {
+  testing::qwen3_tokenizer_path();
+  auto error_of = [](const std::string& ids) {
+    Result r =
+        run(std::string("tokenize --tokenizer ") + testing::kQwen3Dir + " --decode '" + ids + "' 2>&1");
+    EXPECT_EQ(r.status, 1) << ids;
+    return r.out;
+  };
+  EXPECT_THAT(error_of("1,x"), ::testing::HasSubstr("'x' is not an integer id"));
+  EXPECT_THAT(error_of("1.5"), ::testing::HasSubstr("'1.5' is not an integer id"));
+  EXPECT_THAT(error_of("1,,2"), ::testing::HasSubstr("has an empty id"));
+  EXPECT_THAT(error_of("[1,2"), ::testing::HasSubstr("has an unmatched bracket"));
+  EXPECT_THAT(error_of("99999999999"), ::testing::HasSubstr("id 99999999999 is out of range"));
+  EXPECT_THAT(error_of("-1"), ::testing::HasSubstr("id -1 is out of range"));
+  EXPECT_THAT(error_of("999999"),
+              ::testing::HasSubstr("id 999999 is past the tokenizer's vocabulary (151669 ids)"));
 }
 
 TEST(Cli, RenderMatchesTheGoldenAndReportsTemplateErrors) {

@@ -72,6 +72,9 @@ TEST(Jinja, SyntaxErrorsSayWhereAndWhat) {
   EXPECT_THAT(error_of("{% for x in y %}"), ::testing::HasSubstr("expected 'else' or 'endfor'"));
   EXPECT_THAT(error_of("{{ 'unterminated }}"), ::testing::HasSubstr("unterminated string"));
   EXPECT_THAT(error_of("{{ x "), ::testing::HasSubstr("expected '}}'"));
+  EXPECT_THAT(error_of("{% call m %}x{% endcall %}"),
+              ::testing::HasSubstr("expected a macro call after 'call'"));
+  EXPECT_THAT(error_of("{% call(a m() %}x{% endcall %}"), ::testing::HasSubstr("line 1"));
 }
 
 }  // namespace

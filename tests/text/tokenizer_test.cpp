@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "test_util.h"
+#include "text/detokenizer.h"
 #include "text/utf8.h"
 
 namespace moeserve::text {
@@ -115,6 +116,12 @@ TEST(Tokenizer, NfcNormalizesCombiningSequences) {
   EXPECT_EQ(qwen3().encode("cafe\xCC\x81"), qwen3().encode("caf\xC3\xA9"));
 }
 
+TEST(Tokenizer, NfcLeavesCompatibilityCharactersAlone) {
+  // The full-width comma has only a compatibility decomposition: NFC keeps it (NFKC would make it ',').
+  std::string text = "\xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x8C\xE4\xB8\x96\xE7\x95\x8C";  // 你好，世界
+  EXPECT_EQ(qwen3().decode(qwen3().encode(text)), text);
+}
+
 // ---- a tiny hand-made tokenizer.json, to exercise components the Qwen file does not use -------------
 
 nlohmann::json tiny_tokenizer() {
@@ -153,6 +160,100 @@ TEST(Tokenizer, HandMadeBpeAppliesRankedMergesUnknownAndTemplate) {
   EXPECT_EQ(t.encode("ab <s> c", false), (std::vector<int32_t>{3, 8, 2}));
 }
 
+TEST(Tokenizer, NfkcFoldsCompatibilityCharacters) {
+  auto j = tiny_tokenizer();
+  j["model"]["vocab"][","] = 9;
+  j["normalizer"] = {{"type", "NFKC"}};
+  Tokenizer t = Tokenizer::from_json(j.dump());
+  EXPECT_EQ(t.encode("ab\xEF\xBC\x8C", false), (std::vector<int32_t>{3, 9}));  // "ab，" -> "ab,"
+  j["normalizer"] = {{"type", "NFC"}};
+  EXPECT_EQ(Tokenizer::from_json(j.dump()).encode("ab\xEF\xBC\x8C", false), (std::vector<int32_t>{3, 7}));
+}
+
+TEST(Tokenizer, DecomposingAndCompatibilityFormsChangeLatin1AndHangul) {
+  auto j = tiny_tokenizer();
+  j["model"]["vocab"]["A"] = 9;
+  j["model"]["vocab"]["\u0300"] = 10;
+  j["model"]["vocab"]["\u1100"] = 11;
+  j["model"]["vocab"]["\u1161"] = 12;
+  j["normalizer"] = {{"type", "NFD"}};
+  Tokenizer nfd = Tokenizer::from_json(j.dump());
+  EXPECT_EQ(nfd.encode("\u00C0", false), (std::vector<int32_t>{9, 10}));   // À -> A + grave
+  EXPECT_EQ(nfd.encode("\uAC00", false), (std::vector<int32_t>{11, 12}));  // 가 -> ᄀ + ᅡ
+  j["normalizer"] = {{"type", "NFC"}};
+  EXPECT_EQ(Tokenizer::from_json(j.dump()).encode("\u00C0", false), (std::vector<int32_t>{7}));  // stays À
+  j["normalizer"] = {{"type", "NFKC"}};
+  EXPECT_EQ(Tokenizer::from_json(j.dump()).encode("a\u00A0b", false), (std::vector<int32_t>{0, 1}));  // NBSP
+}
+
+// Llama/Mistral style: SentencePiece's "▁" for spaces, no ByteLevel, and characters missing from the
+// vocabulary spelled as byte tokens "<0x00>".."<0xFF>".
+nlohmann::json byte_fallback_tokenizer() {
+  using nlohmann::json;
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = 3 + b;
+  int id = 259;
+  for (const char* t : {"\u2581", "a", "b", "\u2581a", "\u2581ab"}) vocab[t] = id++;  // 259..263
+  return {
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers",
+         json::array({{{"type", "Prepend"}, {"prepend", "\u2581"}},
+                      {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}})}}},
+      {"pre_tokenizer", nullptr},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", json::array({"\u2581 a", "\u2581a b"})},
+        {"unk_token", "<unk>"},
+        {"fuse_unk", true},
+        {"byte_fallback", true}}},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders",
+         json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                      {{"type", "ByteFallback"}},
+                      {{"type", "Fuse"}},
+                      {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
+      {"added_tokens", json::array({{{"id", 1}, {"content", "<s>"}, {"special", true}},
+                                    {{"id", 2}, {"content", "</s>"}, {"special", true}}})},
+  };
+}
+
+TEST(Tokenizer, ByteFallbackSpellsUnknownCharactersAsBytesAndDecodesThemBack) {
+  Tokenizer t = Tokenizer::from_json(byte_fallback_tokenizer().dump());
+  auto byte = [](int b) { return 3 + b; };
+  std::string text = "ab \u00e9\u4e2d";  // "ab é中": é and 中 are not in the vocabulary
+  // "▁ab▁é中": ▁ab, ▁, then é's bytes C3 A9 and 中's bytes E4 B8 AD.
+  std::vector<int32_t> expected = {263, 259, byte(0xC3), byte(0xA9), byte(0xE4), byte(0xB8), byte(0xAD)};
+  EXPECT_EQ(t.encode(text), expected);
+  EXPECT_EQ(t.decode(expected), text);  // Replace ▁ -> " ", bytes -> UTF-8, Strip drops the leading space
+  EXPECT_EQ(t.id_to_token(byte(0xE4)), "<0xE4>");
+
+  // A stream emits each character once all its bytes arrived; it keeps the leading space (a continuation).
+  IncrementalDetokenizer stream(t);
+  std::vector<std::string> deltas;
+  for (int32_t id : expected) deltas.push_back(stream.push(id));
+  EXPECT_EQ(deltas, (std::vector<std::string>{" ab", " ", "", "\u00e9", "", "", "\u4e2d"}));
+
+  // Special tokens decode as their text unless skipped; a lone continuation byte decodes to U+FFFD.
+  EXPECT_EQ(t.decode(std::vector<int32_t>{1, 263, 2}), "<s> ab</s>");
+  EXPECT_EQ(t.decode(std::vector<int32_t>{1, 263, 2}, true), "ab");
+  EXPECT_EQ(t.decode(std::vector<int32_t>{263, byte(0xB8)}), "ab\uFFFD");
+  // As in tokenizers, a run of byte tokens that is not UTF-8 gives one U+FFFD per byte: here the two bytes
+  // of an unfinished 中 (a maximal ill-formed subsequence, which utf8_lossy would make a single U+FFFD).
+  EXPECT_EQ(t.decode(std::vector<int32_t>{byte(0xE4), byte(0xB8), 263}), "\uFFFD\uFFFD ab");
+  EXPECT_EQ(t.decode(std::vector<int32_t>{byte(0xC3), byte(0xA9), 259, byte(0xE4), byte(0xB8)}),
+            "\u00e9 \uFFFD\uFFFD");
+}
+
+TEST(Tokenizer, WithoutByteTokensUnknownCharactersFuseIntoOneUnk) {
+  auto j = byte_fallback_tokenizer();
+  j["model"]["byte_fallback"] = false;
+  Tokenizer t = Tokenizer::from_json(j.dump());
+  EXPECT_EQ(t.encode("ab \u00e9\u4e2d"), (std::vector<int32_t>{263, 259, 0}));  // é中 -> one <unk>
+}
+
 TEST(Tokenizer, MalformedFilesGiveErrorsThatSayWhat) {
   auto message = [](const std::string& text) {
     try {
@@ -178,6 +279,12 @@ TEST(Tokenizer, MalformedFilesGiveErrorsThatSayWhat) {
   j = tiny_tokenizer();
   j["decoder"] = {{"type", "WordPiece"}};
   EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("decoder type 'WordPiece' is not supported"));
+  j = tiny_tokenizer();
+  j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}};
+  EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("Strip is supported only after Fuse"));
+  j = tiny_tokenizer();
+  j["decoder"] = {{"type", "Replace"}, {"pattern", {{"Regex", "x+"}}}, {"content", " "}};
+  EXPECT_THAT(message(j.dump()), ::testing::HasSubstr("only a {\"String\": ...} pattern is supported"));
   j = tiny_tokenizer();
   j["model"]["merges"].push_back("a zz");
   EXPECT_THAT(message(j.dump()),
