@@ -574,7 +574,7 @@ std::vector<DoctorCheck> check_host(const HostFacts& f, const DoctorOptions& o) 
                                                                       ? std::string("unlimited")
                                                                       : std::to_string(f.nofile_soft))));
   }
-  if (f.memlock_soft >= 0 && f.memlock_soft != INT64_MAX && o.tp > 1)
+  if (f.memlock_soft >= 0 && f.memlock_soft != INT64_MAX && o.tp > 1 && gpu_visible(f))
     out.push_back({"locked memory", CheckStatus::Warn,
                    fmt::format("memlock limit {}: NCCL over RDMA needs to pin buffers",
                                format_bytes(double(f.memlock_soft))),
