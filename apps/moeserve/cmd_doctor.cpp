@@ -19,7 +19,8 @@ std::function<int()> setup(CLI::App& app) {
   app.add_option("--max-running-requests", opt->max_running_requests,
                  "concurrent sequences to check memory for")
       ->capture_default_str();
-  app.add_option("--mem-fraction-static", opt->mem_fraction, "share of memory the server may take")
+  app.add_option("--mem-fraction-static", opt->mem_fraction,
+                 "share of the whole memory for weights, KV cache and state (cluster.yaml mem_fraction)")
       ->capture_default_str();
   app.add_option("--tp", opt->tp, "tensor-parallel size the model will run with")->capture_default_str();
   app.add_flag("--json", *json_out, "print the checks as JSON");

@@ -475,8 +475,11 @@ Registration reg{{"serve", "Serve a model over an OpenAI-compatible HTTP API (on
                                    "seconds an idle keep-alive connection stays open")
                         ->capture_default_str();
                     cmd.add_option("--page-size", o->page_size, "tokens per KV page")->capture_default_str();
-                    cmd.add_option("--mem-fraction", o->mem_fraction,
-                                   "fraction of available memory for the KV cache and state slots");
+                    // SGLang's spelling is accepted; its fraction also counts the weights, ours is of the
+                    // memory free once they are loaded (docs/operations.md).
+                    cmd.add_option("--mem-fraction,--mem-fraction-static", o->mem_fraction,
+                                   "fraction of the memory free after loading the weights for the KV cache and "
+                                   "state slots");
                     cmd.add_option("--cache-memory-gb", o->cache_memory_gb,
                                    "memory for the KV cache and state slots (wins over --mem-fraction)");
                     cmd.add_option("--chunked-prefill-size", o->chunked_prefill_size, "prompt tokens per request per step")

@@ -12,10 +12,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "common/error.h"
+#include "deploy/build_info.h"
 #include "deploy/footprint.h"
 #include "deploy/gpus.h"
 #include "deploy/units.h"
@@ -177,6 +179,124 @@ DoctorCheck ok(std::string name, std::string detail) {
   return {std::move(name), CheckStatus::Ok, std::move(detail), ""};
 }
 
+bool gpu_visible(const HostFacts& f) {
+  return !f.gpus.empty() || !f.nvidia_devices.empty();
+}
+
+// Whether kernels compiled for one entry of CMake's CUDA_ARCHITECTURES load on a GPU of capability `gpu`.
+// "NN" carries SASS for sm_NN and PTX for compute_NN, "NN-real" the SASS only, "NN-virtual" the PTX only;
+// PTX is compiled by the driver for any newer GPU unless it is arch-specific (the 'a' suffix). Returns
+// nullopt for entries that name no architecture ("native", "all", family suffixes).
+std::optional<bool> cmake_arch_runs_on(const std::string& entry, int gpu) {
+  std::string name = entry;
+  bool sass = true, ptx = true;
+  if (name.ends_with("-real")) name.resize(name.size() - 5), ptx = false;
+  if (name.ends_with("-virtual")) name.resize(name.size() - 8), sass = false;
+  CudaArch arch;
+  try {
+    arch = parse_cuda_arch(name);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  bool by_sass = sass && cuda_arch_runs_on(arch, gpu);
+  bool by_ptx = ptx && (arch.arch_specific ? arch.capability == gpu : arch.capability <= gpu);
+  return by_sass || by_ptx;
+}
+
+// `serve --device cuda` needs the CUDA backend compiled in, with kernels this GPU can load.
+DoctorCheck check_cuda_build(const HostFacts& f) {
+  const std::string name = "cuda build";
+  const std::string archs = fmt::format("{}", fmt::join(f.build.cuda_archs, ";"));
+  const std::string dockerfile = f.cpu_arch == "aarch64" ? "deploy/docker/Dockerfile.aarch64-sm121"
+                                                         : "deploy/docker/Dockerfile.x86_64-sm90";
+  if (!f.build.cuda) {
+    if (!gpu_visible(f))
+      return ok(name, "this moeserve is a CPU-only build; with no GPU here the CPU backend is what serves");
+    return {name, CheckStatus::Fail,
+            "this moeserve was built without CUDA, but this host has an NVIDIA GPU: `serve --device cuda` "
+            "stops with \"built without CUDA\", and --device cpu leaves the GPU idle",
+            fmt::format("use the image for this host ({}) or rebuild with -DMOESERVE_CUDA=ON "
+                        "-DMOESERVE_CUDA_ARCHITECTURES=<the GPU's, e.g. 121 for GB10, 90a for H100/H200>",
+                        dockerfile)};
+  }
+  if (!gpu_visible(f))
+    return {name, CheckStatus::Info,
+            fmt::format("built with CUDA for {}, but no GPU is visible: only --device cpu works here", archs),
+            ""};
+  std::vector<std::string> loads, not_loads, by_ptx_only;
+  bool known = false;
+  int wanted = 0;  // the capability of a GPU the build misses
+  for (size_t i = 0; i < f.gpus.size(); ++i) {
+    const GpuFact& g = f.gpus[i];
+    if (g.compute_capability <= 0) continue;
+    bool runs = false, unknown_entry = false, sass = false;
+    for (const auto& entry : f.build.cuda_archs) {
+      auto r = cmake_arch_runs_on(entry, g.compute_capability);
+      if (!r) unknown_entry = true;
+      runs = runs || r.value_or(false);
+      if (r.value_or(false) && !entry.ends_with("-virtual")) {
+        CudaArch a = parse_cuda_arch(entry.substr(0, entry.find('-')));
+        sass = sass || cuda_arch_runs_on(a, g.compute_capability);
+      }
+    }
+    if (unknown_entry && !runs)
+      return {
+          name, CheckStatus::Info,
+          fmt::format("built with CUDA for '{}', which names no architecture doctor can compare with "
+                      "GPU {} ({})",
+                      archs, i, format_cuda_arch(g.compute_capability)),
+          "build with explicit architectures (-DMOESERVE_CUDA_ARCHITECTURES=121 or 90a) to have it checked"};
+    known = true;
+    std::string label = fmt::format("GPU {} ({}, {})", i, g.name, format_cuda_arch(g.compute_capability));
+    (runs ? loads : not_loads).push_back(label);
+    if (!runs) wanted = g.compute_capability;
+    if (runs && !sass) by_ptx_only.push_back(label);
+  }
+  if (!known)
+    return {
+        name, CheckStatus::Info,
+        fmt::format("built with CUDA for {}; the GPU's compute capability is unknown (nvidia-smi is needed "
+                    "to read it), so doctor cannot tell whether its kernels load",
+                    archs),
+        "install nvidia-smi (nvidia-utils) and run doctor again"};
+  if (!not_loads.empty())
+    return {
+        name, CheckStatus::Fail,
+        fmt::format("built with CUDA for {} only: no kernel of it loads on {} (`serve --device cuda` fails "
+                    "with \"no kernel image is available for execution on the device\")",
+                    archs, fmt::join(not_loads, ", ")),
+        fmt::format("rebuild with -DMOESERVE_CUDA_ARCHITECTURES={} or use the image for this host ({})",
+                    wanted == 90 ? std::string("90a") : std::to_string(wanted), dockerfile)};
+  if (!by_ptx_only.empty())
+    return {
+        name, CheckStatus::Warn,
+        fmt::format("built with CUDA for {}: {} runs only PTX the driver compiles at the first start "
+                    "(minutes, and not tuned for it)",
+                    archs, fmt::join(by_ptx_only, ", ")),
+        fmt::format("rebuild with this GPU's architecture in -DMOESERVE_CUDA_ARCHITECTURES (the image for "
+                    "this host: {})",
+                    dockerfile)};
+  return ok(name, fmt::format("built with CUDA for {}; kernels load on {}", archs, fmt::join(loads, ", ")));
+}
+
+// What serve does with --tp > 1 today: CPU ranks under mpirun only; --device cuda with --tp is refused.
+DoctorCheck check_tensor_parallel(const HostFacts& f, int tp) {
+  if (gpu_visible(f))
+    return {"tensor parallel", CheckStatus::Warn,
+            fmt::format("`serve --tp {} --device cuda` is refused (\"--tp {} runs on the CPU backend for "
+                        "now\"): NCCL tensor parallelism is built into CUDA builds but not wired into serve "
+                        "yet (docs/tp.md)",
+                        tp, tp),
+            fmt::format("serve a model that fits one GPU with --tp 1; or run the {} ranks on the CPU backend "
+                        "under mpirun -np {}",
+                        tp, tp)};
+  return {"tensor parallel", CheckStatus::Info,
+          fmt::format("--tp {} on the CPU backend runs one process per rank: mpirun -np {} moeserve serve "
+                      "--tp {} ... (docs/tp.md)",
+                      tp, tp, tp),
+          ""};
+}
+
 }  // namespace
 
 const char* status_name(CheckStatus s) {
@@ -220,6 +340,7 @@ std::string elf_arch(const std::string& path) {
 
 HostFacts probe_host(const DoctorOptions& o) {
   HostFacts f;
+  f.build = this_build();
   f.cpu_arch = trim(slurp(under(o, "/proc/sys/kernel/arch")));
   if (f.cpu_arch.empty() && o.root == "/") {
     utsname u{};
@@ -329,10 +450,12 @@ std::vector<DoctorCheck> check_host(const HostFacts& f, const DoctorOptions& o) 
   if (f.nvidia_devices.empty() && !f.nvidia_smi_found) {
     out.push_back(
         {"gpu", CheckStatus::Warn,
-         "no NVIDIA GPU is visible (no /dev/nvidia*, no nvidia-smi): the CPU backend will serve, "
-         "correctly but slowly",
-         "in a container: docker run --gpus all (needs the NVIDIA Container Toolkit on the host); on "
-         "the host: install the NVIDIA driver"});
+         "no NVIDIA GPU is visible (no /dev/nvidia*, no nvidia-smi): `moeserve serve --device cuda` (what "
+         "plan writes for GPU nodes) cannot start here; only the CPU backend (--device cpu, serve's "
+         "default) can serve, correctly but far slower than a GPU",
+         "to serve on a GPU: in a container, start it with --gpus all (the NVIDIA Container Toolkit on the "
+         "host); on the host, install the NVIDIA driver 580+. To serve on this CPU: leave --device out "
+         "(cluster.yaml: gpu: cpu)"});
   } else if (!f.nvidia_smi_found) {
     out.push_back({"gpu", CheckStatus::Info,
                    fmt::format("{} present, but nvidia-smi is not installed: GPU details unknown",
@@ -358,6 +481,9 @@ std::vector<DoctorCheck> check_host(const HostFacts& f, const DoctorOptions& o) 
       out.push_back(c);
     }
   }
+
+  out.push_back(check_cuda_build(f));
+  if (o.tp > 1) out.push_back(check_tensor_parallel(f, o.tp));
 
   // Driver: CUDA 13 needs the R580 driver or newer.
   std::string driver = !f.gpus.empty() ? f.gpus.front().driver : f.kernel_driver;
@@ -396,7 +522,8 @@ std::vector<DoctorCheck> check_host(const HostFacts& f, const DoctorOptions& o) 
           out.push_back({fmt::format("gpu {} memory", i), CheckStatus::Warn,
                          fmt::format("{} of {} already in use by other processes",
                                      format_bytes(g.memory_used), format_bytes(g.memory_total)),
-                         "nvidia-smi lists them; stop them or lower --mem-fraction-static"});
+                         "nvidia-smi lists them; stop them, or give the server less (--cache-memory-gb, "
+                         "--mem-fraction)"});
         else
           out.push_back(ok(fmt::format("gpu {} memory", i),
                            fmt::format("{} free", format_bytes(g.memory_total - g.memory_used))));
@@ -447,7 +574,7 @@ std::vector<DoctorCheck> check_host(const HostFacts& f, const DoctorOptions& o) 
                                                                       ? std::string("unlimited")
                                                                       : std::to_string(f.nofile_soft))));
   }
-  if (f.memlock_soft >= 0 && f.memlock_soft != INT64_MAX && o.tp > 1)
+  if (f.memlock_soft >= 0 && f.memlock_soft != INT64_MAX && o.tp > 1 && gpu_visible(f))
     out.push_back({"locked memory", CheckStatus::Warn,
                    fmt::format("memlock limit {}: NCCL over RDMA needs to pin buffers",
                                format_bytes(double(f.memlock_soft))),

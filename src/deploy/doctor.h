@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "deploy/build_info.h"
+
 namespace moeserve::deploy {
 
 struct DoctorOptions {
@@ -32,6 +34,7 @@ struct GpuFact {
 };
 
 struct HostFacts {
+  BuildInfo build;          // this moeserve's CUDA backend and architectures (tests inject others)
   std::string cpu_arch;     // normalised: x86_64, aarch64, ...
   std::string binary_arch;  // from the binary's ELF header ("" when unreadable)
   std::string binary_path;

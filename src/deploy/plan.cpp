@@ -47,6 +47,12 @@ void check_image(const ClusterSpec& c, const NodeSpec& n, std::vector<std::strin
                   n.arch == "aarch64" ? "aarch64-sm121" : "x86_64-sm90"));
 }
 
+std::vector<std::string> model_nodes(const ModelSpec& m) {
+  std::vector<std::string> out;
+  for (const auto& group : m.replicas) out.insert(out.end(), group.begin(), group.end());
+  return out;
+}
+
 struct PortUse {
   std::string host;
   int port;
@@ -179,6 +185,11 @@ Plan make_plan(const ClusterSpec& c) {
       if (group.size() > 1)
         ports.push_back(
             {leader->host, m.dist_port, fmt::format("the TP rendezvous of {}", replica_label(m, int(r)))});
+      if (r == 0) {
+        if (std::string limit = tp_launch_limit(m, *leader); !limit.empty())
+          plan.warnings.push_back(fmt::format("{} (tp {}) will not start on {}: {}", m.name, m.tp,
+                                              fmt::join(model_nodes(m), ", "), limit));
+      }
       if (group.size() > 2 && all_spark) {
         std::string text = fmt::format(
             "{}: a TP group of {} DGX Spark nodes is experimental: NVIDIA supports two directly connected "

@@ -54,6 +54,13 @@ std::string render_prometheus_config(const ClusterSpec& c, const std::vector<Ass
 std::string render_alert_rules(const ClusterSpec& c);
 nlohmann::json render_grafana_dashboard(const ClusterSpec& c);
 
+// Whether the node's gpu kind is a GPU ("cpu" is not): its server runs --device cuda.
+bool node_has_gpu(const NodeSpec& n);
+
+// Why a replica's launch files cannot start today, or "": `moeserve serve` refuses --tp > 1 with --device
+// cuda (NCCL is not wired into serve yet) and runs CPU ranks only under mpirun (docs/tp.md).
+std::string tp_launch_limit(const ModelSpec& m, const NodeSpec& leader);
+
 // Shell quoting for generated scripts: 'text' when it needs it.
 std::string shell_quote(const std::string& s);
 

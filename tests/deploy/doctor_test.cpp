@@ -70,10 +70,17 @@ class FakeHost {
     file("nvidia-smi", "#!/bin/sh\n" + body + "\n");
     ::chmod((dir / "nvidia-smi").c_str(), 0755);
   }
-  std::vector<DoctorCheck> run() const { return check_host(probe_host(options), options); }
+  // The binary's build is a fact about this process, not the fake root: tests inject it.
+  HostFacts probe() const {
+    HostFacts f = probe_host(options);
+    f.build = build;
+    return f;
+  }
+  std::vector<DoctorCheck> run() const { return check_host(probe(), options); }
 
   TempDir dir;
   DoctorOptions options;
+  BuildInfo build{true, {"121"}};  // the aarch64-sm121 image's moeserve
 };
 
 const DoctorCheck* find(const std::vector<DoctorCheck>& checks, const std::string& name) {
@@ -88,7 +95,7 @@ std::string dump(const std::vector<DoctorCheck>& checks) {
 
 TEST(Doctor, HealthySparkPasses) {
   FakeHost host;
-  HostFacts f = probe_host(host.options);
+  HostFacts f = host.probe();
   EXPECT_EQ(f.cpu_arch, "aarch64");
   EXPECT_EQ(f.binary_arch, "aarch64");
   EXPECT_DOUBLE_EQ(f.shm_size, 64.0 * 1024 * 1024 * 1024);
@@ -142,7 +149,106 @@ TEST(Doctor, NoGpuWarnsAboutTheCpuBackend) {
   auto c = find(checks, "gpu");
   ASSERT_NE(c, nullptr) << dump(checks);
   EXPECT_EQ(c->status, CheckStatus::Warn);
+  // serve does not fall back to the CPU by itself: --device cuda fails; the CPU backend is serve's default.
+  EXPECT_NE(
+      c->detail.find("`moeserve serve --device cuda` (what plan writes for GPU nodes) cannot start here"),
+      std::string::npos)
+      << c->detail;
+  EXPECT_NE(c->detail.find("--device cpu, serve's default"), std::string::npos) << c->detail;
   EXPECT_NE(c->fix.find("--gpus all"), std::string::npos);
+  EXPECT_NE(c->fix.find("leave --device out"), std::string::npos) << c->fix;
+  // This host's CUDA build can only run --device cpu; a CPU-only build is what such a host needs.
+  auto build = find(checks, "cuda build");
+  ASSERT_NE(build, nullptr) << dump(checks);
+  EXPECT_EQ(build->status, CheckStatus::Info);
+  EXPECT_NE(build->detail.find("built with CUDA for 121, but no GPU is visible"), std::string::npos);
+  host.build = {};
+  EXPECT_EQ(find(host.run(), "cuda build")->status, CheckStatus::Ok);
+}
+
+TEST(Doctor, CudaBuildForThisGpuPasses) {
+  FakeHost host;
+  host.build.cuda_archs = {"90a", "121"};  // CMake's default list
+  auto checks = host.run();
+  auto c = find(checks, "cuda build");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->status, CheckStatus::Ok) << c->detail;
+  EXPECT_NE(c->detail.find("built with CUDA for 90a;121; kernels load on GPU 0 (NVIDIA GB10, sm_121)"),
+            std::string::npos)
+      << c->detail;
+}
+
+TEST(Doctor, CudaBuildForAnotherGpuFails) {
+  FakeHost host;
+  host.build.cuda_archs = {"90a"};  // the x86_64-sm90 image's kernels on a Spark
+  auto checks = host.run();
+  auto c = find(checks, "cuda build");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->status, CheckStatus::Fail);
+  EXPECT_NE(
+      c->detail.find("built with CUDA for 90a only: no kernel of it loads on GPU 0 (NVIDIA GB10, sm_121)"),
+      std::string::npos)
+      << c->detail;
+  EXPECT_NE(c->fix.find("-DMOESERVE_CUDA_ARCHITECTURES=121"), std::string::npos) << c->fix;
+  EXPECT_NE(c->fix.find("Dockerfile.aarch64-sm121"), std::string::npos) << c->fix;
+  // SASS only for sm_120 runs on sm_121 (same major, older minor); sm_120 PTX would too.
+  host.build.cuda_archs = {"120-real"};
+  EXPECT_EQ(find(host.run(), "cuda build")->status, CheckStatus::Ok);
+  // Only portable PTX of an older major: the driver compiles it at the first start.
+  host.build.cuda_archs = {"90"};
+  auto ptx_checks = host.run();
+  auto ptx = find(ptx_checks, "cuda build");
+  EXPECT_EQ(ptx->status, CheckStatus::Warn) << ptx->detail;
+  EXPECT_NE(ptx->detail.find("runs only PTX"), std::string::npos) << ptx->detail;
+  host.build.cuda_archs = {"90-real"};
+  EXPECT_EQ(find(host.run(), "cuda build")->status, CheckStatus::Fail);
+}
+
+TEST(Doctor, CpuOnlyBuildOnAGpuHostFails) {
+  FakeHost host;
+  host.build = {};
+  auto checks = host.run();
+  auto c = find(checks, "cuda build");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->status, CheckStatus::Fail);
+  EXPECT_NE(c->detail.find("built without CUDA, but this host has an NVIDIA GPU"), std::string::npos);
+  EXPECT_NE(c->fix.find("-DMOESERVE_CUDA=ON"), std::string::npos);
+}
+
+TEST(Doctor, CudaBuildThatCannotBeComparedIsInfo) {
+  FakeHost host;
+  host.build.cuda_archs = {"native"};
+  auto checks = host.run();
+  auto c = find(checks, "cuda build");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->status, CheckStatus::Info) << c->detail;
+  EXPECT_NE(c->detail.find("'native'"), std::string::npos) << c->detail;
+  // A GPU without nvidia-smi: its compute capability is unknown.
+  host.build.cuda_archs = {"121"};
+  host.options.nvidia_smi = host.dir / "not-installed";
+  auto checks_again = host.run();
+  c = find(checks_again, "cuda build");
+  EXPECT_EQ(c->status, CheckStatus::Info) << c->detail;
+  EXPECT_NE(c->detail.find("compute capability is unknown"), std::string::npos) << c->detail;
+}
+
+// The real binary reports its own build: CI builds without CUDA.
+TEST(Doctor, ThisBuildIsReported) {
+  BuildInfo b = this_build();
+  EXPECT_EQ(b.cuda, !b.cuda_archs.empty());
+  EXPECT_EQ(probe_host(DoctorOptions{}).build.cuda, b.cuda);
+}
+
+TEST(Doctor, TensorParallelOnGpusSaysServeRefusesIt) {
+  FakeHost host;
+  host.options.tp = 2;
+  auto checks = host.run();
+  auto c = find(checks, "tensor parallel");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->status, CheckStatus::Warn);
+  EXPECT_NE(c->detail.find("`serve --tp 2 --device cuda` is refused"), std::string::npos) << c->detail;
+  host.options.tp = 1;
+  EXPECT_EQ(find(host.run(), "tensor parallel"), nullptr);
 }
 
 TEST(Doctor, HiddenGpusWarn) {
@@ -233,7 +339,7 @@ class FakeModel {
  public:
   FakeModel() { fs::copy("tests/fixtures/models/tiny-moe", dir.path(), fs::copy_options::recursive); }
   std::vector<DoctorCheck> run(FakeHost& host) const {
-    return check_model(dir.path(), probe_host(host.options), host.options);
+    return check_model(dir.path(), host.probe(), host.options);
   }
   TempDir dir;
 };

@@ -44,10 +44,11 @@ TEST(Plan, TpPairLaunchLines) {
   ASSERT_EQ(p.assignments.size(), 2u);
   const PlanFile* rank1 = find_file(p, "nodes/s2/serve.sh");
   ASSERT_NE(rank1, nullptr);
-  for (const char* want : {"--tp 2", "--nnodes 2", "--node-rank 1", "--dist-init-addr 10.0.0.1:29500",
-                           "--port 30000", "--cache-memory-gb", "--max-running-requests 16",
-                           "--reasoning-parser qwen3", "--tool-call-parser qwen3_coder",
-                           "export CUDA_DEVICE_MAX_CONNECTIONS=1", "export NCCL_SOCKET_IFNAME=enp1s0f0np0"})
+  for (const char* want :
+       {"--device cuda", "--tp 2", "--nnodes 2", "--node-rank 1", "--dist-init-addr 10.0.0.1:29500",
+        "--port 30000", "--cache-memory-gb", "--max-running-requests 16", "--reasoning-parser qwen3",
+        "--tool-call-parser qwen3_coder", "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        "export NCCL_SOCKET_IFNAME=enp1s0f0np0"})
     EXPECT_NE(rank1->content.find(want), std::string::npos) << want << "\n" << rank1->content;
   const PlanFile* docker = find_file(p, "nodes/s1/docker-run.sh");
   ASSERT_NE(docker, nullptr);
@@ -63,6 +64,60 @@ TEST(Plan, TpPairLaunchLines) {
   EXPECT_EQ(route->content.find("10.0.0.2"), std::string::npos);
   const PlanFile* prom = find_file(p, "monitoring/prometheus.yml");
   EXPECT_EQ(prom->content.find("10.0.0.2:30000"), std::string::npos);
+}
+
+// serve's default device is the CPU: GPU nodes must ask for cuda in every launch file; CPU nodes must not.
+TEST(Plan, GpuNodesServeOnCudaCpuNodesOnTheCpu) {
+  Plan p = make_plan(parse(R"(
+nodes:
+  - {name: g, host: 10.0.0.1, gpu: gb10}
+  - {name: c, host: 10.0.0.2, gpu: cpu, arch: x86_64, memory: 512GB}
+models:
+  - {name: m, path: /m, preset: qwen3.5-35b-a3b, dtype: fp8, nodes: [g, c]}
+router: {host: 10.0.0.9}
+)"));
+  EXPECT_TRUE(p.warnings.empty());
+  for (const char* file : {"serve.sh", "moeserve.service", "docker-run.sh"}) {
+    SCOPED_TRACE(file);
+    const std::string& gpu = find_file(p, std::string("nodes/g/") + file)->content;
+    const std::string& cpu = find_file(p, std::string("nodes/c/") + file)->content;
+    EXPECT_NE(gpu.find("--device cuda"), std::string::npos) << gpu;
+    EXPECT_EQ(cpu.find("--device"), std::string::npos) << cpu;
+    EXPECT_EQ(cpu.find("--gpus"), std::string::npos) << cpu;
+    EXPECT_EQ(gpu.find("NOT STARTABLE"), std::string::npos) << gpu;
+  }
+  auto manifest = nlohmann::json::parse(find_file(p, "plan.json")->content);
+  EXPECT_NE(manifest["nodes"][0]["command"].get<std::string>().find(" --device cuda "), std::string::npos);
+}
+
+// serve refuses --tp > 1 with --device cuda until NCCL is wired in: plan still writes the lines (they are
+// what serve will take) but says, in the summary and at the top of every file, that they cannot start.
+TEST(Plan, TpGroupsSayTheyCannotStartYet) {
+  Plan p = make_plan(parse(kPair));
+  ASSERT_EQ(p.warnings.size(), 1u);
+  EXPECT_NE(p.warnings[0].find("big (tp 2) will not start on s1, s2: `moeserve serve` refuses --tp 2 with "
+                               "--device cuda"),
+            std::string::npos)
+      << p.warnings[0];
+  EXPECT_NE(p.summary.find("warning: big (tp 2) will not start"), std::string::npos);
+  for (const char* file : {"nodes/s1/serve.sh", "nodes/s2/moeserve.service", "nodes/s2/docker-run.sh"}) {
+    const std::string& text = find_file(p, file)->content;
+    EXPECT_NE(text.find("# NOT STARTABLE YET: `moeserve serve` refuses --tp 2 with --device cuda"),
+              std::string::npos)
+        << file << "\n"
+        << text;
+  }
+  // On CPU nodes the ranks must run under mpirun, which per-node files do not do.
+  Plan cpu = make_plan(parse(R"(
+defaults: {gpu: cpu, arch: x86_64, memory: 1TB}
+nodes: [{name: a, host: 10.0.0.1}, {name: b, host: 10.0.0.2}]
+models: [{name: m, path: /m, preset: qwen3.5-35b-a3b, dtype: fp8, nodes: [[a, b]]}]
+router: {host: 10.0.0.9}
+)"));
+  ASSERT_EQ(cpu.warnings.size(), 1u);
+  EXPECT_NE(cpu.warnings[0].find("runs one process per rank under mpirun"), std::string::npos)
+      << cpu.warnings[0];
+  EXPECT_EQ(find_file(cpu, "nodes/a/serve.sh")->content.find("--device"), std::string::npos);
 }
 
 TEST(Plan, NginxCarriesTheReferenceTuning) {
@@ -178,7 +233,7 @@ models:
   EXPECT_NE(e.find("a TP group of 4 DGX Spark nodes is experimental"), std::string::npos) << e;
   EXPECT_NE(e.find("set experimental: true"), std::string::npos) << e;
   Plan p = make_plan(parse(base + "    experimental: true\n"));
-  ASSERT_EQ(p.warnings.size(), 1u);
+  ASSERT_EQ(p.warnings.size(), 2u);  // and that serve cannot run tp 4 on CUDA yet (TpOnGpusIsFlagged)
   EXPECT_NE(p.summary.find("warning: big: a TP group of 4 DGX Spark nodes is experimental"),
             std::string::npos);
 }
