@@ -393,6 +393,17 @@ int serve(const ServeOptions& o) {
   Engine* engine_ptr = engine.get();
   metrics.set_sources([engine_ptr] { return std::optional<EngineStats>(engine_ptr->stats()); }, &admission);
   service.set_engine(engine_ptr, cap.max_model_len);
+  // Weights and caches are in place: a server already past its pressure threshold would answer every
+  // request 503, so it stops here with the numbers instead.
+  if (o.memory_pressure_threshold > 0) {
+    server::MemoryReading now = memory->reading();
+    check(now.fraction() < o.memory_pressure_threshold,
+          "{} memory is {:.1f} of {:.1f} GiB ({:.2f}) after loading the model and its caches, above "
+          "--memory-pressure-threshold {}: every request would be refused. Lower --mem-fraction or "
+          "--cache-memory-gb, or raise the threshold",
+          now.source, double(now.used_bytes) / (1 << 30), double(now.limit_bytes) / (1 << 30), now.fraction(),
+          o.memory_pressure_threshold);
+  }
   service.set_ready(true);
   loading = false;
 

@@ -19,6 +19,10 @@ double cache_gib(const Assignment& a) {
   return std::floor(std::max(0.0, bytes) / double(1ull << 30) * 10) / 10;
 }
 
+double pressure_threshold(const ModelSpec& m) {
+  return std::min(0.98, m.mem_fraction + 0.10);
+}
+
 std::vector<std::string> serve_argv(const ClusterSpec& c, const Assignment& a) {
   const ModelSpec& m = *a.model;
   std::vector<std::string> v = {"serve",  "--model", m.path,   "--served-model-name", m.name,
@@ -34,6 +38,10 @@ std::vector<std::string> serve_argv(const ClusterSpec& c, const Assignment& a) {
                      std::to_string(m.max_running_requests), "--max-model-len",
                      std::to_string(m.max_model_len), "--reasoning-parser", "qwen3", "--tool-call-parser",
                      "qwen3_coder", "--shutdown-timeout", fmt::format("{}", c.install.shutdown_timeout)});
+  // serve refuses new requests once used/total memory passes this threshold. The weights and caches alone
+  // take mem_fraction of it (on GB10 the OS shares the same 128 GB), so serve's default 0.86 would refuse
+  // every request at a 0.85 cap: the threshold sits a margin above the static share instead.
+  v.insert(v.end(), {"--memory-pressure-threshold", fmt::format("{:.2f}", pressure_threshold(m))});
   if (m.prefill_chunk != 8192) v.insert(v.end(), {"--chunked-prefill-size", std::to_string(m.prefill_chunk)});
   v.insert(v.end(), m.extra_args.begin(), m.extra_args.end());
   return v;

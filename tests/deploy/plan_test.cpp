@@ -47,6 +47,7 @@ TEST(Plan, TpPairLaunchLines) {
   for (const char* want :
        {"--device cuda", "--tp 2", "--nnodes 2", "--node-rank 1", "--dist-init-addr 10.0.0.1:29500",
         "--port 30000", "--cache-memory-gb", "--max-running-requests 16", "--reasoning-parser qwen3",
+        "--memory-pressure-threshold 0.95",
         "--tool-call-parser qwen3_coder", "export CUDA_DEVICE_MAX_CONNECTIONS=1",
         "export NCCL_SOCKET_IFNAME=enp1s0f0np0"})
     EXPECT_NE(rank1->content.find(want), std::string::npos) << want << "\n" << rank1->content;

@@ -221,6 +221,16 @@ TEST(ServeTinyMoe, QueueFullIs429) {
   EXPECT_EQ(r.headers["retry-after"], "1");
 }
 
+// A threshold the loaded server is already past would turn every request away with 503: serve says so and
+// exits instead of reporting ready.
+TEST(ServeTinyMoe, PastItsMemoryPressureThresholdAfterLoadingItRefusesToStart) {
+  ServeProcess p({"--model", kTinyMoe, "--memory-pressure-threshold", "0.0001"});
+  EXPECT_FALSE(p.wait_ready(std::chrono::seconds(120)));
+  EXPECT_NE(p.wait_exit(std::chrono::seconds(30)), 0);
+  EXPECT_NE(p.output().find("every request would be refused"), std::string::npos) << p.output();
+  EXPECT_NE(p.output().find("--memory-pressure-threshold 0.0001"), std::string::npos) << p.output();
+}
+
 TEST(ServeTinyMoe, SigtermDrainsThenExitsZero) {
   auto p = start({"--model", kTinyMoe, "--shutdown-timeout", "60"});
   Connection inflight(p->port());
