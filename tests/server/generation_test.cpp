@@ -498,8 +498,10 @@ TEST(Generation, ParametersTheServerDoesNotUseAreAccepted) {
   EXPECT_EQ(b["choices"][0]["message"], a["choices"][0]["message"]);
   EXPECT_EQ(b["choices"][0]["message"]["content"], "Fine.");
   // Asking for what the server cannot do is still a 400, not silently different output.
-  for (json bad : {json{{"response_format", {{"type", "json_object"}}}},
-                   json{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
+  for (json bad : {json{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
+                   json{{"response_format",
+                         {{"type", "json_schema"},
+                          {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"maxLength", 3}}}}}}}},
                    json{{"modalities", {"text", "audio"}}}, json{{"priority", "urgent"}}}) {
     json body = plain;
     body.update(bad);
