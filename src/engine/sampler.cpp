@@ -30,6 +30,8 @@ class RowView {
   virtual const Candidate& at(size_t i) const = 0;
   // Σ over the whole row of exp(double(l - max) * inv_t), in column order; nullopt if unknown.
   virtual std::optional<double> total_weight(double inv_t) = 0;
+  // The whole row by token id; empty when only the leading candidates are known.
+  virtual std::span<const float> columns() const { return {}; }
 };
 
 // A full row: sorts only as far as asked (the mass almost always lies in the first few hundred tokens).
@@ -61,6 +63,7 @@ class FullRow final : public RowView {
     return true;
   }
   const Candidate& at(size_t i) const override { return order_[i]; }
+  std::span<const float> columns() const override { return logits_; }
   std::optional<double> total_weight(double inv_t) override {
     ensure(1);
     const float max = order_[0].logit;
@@ -151,15 +154,20 @@ void Sampler::constrain(std::vector<int32_t> end_tokens) {
   matcher_.emplace(params_.json->schema);
   constraint_active_ = !params_.json->start_after_token;
   end_tokens_ = std::move(end_tokens);
+  first_byte_ok_.fill(-1);
 }
 
 bool Sampler::constraint_complete() const { return constraint_active_ && matcher_->can_end(); }
 
-bool Sampler::allowed(int32_t token) const {
+bool Sampler::allowed(int32_t token) {
   if (std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end()) return matcher_->can_end();
   const TokenBytes& vocab = *params_.json->vocab;
   if (size_t(token) >= vocab.bytes.size() || !vocab.usable[size_t(token)]) return false;
-  return matcher_->accepts(vocab.bytes[size_t(token)]);
+  const std::string& bytes = vocab.bytes[size_t(token)];
+  // Most tokens fail on their first byte (at a structural position, nearly all): one check per byte value.
+  int8_t& first = first_byte_ok_[uint8_t(bytes[0])];
+  if (first < 0) first = matcher_->accepts(std::string_view(bytes.data(), 1));
+  return first && (bytes.size() == 1 || matcher_->accepts(bytes));
 }
 
 double Sampler::next_uniform() {
@@ -181,7 +189,7 @@ std::optional<int32_t> Sampler::choose_constrained(RowView& row) {
   std::optional<Cut> c = cut(row);
   if (!c) return std::nullopt;
   // Rejection: draw from what is left of the cut; a rejected token leaves it.
-  std::vector<size_t> rejected;
+  std::vector<size_t> rejected;  // positions in the order
   double left = c->total;
   for (int attempt = 0; attempt < kMaxRejections && left > 0; ++attempt) {
     const double target = next_uniform() * left;
@@ -200,32 +208,42 @@ std::optional<int32_t> Sampler::choose_constrained(RowView& row) {
     if (allowed(row.at(*pick).token)) return row.at(*pick).token;
     rejected.push_back(*pick);
     left -= c->weight(row, *pick);
+    if (*pick >= kDeepDraw) break;  // a flat distribution: each draw walks far, one scan is cheaper
   }
-  // Many rejections: the restricted distribution directly, every token of the cut checked.
-  std::vector<std::pair<size_t, double>> valid;
+  // Many rejections: the restricted distribution directly, every token of the cut checked (by token id when
+  // the cut is the whole row, which spares sorting it).
+  std::vector<std::pair<int32_t, double>> valid;
   double mass = 0;
-  for (size_t i = 0; i < c->n; ++i) {
-    if (!row.ensure(i + 1)) return std::nullopt;
-    const double w = c->weight(row, i);
-    if (!(w > 0)) break;
-    if (std::find(rejected.begin(), rejected.end(), i) != rejected.end() || !allowed(row.at(i).token)) continue;
-    valid.emplace_back(i, w);
+  auto consider = [&](int32_t token, double w) {
+    if (!(w > 0) || !allowed(token)) return;
+    valid.emplace_back(token, w);
     mass += w;
+  };
+  const std::span<const float> columns = row.columns();
+  if (c->n == row.vocab() && !columns.empty()) {
+    for (size_t t = 0; t < columns.size(); ++t)
+      consider(int32_t(t), std::exp(double(columns[t] - c->max) * c->inv_t));
+  } else {
+    for (size_t i = 0; i < c->n; ++i) {
+      if (!row.ensure(i + 1)) return std::nullopt;
+      consider(row.at(i).token, c->weight(row, i));
+    }
   }
   if (valid.empty()) return first_allowed(c->n);  // nothing valid in the cut: the most likely valid token
   const double target = next_uniform() * mass;
   double acc = 0;
-  for (auto [i, w] : valid) {
+  for (auto [token, w] : valid) {
     acc += w;
-    if (target < acc) return row.at(i).token;
+    if (target < acc) return token;
   }
-  return row.at(valid.back().first).token;
+  return valid.back().first;
 }
 
 void Sampler::accept(int32_t token) {
   if (matcher_) {
     const bool end = std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end();
     if (constraint_active_ && !end) matcher_->advance(params_.json->vocab->bytes[size_t(token)]);
+    first_byte_ok_.fill(-1);
     if (!constraint_active_ && token == params_.json->start_after_token) constraint_active_ = true;
   }
   if (params_.repetition_penalty != 1.0f) seen_.insert(token);

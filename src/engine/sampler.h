@@ -16,10 +16,12 @@
 // end tokens only once the document is complete. Greedy takes the first accepted token in sampling order.
 // Sampling draws from the cut distribution and, when the token is not accepted, removes it, renormalises and
 // draws again: exactly a draw from the cut distribution restricted to accepted tokens (the cuts apply to the
-// model's distribution, then the mask). After kMaxRejections it draws from that restricted distribution
+// model's distribution, then the mask). After kMaxRejections (or one rejected draw from past kDeepDraw
+// tokens down the order, where walking again costs more than a scan) it draws from that restricted distribution
 // directly (every token of the cut checked), and if the cut holds no accepted token it takes the most likely
 // accepted one beyond it. Either way no full-vocabulary scan happens while the likely tokens are valid.
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -49,7 +51,8 @@ constexpr int32_t kNoToken = -1;
 
 class Sampler {
  public:
-  static constexpr int kMaxRejections = 16;
+  static constexpr int kMaxRejections = 8;
+  static constexpr size_t kDeepDraw = 4096;  // a rejected draw this far down the order ends the rejections
 
   Sampler(const SamplingParams& params, std::span<const int32_t> prompt, uint64_t seed);
 
@@ -81,7 +84,7 @@ class Sampler {
   std::optional<Cut> cut(sampling::RowView& row) const;
   std::optional<int32_t> choose(sampling::RowView& row);
   std::optional<int32_t> choose_constrained(sampling::RowView& row);
-  bool allowed(int32_t token) const;
+  bool allowed(int32_t token);
   double next_uniform();  // the draws of one choice, replayed when a candidates attempt gave up
 
   SamplingParams params_;
@@ -96,6 +99,7 @@ class Sampler {
   std::optional<JsonMatcher> matcher_;
   bool constraint_active_ = false;
   std::vector<int32_t> end_tokens_;
+  std::array<int8_t, 256> first_byte_ok_;  // per first byte: accepted now? -1 unknown (reset on every token)
 };
 
 // log_softmax of the raw logits at `token`, plus the top_n most likely tokens (best first).
