@@ -540,17 +540,14 @@ bool JsonMatcher::feed(uint8_t c) {
         const bool more = n.max_items < 0 || f.count < n.max_items;
         if (f.phase == kArrOpen || f.phase == kArrAfter) {
           if (c == ']' && f.count >= n.min_items) return child_done();
-          if (f.phase == kArrAfter) {
-            if (c != ',' || !more) return false;
-          } else if (!more) {
-            return false;
-          }
+          const bool comma = f.phase == kArrAfter;
+          if (!more || (comma && c != ',')) return false;
           Frame v;
           v.node = n.items;
           f.phase = kArrItem;
           stack_.push_back(std::move(v));
-          if (c == ',') return true;
-          continue;  // the item's first byte
+          if (comma) return true;
+          continue;  // the first item's first byte
         }
         return false;
       }

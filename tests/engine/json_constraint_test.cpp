@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 
 namespace moeserve {
@@ -68,11 +69,51 @@ TEST(JsonObject, RejectsWhatIsNotJsonAtTheFirstBadByte) {
   EXPECT_EQ(rejected_at(s, "{\"a\": tru }"), 9u);
   EXPECT_EQ(rejected_at(s, "{\"a\": 1,}"), 8u);  // trailing comma
   EXPECT_EQ(rejected_at(s, "{\"a\": [1,]}"), 9u);
+  EXPECT_EQ(rejected_at(s, "{\"a\": [,1]}"), 7u);  // no comma before the first item
+  EXPECT_EQ(rejected_at(s, "{\"a\": [ , 1]}"), 8u);
+  EXPECT_EQ(rejected_at(s, "{,}"), 1u);
   EXPECT_EQ(rejected_at(s, "{\"a\": \"\\x\"}"), 8u);  // bad escape
   EXPECT_EQ(rejected_at(s, "{\"a\": \"\\u12g4\"}"), 11u);
   EXPECT_EQ(rejected_at(s, "{\"a\": \"x\ny\"}"), 8u);  // raw control character in a string
   EXPECT_EQ(rejected_at(s, "{} {}"), 3u);             // one value only
   EXPECT_EQ(rejected_at(s, "{\"a\": 1}}"), 8u);
+}
+
+// Differential: random edits of valid documents, judged by the matcher and by nlohmann's parser, agree on
+// every one (both ways), and whatever the matcher takes byte by byte is a prefix it can still complete.
+TEST(JsonObject, AgreesWithAParserOnRandomEdits) {
+  auto s = JsonSchema::any_object();
+  const std::vector<std::string> seeds = {
+      R"({"a": [1, -0.5e+10, {"b": null}], "c": "x\"y\u00e9", "d": true})", R"({})",
+      R"({"k": [[], [{}], 0, 1E5, -0, 12.25e-3], "s": "\ud83d\ude00 \/ \n"})", R"( {"x" : false , "y":""} )"};
+  const std::string alphabet = "{}[],:\" \\0123456789.-+eEtrufalsn\tu/xbd";
+  std::mt19937 rng(7);
+  int valid_count = 0, checked = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string doc = seeds[rng() % seeds.size()];
+    for (int edits = 1 + int(rng() % 3); edits > 0; --edits) {
+      const size_t at = rng() % (doc.size() + 1);
+      const char c = alphabet[rng() % alphabet.size()];
+      switch (rng() % 3) {
+        case 0: doc.insert(doc.begin() + int64_t(at), c); break;
+        case 1: if (at < doc.size()) doc.erase(doc.begin() + int64_t(at)); break;
+        default: if (at < doc.size()) doc[at] = c;
+      }
+    }
+    bool parser_ok = false;
+    try {
+      parser_ok = nlohmann::json::parse(doc).is_object();
+    } catch (const nlohmann::json::out_of_range&) {
+      continue;  // grammatical, but a number past double's range (1e999): the parser's limit, not JSON's
+    } catch (const nlohmann::json::parse_error&) {
+    }
+    const bool matcher_ok = valid(s, doc);
+    EXPECT_EQ(matcher_ok, parser_ok) << doc;
+    valid_count += parser_ok;
+    ++checked;
+  }
+  EXPECT_GT(valid_count, 1000);  // the edits leave enough valid documents to compare
+  EXPECT_GT(checked, 19000);
 }
 
 TEST(JsonObject, SurrogatesOnlyInPairs) {

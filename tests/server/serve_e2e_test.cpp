@@ -518,7 +518,7 @@ TEST_F(ServeDemo, ResponseFormatJsonSchemaAndJsonObject) {
   const json format = {{"type", "json_schema"}, {"json_schema", {{"name", "answer"}, {"schema", schema}}}};
   auto check = [&](const std::string& text) {
     json doc = json::parse(text, nullptr, false);
-    ASSERT_TRUE(doc.is_object()) << text;
+    ASSERT_TRUE(doc.is_object()) << json(text).dump();
     EXPECT_EQ(doc.size(), 5u) << text;
     EXPECT_TRUE(doc["color"] == "red" || doc["color"] == "green" || doc["color"] == "blue") << text;
     EXPECT_TRUE(doc["ok"].is_boolean()) << text;
