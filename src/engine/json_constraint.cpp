@@ -17,19 +17,31 @@ namespace {
 constexpr size_t kMaxProperties = 64;  // a property set is a 64-bit mask
 constexpr size_t kMaxDepth = 128;      // nesting the matcher follows (bounds its stack)
 
-bool is_ws(uint8_t c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
-bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
-bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+bool is_ws(uint8_t c) {
+  return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+bool is_digit(uint8_t c) {
+  return c >= '0' && c <= '9';
+}
+bool is_hex(uint8_t c) {
+  return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
 
 uint8_t literal_type(const json& v) {
   switch (v.type()) {
-    case json::value_t::string: return Node::kString;
-    case json::value_t::boolean: return Node::kBoolean;
-    case json::value_t::null: return Node::kNull;
-    case json::value_t::number_float: return Node::kNumber;
+    case json::value_t::string:
+      return Node::kString;
+    case json::value_t::boolean:
+      return Node::kBoolean;
+    case json::value_t::null:
+      return Node::kNull;
+    case json::value_t::number_float:
+      return Node::kNumber;
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return Node::kNumber | Node::kInteger;
-    default: return 0;
+    case json::value_t::number_unsigned:
+      return Node::kNumber | Node::kInteger;
+    default:
+      return 0;
   }
 }
 
@@ -59,9 +71,10 @@ class SchemaCompiler {
     if (auto ref = s.find("$ref"); ref != s.end()) return reference(s, *ref, path);
     for (auto it = s.begin(); it != s.end(); ++it) {
       static const std::set<std::string> kKnown = {
-          "type", "enum", "const", "properties", "required", "additionalProperties", "items", "minItems",
-          "maxItems", "title", "description", "default", "examples", "$schema", "$id", "$comment",
-          "deprecated", "readOnly", "writeOnly", "$defs", "definitions"};
+          "type",      "enum",     "const",      "properties", "required",    "additionalProperties",
+          "items",     "minItems", "maxItems",   "title",      "description", "default",
+          "examples",  "$schema",  "$id",        "$comment",   "deprecated",  "readOnly",
+          "writeOnly", "$defs",    "definitions"};
       if (!kKnown.count(it.key()))
         fail(it.key(), path, fmt::format("the keyword '{}' is not supported in structured output", it.key()));
     }
@@ -102,8 +115,9 @@ class SchemaCompiler {
 
   static uint8_t type_bit(const json& name, const std::string& path) {
     static const std::map<std::string, uint8_t> kTypes = {
-        {"object", Node::kObject}, {"array", Node::kArray},   {"string", Node::kString}, {"number", Node::kNumber},
-        {"integer", Node::kInteger}, {"boolean", Node::kBoolean}, {"null", Node::kNull}};
+        {"object", Node::kObject}, {"array", Node::kArray},     {"string", Node::kString},
+        {"number", Node::kNumber}, {"integer", Node::kInteger}, {"boolean", Node::kBoolean},
+        {"null", Node::kNull}};
     auto it = name.is_string() ? kTypes.find(name.get<std::string>()) : kTypes.end();
     if (it == kTypes.end()) fail("type", path, fmt::format("unknown type {}", name.dump()));
     return it->second;
@@ -112,8 +126,8 @@ class SchemaCompiler {
   // Local references only: "#", "#/$defs/Name", "#/definitions/Name" (any JSON pointer into the document).
   int reference(const json& s, const json& ref, const std::string& path) {
     for (auto it = s.begin(); it != s.end(); ++it) {
-      static const std::set<std::string> kAnnotations = {"$ref", "title", "description", "default",
-                                                         "examples", "$comment", "$defs", "definitions"};
+      static const std::set<std::string> kAnnotations = {
+          "$ref", "title", "description", "default", "examples", "$comment", "$defs", "definitions"};
       if (!kAnnotations.count(it.key()))
         fail(it.key(), path, fmt::format("'{}' next to $ref is not supported", it.key()));
     }
@@ -262,7 +276,6 @@ bool literal_complete(const Frame& f) {
 
 }  // namespace
 
-
 JsonMatcher::JsonMatcher(std::shared_ptr<const JsonSchema> schema) : schema_(std::move(schema)) {
   Frame root;
   root.kind = Frame::kRoot;
@@ -304,8 +317,12 @@ bool JsonMatcher::child_done() {
   Frame& f = stack_.back();
   const Node& n = schema_->node(f.node);
   switch (f.kind) {
-    case Frame::kRoot: f.phase = 1; return true;
-    case Frame::kArray: ++f.count, f.phase = kArrAfter; return true;
+    case Frame::kRoot:
+      f.phase = 1;
+      return true;
+    case Frame::kArray:
+      ++f.count, f.phase = kArrAfter;
+      return true;
     case Frame::kObject:
       if (f.phase == kObjValue) {
         f.phase = kObjAfter;
@@ -326,7 +343,8 @@ bool JsonMatcher::child_done() {
       if (f.key >= 0) f.seen |= uint64_t(1) << f.key;
       f.phase = kObjColon;
       return true;
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -345,7 +363,8 @@ bool JsonMatcher::feed(uint8_t c) {
       return true;
     if (!is_ws(c) || f.kind == Frame::kString) whitespace_run_ = 0;
     switch (f.kind) {
-      case Frame::kRoot: return false;  // the value is complete; only whitespace may follow
+      case Frame::kRoot:
+        return false;  // the value is complete; only whitespace may follow
 
       case Frame::kValue: {
         if (!n.literals.empty() || ((c == 't' || c == 'f') && (n.types & Node::kBoolean)) ||
@@ -395,7 +414,8 @@ bool JsonMatcher::feed(uint8_t c) {
         f.alive = std::move(next);
         ++f.pos;
         // Done when no longer text is possible: tell the parent now.
-        if (std::all_of(f.alive.begin(), f.alive.end(), [&](std::string_view s) { return s.size() == f.pos; }))
+        if (std::all_of(f.alive.begin(), f.alive.end(),
+                        [&](std::string_view s) { return s.size() == f.pos; }))
           return child_done();
         return true;
       }
@@ -404,19 +424,36 @@ bool JsonMatcher::feed(uint8_t c) {
         const bool integer = !(n.types & Node::kNumber);
         uint8_t next = 0xFF;
         switch (f.phase) {
-          case kNumStart: next = c == '-' ? kNumMinus : c == '0' ? kNumZero : is_digit(c) ? kNumInt : 0xFF; break;
-          case kNumMinus: next = c == '0' ? kNumZero : is_digit(c) ? kNumInt : 0xFF; break;
+          case kNumStart:
+            next = c == '-' ? kNumMinus : c == '0' ? kNumZero : is_digit(c) ? kNumInt : 0xFF;
+            break;
+          case kNumMinus:
+            next = c == '0' ? kNumZero : is_digit(c) ? kNumInt : 0xFF;
+            break;
           case kNumZero:
           case kNumInt:
-            if (f.phase == kNumInt && is_digit(c)) next = kNumInt;
-            else if (c == '.' && !integer) next = kNumDot;
-            else if ((c == 'e' || c == 'E') && !integer) next = kNumE;
+            if (f.phase == kNumInt && is_digit(c))
+              next = kNumInt;
+            else if (c == '.' && !integer)
+              next = kNumDot;
+            else if ((c == 'e' || c == 'E') && !integer)
+              next = kNumE;
             break;
-          case kNumDot: next = is_digit(c) ? kNumFrac : 0xFF; break;
-          case kNumFrac: next = is_digit(c) ? kNumFrac : (c == 'e' || c == 'E') ? kNumE : 0xFF; break;
-          case kNumE: next = (c == '+' || c == '-') ? kNumESign : is_digit(c) ? kNumExp : 0xFF; break;
-          case kNumESign: next = is_digit(c) ? kNumExp : 0xFF; break;
-          case kNumExp: next = is_digit(c) ? kNumExp : 0xFF; break;
+          case kNumDot:
+            next = is_digit(c) ? kNumFrac : 0xFF;
+            break;
+          case kNumFrac:
+            next = is_digit(c) ? kNumFrac : (c == 'e' || c == 'E') ? kNumE : 0xFF;
+            break;
+          case kNumE:
+            next = (c == '+' || c == '-') ? kNumESign : is_digit(c) ? kNumExp : 0xFF;
+            break;
+          case kNumESign:
+            next = is_digit(c) ? kNumExp : 0xFF;
+            break;
+          case kNumExp:
+            next = is_digit(c) ? kNumExp : 0xFF;
+            break;
         }
         if (next != 0xFF) {
           f.phase = next;
@@ -443,14 +480,22 @@ bool JsonMatcher::feed(uint8_t c) {
               return false;
             } else if (c >= 0x80) {
               // Well-formed UTF-8 only (no overlongs, no surrogates, nothing past U+10FFFF).
-              if (c >= 0xC2 && c <= 0xDF) f.utf8_left = 1;
-              else if (c == 0xE0) f.utf8_left = 2, f.utf8_lo = 0xA0;
-              else if (c == 0xED) f.utf8_left = 2, f.utf8_hi = 0x9F;
-              else if (c >= 0xE1 && c <= 0xEF) f.utf8_left = 2;
-              else if (c == 0xF0) f.utf8_left = 3, f.utf8_lo = 0x90;
-              else if (c >= 0xF1 && c <= 0xF3) f.utf8_left = 3;
-              else if (c == 0xF4) f.utf8_left = 3, f.utf8_hi = 0x8F;
-              else return false;
+              if (c >= 0xC2 && c <= 0xDF)
+                f.utf8_left = 1;
+              else if (c == 0xE0)
+                f.utf8_left = 2, f.utf8_lo = 0xA0;
+              else if (c == 0xED)
+                f.utf8_left = 2, f.utf8_hi = 0x9F;
+              else if (c >= 0xE1 && c <= 0xEF)
+                f.utf8_left = 2;
+              else if (c == 0xF0)
+                f.utf8_left = 3, f.utf8_lo = 0x90;
+              else if (c >= 0xF1 && c <= 0xF3)
+                f.utf8_left = 3;
+              else if (c == 0xF4)
+                f.utf8_left = 3, f.utf8_hi = 0x8F;
+              else
+                return false;
             }
             break;
           case kStrWantBackslash:
@@ -532,7 +577,8 @@ bool JsonMatcher::feed(uint8_t c) {
             }
             if (c == '}' && may_close) return child_done();
             return false;
-          default: return false;
+          default:
+            return false;
         }
       }
 

@@ -12,10 +12,9 @@
 // never walks into a dead end. Whitespace between tokens of JSON is capped at kMaxWhitespaceRun bytes in a
 // row: models can loop on whitespace forever, and the cap forces them on.
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>

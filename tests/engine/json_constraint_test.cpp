@@ -44,7 +44,9 @@ size_t rejected_at(const std::shared_ptr<const JsonSchema>& s, std::string_view 
   return run(s, text).accepted;
 }
 
-std::shared_ptr<const JsonSchema> schema(const char* text) { return JsonSchema::compile(json::parse(text)); }
+std::shared_ptr<const JsonSchema> schema(const char* text) {
+  return JsonSchema::compile(json::parse(text));
+}
 
 TEST(JsonObject, AcceptsObjectsOfAnything) {
   auto s = JsonSchema::any_object();
@@ -75,7 +77,7 @@ TEST(JsonObject, RejectsWhatIsNotJsonAtTheFirstBadByte) {
   EXPECT_EQ(rejected_at(s, "{\"a\": \"\\x\"}"), 8u);  // bad escape
   EXPECT_EQ(rejected_at(s, "{\"a\": \"\\u12g4\"}"), 11u);
   EXPECT_EQ(rejected_at(s, "{\"a\": \"x\ny\"}"), 8u);  // raw control character in a string
-  EXPECT_EQ(rejected_at(s, "{} {}"), 3u);             // one value only
+  EXPECT_EQ(rejected_at(s, "{} {}"), 3u);              // one value only
   EXPECT_EQ(rejected_at(s, "{\"a\": 1}}"), 8u);
 }
 
@@ -95,9 +97,14 @@ TEST(JsonObject, AgreesWithAParserOnRandomEdits) {
       const size_t at = rng() % (doc.size() + 1);
       const char c = alphabet[rng() % alphabet.size()];
       switch (rng() % 3) {
-        case 0: doc.insert(doc.begin() + int64_t(at), c); break;
-        case 1: if (at < doc.size()) doc.erase(doc.begin() + int64_t(at)); break;
-        default: if (at < doc.size()) doc[at] = c;
+        case 0:
+          doc.insert(doc.begin() + int64_t(at), c);
+          break;
+        case 1:
+          if (at < doc.size()) doc.erase(doc.begin() + int64_t(at));
+          break;
+        default:
+          if (at < doc.size()) doc[at] = c;
       }
     }
     bool parser_ok = false;
@@ -119,17 +126,17 @@ TEST(JsonObject, AgreesWithAParserOnRandomEdits) {
 TEST(JsonObject, SurrogatesOnlyInPairs) {
   auto s = JsonSchema::any_object();
   EXPECT_TRUE(valid(s, R"({"a": "\uD83D\uDE00"})"));
-  EXPECT_TRUE(valid(s, R"({"a": "\uD7FF\uE000"})"));             // next to the surrogates, not in them
-  EXPECT_EQ(rejected_at(s, R"({"a": "\uDE00"})"), 10u);          // a lone low half
-  EXPECT_EQ(rejected_at(s, R"({"a": "\uD83Dx"})"), 13u);         // a high half alone
-  EXPECT_EQ(rejected_at(s, R"({"a": "\uD83D\u0041"})"), 15u);    // followed by no low half
+  EXPECT_TRUE(valid(s, R"({"a": "\uD7FF\uE000"})"));           // next to the surrogates, not in them
+  EXPECT_EQ(rejected_at(s, R"({"a": "\uDE00"})"), 10u);        // a lone low half
+  EXPECT_EQ(rejected_at(s, R"({"a": "\uD83Dx"})"), 13u);       // a high half alone
+  EXPECT_EQ(rejected_at(s, R"({"a": "\uD83D\u0041"})"), 15u);  // followed by no low half
 }
 
 TEST(JsonObject, MalformedUtf8IsRejected) {
   auto s = JsonSchema::any_object();
-  EXPECT_EQ(rejected_at(s, "{\"a\": \"\xC0\xAF\"}"), 7u);      // overlong
-  EXPECT_EQ(rejected_at(s, "{\"a\": \"\xED\xA0\x80\"}"), 8u);  // an encoded surrogate
-  EXPECT_EQ(rejected_at(s, "{\"a\": \"\xE2\x82\"}"), 9u);      // cut short
+  EXPECT_EQ(rejected_at(s, "{\"a\": \"\xC0\xAF\"}"), 7u);          // overlong
+  EXPECT_EQ(rejected_at(s, "{\"a\": \"\xED\xA0\x80\"}"), 8u);      // an encoded surrogate
+  EXPECT_EQ(rejected_at(s, "{\"a\": \"\xE2\x82\"}"), 9u);          // cut short
   EXPECT_EQ(rejected_at(s, "{\"a\": \"\xF4\x90\x80\x80\"}"), 8u);  // past U+10FFFF
 }
 
@@ -149,10 +156,10 @@ TEST(JsonSchema, ObjectPropertiesRequiredAndNoExtras) {
       "required": ["name", "age"]})");
   EXPECT_TRUE(valid(s, R"({"name": "Ann", "age": 41})"));
   EXPECT_TRUE(valid(s, R"({"age": 41, "nick": "A", "name": "Ann"})"));  // any order
-  EXPECT_EQ(rejected_at(s, R"({"name": "Ann"})"), 14u);                  // '}' before age
-  EXPECT_EQ(rejected_at(s, R"({"email": 1})"), 2u);                      // not a property (default: strict)
-  EXPECT_EQ(rejected_at(s, R"({"name": "A", "name": "B"})"), 16u);       // no property twice ("n" of nick)
-  EXPECT_EQ(rejected_at(s, R"({"age": 4.5})"), 9u);                      // integer: no fraction
+  EXPECT_EQ(rejected_at(s, R"({"name": "Ann"})"), 14u);                 // '}' before age
+  EXPECT_EQ(rejected_at(s, R"({"email": 1})"), 2u);                     // not a property (default: strict)
+  EXPECT_EQ(rejected_at(s, R"({"name": "A", "name": "B"})"), 16u);      // no property twice ("n" of nick)
+  EXPECT_EQ(rejected_at(s, R"({"age": 4.5})"), 9u);                     // integer: no fraction
   EXPECT_EQ(rejected_at(s, R"({"age": "4"})"), 8u);
   EXPECT_TRUE(prefix_only(s, R"({"na)"));
   // Every property written: only '}' is left.
