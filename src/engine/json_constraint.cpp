@@ -69,6 +69,8 @@ class SchemaCompiler {
     }
     if (!s.is_object()) fail("schema", path, "a schema must be an object or a boolean");
     if (auto ref = s.find("$ref"); ref != s.end()) return reference(s, *ref, path);
+    for (const char* keyword : {"anyOf", "oneOf"})
+      if (s.contains(keyword)) return alternatives(s, keyword, path);
     for (auto it = s.begin(); it != s.end(); ++it) {
       static const std::set<std::string> kKnown = {
           "type",      "enum",     "const",      "properties", "required",    "additionalProperties",
@@ -148,6 +150,59 @@ class SchemaCompiler {
     refs_[target] = index;
     const int body = compile(document_.at(ptr), target);
     out_.nodes_[size_t(index)] = out_.nodes_[size_t(body)];
+    return index;
+  }
+
+  // anyOf / oneOf whose alternatives have different types (Optional[X] is X or null): the first byte of a
+  // value picks the alternative, so one node of their union is exact, and exactly one alternative matches.
+  // Alternatives of the same type (two objects, integer and number) would need the matcher to follow several
+  // at once; they are refused.
+  int alternatives(const json& s, const char* keyword, const std::string& path) {
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      static const std::set<std::string> kAnnotations = {"anyOf",       "oneOf",   "title",
+                                                         "description", "default", "examples",
+                                                         "$comment",    "$defs",   "definitions"};
+      if (!kAnnotations.count(it.key()))
+        fail(it.key(), path, fmt::format("'{}' next to {} is not supported", it.key(), keyword));
+    }
+    const json& alts = s.at(keyword);
+    if (!alts.is_array() || alts.empty())
+      fail(keyword, path, fmt::format("{} must be a non-empty array", keyword));
+    const int index = add();
+    Node merged;
+    uint8_t classes = 0;  // integer and number are one class: both start with a digit
+    for (size_t i = 0; i < alts.size(); ++i) {
+      const Node n = out_.nodes_[size_t(compile(alts[i], fmt::format("{}[{}]", child(path, keyword), i)))];
+      if (n.types == 0)
+        fail(keyword, path, fmt::format("a recursive reference inside {} is not supported", keyword));
+      uint8_t types = n.types;
+      if (!n.literals.empty()) {
+        if (i > 0 && merged.literals.empty())
+          fail(keyword, path,
+               fmt::format("{} mixing enum/const and typed alternatives is not supported", keyword));
+        types = 0;
+        for (const std::string& l : n.literals) types |= literal_type(json::parse(l));
+        merged.literals.insert(merged.literals.end(), n.literals.begin(), n.literals.end());
+      } else if (!merged.literals.empty()) {
+        fail(keyword, path,
+             fmt::format("{} mixing enum/const and typed alternatives is not supported", keyword));
+      }
+      const uint8_t cls = types & (Node::kNumber | Node::kInteger) ? uint8_t(types | Node::kNumber) : types;
+      if (classes & cls)
+        fail(keyword, path,
+             fmt::format("{} alternatives of the same type are not supported (each must start differently: "
+                         "object, array, string, number, boolean, null)",
+                         keyword));
+      classes |= cls;
+      merged.types |= n.types;
+      if (n.types & Node::kObject) {
+        merged.keys = n.keys, merged.values = n.values;
+        merged.required = n.required, merged.additional = n.additional;
+      }
+      if (n.types & Node::kArray)
+        merged.items = n.items, merged.min_items = n.min_items, merged.max_items = n.max_items;
+    }
+    out_.nodes_[size_t(index)] = std::move(merged);
     return index;
   }
 

@@ -215,6 +215,25 @@ TEST(JsonSchema, ScalarsEnumsAndConst) {
   EXPECT_EQ(rejected_at(schema(R"({"type": "string", "enum": ["a", 1]})"), "1"), 0u);
 }
 
+// Pydantic's Optional[X]: anyOf X or null; alternatives of different types are exact.
+TEST(JsonSchema, AnyOfAlternativesOfDifferentTypes) {
+  auto s =
+      schema(R"({"type": "object", "$defs": {"P": {"type": "object", "properties": {"x": {"type": "integer"}},
+      "required": ["x"]}},
+      "properties": {"p": {"anyOf": [{"$ref": "#/$defs/P"}, {"type": "null"}], "default": null},
+                     "q": {"oneOf": [{"type": "array", "items": {"type": "string"}, "maxItems": 1},
+                                     {"type": "integer"}, {"type": "boolean"}]},
+                     "r": {"anyOf": [{"enum": ["a", 1]}, {"const": null}]}},
+      "required": ["p", "q", "r"]})");
+  EXPECT_TRUE(valid(s, R"({"p": {"x": 1}, "q": ["s"], "r": "a"})"));
+  EXPECT_TRUE(valid(s, R"({"p": null, "q": 5, "r": null})"));
+  EXPECT_TRUE(valid(s, R"({"p": null, "q": true, "r": 1})"));
+  EXPECT_EQ(rejected_at(s, R"({"p": {"y": 1}})"), 8u);
+  EXPECT_EQ(rejected_at(s, R"({"p": null, "q": ["a", "b"]})"), 21u);  // maxItems 1: no comma
+  EXPECT_EQ(rejected_at(s, R"({"p": null, "q": 1.5})"), 18u);         // integer
+  EXPECT_EQ(rejected_at(s, R"({"p": null, "q": 1, "r": "b"})"), 26u);
+}
+
 TEST(JsonSchema, NestingAndLocalReferences) {
   auto s = schema(R"({
     "$defs": {"Node": {"type": "object", "properties": {"v": {"type": "integer"},
@@ -237,7 +256,11 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
   EXPECT_EQ(keyword(R"({"type": "string", "minLength": 2})"), "minLength");
   EXPECT_EQ(keyword(R"({"type": "object", "properties": {"a": {"type": "string", "format": "date"}}})"),
             "format");
-  EXPECT_EQ(keyword(R"({"anyOf": [{"type": "string"}]})"), "anyOf");
+  EXPECT_EQ(keyword(R"({"anyOf": [{"type": "integer"}, {"type": "number"}]})"), "anyOf");
+  EXPECT_EQ(keyword(R"({"oneOf": [{"type": "object"}, {"type": "object", "properties": {}}]})"), "oneOf");
+  EXPECT_EQ(keyword(R"({"anyOf": [{"enum": ["a"]}, {"type": "string"}]})"), "anyOf");
+  EXPECT_EQ(keyword(R"({"allOf": [{"type": "string"}]})"), "allOf");
+  EXPECT_EQ(keyword(R"({"anyOf": [{"type": "string"}], "minLength": 1})"), "minLength");
   EXPECT_EQ(keyword(R"({"type": "strng"})"), "type");
   EXPECT_EQ(keyword(R"({"type": "object", "properties": {}, "required": ["x"]})"), "required");
   EXPECT_EQ(keyword(R"({"$ref": "https://example.com/s.json"})"), "$ref");
