@@ -176,16 +176,16 @@ double Sampler::next_uniform() {
 }
 
 std::optional<int32_t> Sampler::choose_constrained(RowView& row) {
-  // The first accepted token from `from` on in sampling order (tokens of weight 0 never), kNoToken if none.
-  auto first_allowed = [&](size_t from) -> std::optional<int32_t> {
-    for (size_t i = from; i < row.vocab(); ++i) {
+  // The first accepted token in sampling order (banned ones at -inf never), kNoToken if none.
+  auto first_allowed = [&]() -> std::optional<int32_t> {
+    for (size_t i = 0; i < row.vocab(); ++i) {
       if (!row.ensure(i + 1)) return std::nullopt;
       if (row.at(i).logit == kNegInf) break;
       if (allowed(row.at(i).token)) return row.at(i).token;
     }
     return kNoToken;
   };
-  if (params_.temperature <= 0.0f || params_.top_k == 1) return first_allowed(0);
+  if (params_.temperature <= 0.0f || params_.top_k == 1) return first_allowed();
   std::optional<Cut> c = cut(row);
   if (!c) return std::nullopt;
   // Rejection: draw from what is left of the cut; a rejected token leaves it.
@@ -229,7 +229,8 @@ std::optional<int32_t> Sampler::choose_constrained(RowView& row) {
       consider(row.at(i).token, c->weight(row, i));
     }
   }
-  if (valid.empty()) return first_allowed(c->n);  // nothing valid in the cut: the most likely valid token
+  // Nothing valid in the cut (or only tokens whose weight underflowed): the most likely valid token.
+  if (valid.empty()) return first_allowed();
   const double target = next_uniform() * mass;
   double acc = 0;
   for (auto [token, w] : valid) {

@@ -16,10 +16,11 @@
 // end tokens only once the document is complete. Greedy takes the first accepted token in sampling order.
 // Sampling draws from the cut distribution and, when the token is not accepted, removes it, renormalises and
 // draws again: exactly a draw from the cut distribution restricted to accepted tokens (the cuts apply to the
-// model's distribution, then the mask). After kMaxRejections (or one rejected draw from past kDeepDraw
-// tokens down the order, where walking again costs more than a scan) it draws from that restricted distribution
-// directly (every token of the cut checked), and if the cut holds no accepted token it takes the most likely
-// accepted one beyond it. Either way no full-vocabulary scan happens while the likely tokens are valid.
+// model's distribution, then the mask). After kMaxRejections (or one rejected draw from past kDeepDraw tokens
+// down the order, where walking again costs more than a scan) it draws from that restricted distribution
+// directly (every token of the cut checked); if the cut holds no accepted token (or only ones whose weight
+// underflowed) it takes the most likely accepted token. No full-vocabulary scan happens while the likely tokens
+// are valid.
 
 #include <array>
 #include <cstdint>
