@@ -26,6 +26,7 @@ namespace moeserve {
 
 struct ModelWeights;
 class Backend;
+struct JsonConstraint;  // engine/json_constraint.h
 class ModelRunner;  // engine/model_runner.h: what the engine needs from a model (the real one or a test
                     // double)
 
@@ -47,6 +48,9 @@ struct SamplingParams {
   int top_logprobs = 0;                 // and of the top-N alternatives (needs logprobs)
   std::optional<int>
       prompt_logprobs;  // logprobs of the prompt tokens plus top-N; disables the prefix-cache hit
+  // Structured output: every generated token keeps the text a valid prefix of a JSON document of this
+  // schema; eos/stop ids only once it is complete (engine/sampler.h). null = free text.
+  std::shared_ptr<const JsonConstraint> json;
 };
 
 struct GenerateOutput;

@@ -57,6 +57,10 @@ void validate_request(const GenerateRequest& r, int64_t vocab, int64_t max_model
   for (int32_t t : p.stop_token_ids)
     check(t >= 0 && t < vocab, "request {}: stop token id {} is outside the vocabulary [0, {})", r.id, t,
           vocab);
+  if (p.json)
+    check(p.json->schema && p.json->vocab && int64_t(p.json->vocab->bytes.size()) <= vocab &&
+              p.json->vocab->usable.size() == p.json->vocab->bytes.size(),
+          "request {}: the JSON constraint needs a schema and a token table of at most {} entries", r.id, vocab);
   for (auto [t, bias] : p.logit_bias) {
     check(t >= 0 && t < vocab, "request {}: logit_bias token id {} is outside the vocabulary [0, {})", r.id, t,
           vocab);
@@ -116,6 +120,11 @@ void EngineCore::add(GenerateRequest request) {
   r->prompt_logprobs_pending = r->params.prompt_logprobs.has_value();
   r->arrival = next_arrival_++;
   r->sampler.emplace(r->params, r->tokens, r->params.seed ? *r->params.seed : seed_source_());
+  if (r->params.json) {
+    std::vector<int32_t> end = r->params.ignore_eos ? std::vector<int32_t>{} : eos_;
+    end.insert(end.end(), r->params.stop_token_ids.begin(), r->params.stop_token_ids.end());
+    r->sampler->constrain(std::move(end));
+  }
   Request* raw = r.get();
   check(requests_.emplace(raw->id, std::move(r)).second, "a request with id {} is already running", raw->id);
   scheduler_->enqueue(raw);
@@ -240,6 +249,17 @@ void EngineCore::sample_and_emit(Request* r, LogitsRow& row, std::vector<Logprob
   if (row.candidates) from_candidates = r->sampler->sample(*row.candidates, banned);
   if (row.candidates && !from_candidates) ++counters_.sampled_from_full_rows;
   const int32_t token = from_candidates ? *from_candidates : r->sampler->sample(row.full_row(), banned);
+  if (token == kNoToken) {  // the JSON constraint leaves nothing: a complete document stops here
+    if (r->sampler->constraint_complete()) {
+      GenerateOutput out;
+      out.finished = true;
+      out.finish_reason = FinishReason::Stop;
+      finish(r, std::move(out), true);
+    } else {
+      finish(r, FinishReason::Error, true, "no token of the vocabulary continues the JSON output");
+    }
+    return;
+  }
   r->tokens.push_back(token);
   ++counters_.generation_tokens;
 

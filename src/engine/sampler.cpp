@@ -30,6 +30,8 @@ class RowView {
   virtual const Candidate& at(size_t i) const = 0;
   // Σ over the whole row of exp(double(l - max) * inv_t), in column order; nullopt if unknown.
   virtual std::optional<double> total_weight(double inv_t) = 0;
+  // The whole row by token id; empty when only the leading candidates are known.
+  virtual std::span<const float> columns() const { return {}; }
 };
 
 // A full row: sorts only as far as asked (the mass almost always lies in the first few hundred tokens).
@@ -61,6 +63,7 @@ class FullRow final : public RowView {
     return true;
   }
   const Candidate& at(size_t i) const override { return order_[i]; }
+  std::span<const float> columns() const override { return logits_; }
   std::optional<double> total_weight(double inv_t) override {
     ensure(1);
     const float max = order_[0].logit;
@@ -146,7 +149,104 @@ void Sampler::apply_penalties(std::span<float> logits) const {
   for (auto [t, bias] : params_.logit_bias) logits[size_t(t)] += bias;
 }
 
+void Sampler::constrain(std::vector<int32_t> end_tokens) {
+  if (!params_.json) return;
+  matcher_.emplace(params_.json->schema);
+  constraint_active_ = !params_.json->start_after_token;
+  end_tokens_ = std::move(end_tokens);
+  first_byte_ok_.fill(-1);
+}
+
+bool Sampler::constraint_complete() const { return constraint_active_ && matcher_->can_end(); }
+
+bool Sampler::allowed(int32_t token) {
+  if (std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end()) return matcher_->can_end();
+  const TokenBytes& vocab = *params_.json->vocab;
+  if (size_t(token) >= vocab.bytes.size() || !vocab.usable[size_t(token)]) return false;
+  const std::string& bytes = vocab.bytes[size_t(token)];
+  // Most tokens fail on their first byte (at a structural position, nearly all): one check per byte value.
+  int8_t& first = first_byte_ok_[uint8_t(bytes[0])];
+  if (first < 0) first = matcher_->accepts(std::string_view(bytes.data(), 1));
+  return first && (bytes.size() == 1 || matcher_->accepts(bytes));
+}
+
+double Sampler::next_uniform() {
+  if (next_u_ == pending_u_.size()) pending_u_.push_back(uniform());
+  return pending_u_[next_u_++];
+}
+
+std::optional<int32_t> Sampler::choose_constrained(RowView& row) {
+  // The first accepted token in sampling order (banned ones at -inf never), kNoToken if none.
+  auto first_allowed = [&]() -> std::optional<int32_t> {
+    for (size_t i = 0; i < row.vocab(); ++i) {
+      if (!row.ensure(i + 1)) return std::nullopt;
+      if (row.at(i).logit == kNegInf) break;
+      if (allowed(row.at(i).token)) return row.at(i).token;
+    }
+    return kNoToken;
+  };
+  if (params_.temperature <= 0.0f || params_.top_k == 1) return first_allowed();
+  std::optional<Cut> c = cut(row);
+  if (!c) return std::nullopt;
+  // Rejection: draw from what is left of the cut; a rejected token leaves it.
+  std::vector<size_t> rejected;  // positions in the order
+  double left = c->total;
+  for (int attempt = 0; attempt < kMaxRejections && left > 0; ++attempt) {
+    const double target = next_uniform() * left;
+    double acc = 0;
+    std::optional<size_t> pick;
+    for (size_t i = 0; i < c->n; ++i) {
+      if (!row.ensure(i + 1)) return std::nullopt;
+      if (std::find(rejected.begin(), rejected.end(), i) != rejected.end()) continue;
+      const double w = c->weight(row, i);
+      if (!(w > 0)) break;
+      acc += w;
+      pick = i;
+      if (target < acc) break;
+    }
+    if (!pick) break;
+    if (allowed(row.at(*pick).token)) return row.at(*pick).token;
+    rejected.push_back(*pick);
+    left -= c->weight(row, *pick);
+    if (*pick >= kDeepDraw) break;  // a flat distribution: each draw walks far, one scan is cheaper
+  }
+  // Many rejections: the restricted distribution directly, every token of the cut checked (by token id when
+  // the cut is the whole row, which spares sorting it).
+  std::vector<std::pair<int32_t, double>> valid;
+  double mass = 0;
+  auto consider = [&](int32_t token, double w) {
+    if (!(w > 0) || !allowed(token)) return;
+    valid.emplace_back(token, w);
+    mass += w;
+  };
+  const std::span<const float> columns = row.columns();
+  if (c->n == row.vocab() && !columns.empty()) {
+    for (size_t t = 0; t < columns.size(); ++t)
+      consider(int32_t(t), std::exp(double(columns[t] - c->max) * c->inv_t));
+  } else {
+    for (size_t i = 0; i < c->n; ++i) {
+      if (!row.ensure(i + 1)) return std::nullopt;
+      consider(row.at(i).token, c->weight(row, i));
+    }
+  }
+  // Nothing valid in the cut (or only tokens whose weight underflowed): the most likely valid token.
+  if (valid.empty()) return first_allowed();
+  const double target = next_uniform() * mass;
+  double acc = 0;
+  for (auto [token, w] : valid) {
+    acc += w;
+    if (target < acc) return token;
+  }
+  return valid.back().first;
+}
+
 void Sampler::accept(int32_t token) {
+  if (matcher_) {
+    const bool end = std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end();
+    if (constraint_active_ && !end) matcher_->advance(params_.json->vocab->bytes[size_t(token)]);
+    first_byte_ok_.fill(-1);
+    if (!constraint_active_ && token == params_.json->start_after_token) constraint_active_ = true;
+  }
   if (params_.repetition_penalty != 1.0f) seen_.insert(token);
   if (params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f) ++generated_[token];
 }
@@ -221,6 +321,8 @@ std::optional<Sampler::Cut> Sampler::cut(RowView& row) const {
 }
 
 std::optional<int32_t> Sampler::choose(RowView& row) {
+  next_u_ = 0;
+  if (constraint_active_) return choose_constrained(row);
   if (params_.temperature <= 0.0f || params_.top_k == 1) {
     if (!row.ensure(1)) return std::nullopt;
     return row.at(0).token;
@@ -231,8 +333,7 @@ std::optional<int32_t> Sampler::choose(RowView& row) {
   if (c->n >= 2 && !row.ensure(2)) return std::nullopt;
   if (!(c->weight(row, 0) > 0) || c->n < 2 || !(c->weight(row, 1) > 0))
     return row.at(0).token;  // one possible token (or every logit -inf): no draw
-  if (!pending_u_) pending_u_ = uniform();
-  const double u = *pending_u_;
+  const double u = next_uniform();
   double acc = 0;
   size_t last = 0;
   for (size_t i = 0; i < c->n; ++i) {
@@ -267,8 +368,8 @@ std::vector<TokenProb> Sampler::distribution(std::span<const float> raw, std::sp
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> banned) {
   sampling::FullRow row(prepare(logits, banned));
   const int32_t token = *choose(row);
-  pending_u_.reset();
-  accept(token);
+  pending_u_.clear();
+  if (token != kNoToken) accept(token);
   return token;
 }
 
@@ -285,8 +386,8 @@ std::optional<int32_t> Sampler::sample(const LogitCandidates& candidates, std::s
   if (row.ensure(1) && row.at(0).logit == kNegInf) return std::nullopt;
   std::optional<int32_t> token = choose(row);
   if (!token) return std::nullopt;
-  pending_u_.reset();
-  accept(*token);
+  pending_u_.clear();
+  if (*token != kNoToken) accept(*token);
   return token;
 }
 

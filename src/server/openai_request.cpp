@@ -6,6 +6,7 @@
 #include <limits>
 #include <set>
 
+#include "engine/json_constraint.h"
 #include "server/api_error.h"
 
 namespace moeserve::server {
@@ -235,26 +236,52 @@ int parse_priority(Fields& f) {
   return v ? static_cast<int>(*v) : 0;
 }
 
-// Structured output needs constrained decoding, which this server does not have: asking for it is a 400, not
-// free text that merely looks like the answer to a different question.
-void check_structured_output(Fields& f) {
+// response_format as OpenAI defines it: {"type": "text" | "json_object"} or {"type": "json_schema",
+// "json_schema": {"name", "schema", "strict", "description"}}. vLLM's own guided_* parameters are a 400 rather
+// than free text that merely looks like the answer to a different question.
+ResponseFormat parse_response_format(Fields& f) {
+  ResponseFormat out;
   if (const json* v = f.get("response_format")) {
     if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string()) {
       throw invalid_param("response_format", "must be an object with a string 'type'");
     }
-    if ((*v)["type"] != "text") {
-      throw invalid_param("response_format",
-                          "type '{}' is not supported: this server has no constrained decoding for structured "
-                          "output; use 'text'",
-                          (*v)["type"].get<std::string>());
+    const std::string type = (*v)["type"].get<std::string>();
+    if (type == "json_object") {
+      out.type = ResponseFormat::Type::kJsonObject;
+      out.schema = JsonSchema::any_object();
+    } else if (type == "json_schema") {
+      out.type = ResponseFormat::Type::kJsonSchema;
+      auto js = v->find("json_schema");
+      if (js == v->end() || !js->is_object()) {
+        throw invalid_param("response_format", "type 'json_schema' needs a 'json_schema' object");
+      }
+      if (!js->contains("name") || !(*js)["name"].is_string()) {
+        throw invalid_param("response_format", "json_schema.name must be a string");
+      }
+      out.name = (*js)["name"].get<std::string>();
+      if (js->contains("strict") && !(*js)["strict"].is_boolean() && !(*js)["strict"].is_null()) {
+        throw invalid_param("response_format", "json_schema.strict must be a boolean");
+      }
+      auto schema = js->find("schema");
+      if (schema == js->end() || !(schema->is_object() || schema->is_boolean())) {
+        throw invalid_param("response_format", "json_schema.schema must be a JSON Schema object");
+      }
+      try {
+        out.schema = JsonSchema::compile(nlohmann::json::parse(schema->dump()));
+      } catch (const SchemaError& e) {
+        throw invalid_param("response_format", "json_schema.schema: {}", e.what());
+      }
+    } else if (type != "text") {
+      throw invalid_param("response_format", "type must be 'text', 'json_object' or 'json_schema', got '{}'", type);
     }
   }
   for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
     if (f.has(key)) {
-      throw invalid_param(key, "is not supported: this server has no constrained decoding for structured output");
+      throw invalid_param(key, "is not supported; for JSON output use response_format (json_object or json_schema)");
     }
     f.ignore(key);
   }
+  return out;
 }
 
 void check_best_of(Fields& f, int n) {
@@ -463,7 +490,7 @@ CompletionRequest parse_completion_request(std::string_view body) {
   if (r.sampling.max_tokens && *r.sampling.max_tokens == 0) throw invalid_param("max_tokens", "must be at least 1");
   if (auto v = f.string("user")) r.user = *v;
   r.priority = parse_priority(f);
-  check_structured_output(f);
+  r.response_format = parse_response_format(f);
   parse_harmless(f);
   f.finish(r.ignored);
   return r;
@@ -500,7 +527,7 @@ ChatRequest parse_chat_request(std::string_view body) {
   // Clients written for other servers pass enable_thinking at the top level (SGLang's separate_reasoning
   // examples, some LangChain wrappers); fold it into the template arguments.
   if (auto v = f.boolean("enable_thinking")) r.chat_template_kwargs["enable_thinking"] = *v;
-  check_structured_output(f);
+  r.response_format = parse_response_format(f);
   parse_sampling(f, r.sampling, /*chat=*/true);
   if (r.sampling.max_tokens && *r.sampling.max_tokens == 0) {
     throw invalid_param("max_tokens", "must be at least 1");

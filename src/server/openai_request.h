@@ -3,17 +3,23 @@
 // Everything a client can get wrong in a parameter this server knows is caught here and reported as ApiError 400
 // naming the parameter, the way the OpenAI API and vLLM do. Unknown parameters are accepted and ignored, as vLLM
 // and SGLang do (SDKs and frameworks add new ones all the time); their names are returned for a debug log.
-// Known parameters asking for something this server cannot do (structured output, non-text modalities) are
-// rejected rather than ignored, since ignoring them would change what the client gets.
+// Known parameters asking for something this server cannot do (vLLM's guided_* parameters, non-text
+// modalities, JSON Schema keywords outside the supported subset) are rejected rather than ignored, since
+// ignoring them would change what the client gets.
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <variant>
 #include <vector>
+
+namespace moeserve {
+class JsonSchema;
+}
 
 namespace moeserve::server {
 
@@ -37,6 +43,14 @@ struct SamplingSettings {
   bool skip_special_tokens = true;
 };
 
+// response_format: free text, any JSON object, or JSON that validates against a schema (compiled here, so a
+// schema outside the supported subset is a 400 naming the keyword).
+struct ResponseFormat {
+  enum class Type { kText, kJsonObject, kJsonSchema } type = Type::kText;
+  std::string name;  // json_schema.name
+  std::shared_ptr<const JsonSchema> schema;  // null for text
+};
+
 struct StreamSettings {
   bool stream = false;
   bool include_usage = false;            // stream_options.include_usage
@@ -55,6 +69,7 @@ struct CompletionRequest {
   bool return_token_ids = false;  // vLLM extension: token ids in choices (useful without a tokenizer)
   std::optional<int> prompt_logprobs;  // vLLM extension; also implied by echo + logprobs
   SamplingSettings sampling;
+  ResponseFormat response_format;
   StreamSettings stream;
   std::string user;
   int priority = 0;                  // vLLM extension: smaller is served first by the engine
@@ -77,6 +92,7 @@ struct ChatRequest {
   bool return_token_ids = false;
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   SamplingSettings sampling;
+  ResponseFormat response_format;
   StreamSettings stream;
   std::string user;
   int priority = 0;

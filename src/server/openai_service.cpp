@@ -3,6 +3,7 @@
 #include <ctime>
 
 #include "common/log.h"
+#include "engine/json_constraint.h"
 #include "server/api_error.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -278,6 +279,36 @@ HttpResponse OpenAiService::detokenize(const HttpRequest& req) {
   return json_response({{"prompt", tokenizer_->decode(ids, false)}});
 }
 
+std::shared_ptr<const JsonConstraint> OpenAiService::json_constraint(const ResponseFormat& format,
+                                                                   std::optional<int32_t> start_after_token) {
+  if (!format.schema) return nullptr;
+  if (!tokenizer_) {
+    throw invalid_param("response_format", "structured output needs the model's tokenizer (tokenizer.json)");
+  }
+  check_generation_ready();
+  auto c = std::make_shared<JsonConstraint>();
+  c->schema = format.schema;
+  c->start_after_token = start_after_token;
+  {
+    std::lock_guard lock(token_bytes_mutex_);
+    if (!token_bytes_) {
+      // Each id's bytes as the detokenizer emits them; added tokens (<|im_end|>, <think>, <tool_call>, ...)
+      // are control tokens and never part of JSON.
+      auto t = std::make_shared<TokenBytes>();
+      const size_t n = std::min<size_t>(tokenizer_->vocab_size(), size_t(engine_.load()->vocab_size()));
+      t->bytes.resize(n);
+      t->usable.resize(n);
+      for (size_t id = 0; id < n; ++id) {
+        t->bytes[id] = tokenizer_->token_bytes(int32_t(id));
+        t->usable[id] = !t->bytes[id].empty() && !tokenizer_->is_added(int32_t(id));
+      }
+      token_bytes_ = std::move(t);
+    }
+    c->vocab = token_bytes_;
+  }
+  return c;
+}
+
 Reply OpenAiService::start_job(JobSpec spec) {
   check_generation_ready();  // after validation: a bad request is a 400 even while loading
   auto job = std::make_shared<GenerationJob>(ctx_, std::move(spec));
@@ -345,6 +376,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
     if (cr.echo) spec.params.prompt_logprobs = *cr.logprobs;
   }
   if (cr.prompt_logprobs) spec.params.prompt_logprobs = *cr.prompt_logprobs;
+  spec.params.json = json_constraint(cr.response_format, std::nullopt);
   for (auto& p : spec.prompts) check_context_length(p, spec.params, max_model_len_.load(), "prompt");
   check_logit_bias(spec.params);
   spec.priority = options_.enable_priority ? cr.priority : 0;
@@ -404,6 +436,19 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
   parser.starts_in_reasoning = !options_.reasoning_parser.empty() && text::prompt_opens_reasoning(prompt);
   if (tools_on) parser.tools = cr.tools;
   if (!parser.reasoning_parser.empty() || !parser.tool_parser.empty()) spec.parser = parser;
+  if (cr.response_format.schema) {
+    if (!forced_prefix.empty()) {
+      throw invalid_param("response_format", "cannot be combined with tool_choice 'required' or a named tool");
+    }
+    // A prompt that opens the model's reasoning: the JSON is the content after </think> (as vLLM applies
+    // structured output once the reasoning parser sees the reasoning end); the reasoning itself is free.
+    std::optional<int32_t> after;
+    if (parser.starts_in_reasoning) {
+      after = tokenizer_->token_id("</think>");
+      if (!after) throw invalid_param("response_format", "the prompt opens reasoning, but </think> is not a token");
+    }
+    spec.params.json = json_constraint(cr.response_format, after);
+  }
   return start_job(std::move(spec));
 }
 

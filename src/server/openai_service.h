@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "server/admission.h"
+#include "engine/json_constraint.h"
 #include "server/generation.h"
 #include "server/http.h"
 #include "server/openai_request.h"
@@ -82,6 +83,9 @@ class OpenAiService {
   // The prompt text of a chat request; forced_prefix (if given) receives the text appended to force a tool
   // call (tool_choice "required" or a named function).
   std::string render_chat(const ChatRequest& request, std::string* forced_prefix) const;
+  // The engine's JSON constraint for a response_format (null for text); the token table is built on first use.
+  std::shared_ptr<const JsonConstraint> json_constraint(const ResponseFormat& format,
+                                                        std::optional<int32_t> start_after_token);
 
   ServiceOptions options_;
   std::atomic<Engine*> engine_;
@@ -93,6 +97,9 @@ class OpenAiService {
   int64_t created_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};
+
+  std::mutex token_bytes_mutex_;
+  std::shared_ptr<const TokenBytes> token_bytes_;
 
   std::mutex jobs_mutex_;
   std::vector<std::weak_ptr<GenerationJob>> jobs_;

@@ -7,6 +7,7 @@
 
 #include "engine/engine.h"
 #include "engine/engine_core.h"
+#include "engine/json_constraint.h"
 #include "engine/model_runner.h"
 #include "model/checkpoint.h"
 #include "model/init_model.h"
@@ -227,6 +228,66 @@ TEST(EngineOnModel, LogitCandidatesGiveTheFullRowTokens) {
     const EngineStats stats = engine->stats();
     EXPECT_GT(stats.sampled_from_full_rows, 0u) << "penalties need full rows";
     EXPECT_LT(stats.sampled_from_full_rows + 12, stats.generation_tokens) << "greedy needs only candidates";
+  }
+}
+
+// Under a JSON constraint too (where the candidates rarely hold a valid token and the rejections draw more
+// than once), candidates give the full rows' tokens, and the text is a valid JSON prefix.
+TEST(EngineOnModel, LogitCandidatesGiveTheFullRowTokensUnderJson) {
+  ModelConfig config = preset_config("tiny");
+  config.vocab_size = 151936;
+  config.eos_token_ids = {151645};
+  ModelWeights weights = make_dummy_weights(config, 9);
+  // A synthetic token table: single bytes, then two-character pieces of JSON-ish text; the last ids unusable.
+  auto table = std::make_shared<TokenBytes>();
+  const std::string chars = "{}[],:\" \n0123456789-.eatrufsnlxyz";
+  for (int32_t id = 0; id < int32_t(config.vocab_size); ++id) {
+    table->bytes.push_back(id < 256 ? std::string(1, char(id))
+                                    : std::string{chars[size_t(id) % chars.size()],
+                                                  chars[size_t(id / 7) % chars.size()]});
+    table->usable.push_back(id < 151600);
+  }
+  auto constraint = std::make_shared<JsonConstraint>();
+  constraint->schema = JsonSchema::any_object();
+  constraint->vocab = table;
+  std::mt19937 rng(41);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(random_prompt(rng, 5 + i, int(config.vocab_size)));
+    SamplingParams p = greedy(12, 0);
+    p.json = constraint;
+    p.seed = uint64_t(7 + i);
+    if (i % 4 == 1) p.temperature = 0.8f;
+    if (i % 4 == 2) p.temperature = 1.0f, p.top_k = 50;
+    if (i % 4 == 3) p.temperature = 0.6f, p.top_p = 0.9f;
+    params.push_back(p);
+  }
+  std::vector<GenerateOutput> want;
+  {
+    EngineOptions o = options();
+    o.logit_candidates = 0;
+    auto engine = Engine::create(weights, o);
+    for (int i = 0; i < 8; ++i)
+      want.push_back(generate(*engine, "f" + std::to_string(i), prompts[size_t(i)], params[size_t(i)]));
+  }
+  for (const GenerateOutput& out : want) {
+    JsonMatcher m(constraint->schema);
+    for (int32_t t : out.tokens) {
+      if (t == 151645) break;
+      EXPECT_TRUE(m.advance(table->bytes[size_t(t)])) << t;
+    }
+  }
+  for (int k : {16, 256}) {
+    SCOPED_TRACE(k);
+    EngineOptions o = options();
+    o.logit_candidates = k;
+    auto engine = Engine::create(weights, o);
+    for (int i = 0; i < 8; ++i) {
+      SCOPED_TRACE(i);
+      expect_same_generation(generate(*engine, "c" + std::to_string(i), prompts[size_t(i)], params[size_t(i)]),
+                             want[size_t(i)]);
+    }
   }
 }
 

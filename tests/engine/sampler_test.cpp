@@ -303,5 +303,94 @@ TEST(Sampler, LogitBiasShiftsTheLogitsAndForcesTheCandidatesPathToTheRow) {
   EXPECT_EQ(cand.sample(logits, {}), forced);
 }
 
+
+// A fake vocabulary for the JSON constraint: the model's favourite tokens are never valid JSON.
+constexpr int32_t kEos = 9;
+std::shared_ptr<const TokenBytes> json_vocab() {
+  auto v = std::make_shared<TokenBytes>();
+  v->bytes = {"x", "hello", "{", "}", "\"a\"", ":", "1", " ", "{\"a\": 2}", ""};
+  v->usable = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0};  // 9: eos (special)
+  return v;
+}
+
+SamplingParams json_params(float temperature, const char* schema) {
+  SamplingParams p;
+  p.temperature = temperature;
+  auto c = std::make_shared<JsonConstraint>();
+  c->schema = JsonSchema::compile(nlohmann::json::parse(schema));
+  c->vocab = json_vocab();
+  p.json = c;
+  return p;
+}
+
+// Logits where "x" and "hello" lead, whitespace next, and the structural tokens trail.
+std::vector<float> json_logits() { return {9, 8, 1, 1, 1, 1, 1, 6, 0.5, 2}; }
+
+TEST(Sampler, GreedyUnderJsonTakesTheBestValidToken) {
+  for (int k : {0, 2, 4}) {  // full rows, and candidates that hold no valid token
+    SamplingParams p = json_params(0, R"({"type": "object", "properties": {"a": {"type": "integer"}},
+                                           "required": ["a"]})");
+    Sampler s(p, std::vector<int32_t>{1}, 1);
+    s.constrain({kEos});
+    std::string text;
+    int32_t t = -1;
+    for (int step = 0; step < 400 && t != kEos; ++step) {
+      std::optional<int32_t> c;
+      if (k) c = s.sample(reduce(json_logits(), k, 1.0f), {});
+      t = c ? *c : s.sample(json_logits(), {});
+      ASSERT_NE(t, kNoToken);
+      if (t != kEos) text += json_vocab()->bytes[size_t(t)];
+    }
+    EXPECT_EQ(t, kEos) << text;
+    // The whitespace the logits prefer is capped, then the structure follows in order.
+    const nlohmann::json doc = nlohmann::json::parse(text);
+    EXPECT_TRUE(doc["a"].is_number_integer()) << text;
+    EXPECT_TRUE(s.constraint_complete());
+  }
+}
+
+// Rejection sampling draws from the model's distribution restricted to the valid tokens: at the start of a
+// document, "{" (weight e^1), " " (e^6) and "{\"a\": 2}" (e^0.5).
+TEST(Sampler, SamplingUnderJsonFollowsTheMaskedDistribution) {
+  const std::vector<float> l = json_logits();
+  const double w2 = std::exp(1.0), w7 = std::exp(6.0), w8 = std::exp(0.5), z = w2 + w7 + w8;
+  std::map<int32_t, int> counts;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    Sampler s(json_params(1, R"({"type": "object"})"), std::vector<int32_t>{1}, uint64_t(i));
+    s.constrain({kEos});
+    ++counts[s.sample(l, {})];
+  }
+  EXPECT_EQ(counts.size(), 3u);
+  EXPECT_NEAR(counts[2] / double(n), w2 / z, 0.01);
+  EXPECT_NEAR(counts[7] / double(n), w7 / z, 0.01);
+  EXPECT_NEAR(counts[8] / double(n), w8 / z, 0.01);
+}
+
+// A complete document whose end token cannot come (ignore_eos: no end tokens) and whose whitespace ran out
+// leaves nothing: the sampler says so instead of breaking the JSON.
+TEST(Sampler, JsonWithNoWayOnIsADeadEnd) {
+  Sampler s(json_params(0, R"({"type": "object"})"), std::vector<int32_t>{1}, 1);
+  s.constrain({});
+  EXPECT_EQ(s.sample(std::vector<float>{0, 0, 0, 5, 0, 0, 0, 0, 0, 9}, {}), 2);  // "{"
+  EXPECT_EQ(s.sample(std::vector<float>{0, 0, 0, 5, 0, 0, 0, 0, 0, 9}, {}), 3);  // "}"
+  EXPECT_TRUE(s.constraint_complete());
+  int32_t t = 0;
+  for (int i = 0; i <= kMaxWhitespaceRun && t != kNoToken; ++i) t = s.sample(json_logits(), {});
+  EXPECT_EQ(t, kNoToken);
+}
+
+// With start_after_token (a reasoning model's </think>), tokens are free until that one, constrained after.
+TEST(Sampler, JsonStartsAfterTheGateToken) {
+  SamplingParams p = json_params(0, R"({"type": "object"})");
+  auto c = std::make_shared<JsonConstraint>(*p.json);
+  c->start_after_token = 1;  // "hello"
+  p.json = c;
+  Sampler s(p, std::vector<int32_t>{1}, 1);
+  s.constrain({kEos});
+  EXPECT_EQ(s.sample(json_logits(), {}), 0);  // "x": free
+  EXPECT_EQ(s.sample(std::vector<float>{0, 9, 0, 0, 0, 0, 0, 0, 0, 0}, {}), 1);
+  EXPECT_EQ(s.sample(json_logits(), {}), 7);  // now only JSON: " " leads
+}
 }  // namespace
 }  // namespace moeserve

@@ -232,6 +232,45 @@ TEST(Generation, ChatReasoningAndContent) {
   EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "stop");
 }
 
+// Structured output with a reasoning model: the reasoning is free, the JSON constraint starts at </think>, so
+// the content is a document of the schema although the script goes on in prose.
+TEST(Generation, JsonSchemaAppliesAfterTheReasoning) {
+  Server s(kThinkingTail, "The user wants JSON.\n</think>\n\nSure: here it is, {\"color\": \"blue\"} done.");
+  const json format = {
+      {"type", "json_schema"},
+      {"json_schema",
+       {{"name", "c"},
+        {"schema",
+         {{"type", "object"},
+          {"properties", {{"color", {{"enum", {"red", "blue"}}}}}},
+          {"required", {"color"}}}}}}};
+  json r = s.post("/v1/chat/completions", chat_body("Hi!", {{"response_format", format}, {"max_tokens", 200}}));
+  const json& m = r["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "The user wants JSON.") << r.dump();
+  json doc = json::parse(m["content"].get<std::string>(), nullptr, false);
+  ASSERT_TRUE(doc.is_object()) << r.dump();
+  EXPECT_TRUE(doc["color"] == "red" || doc["color"] == "blue") << r.dump();
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+
+  // Thinking off: constrained from the first token. The script (anchored on the thinking prompt) only says eos,
+  // which is not allowed before the document is complete, so greedy's tie-break (lowest id among equal logits)
+  // picks each byte: '{' and '"' before whitespace, 'b' before 'r', '}' since no key is left.
+  json plain = s.post("/v1/chat/completions",
+                      chat_body("Hi!", {{"response_format", format},
+                                        {"temperature", 0},
+                                        {"chat_template_kwargs", {{"enable_thinking", false}}}}));
+  EXPECT_EQ(plain["choices"][0]["message"]["content"], R"({"color":"blue"})") << plain.dump();
+  EXPECT_EQ(plain["choices"][0]["finish_reason"], "stop");
+
+  // A forced tool call and a JSON answer at once cannot both hold.
+  json tool = {{"type", "function"}, {"function", {{"name", "f"}}}};
+  auto bad = s.harness->post("/v1/chat/completions",
+                             chat_body("Hi!", {{"response_format", format}, {"tools", {tool}}, {"tool_choice", "required"}})
+                                 .dump());
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_EQ(json::parse(bad.body)["error"]["param"], "response_format");
+}
+
 TEST(Generation, ChatWithoutThinkingUsesTemplateKwargs) {
   Server s(kNoThinkingTail, "Plain answer.");
   json r = s.post("/v1/chat/completions",
@@ -498,8 +537,10 @@ TEST(Generation, ParametersTheServerDoesNotUseAreAccepted) {
   EXPECT_EQ(b["choices"][0]["message"], a["choices"][0]["message"]);
   EXPECT_EQ(b["choices"][0]["message"]["content"], "Fine.");
   // Asking for what the server cannot do is still a 400, not silently different output.
-  for (json bad : {json{{"response_format", {{"type", "json_object"}}}},
-                   json{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
+  for (json bad : {json{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
+                   json{{"response_format",
+                         {{"type", "json_schema"},
+                          {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"maxLength", 3}}}}}}}},
                    json{{"modalities", {"text", "audio"}}}, json{{"priority", "urgent"}}}) {
     json body = plain;
     body.update(bad);

@@ -250,8 +250,11 @@ TEST(ChatRequest, InvalidValuesNameTheParameter) {
            {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
            {R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", "logprobs"},
            {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})", "chat_template_kwargs"},
-           {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
-            "response_format"},
+           {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})", "response_format"},
+           {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+               "json_schema":{"name":"p","schema":{"type":"string","pattern":"^a"}}}})", "response_format"},
+           {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+               "json_schema":{"schema":{"type":"string"}}}})", "response_format"},
            {R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", "functions"},
            {R"({"messages":[{"role":"user","content":"x"}],"guided_choice":["a","b"]})", "guided_choice"},
            {R"({"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"no"})", "parallel_tool_calls"},
@@ -265,6 +268,28 @@ TEST(ChatRequest, InvalidValuesNameTheParameter) {
     ASSERT_TRUE(e.param) << c.body << ": " << e.what();
     EXPECT_EQ(*e.param, c.param) << c.body << ": " << e.what();
   }
+}
+
+TEST(ChatRequest, ParsesResponseFormat) {
+  const std::string head = R"({"messages":[{"role":"user","content":"x"}],)";
+  EXPECT_EQ(parse_chat_request(head + R"("response_format":{"type":"text"}})").response_format.schema, nullptr);
+  auto object = parse_chat_request(head + R"("response_format":{"type":"json_object"}})").response_format;
+  EXPECT_EQ(object.type, ResponseFormat::Type::kJsonObject);
+  EXPECT_NE(object.schema, nullptr);
+  auto schema = parse_chat_request(head + R"("response_format":{"type":"json_schema","json_schema":
+      {"name":"person","strict":true,"schema":{"type":"object","properties":{"age":{"type":"integer"}}}}}})")
+                    .response_format;
+  EXPECT_EQ(schema.type, ResponseFormat::Type::kJsonSchema);
+  EXPECT_EQ(schema.name, "person");
+  EXPECT_NE(schema.schema, nullptr);
+  auto completion = parse_completion_request(R"({"prompt":"x","response_format":{"type":"json_object"}})");
+  EXPECT_NE(completion.response_format.schema, nullptr);
+  // An unsupported keyword is named in the 400, with where it is.
+  ApiError e = chat_error(head + R"("response_format":{"type":"json_schema","json_schema":{"name":"p",
+      "schema":{"type":"object","properties":{"when":{"type":"string","format":"date-time"}}}}}})");
+  EXPECT_EQ(*e.param, "response_format");
+  EXPECT_NE(std::string(e.what()).find("'format'"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("properties.when"), std::string::npos) << e.what();
 }
 
 TEST(ApiErrorJson, HasTheOpenAiShape) {

@@ -512,6 +512,97 @@ TEST_F(ServeDemo, RequiredToolChoiceWithOneToolIsACallOfIt) {
       << calls.dump();
 }
 
+// Structured output with random weights: unconstrained, the model writes garbage; constrained, every answer
+// parses and has the schema's fields and types (enums and bounded arrays, so that it also finishes).
+TEST_F(ServeDemo, ResponseFormatJsonSchemaAndJsonObject) {
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625"});
+  const json schema = {
+      {"type", "object"},
+      {"properties",
+       {{"color", {{"enum", {"red", "green", "blue"}}}},
+        {"ok", {{"type", "boolean"}}},
+        {"level", {{"enum", {1, 2, 3}}}},
+        {"tags", {{"type", "array"}, {"items", {{"enum", {"a", "b"}}}}, {"maxItems", 3}}},
+        {"none", {{"type", "null"}}}}},
+      {"required", {"color", "ok", "level", "tags", "none"}}};
+  const json format = {{"type", "json_schema"}, {"json_schema", {{"name", "answer"}, {"schema", schema}}}};
+  auto check = [&](const std::string& text) {
+    json doc = json::parse(text, nullptr, false);
+    ASSERT_TRUE(doc.is_object()) << json(text).dump();
+    EXPECT_EQ(doc.size(), 5u) << text;
+    EXPECT_TRUE(doc["color"] == "red" || doc["color"] == "green" || doc["color"] == "blue") << text;
+    EXPECT_TRUE(doc["ok"].is_boolean()) << text;
+    EXPECT_TRUE(doc["level"].is_number_integer() && doc["level"] >= 1 && doc["level"] <= 3) << text;
+    ASSERT_TRUE(doc["tags"].is_array()) << text;
+    EXPECT_LE(doc["tags"].size(), 3u) << text;
+    for (auto& t : doc["tags"]) EXPECT_TRUE(t == "a" || t == "b") << text;
+    EXPECT_TRUE(doc["none"].is_null()) << text;
+  };
+  json body = {{"messages", {{{"role", "user"}, {"content", "Describe the sky as JSON."}}}},
+               {"max_tokens", 300},
+               {"temperature", 0},
+               {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  json free = post_json(p->port(), "/v1/chat/completions", body);
+  const std::string free_text = free["choices"][0]["message"].value("content", "");
+  EXPECT_FALSE(json::parse(free_text, nullptr, false).is_object()) << free_text;
+
+  body["response_format"] = format;
+  json greedy = post_json(p->port(), "/v1/chat/completions", body);
+  EXPECT_EQ(greedy["choices"][0]["finish_reason"], "stop") << greedy.dump();
+  check(greedy["choices"][0]["message"]["content"].get<std::string>());
+
+  // Sampled, two choices, streamed: each choice's deltas make a valid document.
+  body["temperature"] = 1.0;
+  body["seed"] = 7;
+  body["n"] = 2;
+  body["stream"] = true;
+  auto s = Connection(p->port()).roundtrip("POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::vector<std::string> texts(2);
+  std::vector<std::string> finish(2);
+  auto events = sse_data(s.body);
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json chunk = json::parse(events[i]);
+    for (auto& c : chunk["choices"]) {
+      const size_t index = c["index"].get<size_t>();
+      texts[index] += c["delta"].value("content", "");
+      if (c["finish_reason"].is_string()) finish[index] = c["finish_reason"];
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(finish[i], "stop") << texts[i];
+    check(texts[i]);
+  }
+
+  // json_object: a JSON object; cut by max_tokens it is a prefix of one ("length").
+  json object_body = {{"messages", {{{"role", "user"}, {"content", "Anything, as JSON."}}}},
+                      {"max_tokens", 24},
+                      {"temperature", 0},
+                      {"response_format", {{"type", "json_object"}}}};
+  json object = post_json(p->port(), "/v1/chat/completions", object_body);
+  const std::string text = object["choices"][0]["message"]["content"];
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  ASSERT_NE(first, std::string::npos) << text;
+  EXPECT_EQ(text[first], '{') << text;
+  if (object["choices"][0]["finish_reason"] == "stop") EXPECT_TRUE(json::parse(text).is_object()) << text;
+
+  // /v1/completions takes response_format too.
+  json completion = post_json(
+      p->port(), "/v1/completions",
+      {{"prompt", "The answer:"}, {"max_tokens", 300}, {"temperature", 0}, {"response_format", format}});
+  EXPECT_EQ(completion["choices"][0]["finish_reason"], "stop") << completion.dump();
+  check(completion["choices"][0]["text"].get<std::string>());
+
+  // A schema outside the supported subset is a 400 that names the keyword.
+  body = {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+          {"response_format",
+           {{"type", "json_schema"},
+            {"json_schema", {{"name", "p"}, {"schema", {{"type", "string"}, {"pattern", "^a+$"}}}}}}}};
+  json error = post_json(p->port(), "/v1/chat/completions", body, 400);
+  EXPECT_EQ(error["error"]["param"], "response_format");
+  EXPECT_NE(error["error"]["message"].get<std::string>().find("pattern"), std::string::npos) << error.dump();
+}
+
 TEST_F(ServeDemo, OfficialOpenAiSdk) {
   ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0)
       << "node is missing: run scripts/install-deps.sh (Node.js + npm run the official openai SDK)";

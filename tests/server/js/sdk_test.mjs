@@ -99,8 +99,22 @@ const extras = await client.chat.completions.create({
   prediction: { type: "content", content: "hello" }, priority: 0, some_future_parameter: 1,
 });
 check("chat: unused parameters are accepted", extras.choices.length === 1, JSON.stringify(extras));
-await expectError("400 on structured output (no constrained decoding)", 400, OpenAI.BadRequestError,
-                  () => client.chat.completions.create({ model, messages, response_format: { type: "json_object" } }));
+// Structured output: the random-weight model's answer parses and follows the schema.
+const structured = await client.chat.completions.create({
+  model, messages, max_tokens: 300, temperature: 0,
+  response_format: { type: "json_schema", json_schema: { name: "verdict", strict: true, schema: {
+    type: "object", properties: { ok: { type: "boolean" }, mood: { enum: ["calm", "busy"] } },
+    required: ["ok", "mood"], additionalProperties: false } } },
+});
+let verdict = null;
+try { verdict = JSON.parse(structured.choices[0].message.content); } catch { /* checked below */ }
+check("json_schema: the content parses and follows the schema",
+      structured.choices[0].finish_reason === "stop" && typeof verdict?.ok === "boolean" &&
+      ["calm", "busy"].includes(verdict?.mood) && Object.keys(verdict).length === 2, JSON.stringify(structured));
+const badSchema = await expectError("400 on an unsupported schema keyword", 400, OpenAI.BadRequestError,
+    () => client.chat.completions.create({ model, messages, response_format: { type: "json_schema",
+      json_schema: { name: "x", schema: { type: "string", pattern: "^a" } } } }));
+check("the 400 names response_format", badSchema?.param === "response_format", JSON.stringify(badSchema?.error));
 
 // 413: a body over --max-request-body-mb 1.
 await expectError("413 on a body over the limit", 413, OpenAI.APIError, () => client.chat.completions.create(
