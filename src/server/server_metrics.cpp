@@ -56,6 +56,8 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
   registry_.gauge("moeserve:state_snapshots_capacity", "GDN state snapshot slots.");
   registry_.counter("moeserve:engine_steps_total", "Engine forward passes.");
   registry_.counter("moeserve:num_preemptions_total", "Requests preempted for lack of cache space.");
+  registry_.counter("moeserve:sampled_from_full_rows_total",
+                    "Tokens the GPU's top logit candidates could not decide (the full row was fetched).");
   registry_.gauge("moeserve:memory_used_bytes", "Used memory of the most pressured source (cgroup, host or GPU).");
   registry_.gauge("moeserve:memory_total_bytes", "Memory limit of that source.");
   registry_.gauge("moeserve:memory_pressure_threshold_ratio",
@@ -103,6 +105,7 @@ void ServerMetrics::collect() {
     advance("moeserve:prefix_cache_hits_total", engine->prefix_cache_hits, seen_hits_);
     advance("moeserve:engine_steps_total", engine->steps, seen_steps_);
     advance("moeserve:num_preemptions_total", engine->preemptions, seen_preemptions_);
+    advance("moeserve:sampled_from_full_rows_total", engine->sampled_from_full_rows, seen_full_rows_);
     std::vector<uint64_t> new_steps(kStepBatchBuckets, 0);
     for (size_t i = 0; i < new_steps.size(); ++i) {
       new_steps[i] = engine->steps_by_batch[i] - std::min(engine->steps_by_batch[i], seen_steps_by_batch_[i]);

@@ -52,7 +52,7 @@ class ServerMetrics {
   std::function<std::optional<EngineStats>()> engine_;
   Admission* admission_ = nullptr;
   // Last engine counter values seen, to advance our counters by the difference.
-  uint64_t seen_queries_ = 0, seen_hits_ = 0, seen_steps_ = 0, seen_preemptions_ = 0;
+  uint64_t seen_queries_ = 0, seen_hits_ = 0, seen_steps_ = 0, seen_preemptions_ = 0, seen_full_rows_ = 0;
   uint64_t seen_step_sequences_ = 0;
   std::vector<uint64_t> seen_steps_by_batch_;
 };

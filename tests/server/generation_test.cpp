@@ -433,6 +433,8 @@ TEST(Generation, MetricsAfterTrafficPassPromtool) {
             sample_value(m, "moeserve:engine_steps_total" + labels));
   EXPECT_GT(sample_value(m, "moeserve:engine_steps_total" + labels), 0);
   EXPECT_EQ(sample_value(m, "moeserve:engine_step_batch_size_sum" + labels), 6);
+  // The scripted model hands the sampler whole rows: nothing fell back from candidates to a full row.
+  EXPECT_EQ(sample_value(m, "moeserve:sampled_from_full_rows_total" + labels), 0);
   ASSERT_TRUE(have_promtool());
   auto problems = promtool_problems(m);
   EXPECT_TRUE(problems.empty()) << testing::PrintToString(problems);
