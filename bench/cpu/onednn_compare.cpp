@@ -10,12 +10,11 @@
 #include <hwy/targets.h>
 #include <omp.h>
 
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -87,9 +86,10 @@ struct Weights {
 
 void set_counters(benchmark::State& state, const Shape& s, int64_t n, size_t weight_bytes) {
   const double iters = double(state.iterations());
-  state.counters["weight_GB/s"] = benchmark::Counter(double(weight_bytes) * iters / 1e9, benchmark::Counter::kIsRate);
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(2.0 * double(n) * double(s.M) * double(s.K) * iters / 1e9, benchmark::Counter::kIsRate);
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(double(weight_bytes) * iters / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(n) * double(s.M) * double(s.K) * iters / 1e9,
+                                                 benchmark::Counter::kIsRate);
 }
 
 // Arg(0) = shape, Arg(1) = tokens n, Arg(2) = 0 bf16 / 1 FP8 weights.
@@ -112,9 +112,9 @@ void BM_Highway(benchmark::State& state) {
 }
 
 // Arg(0) = shape, Arg(1) = tokens n, Arg(2) = layout: 0 "plain" reads our row-major [M x K] bf16 buffer in
-// place (oneDNN weights {K, M} with tag ba); 1 "packed" lets oneDNN choose its blocked layout (tag any), reordered
-// once outside the loop, as a model loader would. oneDNN 2.6 has no f32 x bf16 matmul, so the activations are
-// rounded to bf16 inside the timed loop (our API hands f32 activations); dst is f32.
+// place (oneDNN weights {K, M} with tag ba); 1 "packed" lets oneDNN choose its blocked layout (tag any),
+// reordered once outside the loop, as a model loader would. oneDNN 2.6 has no f32 x bf16 matmul, so the
+// activations are rounded to bf16 inside the timed loop (our API hands f32 activations); dst is f32.
 void BM_OneDnn(benchmark::State& state) {
   using tag = dnnl::memory::format_tag;
   using dt = dnnl::memory::data_type;
@@ -128,11 +128,13 @@ void BM_OneDnn(benchmark::State& state) {
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
   const dnnl::memory::desc x_f32_md({n, s.K}, dt::f32, tag::ab), x_bf16_md({n, s.K}, dt::bf16, tag::ab);
-  const dnnl::memory::desc w_plain_md({s.K, s.M}, dt::bf16, tag::ba), w_any_md({s.K, s.M}, dt::bf16, tag::any);
+  const dnnl::memory::desc w_plain_md({s.K, s.M}, dt::bf16, tag::ba),
+      w_any_md({s.K, s.M}, dt::bf16, tag::any);
   const dnnl::memory::desc y_md({n, s.M}, dt::f32, tag::ab);
   dnnl::matmul::primitive_desc pd;
   try {
-    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(x_bf16_md, packed ? w_any_md : w_plain_md, y_md), eng);
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(x_bf16_md, packed ? w_any_md : w_plain_md, y_md),
+                                      eng);
   } catch (const dnnl::error& e) {
     state.SkipWithError((std::string("oneDNN refused the matmul: ") + e.what()).c_str());
     return;
@@ -182,8 +184,9 @@ void BM_OneDnn(benchmark::State& state) {
   state.counters["rel_err"] = max_err / max_ref;
 }
 
-// What the weight-streaming figures compare against: reading an Arg(0) MB buffer (1024: 32x L3) with the backend's SIMD dot
-// product on every thread of the pool, the most bytes per second a matmul that reads each weight once can see.
+// What the weight-streaming figures compare against: reading an Arg(0) MB buffer (1024: 32x L3) with the
+// backend's SIMD dot product on every thread of the pool, the most bytes per second a matmul that reads each
+// weight once can see.
 void BM_MemoryRead(benchmark::State& state) {
   std::vector<float> buf(size_t(state.range(0)) << 18, 1.0f);
   auto& pool = ThreadPool::global();
@@ -197,8 +200,8 @@ void BM_MemoryRead(benchmark::State& state) {
     });
     benchmark::DoNotOptimize(partial.data());
   }
-  state.counters["GB/s"] =
-      benchmark::Counter(double(buf.size() * 4) * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GB/s"] = benchmark::Counter(double(buf.size() * 4) * double(state.iterations()) / 1e9,
+                                              benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_MemoryRead)->Arg(16)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -217,12 +220,18 @@ BENCHMARK(BM_OneDnn)->Apply([](auto* b) { shapes(b, {0, 1}); });
 
 const char* isa_name(dnnl::cpu_isa isa) {
   switch (isa) {
-    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
-    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl::cpu_isa::avx512_core: return "avx512_core";
-    case dnnl::cpu_isa::avx2: return "avx2";
-    default: return "other";
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    default:
+      return "other";
   }
 }
 
@@ -232,8 +241,10 @@ int main(int argc, char** argv) {
   int threads = 0;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--threads=", 10) == 0) threads = std::atoi(argv[i] + 10);
-    else args.push_back(argv[i]);
+    if (std::strncmp(argv[i], "--threads=", 10) == 0)
+      threads = std::atoi(argv[i] + 10);
+    else
+      args.push_back(argv[i]);
   }
   if (threads <= 0) threads = omp_get_num_procs();
   moeserve::ThreadPool::set_global_threads(size_t(threads));
@@ -243,13 +254,14 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;
 
   std::string hwy_targets;
-  for (int64_t t : hwy::SupportedAndGeneratedTargets()) hwy_targets += std::string(hwy_targets.empty() ? "" : " ") +
-                                                                       hwy::TargetName(t);
+  for (int64_t t : hwy::SupportedAndGeneratedTargets())
+    hwy_targets += std::string(hwy_targets.empty() ? "" : " ") + hwy::TargetName(t);
   const dnnl_version_t* v = dnnl_version();
   benchmark::AddCustomContext("threads", std::to_string(threads));
   benchmark::AddCustomContext("highway targets (first is dispatched)", hwy_targets);
   benchmark::AddCustomContext("onednn", std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-                                            std::to_string(v->patch) + ", isa " + isa_name(dnnl::get_effective_cpu_isa()));
+                                            std::to_string(v->patch) + ", isa " +
+                                            isa_name(dnnl::get_effective_cpu_isa()));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -153,7 +153,8 @@ void BM_Rope(benchmark::State& state) {
   }
   const double rotated = double(tokens * heads * rotary) * double(state.iterations());
   state.counters["elements/s"] = benchmark::Counter(rotated, benchmark::Counter::kIsRate);
-  state.counters["GB/s"] = benchmark::Counter(8.0 * rotated / 1e9, benchmark::Counter::kIsRate);  // read + write
+  state.counters["GB/s"] =
+      benchmark::Counter(8.0 * rotated / 1e9, benchmark::Counter::kIsRate);  // read + write
 }
 BENCHMARK(BM_Rope)->Arg(1)->Arg(128)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
@@ -170,7 +171,8 @@ void BM_CausalConv(benchmark::State& state) {
   }
   const double elements = double(T * channels) * double(state.iterations());
   state.counters["elements/s"] = benchmark::Counter(elements, benchmark::Counter::kIsRate);
-  state.counters["GB/s"] = benchmark::Counter(8.0 * elements / 1e9, benchmark::Counter::kIsRate);  // x in, out
+  state.counters["GB/s"] =
+      benchmark::Counter(8.0 * elements / 1e9, benchmark::Counter::kIsRate);  // x in, out
 }
 BENCHMARK(BM_CausalConv)->Arg(1)->Arg(128)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
