@@ -1,7 +1,9 @@
 // CPU backend op families at Qwen3.5-35B-A3B shapes. Counters: bytes/s of weights streamed (what bounds
-// decode) and FLOP/s. Run: build/bench/bench_cpu_ops [--benchmark_filter=...]
+// decode) and FLOP/s, per second of wall time (the pool's workers do not show in the main thread's CPU time).
+// Run: build/bench/bench_cpu_ops [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -60,7 +62,7 @@ void BM_Matmul(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * M * K * double(state.iterations()) / 1e9,
                                                  benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_Matmul)->ArgsProduct({{1, 16, 128}, {0, 1, 2}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Matmul)->ArgsProduct({{1, 16, 128}, {0, 1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // One MoE layer of 35B-A3B (256 experts of 512 x 2048, top-8) on Arg(0) tokens.
 void BM_MoeExperts(benchmark::State& state) {
@@ -84,7 +86,7 @@ void BM_MoeExperts(benchmark::State& state) {
   }
   state.counters["tokens/s"] = benchmark::Counter(double(n) * double(state.iterations()), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_MoeExperts)->Arg(1)->Arg(16)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MoeExperts)->Arg(1)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Decode attention of one token over Arg(0) cached positions: 16 heads, 2 KV heads, head_dim 256.
 void BM_PagedAttentionDecode(benchmark::State& state) {
@@ -103,7 +105,7 @@ void BM_PagedAttentionDecode(benchmark::State& state) {
   state.counters["KV_GB/s"] = benchmark::Counter(2.0 * context * kv_heads * hd * 4 * double(state.iterations()) / 1e9,
                                                  benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_PagedAttentionDecode)->Arg(1024)->Arg(8192)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PagedAttentionDecode)->Arg(1024)->Arg(8192)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The gated delta rule of one 128 x 128 head over Arg(0) tokens; Arg(1) = 0 recurrent, 1 chunked.
 void BM_DeltaRule(benchmark::State& state) {
@@ -120,7 +122,7 @@ void BM_DeltaRule(benchmark::State& state) {
   state.SetLabel(state.range(1) ? "chunked" : "recurrent");
   state.counters["tokens/s"] = benchmark::Counter(double(T) * double(state.iterations()), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_DeltaRule)->ArgsProduct({{1, 256}, {0, 1}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DeltaRule)->ArgsProduct({{1, 256}, {0, 1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // RMSNorm over Arg(0) rows of 2048.
 void BM_RmsNorm(benchmark::State& state) {
@@ -135,7 +137,77 @@ void BM_RmsNorm(benchmark::State& state) {
   state.counters["GB/s"] = benchmark::Counter(8.0 * rows * dim * double(state.iterations()) / 1e9,
                                               benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_RmsNorm)->Arg(1)->Arg(512)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RmsNorm)->Arg(1)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// Partial NeoX RoPE of the attention queries: Arg(0) tokens x 16 heads x 256, the first 64 dims rotated.
+void BM_Rope(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const int heads = 16, hd = 256, rotary = 64;
+  auto x = random_floats(size_t(tokens * heads * hd), 12);
+  std::vector<float> inv_freq(size_t(rotary / 2));
+  for (int i = 0; i < rotary / 2; ++i) inv_freq[size_t(i)] = std::pow(1e7f, -2.0f * float(i) / float(rotary));
+  auto be = make_cpu_backend();
+  for (auto _ : state) {
+    be->rope(x.data(), tokens, heads, hd, rotary, 1000, inv_freq.data());
+    benchmark::DoNotOptimize(x.data());
+  }
+  const double rotated = double(tokens * heads * rotary) * double(state.iterations());
+  state.counters["elements/s"] = benchmark::Counter(rotated, benchmark::Counter::kIsRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(8.0 * rotated / 1e9, benchmark::Counter::kIsRate);  // read + write
+}
+BENCHMARK(BM_Rope)->Arg(1)->Arg(128)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// Depthwise causal conv (kernel 4) + SiLU over the 8192 GDN q,k,v channels for Arg(0) tokens.
+void BM_CausalConv(benchmark::State& state) {
+  const int64_t T = state.range(0), channels = 8192;
+  const int kernel = 4;
+  auto x = random_floats(size_t(T * channels), 13), w = random_floats(size_t(channels * kernel), 14);
+  std::vector<float> conv_state(size_t(channels * (kernel - 1))), out(x.size());
+  auto be = make_cpu_backend();
+  for (auto _ : state) {
+    be->causal_conv1d_silu(x.data(), T, channels, w.data(), kernel, conv_state.data(), out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double elements = double(T * channels) * double(state.iterations());
+  state.counters["elements/s"] = benchmark::Counter(elements, benchmark::Counter::kIsRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(8.0 * elements / 1e9, benchmark::Counter::kIsRate);  // x in, out
+}
+BENCHMARK(BM_CausalConv)->Arg(1)->Arg(128)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// GDN gates (beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)) of 32 value heads for Arg(0) tokens.
+void BM_GdnGates(benchmark::State& state) {
+  const int64_t T = state.range(0);
+  const int v_heads = 32;
+  auto b = random_floats(size_t(T * v_heads), 15), a = random_floats(size_t(T * v_heads), 16);
+  auto a_log = random_floats(size_t(v_heads), 17), dt_bias = random_floats(size_t(v_heads), 18);
+  std::vector<float> beta(b.size()), g(b.size());
+  auto be = make_cpu_backend();
+  for (auto _ : state) {
+    be->gdn_gates(b.data(), a.data(), a_log.data(), dt_bias.data(), T, v_heads, beta.data(), g.data());
+    benchmark::DoNotOptimize(g.data());
+  }
+  state.counters["elements/s"] =
+      benchmark::Counter(double(T * v_heads) * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GdnGates)->Arg(1)->Arg(128)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The GDN output norm: RMSNorm of each 128-wide value head, times silu(z), for Arg(0) tokens x 32 heads.
+void BM_GatedRmsNorm(benchmark::State& state) {
+  const int64_t rows = state.range(0) * 32, dim = 128;
+  auto o = random_floats(size_t(rows * dim), 19), z = random_floats(size_t(rows * dim), 20);
+  auto w = random_floats(size_t(dim), 21);
+  std::vector<float> out(o.size());
+  auto be = make_cpu_backend();
+  for (auto _ : state) {
+    be->gated_rms_norm(o.data(), z.data(), rows, dim, w.data(), 1e-6f, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(12.0 * double(rows * dim) * double(state.iterations()) / 1e9,
+                                              benchmark::Counter::kIsRate);  // o and z in, out
+}
+BENCHMARK(BM_GatedRmsNorm)->Arg(1)->Arg(128)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 }  // namespace moeserve
