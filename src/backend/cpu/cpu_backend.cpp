@@ -225,19 +225,35 @@ class CpuBackend final : public Backend {
   void causal_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel, float* state,
                           float* out) override {
     const int history = kernel - 1;
+    // Tokens outer, channels inner: x and out are token-major, so a block of channels is contiguous in both
+    // (a channel-outer walk strided by the whole row, 32 KB at 8192 channels, for a handful of MACs each).
+    // Each output sums j = 0..kernel-1 in order from 0, as the reference does.
     parallel_for(size_t(channels), [&](size_t c0, size_t c1) {
-      std::vector<float> window(static_cast<size_t>(history + T));
-      for (size_t c = c0; c < c1; ++c) {
-        // window = [previous inputs (oldest first), this step's inputs]
-        std::copy_n(state + c * history, history, window.begin());
-        for (int64_t t = 0; t < T; ++t) window[size_t(history + t)] = x[t * channels + int64_t(c)];
-        const float* wc = w + c * kernel;
-        for (int64_t t = 0; t < T; ++t) {
-          float acc = 0.0f;
-          for (int j = 0; j < kernel; ++j) acc += wc[j] * window[size_t(t + j)];
-          out[t * channels + int64_t(c)] = silu(acc);
+      const size_t n = c1 - c0;
+      for (int64_t t = 0; t < T; ++t) {
+        float* o = out + t * channels + int64_t(c0);
+        std::fill_n(o, n, 0.0f);
+        for (int j = 0; j < kernel; ++j) {
+          const int64_t src = t + j - history;  // token of x; negative: a previous call's input, in the state
+          const float* wj = w + c0 * size_t(kernel) + size_t(j);
+          if (src >= 0) {
+            const float* xs = x + src * channels + int64_t(c0);
+            for (size_t i = 0; i < n; ++i) o[i] += wj[i * size_t(kernel)] * xs[i];
+          } else {
+            const float* ss = state + c0 * size_t(history) + size_t(history + src);
+            for (size_t i = 0; i < n; ++i) o[i] += wj[i * size_t(kernel)] * ss[i * size_t(history)];
+          }
         }
-        std::copy_n(window.end() - history, history, state + c * history);
+        for (size_t i = 0; i < n; ++i) o[i] = silu(o[i]);
+      }
+      // The new state is the last `history` inputs of [state, x]. Entry h takes window position T + h >= h,
+      // so reading ascending never meets an entry already overwritten.
+      for (size_t c = c0; c < c1; ++c) {
+        float* sc = state + c * size_t(history);
+        for (int h = 0; h < history; ++h) {
+          const int64_t p = T + h;
+          sc[h] = p < history ? sc[p] : x[(p - history) * channels + int64_t(c)];
+        }
       }
     }, 256);
   }
