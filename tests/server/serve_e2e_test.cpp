@@ -221,6 +221,23 @@ TEST(ServeTinyMoe, QueueFullIs429) {
   EXPECT_EQ(r.headers["retry-after"], "1");
 }
 
+// The engine's cache flags reach the engine (the banner reports what it built), and bad values stop serve
+// with a message naming the flag.
+TEST(ServeTinyMoe, CacheFlagsReachTheEngineAndBadValuesAreRefused) {
+  auto p = start({"--model", kTinyMoe, "--snapshot-slots", "5", "--gdn-state-dtype", "bfloat16",
+                  "--enable-priority-scheduling", "--schedule-policy", "lpm"});
+  EXPECT_NE(p->banner().find("(+5 snapshots)"), std::string::npos) << p->banner();
+  json r = post_json(p->port(), "/v1/completions",
+                     {{"prompt", {1, 2, 3}}, {"max_tokens", 4}, {"ignore_eos", true}, {"priority", -1}});
+  EXPECT_EQ(r["usage"]["completion_tokens"], 4) << r.dump();
+  for (auto [flag, value] : {std::pair{"--gdn-state-dtype", "bf16"}, std::pair{"--schedule-policy", "lifo"}}) {
+    ServeProcess bad({"--model", kTinyMoe, flag, value});
+    EXPECT_FALSE(bad.wait_ready(std::chrono::seconds(60)));
+    EXPECT_NE(bad.wait_exit(std::chrono::seconds(30)), 0);
+    EXPECT_NE(bad.output().find(std::string(flag) + " " + value), std::string::npos) << bad.output();
+  }
+}
+
 // A threshold the loaded server is already past would turn every request away with 503: serve says so and
 // exits instead of reporting ready.
 TEST(ServeTinyMoe, PastItsMemoryPressureThresholdAfterLoadingItRefusesToStart) {
