@@ -79,8 +79,11 @@ class BoundedBuilder {
 
   bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
                    const nlohmann::detail::exception& e) {
-    // nlohmann's message names the byte offset and the token class, quoting at most the last token read.
+    // nlohmann's message names the position and quotes the last token read, which can be a whole unterminated
+    // string: the quote is cut so that an error never echoes a large part of the input.
+    constexpr size_t kMaxMessage = 240;
     error_ = e.what();
+    if (error_.size() > kMaxMessage) error_ = error_.substr(0, kMaxMessage) + "...'";
     return false;
   }
 

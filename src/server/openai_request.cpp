@@ -6,6 +6,7 @@
 #include <limits>
 #include <set>
 
+#include "common/bounded_json.h"
 #include "engine/json_constraint.h"
 #include "server/api_error.h"
 
@@ -26,6 +27,18 @@ const char* type_name(const json& v) {
     default: return "a number";
   }
 }
+
+}  // namespace
+
+std::string brief(const nlohmann::ordered_json& v) {
+  if (v.is_structured()) return type_name(v);
+  constexpr size_t kMax = 64;
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > kMax) s = s.substr(0, kMax) + "...";
+  return s;
+}
+
+namespace {
 
 // Reads the fields of one JSON object, remembering which were used, so that finish() can name the rest.
 // `prefix` names nested objects in messages ("stream_options.include_usage").
@@ -145,7 +158,7 @@ std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v) {
     const json& bias = it.value();
     if (!bias.is_number() || !std::isfinite(bias.get<double>()) || std::fabs(bias.get<double>()) > 100) {
       throw invalid_param("logit_bias", "the bias of token {} must be a number in [-100, 100], got {}", id,
-                          bias.dump());
+                          brief(bias));
     }
     out.emplace_back(static_cast<int32_t>(id), bias.get<float>());
   }
@@ -226,7 +239,7 @@ void parse_harmless(Fields& f) {
   if (const json* v = f.get("modalities")) {
     if (!v->is_array()) throw invalid_param("modalities", "must be an array of strings, got {}", type_name(*v));
     for (auto& m : *v) {
-      if (m != "text") throw invalid_param("modalities", "this model outputs text only, got {}", m.dump());
+      if (m != "text") throw invalid_param("modalities", "this model outputs text only, got {}", brief(m));
     }
   }
 }
@@ -267,7 +280,7 @@ ResponseFormat parse_response_format(Fields& f) {
         throw invalid_param("response_format", "json_schema.schema must be a JSON Schema object");
       }
       try {
-        out.schema = JsonSchema::compile(nlohmann::json::parse(schema->dump()));
+        out.schema = JsonSchema::compile(parse_bounded_json<nlohmann::json>(schema->dump()));
       } catch (const SchemaError& e) {
         throw invalid_param("response_format", "json_schema.schema: {}", e.what());
       }
@@ -348,11 +361,11 @@ json parse_messages(const json* v, std::vector<std::string>& ignored) {
         json args = fn.contains("arguments") ? fn["arguments"] : json("{}");
         // Templates want arguments as a mapping; clients send the JSON text OpenAI returned.
         if (args.is_string()) {
-          json parsed = json::parse(args.get<std::string>(), nullptr, false);
-          if (parsed.is_discarded()) {
-            throw invalid_param(cp + ".function.arguments", "is not valid JSON");
+          try {
+            args = parse_bounded_json<json>(args.get<std::string>());
+          } catch (const JsonParseError& e) {
+            throw invalid_param(cp + ".function.arguments", "is not acceptable JSON: {}", e.what());
           }
-          args = parsed;
         }
         json call = {{"type", "function"}, {"function", {{"name", fn["name"]}, {"arguments", args}}}};
         if (c.contains("id") && c["id"].is_string()) call["id"] = c["id"];
@@ -433,15 +446,11 @@ void parse_tool_choice(const json* v, ChatRequest& r) {
 }  // namespace
 
 json parse_json_object(std::string_view body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    // Re-parse with exceptions only to get the position and reason of the error.
-    try {
-      json ignored = json::parse(body);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), "invalid_request_error");
-    }
-    throw ApiError(400, "the request body is not valid JSON", "invalid_request_error");
+  json j;
+  try {
+    j = parse_bounded_json<json>(body);
+  } catch (const JsonParseError& e) {
+    throw ApiError(400, fmt::format("the request body is not acceptable JSON: {}", e.what()), "invalid_request_error");
   }
   if (!j.is_object()) {
     throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", type_name(j)),

@@ -103,6 +103,10 @@ struct ChatRequest {
 CompletionRequest parse_completion_request(std::string_view body);
 ChatRequest parse_chat_request(std::string_view body);
 
+// A value for an error message: scalars as JSON cut to a few dozen bytes, arrays and objects by their type only,
+// so that an error never echoes a large or deeply nested part of the request.
+std::string brief(const nlohmann::ordered_json& v);
+
 // The JSON body as an object (keys in the client's order, which templates render tools in), or ApiError 400 that says what is wrong with it.
 nlohmann::ordered_json parse_json_object(std::string_view body);
 

@@ -271,7 +271,7 @@ HttpResponse OpenAiService::detokenize(const HttpRequest& req) {
   for (auto& t : body["tokens"]) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
         t.get<int64_t>() >= static_cast<int64_t>(tokenizer_->vocab_size())) {
-      throw invalid_param("tokens", "{} is not a token id of this model (vocabulary of {})", t.dump(),
+      throw invalid_param("tokens", "{} is not a token id of this model (vocabulary of {})", brief(t),
                           tokenizer_->vocab_size());
     }
     ids.push_back(t.get<int32_t>());

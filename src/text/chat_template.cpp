@@ -1,5 +1,7 @@
 #include "text/chat_template.h"
 
+#include "common/bounded_json.h"
+
 namespace moeserve::text {
 
 using ordered_json = nlohmann::ordered_json;
@@ -29,7 +31,7 @@ ordered_json ChatTemplate::normalize_openai_messages(const ordered_json& message
       if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
       auto& fn = call["function"];
       if (!fn.contains("arguments") || !fn["arguments"].is_string()) continue;
-      auto parsed = ordered_json::parse(fn["arguments"].get<std::string>(), nullptr, false);
+      auto parsed = parse_bounded_json_or_discarded<ordered_json>(fn["arguments"].get<std::string>());
       if (!parsed.is_discarded() && parsed.is_object()) fn["arguments"] = std::move(parsed);
     }
   }

@@ -4,6 +4,7 @@
 #include <map>
 #include <random>
 
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "text/jinja_value.h"
 
@@ -213,7 +214,7 @@ ordered_json convert_value(const std::string& raw, const std::string& type) {
     return raw;
   }
   if (type == "object" || type == "array" || type == "dict" || type == "list") {
-    auto parsed = ordered_json::parse(raw, nullptr, false);
+    auto parsed = parse_bounded_json_or_discarded<ordered_json>(raw);
     if (!parsed.is_discarded()) return parsed;
     return raw;
   }
@@ -386,7 +387,7 @@ class ToolStage {
     std::string verbatim =
         call_.lead_ws + std::string(kCallOpen) + call_.text + (closed ? std::string(kCallClose) : "");
     if (kind_ == "hermes") {
-      auto j = ordered_json::parse(call_.text, nullptr, false);
+      auto j = parse_bounded_json_or_discarded<ordered_json>(call_.text);
       bool ok = !j.is_discarded() && j.is_object() && j.contains("name") && j["name"].is_string();
       if (!ok) {
         if (call_.started) {  // announced but broken: keep the call with empty arguments

