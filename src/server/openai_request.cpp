@@ -135,6 +135,7 @@ class Fields {
 constexpr int64_t kMaxN = 128;
 constexpr int64_t kMaxTopLogprobs = 20;
 constexpr int64_t kMaxTokensCap = int64_t(1) << 30;
+constexpr size_t kMaxStopBytes = 1024;
 
 std::vector<int32_t> token_ids(const json& v, const std::string& param) {
   std::vector<int32_t> ids;
@@ -201,6 +202,10 @@ void parse_sampling(Fields& f, SamplingSettings& s, bool chat) {
     if (s.stop.size() > 64) throw invalid_param("stop", "at most 64 stop strings, got {}", s.stop.size());
     for (auto& stop : s.stop) {
       if (stop.empty()) throw invalid_param("stop", "stop strings must not be empty");
+      // Every generated token is checked against every stop string: their length bounds that work per token.
+      if (stop.size() > kMaxStopBytes) {
+        throw invalid_param("stop", "a stop string may have at most {} bytes, got {}", kMaxStopBytes, stop.size());
+      }
     }
   }
   if (const json* v = f.get("stop_token_ids")) {

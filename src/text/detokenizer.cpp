@@ -23,20 +23,46 @@ std::string IncrementalDetokenizer::finish() {
 }
 
 StopStringFilter::StopStringFilter(std::vector<std::string> stops) {
-  for (auto& s : stops)
-    if (!s.empty()) stops_.push_back(std::move(s));
+  for (auto& text : stops) {
+    if (text.empty()) continue;
+    Stop stop{std::move(text), {}};
+    const std::string& t = stop.text;
+    stop.failure.assign(t.size(), 0);
+    for (size_t i = 1, k = 0; i < t.size(); ++i) {
+      while (k > 0 && t[i] != t[k]) k = stop.failure[k - 1];
+      if (t[i] == t[k]) ++k;
+      stop.failure[i] = static_cast<uint32_t>(k);
+    }
+    stops_.push_back(std::move(stop));
+  }
 }
 
 std::string StopStringFilter::push(std::string_view delta) {
   if (stopped_) return "";
   held_ += delta;
-  // The earliest stop occurrence wins; among stops starting at the same place, the longest.
+  // The earliest stop occurrence wins; among stops starting at the same place, the longest. Meanwhile, hold
+  // back the longest suffix that is a proper prefix of some stop string.
   size_t best = std::string::npos;
-  for (const auto& s : stops_) {
-    size_t at = held_.find(s);
-    if (at != std::string::npos && (at < best || (at == best && s.size() > matched_.size()))) {
-      best = at;
-      matched_ = s;
+  size_t keep = 0;
+  for (const Stop& stop : stops_) {
+    const std::string& t = stop.text;
+    size_t k = 0;  // the stop's prefix matched so far, ending at the current byte
+    size_t found = std::string::npos;
+    for (size_t i = 0; i < held_.size(); ++i) {
+      while (k > 0 && held_[i] != t[k]) k = stop.failure[k - 1];
+      if (held_[i] == t[k]) ++k;
+      if (k == t.size()) {
+        found = i + 1 - t.size();
+        break;
+      }
+    }
+    if (found != std::string::npos) {
+      if (found < best || (found == best && t.size() > matched_.size())) {
+        best = found;
+        matched_ = t;
+      }
+    } else {
+      keep = std::max(keep, k);
     }
   }
   if (best != std::string::npos) {
@@ -44,17 +70,6 @@ std::string StopStringFilter::push(std::string_view delta) {
     std::string out = held_.substr(0, best);
     held_.clear();
     return out;
-  }
-  // Hold back the longest suffix that is a proper prefix of some stop string.
-  size_t keep = 0;
-  for (const auto& s : stops_) {
-    size_t max_len = std::min(s.size() - 1, held_.size());
-    for (size_t len = max_len; len > keep; --len) {
-      if (held_.compare(held_.size() - len, len, s, 0, len) == 0) {
-        keep = len;
-        break;
-      }
-    }
   }
   std::string out = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);

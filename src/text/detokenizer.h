@@ -49,7 +49,14 @@ class StopStringFilter {
   const std::string& matched() const { return matched_; }
 
  private:
-  std::vector<std::string> stops_;
+  struct Stop {
+    std::string text;
+    // failure[i]: the length of the longest proper prefix of text[0, i] that is also its suffix (KMP). With it
+    // one pass over the held text finds the first occurrence and the longest suffix that starts the stop, in
+    // time linear in the held text: a request's stop strings cannot make a step quadratic in their length.
+    std::vector<uint32_t> failure;
+  };
+  std::vector<Stop> stops_;
   std::string held_;
   bool stopped_ = false;
   std::string matched_;

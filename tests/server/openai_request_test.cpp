@@ -145,6 +145,37 @@ TEST(CompletionRequest, InvalidValuesNameTheParameter) {
   }
 }
 
+TEST(CompletionRequest, BodiesPastTheJsonLimitsAre400sThatSayWhich) {
+  // The body's own object is level 1: 127 more levels are accepted, 128 are one too many.
+  auto nested = [](size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); };
+  EXPECT_NO_THROW(parse_completion_request(R"({"prompt":"x","extra":)" + nested(127) + "}"));
+  ApiError deep = completion_error(R"({"prompt":"x","extra":)" + nested(128) + "}");
+  EXPECT_EQ(deep.status, 400);
+  EXPECT_NE(std::string(deep.what()).find("deeper than 128 levels"), std::string::npos) << deep.what();
+  ApiError deeper = completion_error(R"({"prompt":"x","extra":)" + nested(100'000) + "}");
+  EXPECT_LT(std::string(deeper.what()).size(), 300u) << deeper.what();
+  // Tool-call arguments sent as a JSON string are held to the same limits.
+  ApiError args = chat_error(
+      R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":")" +
+      nested(200) + R"("}}]}]})");
+  ASSERT_TRUE(args.param);
+  EXPECT_EQ(*args.param, "messages[0].tool_calls[0].function.arguments");
+  // A value in an error is quoted by at most a few dozen bytes.
+  ApiError bias = completion_error(R"({"prompt":"x","logit_bias":{"5":")" + std::string(100'000, 'u') + R"("}})");
+  EXPECT_LT(std::string(bias.what()).size(), 200u);
+}
+
+TEST(CompletionRequest, StopStringsAreBoundedInLength) {
+  EXPECT_EQ(parse_completion_request(R"({"prompt":"x","stop":")" + std::string(1024, 's') + R"("})")
+                .sampling.stop[0]
+                .size(),
+            1024u);
+  ApiError e = completion_error(R"({"prompt":"x","stop":["a",")" + std::string(1025, 's') + R"("]})");
+  ASSERT_TRUE(e.param);
+  EXPECT_EQ(*e.param, "stop");
+  EXPECT_NE(std::string(e.what()).find("at most 1024 bytes"), std::string::npos) << e.what();
+}
+
 TEST(CompletionRequest, ParsesLogitBiasAndPriority) {
   auto r = parse_completion_request(R"({"prompt":"x","logit_bias":{"50":-100,"7":2.5,"0":100},"priority":-3})");
   EXPECT_EQ(r.sampling.logit_bias,

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -107,6 +109,75 @@ TEST(StopStringFilter, EarliestStopWinsAndNoStopsPassesThrough) {
   EXPECT_EQ(f.matched(), "lo w");
   StopStringFilter none({});
   EXPECT_EQ(filter_all(none, {"a", "b"}), "ab");
+}
+
+// The filter's rule written the obvious (quadratic) way, for the differential test below.
+struct NaiveStopFilter {
+  std::vector<std::string> stops;
+  std::string held, matched;
+  bool stopped = false;
+  std::string push(const std::string& delta) {
+    if (stopped) return "";
+    held += delta;
+    size_t best = std::string::npos;
+    for (const auto& s : stops) {
+      size_t at = held.find(s);
+      if (at != std::string::npos && (at < best || (at == best && s.size() > matched.size()))) {
+        best = at;
+        matched = s;
+      }
+    }
+    if (best != std::string::npos) {
+      stopped = true;
+      return held.substr(0, best);
+    }
+    size_t keep = 0;
+    for (const auto& s : stops) {
+      for (size_t len = std::min(s.size() - 1, held.size()); len > keep; --len) {
+        if (held.compare(held.size() - len, len, s, 0, len) == 0) {
+          keep = len;
+          break;
+        }
+      }
+    }
+    std::string out = held.substr(0, held.size() - keep);
+    held.erase(0, held.size() - keep);
+    return out;
+  }
+};
+
+TEST(StopStringFilter, AgreesWithTheNaiveRuleOnRandomStreams) {
+  std::mt19937 rng(7);
+  auto word = [&](size_t max_len) {
+    std::string w(1 + rng() % max_len, 'a');
+    for (char& c : w) c = static_cast<char>('a' + rng() % 3);  // a small alphabet: many partial matches
+    return w;
+  };
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::vector<std::string> stops;
+    for (size_t i = 0, n = 1 + rng() % 3; i < n; ++i) stops.push_back(word(6));
+    StopStringFilter fast(stops);
+    NaiveStopFilter naive{stops};
+    for (int d = 0; d < 12 && !naive.stopped; ++d) {
+      std::string delta = word(4);
+      ASSERT_EQ(fast.push(delta), naive.push(delta)) << "trial " << trial;
+      ASSERT_EQ(fast.stopped(), naive.stopped);
+    }
+    if (naive.stopped) EXPECT_EQ(fast.matched(), naive.matched);
+  }
+}
+
+TEST(StopStringFilter, LongRepetitiveStopIsMatchedAndHeldExactly) {
+  // A 100,000-byte stop of 'a's ending in 'b', against a stream of 'a's: every byte is a possible start, so
+  // everything is held, and the stop completes only with the 'b'.
+  const std::string stop = std::string(100'000, 'a') + "b";
+  StopStringFilter f({stop});
+  std::string emitted;
+  for (int i = 0; i < 200; ++i) emitted += f.push(std::string(1000, 'a'));
+  EXPECT_EQ(emitted.size(), 200'000u - 100'000u);  // only what can no longer start the stop
+  emitted += f.push("b tail");
+  EXPECT_TRUE(f.stopped());
+  EXPECT_EQ(emitted, std::string(100'000, 'a'));
 }
 
 TEST(StopStringFilter, StopsOnRealTokenStreamWithMultibyteStop) {
