@@ -28,6 +28,8 @@ struct RouteFlags {
   std::string send_timeout = "300s";
   std::string client_header_timeout = "60s";
   int64_t max_body_size = int64_t{64} << 20;
+  int64_t max_body_memory = int64_t{512} << 20;
+  int max_connections = 4096;
   int retries = 3;
   std::string health_interval = "10s";
   std::string health_timeout = "5s";
@@ -72,6 +74,11 @@ std::function<int()> setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--max-body-size", f.max_body_size, "largest request body in bytes (413 above)")
       ->capture_default_str();
+  app.add_option("--max-body-memory", f.max_body_memory,
+                 "request body bytes held at once over all connections (503 above)")
+      ->capture_default_str();
+  app.add_option("--max-connections", f.max_connections, "client connections open at once (503 above)")
+      ->capture_default_str();
   app.add_option("--retries", f.retries, "attempts on other backends before any response byte was sent")
       ->capture_default_str();
   app.add_option("--health-interval", f.health_interval, "active health checks of each backend (0 = off)")
@@ -90,8 +97,12 @@ std::function<int()> setup(CLI::App& app) {
   app.add_option("--tokenizer", f.tokenizer,
                  "cache_aware: tokenizer.json, to match token ids instead of text");
   app.add_flag("--session-affinity", f.session_affinity, "pin X-Session-ID / \"user\" to a backend");
-  app.add_option("--api-key", f.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
-  app.add_option("--admin-key", f.admin_key, "key for /backends/add|drain|remove (default: --api-key)");
+  // From the environment too, so that a key need not show in `ps` or a unit file; the flag wins.
+  app.add_option("--api-key", f.api_key,
+                 "require 'Authorization: Bearer KEY' on all but /health, /metrics, /version, GET /backends")
+      ->envname("MOESERVE_API_KEY");
+  app.add_option("--admin-key", f.admin_key, "key for /backends/add|drain|remove (default: --api-key)")
+      ->envname("MOESERVE_ADMIN_KEY");
   app.add_option("--shutdown-timeout", f.shutdown_timeout, "SIGTERM: time given to requests in flight")
       ->capture_default_str();
 
@@ -99,7 +110,7 @@ std::function<int()> setup(CLI::App& app) {
     const RouteFlags& f = *flags;
     RouterConfig config = f.config_file.empty() ? RouterConfig{} : load_config_file(f.config_file);
     auto given = [&](const char* name) { return app.count(name) > 0; };
-    // Flags given on the command line override the cluster file.
+    // Flags given on the command line (or the keys' environment variables) override the cluster file.
     if (given("--host")) config.host = f.host;
     if (given("--port")) {
       check(f.port >= 0 && f.port <= 65535, "--port must be 0..65535");
@@ -120,6 +131,11 @@ std::function<int()> setup(CLI::App& app) {
       check(f.max_body_size > 0, "--max-body-size must be positive");
       config.max_body_bytes = static_cast<size_t>(f.max_body_size);
     }
+    if (given("--max-body-memory")) {
+      check(f.max_body_memory > 0, "--max-body-memory must be positive");
+      config.max_body_memory = static_cast<size_t>(f.max_body_memory);
+    }
+    if (given("--max-connections")) config.max_connections = f.max_connections;
     if (given("--retries")) config.retries = f.retries;
     if (given("--health-interval")) config.health_interval = parse_duration(f.health_interval);
     if (given("--health-timeout")) config.health_timeout = parse_duration(f.health_timeout);

@@ -314,21 +314,32 @@ void Balancer::finish(const Selection& selection, Outcome outcome, std::string_v
   TimePoint now = now_();
   --b.in_flight;
   if (selection.trial) b.breaker_trial = false;
-  if (outcome == Outcome::failure) {
+  if (outcome == Outcome::failure || outcome == Outcome::died) {
     ++b.failures[reason.empty() ? std::string("error") : std::string(reason)];
+    bool died = outcome == Outcome::died;
+    bool health_checked = config_.health_interval.count() > 0;
     // ngx_http_upstream_free_round_robin_peer with NGX_PEER_FAILED.
     if (backends_.size() > 1) {
       bool was_ejected = ejected_by_fails(b, now);
       ++b.fails;
+      if (died && !health_checked) b.fails = std::max(b.fails, b.max_fails);
       b.accessed = now;
       b.checked = now;
       if (b.max_fails > 0) {
         b.effective_weight = std::max(0, b.effective_weight - b.weight / b.max_fails);
         if (b.fails >= b.max_fails && !was_ejected) {
-          eject_count(b, "max_fails");
-          spdlog::warn("route: backend {} temporarily disabled for {} ms after {} failures (last: {})", b.url,
-                       b.fail_timeout.count(), b.fails, reason);
+          eject_count(b, died && !health_checked ? "died" : "max_fails");
+          spdlog::warn("route: backend {} temporarily disabled for {} ms after {} (last: {})", b.url,
+                       b.fail_timeout.count(),
+                       died ? "it dropped a request" : fmt::format("{} failures", b.fails), reason);
         }
+      }
+      if (died && health_checked && b.healthy) {
+        b.healthy = false;
+        b.health_ok_streak = 0;
+        eject_count(b, "died");
+        spdlog::warn("route: backend {} out of rotation until {} health checks pass: {}", b.url,
+                     config_.health_successes, reason);
       }
     }
     ++b.breaker_failures;
@@ -386,8 +397,10 @@ void Balancer::health_result(Backend& b, bool ok) {
 
 void Balancer::set_models(Backend& backend, std::vector<std::string> ids, std::vector<std::string> cards) {
   std::lock_guard lock(mu_);
+  backend.model_cards.clear();
+  for (size_t i = 0; i < cards.size() && i < ids.size(); ++i)
+    backend.model_cards.emplace_back(ids[i], std::move(cards[i]));
   if (!backend.models_configured) backend.models = std::move(ids);
-  backend.model_cards = std::move(cards);
 }
 
 void Balancer::set_reported_load(Backend& backend, double load, double kv_usage) {
@@ -445,8 +458,7 @@ std::vector<std::string> Balancer::model_cards() const {
   std::vector<std::string> out;
   std::vector<std::string> seen;
   for (const auto& b : backends_) {
-    for (const auto& card : b->model_cards) {
-      auto id = nlohmann::json::parse(card, nullptr, false).value("id", std::string());
+    for (const auto& [id, card] : b->model_cards) {
       if (std::find(seen.begin(), seen.end(), id) != seen.end()) continue;
       seen.push_back(id);
       out.push_back(card);

@@ -27,8 +27,10 @@ using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
 
 // How one attempt on a backend ended, as nginx's peer "free" state: a failure counts towards max_fails and
-// the circuit breaker, a success clears them, a neutral end (429, client gone) changes neither.
-enum class Outcome { success, failure, neutral };
+// the circuit breaker, a success clears them, a neutral end (429, client gone) changes neither. `died` is a
+// failure where the backend closed or reset the connection after it had the request: it may have crashed on
+// that request, so it is taken out at once rather than after max_fails.
+enum class Outcome { success, failure, neutral, died };
 
 // Why the policy chose the backend it chose; exported as routing decision counters.
 enum class Decision { policy, affinity, cache_hit, cache_miss, imbalanced };
@@ -55,7 +57,7 @@ struct Backend {
   Duration fail_timeout{30000};
   std::vector<std::string> models;  // configured, or learnt from the backend's /v1/models
   bool models_configured = false;
-  std::vector<std::string> model_cards;  // JSON objects from /v1/models
+  std::vector<std::pair<std::string, std::string>> model_cards;  // id, JSON object from /v1/models
 
   // nginx round-robin peer state (ngx_http_upstream_rr_peer_t).
   int effective_weight = 1;
@@ -118,7 +120,9 @@ class Balancer {
   std::optional<Selection> pick(const RouteRequest& request, std::span<const int> tried = {});
   // Whether pick() would find a backend (used to decide if a retryable answer is worth retrying elsewhere).
   bool can_route(const RouteRequest& request, std::span<const int> tried);
-  // Ends an attempt started by pick(): passive health, circuit breaker, in-flight count.
+  // Ends an attempt started by pick(): passive health, circuit breaker, in-flight count. A backend that
+  // `died` is out until active health checks pass health_successes times; with health checks off, for
+  // fail_timeout as a max_fails ejection (so never with max_fails 0, nor as the only backend: nginx's rules).
   void finish(const Selection& selection, Outcome outcome, std::string_view reason = "");
   // Records the response a backend gave (status code, or "error") and its latencies (negative: not measured).
   void record_response(Backend& backend, std::string_view status, double ttfb_seconds, double total_seconds);
@@ -127,7 +131,7 @@ class Balancer {
   // One active health check's result.
   void health_result(Backend& backend, bool ok);
   // What GET /v1/models on the backend listed: ids, and each model object as JSON text (merged in
-  // /v1/models).
+  // /v1/models); ids[i] is cards[i]'s id.
   void set_models(Backend& backend, std::vector<std::string> ids, std::vector<std::string> cards);
   void set_reported_load(Backend& backend, double load, double kv_usage);
 

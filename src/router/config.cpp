@@ -140,6 +140,13 @@ const std::map<std::string, Setter>& setters() {
          check(bytes > 0, "'{}' must be a positive number of bytes", k);
          c.max_body_bytes = static_cast<size_t>(bytes);
        }},
+      {"max_body_memory", [](RouterConfig& c, const json& v, std::string_view k) {
+         int64_t bytes = v.is_number_integer() ? v.get<int64_t>() : -1;
+         check(bytes > 0, "'{}' must be a positive number of bytes", k);
+         c.max_body_memory = static_cast<size_t>(bytes);
+       }},
+      {"max_connections",
+       [](RouterConfig& c, const json& v, std::string_view k) { c.max_connections = int_value(v, k); }},
       {"retries", [](RouterConfig& c, const json& v, std::string_view k) { c.retries = int_value(v, k); }},
       {"max_retry_after",
        [](RouterConfig& c, const json& v, std::string_view k) { c.max_retry_after = duration_value(v, k); }},
@@ -323,6 +330,10 @@ void validate(const RouterConfig& config) {
   check(config.max_fails >= 0, "--max-fails must be 0 (never eject) or more");
   check(config.keepalive >= 0, "--keepalive must be 0 or more");
   check(config.retries >= 0, "--retries must be 0 or more");
+  check(config.max_connections >= 1, "--max-connections must be at least 1");
+  check(config.max_body_memory >= config.max_body_bytes,
+        "--max-body-memory ({} bytes) must hold at least one body of --max-body-size ({} bytes)",
+        config.max_body_memory, config.max_body_bytes);
   check(config.health_failures >= 1 && config.health_successes >= 1, "health thresholds must be at least 1");
   check(config.cb_failures >= 1 && config.cb_successes >= 1, "circuit breaker thresholds must be at least 1");
   check(config.cache_threshold >= 0 && config.cache_threshold <= 1, "--cache-threshold must be within 0..1");

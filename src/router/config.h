@@ -56,7 +56,13 @@ struct RouterConfig {
   Duration read_timeout = std::chrono::seconds(300);  // between two reads from a backend or the client
   Duration send_timeout = std::chrono::seconds(300);  // between two writes to a backend or the client
   Duration client_header_timeout = std::chrono::seconds(60);  // request head and body, idle keep-alive
+  // Client connections and the request bodies they buffer (503 with Retry-After beyond either limit). A
+  // connection holds one body at a time, up to max_body_bytes; all of them together hold at most
+  // max_body_memory, counted from the Content-Length before the body is read and released once a backend's
+  // answer has begun.
   size_t max_body_bytes = size_t{64} << 20;
+  size_t max_body_memory = size_t{512} << 20;
+  int max_connections = 4096;
   int retries = 3;  // further attempts on other backends before any response byte reached the client
   Duration max_retry_after = std::chrono::seconds(60);  // cap on a backend's 429 Retry-After
 
@@ -82,8 +88,10 @@ struct RouterConfig {
 
   bool session_affinity = false;  // X-Session-ID header or the body's "user" field pins a backend
 
-  std::string api_key;    // clients must send "Authorization: Bearer KEY" (forwarded unchanged)
-  std::string admin_key;  // for the /backends admin calls; defaults to api_key
+  // Clients must send "Authorization: Bearer KEY" (forwarded unchanged) everywhere but /health, /v1/health,
+  // /metrics, /version and GET /backends; decided from the request head, before any body is read.
+  std::string api_key;
+  std::string admin_key;                                 // for the /backends admin calls; defaults to api_key
   Duration shutdown_timeout = std::chrono::seconds(30);  // SIGTERM: how long in-flight requests may finish
 };
 

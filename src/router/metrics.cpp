@@ -66,7 +66,7 @@ std::string Balancer::metrics_text() const {
 
   header(out, "moeserve_router_backend_ejections_total", "counter",
          "Times each backend was taken out of rotation, by mechanism (max_fails, circuit_breaker, "
-         "health_check).");
+         "health_check, died: it dropped a request it had been sent).");
   for (const auto& b : backends_)
     for (const auto& [mechanism, n] : b->ejections)
       put(fmt::format("moeserve_router_backend_ejections_total{{{},mechanism=\"{}\"}} {}\n", label(*b),

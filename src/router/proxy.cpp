@@ -3,8 +3,14 @@
 //
 // Streaming: a response is relayed with a fixed buffer; the next upstream read starts only after the previous
 // chunk was written to the client, so a slow client slows the backend through TCP flow control and memory per
-// connection stays bounded. Until the response head has been sent to the client an attempt can fail over to
-// another backend; after that a failure ends the response (an SSE error event when it is a stream).
+// connection stays bounded. An attempt fails over to another backend only while that is safe (nothing was
+// sent, the request is idempotent, or the backend refused it with 429/503); after the response head has been
+// sent to the client a failure ends the response (an SSE error event and [DONE] when it is a stream).
+//
+// Hostile clients: a connection limit, a per-request body limit and a global budget of buffered body bytes;
+// the key and HTTP framing are checked from the request head before any body byte is read; bodies the router
+// reads to route are parsed with depth and size limits (parse_bounded_json).
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -16,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "router/request_info.h"
@@ -40,9 +47,15 @@ constexpr uint32_t kHeaderLimit = 64 * 1024;
 // client_body_buffer_size (16 KiB).
 constexpr size_t kUpstreamReadSize = 16 * 1024;
 constexpr size_t kClientReadSize = 16 * 1024;
-constexpr Duration kUncheckedIdle{1000};
+// nginx's lingering_timeout is 5 s; connections lingering at once are capped so that refused clients cannot
+// use up the descriptors that requests in flight need for their backends.
+constexpr Duration kLingerTime{2000};
+constexpr int kMaxLingering = 256;
+constexpr int kBusyRetryAfterSeconds = 1;
 
 using Request = http::request<http::string_body>;
+using RequestHead = http::request_header<>;
+using RequestParser = http::request_parser<http::string_body>;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -66,7 +79,113 @@ bool hop_by_hop(http::field name) {
 std::string error_json(std::string_view message, std::string_view type, int code) {
   nlohmann::json body = {
       {"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", code}}}};
-  return body.dump();
+  // A message can quote a few bytes of what a client sent, which need not be UTF-8.
+  return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Takes time that depends on the length of the expected key only, so that response times do not tell how
+// much of a guess was right.
+bool same_secret(std::string_view given, std::string_view expected) {
+  unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i)
+    diff |= static_cast<unsigned char>(expected[i] ^ (i < given.size() ? given[i] : 0));
+  return diff == 0;
+}
+
+bool has_key(const RequestHead& head, std::string_view key) {
+  constexpr std::string_view kBearer = "Bearer ";
+  std::string_view auth = head[http::field::authorization];
+  return auth.starts_with(kBearer) && same_secret(auth.substr(kBearer.size()), key);
+}
+
+// RFC 9110's idempotent methods: sending one again after a failure cannot do anything twice. (nginx retries
+// everything but POST, LOCK and PATCH; this list is the safe side of that.)
+bool replayable(http::verb method) {
+  switch (method) {
+    case http::verb::get:
+    case http::verb::head:
+    case http::verb::options:
+    case http::verb::trace:
+    case http::verb::put:
+    case http::verb::delete_:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A read error that means the peer closed or reset the connection (as opposed to a timeout or bytes that are
+// not HTTP).
+bool connection_lost(const beast::error_code& ec) {
+  return ec == http::error::end_of_stream || ec == http::error::partial_message ||
+         ec.category() == net::error::get_system_category();
+}
+
+// Request body bytes held in memory by all connections together (--max-body-memory).
+class BodyBudget {
+ public:
+  explicit BodyBudget(size_t limit) : limit_(limit) {}
+  bool take(size_t bytes) {
+    size_t used = used_.load(std::memory_order_relaxed);
+    do {
+      if (bytes > limit_ - used) return false;
+    } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+    return true;
+  }
+  void give_back(size_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+  size_t used() const { return used_.load(std::memory_order_relaxed); }
+
+ private:
+  const size_t limit_;
+  std::atomic<size_t> used_{0};
+};
+
+// One request's share of the budget: it grows with the body and is given back when the body is dropped.
+class BodyHold {
+ public:
+  explicit BodyHold(BodyBudget& budget) : budget_(budget) {}
+  ~BodyHold() { release(); }
+  BodyHold(const BodyHold&) = delete;
+  BodyHold& operator=(const BodyHold&) = delete;
+  bool grow_to(size_t bytes) {
+    if (bytes <= held_) return true;
+    if (!budget_.take(bytes - held_)) return false;
+    held_ = bytes;
+    return true;
+  }
+  void release() {
+    budget_.give_back(held_);
+    held_ = 0;
+  }
+
+ private:
+  BodyBudget& budget_;
+  size_t held_ = 0;
+};
+
+// A request refused from its head: the status and what the client is told.
+struct Refusal {
+  http::status status;
+  std::string message;
+  std::string type = "invalid_request_error";
+};
+
+// RFC 9112's rules for a request head that Beast leaves to the server.
+std::optional<Refusal> framing_refusal(const RequestHead& head) {
+  size_t hosts = head.count(http::field::host);
+  if (hosts > 1 || (hosts == 0 && head.version() >= 11))
+    return Refusal{http::status::bad_request, "an HTTP/1.1 request needs exactly one Host header"};
+  auto coding = head.find(http::field::transfer_encoding);  // Beast refuses a second Transfer-Encoding field
+  if (coding == head.end()) return std::nullopt;
+  // An HTTP/1.0 message with a transfer coding has faulty framing (RFC 9112 6.1); a coding other than chunked
+  // alone would have to be decoded before the body could be read, and Beast reads only chunked.
+  if (head.version() < 11)
+    return Refusal{http::status::bad_request, "Transfer-Encoding in an HTTP/1.0 request"};
+  if (!beast::iequals(coding->value(), "chunked"))
+    return Refusal{http::status::not_implemented,
+                   "no transfer coding but chunked is supported: send the body with Content-Length or "
+                   "'Transfer-Encoding: chunked'"};
+  return std::nullopt;
 }
 
 // Whether an idle keep-alive connection is still usable: no EOF, reset or stray bytes waiting on it.
@@ -214,24 +333,28 @@ void Watchdog::check(Clock::time_point now) {
 // it, the rest asynchronously. An asynchronous write that completes at once still completes through the
 // scheduler's queue, behind a poll of epoll; most writes fit in the socket's buffer, so this saves that round
 // per write. A client that reads slowly still holds the relay back: what the socket does not take waits.
+// `written`, when given, gets the bytes that went out (some may have on an error).
 template <bool isRequest, class Body>
 awaitable<beast::error_code> write_now(TimedSocket& stream, http::serializer<isRequest, Body>& serializer,
-                                       bool head_only = false) {
+                                       bool head_only = false, size_t* written = nullptr) {
   beast::error_code ec;
+  size_t n = 0;
   if (!stream.socket().non_blocking()) stream.socket().non_blocking(true, ec);
   if (!ec) {
     if (head_only)
-      http::write_header(stream, serializer, ec);
+      n = http::write_header(stream, serializer, ec);
     else
-      http::write(stream, serializer, ec);
+      n = http::write(stream, serializer, ec);
   }
   if (ec == net::error::would_block || ec == net::error::try_again) {
-    size_t n = 0;
+    size_t more = 0;
     if (head_only)
-      std::tie(ec, n) = co_await http::async_write_header(stream, serializer, use_tuple);
+      std::tie(ec, more) = co_await http::async_write_header(stream, serializer, use_tuple);
     else
-      std::tie(ec, n) = co_await http::async_write(stream, serializer, use_tuple);
+      std::tie(ec, more) = co_await http::async_write(stream, serializer, use_tuple);
+    n += more;
   }
+  if (written != nullptr) *written = n;
   co_return ec;
 }
 
@@ -290,13 +413,19 @@ class RelayChunk {
   std::unique_ptr<char[]> data_;
 };
 
-enum class AttemptEnd { delivered, client_gone, retry };
+// `failed`: the attempt failed after the request may have reached the backend, so it is not sent to another
+// one (nginx's proxy_next_upstream without non_idempotent); the client gets `status`.
+enum class AttemptEnd { delivered, client_gone, retry, failed };
 
 struct AttemptResult {
   AttemptEnd end = AttemptEnd::retry;
   bool client_reusable = false;
-  std::string reason;  // why it should be retried
+  std::string reason;  // why it failed
+  http::status status = http::status::bad_gateway;
 };
+
+// How reading a request body ended.
+enum class BodyEnd { complete, too_large, over_budget, timed_out, malformed, gone };
 
 }  // namespace
 
@@ -304,11 +433,14 @@ struct Router::Impl {
   RouterConfig config;
   std::shared_ptr<const KeyEncoder> encoder;
   Balancer balancer;
+  BodyBudget body_budget;
   std::vector<std::unique_ptr<Worker>> workers;
   std::optional<tcp::acceptor> acceptor;
   uint16_t bound_port = 0;
   std::atomic<size_t> next_worker{0};
   std::atomic<int> active_requests{0};
+  std::atomic<int> connections{0};  // client connections open
+  std::atomic<int> lingering{0};    // connections in close_lingering
   std::atomic<bool> draining{false};
   std::atomic<bool> stopping{false};
   std::mutex join_mu;
@@ -316,7 +448,8 @@ struct Router::Impl {
   Impl(RouterConfig c, std::shared_ptr<const KeyEncoder> e, std::function<TimePoint()> clock)
       : config(std::move(c)),
         encoder(e ? std::move(e) : make_key_encoder(config.tokenizer)),
-        balancer(config, std::move(clock)) {}
+        balancer(config, std::move(clock)),
+        body_budget(config.max_body_memory) {}
 
   // ---- client side ------------------------------------------------------------------------------------
 
@@ -332,8 +465,44 @@ struct Router::Impl {
         co_await pause.async_wait(use_tuple);
         continue;
       }
+      // Only this coroutine adds connections, so the check and the increment cannot race with another.
+      if (connections.load() >= config.max_connections) {
+        net::co_spawn(target.ioc, refuse_connection(target, std::move(socket)), net::detached);
+        continue;
+      }
+      ++connections;
       net::co_spawn(target.ioc, session(target, std::move(socket)), net::detached);
     }
+  }
+
+  // Over --max-connections: a 503 at once, before reading anything (as uvicorn's --limit-concurrency does).
+  awaitable<void> refuse_connection(Worker& worker, tcp::socket socket) {
+    TimedSocket client(worker.watchdog, std::move(socket));
+    co_await send_local(
+        client, http::status::service_unavailable, 11, false,
+        error_json(fmt::format("the router has {} client connections open (--max-connections); "
+                               "retry shortly",
+                               config.max_connections),
+                   "server_busy", 503),
+        "application/json", kBusyRetryAfterSeconds);
+    co_await close_lingering(client);
+  }
+
+  // nginx's lingering close, for a connection given up with part of its request unread: stop sending, then
+  // read and drop what the client still sends, for up to kLingerTime, before closing. Closing with unread
+  // bytes would make the kernel reset the connection, which can destroy the answer before the client read it.
+  awaitable<void> close_lingering(TimedSocket& client) {
+    beast::error_code ignored;
+    client.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    if (lingering.fetch_add(1) < kMaxLingering) {
+      client.expires_after(kLingerTime);
+      std::array<char, 4096> scratch;
+      for (;;) {
+        auto [ec, n] = co_await client.async_read_some(net::buffer(scratch), use_tuple);
+        if (ec) break;
+      }
+    }
+    --lingering;
   }
 
   awaitable<void> session(Worker& worker, tcp::socket socket) {
@@ -345,49 +514,81 @@ struct Router::Impl {
     buffer.reserve(kClientReadSize);
     try {
       for (;;) {
-        http::request_parser<http::string_body> parser;
+        RequestParser parser;
         parser.header_limit(kHeaderLimit);
         parser.body_limit(config.max_body_bytes);
         client.expires_after(config.client_header_timeout);
         auto [ec, n] = co_await http::async_read_header(client, buffer, parser, use_tuple);
         if (ec == http::error::body_limit) {  // a Content-Length over the limit is refused before the body
           co_await send_local(client, http::status::payload_too_large, 11, false, body_too_large());
+          co_await close_lingering(client);
+          break;
+        }
+        if (ec == http::error::header_limit) {
+          co_await send_local(client, http::status::request_header_fields_too_large, 11, false,
+                              error_json(fmt::format("request head over {} bytes", kHeaderLimit),
+                                         "invalid_request_error", 431));
+          co_await close_lingering(client);
           break;
         }
         if (ec) {
-          if (ec != http::error::end_of_stream && ec != beast::error::timeout && ec != net::error::eof &&
-              ec != net::error::connection_reset)
+          if (ec != beast::error::timeout && !connection_lost(ec)) {
             co_await send_local(
                 client, http::status::bad_request, 11, false,
                 error_json(fmt::format("malformed request: {}", ec.message()), "invalid_request_error", 400));
+            co_await close_lingering(client);
+          }
           break;
         }
-        auto& head = parser.get();
-        if (beast::iequals(head[http::field::expect], "100-continue")) {
+        const RequestHead& head = parser.get();
+        unsigned version = head.version();
+        // Everything that can refuse a request is decided from its head, before a byte of its body is read
+        // or held: framing, key, body budget.
+        std::optional<Refusal> refusal = framing_refusal(head);
+        if (!refusal) refusal = access_refusal(head);
+        BodyHold hold(body_budget);
+        if (auto length = parser.content_length(); !refusal && length && !hold.grow_to(*length))
+          refusal = over_budget();
+        if (refusal) {
+          // A request without a body can be refused on a connection that stays open; with one, the connection
+          // closes, as the unread body is in the way.
+          bool reusable = co_await send_local(
+              client, refusal->status, version, parser.is_done() && parser.keep_alive(),
+              error_json(refusal->message, refusal->type, static_cast<int>(refusal->status)),
+              "application/json",
+              refusal->status == http::status::service_unavailable ? kBusyRetryAfterSeconds : 0);
+          if (reusable) continue;
+          if (!parser.is_done()) co_await close_lingering(client);
+          break;
+        }
+        if (beast::iequals(head[http::field::expect], "100-continue") && !parser.is_done()) {
           static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
           co_await net::async_write(client, net::buffer(kContinue), use_tuple);
         }
-        // The body usually came with the head: take it from the buffer at once rather than through another
-        // asynchronous read, which would complete through the scheduler's queue (one more epoll_wait).
-        while (!parser.is_done() && buffer.size() > 0) {
-          size_t used = parser.put(buffer.data(), ec);
-          buffer.consume(used);
-          if (ec == http::error::need_more) ec = {};
-          if (ec || used == 0) break;
-        }
-        if (!ec && !parser.is_done())
-          std::tie(ec, n) = co_await http::async_read(client, buffer, parser, use_tuple);
-        if (ec) {
-          if (ec == http::error::body_limit) {
-            co_await send_local(client, http::status::payload_too_large, head.version(), false,
-                                body_too_large());
+        BodyEnd end = co_await read_body(client, buffer, parser, hold);
+        if (end != BodyEnd::complete) {
+          if (end == BodyEnd::too_large) {
+            co_await send_local(client, http::status::payload_too_large, version, false, body_too_large());
+          } else if (end == BodyEnd::over_budget) {
+            Refusal busy = over_budget();
+            co_await send_local(client, busy.status, version, false, error_json(busy.message, busy.type, 503),
+                                "application/json", kBusyRetryAfterSeconds);
+          } else if (end == BodyEnd::malformed) {
+            co_await send_local(
+                client, http::status::bad_request, version, false,
+                error_json("malformed request body (bad chunked encoding)", "invalid_request_error", 400));
+          } else if (end == BodyEnd::timed_out) {  // nginx answers a client_body_timeout with 408 as well
+            co_await send_local(client, http::status::request_timeout, version, false,
+                                error_json("the request body did not arrive within --client-header-timeout",
+                                           "invalid_request_error", 408));
           }
+          if (end != BodyEnd::gone && end != BodyEnd::timed_out) co_await close_lingering(client);
           break;
         }
         Request request = parser.release();
         bool keep_alive = request.keep_alive();
         ++active_requests;
-        bool reusable = co_await handle(worker, client, request, client_address);
+        bool reusable = co_await handle(worker, client, request, hold, client_address);
         --active_requests;
         if (!reusable || !keep_alive || draining) break;
       }
@@ -396,6 +597,36 @@ struct Router::Impl {
     }
     client.socket().shutdown(tcp::socket::shutdown_both, ignored);
     client.socket().close(ignored);
+    --connections;
+  }
+
+  // Reads the rest of a body whose head was read, holding its bytes in the budget as they arrive (a chunked
+  // body has no length to hold up front).
+  awaitable<BodyEnd> read_body(TimedSocket& client, beast::flat_buffer& buffer, RequestParser& parser,
+                               BodyHold& hold) {
+    beast::error_code ec;
+    for (;;) {
+      // Bytes already received (usually the whole body came with the head) are parsed at once rather than
+      // through another asynchronous read, which would complete through the scheduler's queue (one more
+      // epoll_wait).
+      while (!parser.is_done() && buffer.size() > 0) {
+        size_t used = parser.put(buffer.data(), ec);
+        buffer.consume(used);
+        if (ec == http::error::need_more) ec = {};
+        if (ec || used == 0) break;
+      }
+      if (!ec && !hold.grow_to(parser.get().body().capacity())) co_return BodyEnd::over_budget;
+      if (ec || parser.is_done()) break;
+      size_t n = 0;
+      std::tie(ec, n) = co_await http::async_read_some(client, buffer, parser, use_tuple);
+      if (ec == http::error::need_buffer) ec = {};
+      if (ec) break;
+    }
+    if (!ec) co_return BodyEnd::complete;
+    if (ec == http::error::body_limit) co_return BodyEnd::too_large;
+    if (ec == beast::error::timeout) co_return BodyEnd::timed_out;
+    if (connection_lost(ec)) co_return BodyEnd::gone;
+    co_return BodyEnd::malformed;
   }
 
   std::string body_too_large() const {
@@ -404,12 +635,22 @@ struct Router::Impl {
                       "invalid_request_error", 413);
   }
 
+  Refusal over_budget() const {
+    return Refusal{http::status::service_unavailable,
+                   fmt::format("the router holds {} bytes of request bodies already (--max-body-memory); "
+                               "retry shortly",
+                               config.max_body_memory),
+                   "server_busy"};
+  }
+
   // A response the router writes itself. Returns whether the connection may serve another request.
   awaitable<bool> send_local(TimedSocket& client, http::status status, unsigned version, bool keep_alive,
-                             std::string body, std::string_view content_type = "application/json") {
+                             std::string body, std::string_view content_type = "application/json",
+                             int retry_after_seconds = 0) {
     http::response<http::string_body> res{status, version == 10 ? 10u : 11u};
     res.set(http::field::server, "moeserve-route");
     res.set(http::field::content_type, content_type);
+    if (retry_after_seconds > 0) res.set(http::field::retry_after, std::to_string(retry_after_seconds));
     res.keep_alive(keep_alive && !draining);
     res.body() = std::move(body);
     res.prepare_payload();
@@ -420,11 +661,34 @@ struct Router::Impl {
     co_return !ec && res.keep_alive();
   }
 
-  bool authorized(const Request& request, const std::string& key) const {
-    return request[http::field::authorization] == "Bearer " + key;
+  // Who may make a request, from its head alone. The router's own read-only pages and a backend's health and
+  // version are open (as on `moeserve serve`); the admin calls take the admin key; everything else the API
+  // key.
+  std::optional<Refusal> access_refusal(const RequestHead& head) const {
+    std::string_view target = head.target();
+    std::string_view path = target.substr(0, target.find('?'));
+    if (path.starts_with("/backends/")) {
+      const std::string& key = config.admin_key.empty() ? config.api_key : config.admin_key;
+      if (key.empty())
+        return Refusal{http::status::forbidden,
+                       "admin calls are disabled: start the router with --admin-key KEY (or --api-key KEY)",
+                       "permission_error"};
+      if (!has_key(head, key))
+        return Refusal{http::status::unauthorized, "missing or wrong admin key", "authentication_error"};
+      return std::nullopt;
+    }
+    if (config.api_key.empty()) return std::nullopt;
+    bool read_only = head.method() == http::verb::get || head.method() == http::verb::head;
+    if (read_only && (path == "/health" || path == "/v1/health" || path == "/metrics" || path == "/version" ||
+                      path == "/backends"))
+      return std::nullopt;
+    if (!has_key(head, config.api_key))
+      return Refusal{http::status::unauthorized,
+                     "missing or wrong API key (send 'Authorization: Bearer KEY')", "authentication_error"};
+    return std::nullopt;
   }
 
-  awaitable<bool> handle(Worker& worker, TimedSocket& client, Request& request,
+  awaitable<bool> handle(Worker& worker, TimedSocket& client, Request& request, BodyHold& hold,
                          const std::string& client_address) {
     std::string_view target = request.target();
     std::string_view path = target.substr(0, target.find('?'));
@@ -442,7 +706,7 @@ struct Router::Impl {
                                     version, keep_alive, body.dump());
     }
     if (get && path == "/metrics") {
-      co_return co_await send_local(client, http::status::ok, version, keep_alive, balancer.metrics_text(),
+      co_return co_await send_local(client, http::status::ok, version, keep_alive, metrics_text(),
                                     "text/plain; version=0.0.4; charset=utf-8");
     }
     if (get && path == "/backends") {
@@ -451,11 +715,6 @@ struct Router::Impl {
     }
     if (path.starts_with("/backends/")) co_return co_await admin(client, request, path);
 
-    if (!config.api_key.empty() && path.starts_with("/v1/") && !authorized(request, config.api_key)) {
-      co_return co_await send_local(client, http::status::unauthorized, version, keep_alive,
-                                    error_json("missing or wrong API key (send 'Authorization: Bearer KEY')",
-                                               "authentication_error", 401));
-    }
     if (get && path == "/v1/models") {
       auto cards = balancer.model_cards();
       if (!cards.empty()) {
@@ -465,34 +724,44 @@ struct Router::Impl {
         co_return co_await send_local(client, http::status::ok, version, keep_alive, std::move(body));
       }
     }
-    co_return co_await proxy(worker, client, request, client_address);
+    co_return co_await proxy(worker, client, request, hold, client_address);
   }
 
+  // The balancer's page and the router's own connection and memory gauges.
+  std::string metrics_text() const {
+    std::string text = balancer.metrics_text();
+    fmt::format_to(std::back_inserter(text),
+                   "# HELP moeserve_router_client_connections Client connections open (--max-connections).\n"
+                   "# TYPE moeserve_router_client_connections gauge\n"
+                   "moeserve_router_client_connections {}\n"
+                   "# HELP moeserve_router_request_body_bytes Request body bytes held in memory "
+                   "(--max-body-memory).\n"
+                   "# TYPE moeserve_router_request_body_bytes gauge\n"
+                   "moeserve_router_request_body_bytes {}\n",
+                   connections.load(), body_budget.used());
+    return text;
+  }
+
+  // The key was checked from the request head (access_refusal).
   awaitable<bool> admin(TimedSocket& client, Request& request, std::string_view path) {
     unsigned version = request.version();
     bool keep_alive = request.keep_alive();
-    const std::string& key = config.admin_key.empty() ? config.api_key : config.admin_key;
-    if (key.empty()) {
-      co_return co_await send_local(
-          client, http::status::forbidden, version, keep_alive,
-          error_json("admin calls are disabled: start the router with --admin-key KEY (or --api-key KEY)",
-                     "permission_error", 403));
-    }
-    if (!authorized(request, key)) {
-      co_return co_await send_local(client, http::status::unauthorized, version, keep_alive,
-                                    error_json("missing or wrong admin key", "authentication_error", 401));
-    }
     if (request.method() != http::verb::post) {
       co_return co_await send_local(client, http::status::method_not_allowed, version, keep_alive,
                                     error_json("use POST", "invalid_request_error", 405));
     }
-    auto body = nlohmann::json::parse(request.body(), nullptr, false);
-    if (!body.is_object() || !body.contains("url") || !body["url"].is_string()) {
+    auto body = parse_bounded_json_or_discarded<nlohmann::json>(request.body());
+    auto url_field = body.is_object() ? body.find("url") : body.end();
+    auto weight_field = body.is_object() ? body.find("weight") : body.end();
+    if (url_field == body.end() || !url_field->is_string() ||
+        (weight_field != body.end() && !weight_field->is_number_integer())) {
       co_return co_await send_local(
           client, http::status::bad_request, version, keep_alive,
-          error_json("body must be {\"url\": \"http://host:port\"}", "invalid_request_error", 400));
+          error_json(
+              "body must be {\"url\": \"http://host:port\"} (and for add, optionally an integer \"weight\")",
+              "invalid_request_error", 400));
     }
-    std::string url = body["url"];
+    std::string url = url_field->get<std::string>();
     std::string action(path.substr(std::string_view("/backends/").size()));
     bool done = false;
     std::string message;
@@ -501,8 +770,9 @@ struct Router::Impl {
       if (action == "add") {
         BackendSpec spec;
         spec.url = url;
-        spec.weight = body.value("weight", 1);
-        check(spec.weight >= 1, "weight must be at least 1");
+        int64_t weight = weight_field == body.end() ? 1 : weight_field->get<int64_t>();
+        check(weight >= 1 && weight <= 1'000'000, "weight must be 1..1000000");
+        spec.weight = static_cast<int>(weight);
         auto added = balancer.add(spec);
         done = added != nullptr;
         message = done ? "added" : "already present";
@@ -526,23 +796,34 @@ struct Router::Impl {
     if (done) spdlog::info("route: admin {} {}", action, url);
     nlohmann::json reply = {{"url", url}, {"result", message}};
     co_return co_await send_local(client, done ? http::status::ok : http::status::conflict, version,
-                                  keep_alive, reply.dump());
+                                  keep_alive,
+                                  reply.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
 
   // ---- proxying -----------------------------------------------------------------------------------------
 
-  awaitable<bool> proxy(Worker& worker, TimedSocket& client, Request& request,
+  awaitable<bool> proxy(Worker& worker, TimedSocket& client, Request& request, BodyHold& hold,
                         const std::string& client_address) {
+    bool client_keep_alive = request.keep_alive();
+    unsigned client_version = request.version();
     BodyNeeds needs;
     needs.key = config.policy == Policy::cache_aware;
     needs.session = config.session_affinity;
     needs.model = balancer.serves_several_models();
     std::string_view session_header;
     if (auto it = request.find("X-Session-ID"); it != request.end()) session_header = it->value();
-    RouteRequest route = describe_request(request.body(), session_header, needs, *encoder);
+    RouteRequest route;
+    std::string invalid;
+    try {
+      route = describe_request(request.body(), session_header, needs, *encoder);
+    } catch (const JsonParseError& e) {
+      invalid = fmt::format("the request body is not valid JSON: {}", e.what());
+    }
+    if (!invalid.empty()) {
+      co_return co_await send_local(client, http::status::bad_request, client_version, client_keep_alive,
+                                    error_json(invalid, "invalid_request_error", 400));
+    }
 
-    bool client_keep_alive = request.keep_alive();
-    unsigned client_version = request.version();
     std::string original_target(request.target());
     for (auto field :
          {http::field::connection, http::field::keep_alive, http::field::proxy_connection, http::field::te,
@@ -561,11 +842,20 @@ struct Router::Impl {
       if (!selection) break;
       tried.push_back(selection->backend->id);
       bool may_retry = attempt < config.retries;
-      AttemptResult result = co_await attempt_on(worker, *selection, client, request, original_target, route,
-                                                 tried, may_retry, client_keep_alive, client_version);
+      AttemptResult result = co_await attempt_on(worker, *selection, client, request, hold, original_target,
+                                                 route, tried, may_retry, client_keep_alive, client_version);
       if (result.end == AttemptEnd::delivered) co_return result.client_reusable&& client_keep_alive;
       if (result.end == AttemptEnd::client_gone) co_return false;
       last_error = fmt::format("backend {}: {}", selection->backend->url, result.reason);
+      if (result.end == AttemptEnd::failed) {
+        spdlog::warn("route: {} failed on {}, not sent to another backend", original_target, last_error);
+        co_return co_await send_local(
+            client, result.status, client_version, client_keep_alive,
+            error_json(fmt::format("{}; the request was not sent to another backend, as the first may have "
+                                   "processed it (or been brought down by it)",
+                                   last_error),
+                       "server_error", static_cast<int>(result.status)));
+      }
       balancer.count_retry(result.reason);
       spdlog::debug("route: retrying {} elsewhere after {}", original_target, last_error);
     }
@@ -575,7 +865,8 @@ struct Router::Impl {
                                     tried.size(), last_error);
     co_return co_await send_local(
         client, tried.empty() ? http::status::service_unavailable : http::status::bad_gateway, client_version,
-        client_keep_alive, error_json(message, "server_error", 502));
+        client_keep_alive, error_json(message, "server_error", tried.empty() ? 503 : 502), "application/json",
+        tried.empty() ? kBusyRetryAfterSeconds : 0);
   }
 
   awaitable<std::unique_ptr<Upstream>> connect(Worker& worker, const BackendAddress& address,
@@ -628,12 +919,10 @@ struct Router::Impl {
       IdleConnection connection = std::move(idle.back());
       idle.pop_back();
       if (now - connection.since >= config.keepalive_timeout) continue;
-      // A backend may have closed an idle connection (its own keep-alive timeout), so one idle for a while is
-      // checked first (a system call). One pooled an instant ago is not: should its backend have closed it
-      // all the same, the request meets the closed connection and goes again on a fresh one (attempt_on).
-      if (now - connection.since < kUncheckedIdle ||
-          idle_connection_usable(connection.upstream->stream.socket()))
-        return std::move(connection.upstream);
+      // A backend may have closed an idle connection (its own keep-alive timeout, or after a response without
+      // saying so), so each is checked first (a system call): a POST that met such a close after it was sent
+      // could not be sent again, as the close would look the same as the backend dying on it.
+      if (idle_connection_usable(connection.upstream->stream.socket())) return std::move(connection.upstream);
     }
     return nullptr;
   }
@@ -677,39 +966,58 @@ struct Router::Impl {
   }
 
   awaitable<AttemptResult> attempt_on(Worker& worker, const Selection& selection, TimedSocket& client,
-                                      Request& request, const std::string& original_target,
+                                      Request& request, BodyHold& hold, const std::string& original_target,
                                       const RouteRequest& route, const std::vector<int>& tried,
                                       bool may_retry, bool client_keep_alive, unsigned client_version) {
     Backend& backend = *selection.backend;
     auto started = Clock::now();
     request.target(backend.address.prefix + original_target);
     request.set(http::field::host, backend.address.host_header);
+    bool may_resend = replayable(request.method());
 
-    auto fail_attempt = [&](std::string reason) {
-      balancer.finish(selection, Outcome::failure, reason);
+    auto fail_attempt = [&](std::string reason, Outcome outcome = Outcome::failure) {
+      balancer.finish(selection, outcome, reason);
       balancer.record_response(backend, "error", -1, -1);
       return AttemptResult{AttemptEnd::retry, false, std::move(reason)};
+    };
+    // The request may have reached the backend, and it is not idempotent: it goes nowhere else. A backend
+    // that closed the connection on it may have crashed on it, and one request must not bring down every
+    // backend it is retried on.
+    auto fail_for_good = [&](std::string reason, Outcome outcome, http::status status) {
+      AttemptResult result = fail_attempt(std::move(reason), outcome);
+      result.end = AttemptEnd::failed;
+      result.status = status;
+      return result;
     };
 
     std::unique_ptr<Upstream> upstream;
     std::optional<http::response_parser<http::buffer_body>> parser;
-    // A pooled connection can have been closed by the backend an instant ago (the keep-alive race); that is
-    // no failure of the backend, so the request goes again on a fresh connection to the same backend.
+    // A pooled connection can have been closed by the backend an instant ago (the keep-alive race); when the
+    // request can safely go again, that is no failure of the backend and it goes again on a fresh connection
+    // to the same backend.
     for (;;) {
       upstream = take_idle(worker, backend.id);
       bool reused = upstream != nullptr;
       if (!reused) {
         std::string error;
         upstream = co_await connect(worker, backend.address, config.connect_timeout, error);
-        if (!upstream) co_return fail_attempt(error);
+        if (!upstream) co_return fail_attempt(error);  // nothing was sent: any backend may take it
       }
       upstream->stream.expires_after(config.send_timeout);
       http::request_serializer<http::string_body> request_writer{request};
-      beast::error_code wec = co_await write_now(upstream->stream, request_writer);
+      size_t written = 0;
+      beast::error_code wec = co_await write_now(upstream->stream, request_writer, false, &written);
       if (wec) {
-        if (reused) continue;
-        co_return fail_attempt(wec == beast::error::timeout ? "send timeout"
-                                                            : "send failed: " + wec.message());
+        bool timed_out = wec == beast::error::timeout;
+        std::string reason = timed_out ? "send timeout" : "send failed: " + wec.message();
+        // The backend can only have died on the request if some of it went out.
+        Outcome outcome = timed_out || written == 0 ? Outcome::failure : Outcome::died;
+        if (written == 0 || may_resend) {
+          if (reused) continue;
+          co_return fail_attempt(reason, outcome);
+        }
+        co_return fail_for_good(reason + " (after part of the request went out)", outcome,
+                                timed_out ? http::status::gateway_timeout : http::status::bad_gateway);
       }
       parser.emplace();
       parser->header_limit(kHeaderLimit);
@@ -720,9 +1028,21 @@ struct Router::Impl {
       auto [rec, rn] =
           co_await http::async_read_header(upstream->stream, upstream->buffer, *parser, use_tuple);
       if (rec) {
-        if (reused && upstream->buffer.size() == 0 && rec != beast::error::timeout) continue;
-        co_return fail_attempt(rec == beast::error::timeout ? "read timeout"
-                                                            : "no response: " + rec.message());
+        bool timed_out = rec == beast::error::timeout;
+        bool lost = !timed_out && connection_lost(rec);
+        if (may_resend && reused && upstream->buffer.size() == 0 && lost) continue;
+        Outcome outcome = lost ? Outcome::died : Outcome::failure;
+        std::string reason;
+        if (timed_out)
+          reason = fmt::format("no response within {} ms (--read-timeout)", config.read_timeout.count());
+        else if (lost)
+          reason =
+              "closed the connection after the request was sent, before any response (" + rec.message() + ")";
+        else
+          reason = "malformed response: " + rec.message();
+        if (may_resend) co_return fail_attempt(reason, outcome);
+        co_return fail_for_good(reason, outcome,
+                                timed_out ? http::status::gateway_timeout : http::status::bad_gateway);
       }
       break;
     }
@@ -733,8 +1053,11 @@ struct Router::Impl {
     int status = head.result_int();
     auto status_reason = [status] { return fmt::format("status {}", status); };
 
-    if ((status == 502 || status == 503 || status == 504 || status == 429) && may_retry &&
-        balancer.can_route(route, tried)) {
+    // 429 and 503 say that the backend did not take the request; a 502 or 504 from a backend that is itself a
+    // proxy may mean that its own upstream died on it, so only an idempotent request goes again after one.
+    bool refused = status == 429 || status == 503;
+    bool gateway_error = status == 502 || status == 504;
+    if ((refused || (gateway_error && may_resend)) && may_retry && balancer.can_route(route, tried)) {
       if (status == 429) {
         if (auto wait = parse_retry_after(head[http::field::retry_after]))
           balancer.retry_after(backend, Duration(static_cast<int64_t>(*wait * 1000)));
@@ -745,7 +1068,10 @@ struct Router::Impl {
       balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
       co_return AttemptResult{AttemptEnd::retry, false, status_reason()};
     }
-    // The response is committed to this backend from here on.
+    // The response is committed to this backend from here on: nothing will send the body again, so its memory
+    // goes back to the budget now rather than when a stream ends minutes later.
+    request.body() = std::string();
+    hold.release();
     Outcome outcome = (status == 502 || status == 503 || status == 504) ? Outcome::failure : Outcome::success;
     if (status == 429) outcome = Outcome::neutral;
     // The backend's part is over: release it (before the last bytes go out, as nginx does, so that a client
@@ -763,13 +1089,17 @@ struct Router::Impl {
     bool no_body =
         request.method() == http::verb::head || status / 100 == 1 || status == 204 || status == 304;
     bool event_stream = head[http::field::content_type].starts_with("text/event-stream");
+    // HTTP/1.0 has no chunked coding (RFC 9112 7.1): without a length, the body ends with the connection.
+    bool ends_with_close = false;
     if (!no_body) {
       if (auto length = parser->content_length())
         response.content_length(*length);
-      else
+      else if (client_version >= 11)
         response.chunked(true);
+      else
+        ends_with_close = true;
     }
-    response.keep_alive(client_keep_alive && !draining);
+    response.keep_alive(client_keep_alive && !draining && !ends_with_close);
     http::response_serializer<http::buffer_body> serializer{response};
     balancer.count_client_response(status);
 
@@ -788,6 +1118,7 @@ struct Router::Impl {
 
     // Moves what the parser can take from bytes already received into the relay buffer, without waiting.
     std::string failure;
+    Outcome failure_outcome = Outcome::failure;
     auto parse_received = [&] {
       while (!parser->is_done() && buffer.size() > 0 && parser->get().body().size > 0) {
         beast::error_code pec;
@@ -831,6 +1162,7 @@ struct Router::Impl {
         if (rec) {
           failure =
               rec == beast::error::timeout ? "read timeout mid-response" : "backend closed mid-response";
+          if (connection_lost(rec)) failure_outcome = Outcome::died;
           break;
         }
         upstream->stream.expires_never();
@@ -859,21 +1191,23 @@ struct Router::Impl {
       client.expires_after(config.send_timeout);
       beast::error_code wec = co_await write_now(client, serializer);
       if (wec == http::error::need_buffer) wec = {};
-      if (upstream_done) co_return AttemptResult{AttemptEnd::delivered, !wec, {}};
+      if (upstream_done) co_return AttemptResult{AttemptEnd::delivered, !wec && !ends_with_close, {}};
       if (wec) co_return client_gone();
       client.expires_never();
       head_sent = true;
     }
     // The backend failed after the client got part of the response: no retry is possible any more.
     spdlog::warn("route: backend {} failed mid-response for {}: {}", backend.url, original_target, failure);
-    balancer.finish(selection, Outcome::failure, failure);
+    balancer.finish(selection, failure_outcome, failure);
     balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
-    if (event_stream && response.chunked()) {
+    if (event_stream && (response.chunked() || ends_with_close)) {
+      // As vLLM ends a stream that failed: an error event, then [DONE], so that a client waiting for the end
+      // of the stream gets it.
       std::string event =
           "data: " +
           error_json(fmt::format("backend {}: {}; the response is incomplete", backend.url, failure),
                      "server_error", 502) +
-          "\n\n";
+          "\n\ndata: [DONE]\n\n";
       response.body().data = event.data();
       response.body().size = event.size();
       response.body().more = false;
@@ -915,7 +1249,7 @@ struct Router::Impl {
       if (ok) {
         if (auto models = co_await fetch(stream->stream, *backend, "/v1/models");
             models && models->result_int() == 200) {
-          auto doc = nlohmann::json::parse(models->body(), nullptr, false);
+          auto doc = parse_bounded_json_or_discarded<nlohmann::json>(models->body());
           if (doc.is_object() && doc.contains("data") && doc["data"].is_array()) {
             std::vector<std::string> ids, cards;
             for (const auto& card : doc["data"]) {
@@ -1039,7 +1373,28 @@ Balancer& Router::balancer() {
   return impl_->balancer;
 }
 
+namespace {
+
+// A proxied request holds two descriptors (client and backend), and idle upstream connections are pooled
+// besides: the soft limit on open files (1024 on Debian) would run out long before --max-connections, so it
+// is raised towards the hard one, as an operator would with nginx's worker_rlimit_nofile.
+void raise_open_file_limit(const RouterConfig& config) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  rlim_t wanted = 2 * static_cast<rlim_t>(config.max_connections) + 1024;
+  if (limit.rlim_cur < wanted) {
+    limit.rlim_cur = std::min(wanted, limit.rlim_max);
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+  }
+  if (limit.rlim_cur < wanted)
+    spdlog::warn("route: open files are limited to {} (ulimit -n); --max-connections {} needs about {}",
+                 limit.rlim_cur, config.max_connections, wanted);
+}
+
+}  // namespace
+
 int run_router(const RouterConfig& config, std::shared_ptr<const KeyEncoder> encoder) {
+  raise_open_file_limit(config);
   Router router(config, std::move(encoder));
   router.start();
   spdlog::info("route: listening on http://{}:{} — policy {}, {} backend(s), max_fails={} fail_timeout={}ms",

@@ -3,6 +3,8 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
+
 namespace moeserve::router {
 
 namespace {
@@ -19,7 +21,8 @@ void append_content(std::string& out, const json& content) {
         out += text->get_ref<const std::string&>();
       } else if (auto image = part.find("image_url"); image != part.end()) {
         // Different images must not look like a shared prefix.
-        out += image->is_object() ? image->value("url", "") : image->dump();
+        auto url = image->find("url");  // end() unless an object
+        out += url != image->end() && url->is_string() ? url->get_ref<const std::string&>() : image->dump();
       }
     }
   }
@@ -37,7 +40,9 @@ RouteRequest describe_request(std::string_view body, std::string_view session_he
   RouteRequest out;
   out.session = std::string(session_header);
   if (!(needs.key || needs.session || needs.model) || body.empty()) return out;
-  json doc = json::parse(body, nullptr, false);
+  size_t first = body.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos || (body[first] != '{' && body[first] != '[')) return out;
+  json doc = parse_bounded_json<json>(body);
   if (!doc.is_object()) return out;
   if (auto model = doc.find("model"); model != doc.end() && model->is_string())
     out.model = model->get<std::string>();
@@ -50,7 +55,8 @@ RouteRequest describe_request(std::string_view body, std::string_view session_he
   if (auto messages = doc.find("messages"); messages != doc.end() && messages->is_array()) {
     for (const auto& message : *messages) {
       if (!message.is_object()) continue;
-      text += message.value("role", "");
+      if (auto role = message.find("role"); role != message.end() && role->is_string())
+        text += role->get_ref<const std::string&>();
       text += '\n';
       if (auto content = message.find("content"); content != message.end()) append_content(text, *content);
       text += '\n';

@@ -32,7 +32,9 @@ struct BodyNeeds {
 
 // `body` is the request body (JSON for the OpenAI routes; anything else routes with an empty RouteRequest).
 // Chat messages render as "role\ncontent\n" per message, in order, so conversations that share their first
-// turns share a prefix; completions use the prompt (text, or token ids as they are).
+// turns share a prefix; completions use the prompt (text, or token ids as they are). The body is parsed with
+// the default JsonLimits, the same as `moeserve serve`'s; one that starts as a JSON document ('{' or '[') but
+// is not one within those limits throws moeserve::JsonParseError (the client gets a 400).
 RouteRequest describe_request(std::string_view body, std::string_view session_header, const BodyNeeds& needs,
                               const KeyEncoder& encoder);
 

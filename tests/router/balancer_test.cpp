@@ -184,6 +184,43 @@ TEST(Balancer, HealthChecksTakeOutAndBringBack) {
   EXPECT_TRUE(balancer.available(*b0));
 }
 
+// A backend that died on a request is out at once: until health checks pass when they run, else for
+// fail_timeout like a max_fails ejection; never as the only backend.
+TEST(Balancer, ABackendThatDiedOnARequestIsOutAtOnce) {
+  FakeClock clock;
+  RouterConfig config = config_with(2);
+  config.health_interval = Duration(0);
+  config.fail_timeout = 30s;
+  {
+    Balancer balancer(config, clock.fn());
+    auto b0 = balancer.backends()[0];
+    balancer.finish(*balancer.pick({}), Outcome::died, "closed");
+    EXPECT_FALSE(balancer.available(*b0));
+    EXPECT_EQ(b0->ejections.at("died"), 1u);
+    EXPECT_EQ(b0->breaker, Backend::Breaker::closed);  // one failure for the circuit breaker, as any other
+    clock.now += 30s + 1ms;
+    EXPECT_TRUE(balancer.available(*b0));
+  }
+  config.health_interval = 10s;
+  config.health_successes = 2;
+  {
+    Balancer balancer(config, clock.fn());
+    auto b0 = balancer.backends()[0];
+    balancer.finish(*balancer.pick({}), Outcome::died, "closed");
+    EXPECT_FALSE(balancer.available(*b0));
+    clock.now += 1h;
+    EXPECT_FALSE(balancer.available(*b0)) << "only health checks bring it back";
+    balancer.health_result(*b0, true);
+    EXPECT_FALSE(balancer.available(*b0));
+    balancer.health_result(*b0, true);
+    EXPECT_TRUE(balancer.available(*b0));
+    EXPECT_EQ(b0->ejections.at("died"), 1u);
+  }
+  Balancer single(config_with(1), clock.fn());
+  single.finish(*single.pick({}), Outcome::died, "closed");
+  EXPECT_EQ(pick_id(single), 0) << "the only backend stays: there is nowhere else to go";
+}
+
 RouteRequest keyed(const std::string& text) {
   RouteRequest r;
   r.key.assign(text.begin(), text.end());

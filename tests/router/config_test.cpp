@@ -4,6 +4,7 @@
 
 #include <fstream>
 
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "router/request_info.h"
 
@@ -46,6 +47,8 @@ router:
   fail_timeout: 10s
   keepalive: 16
   cache_threshold: 0.5
+  max_connections: 100
+  max_body_memory: 100000000
 backends:
   - http://10.0.0.1:30000
   - url: http://10.0.0.2:30000
@@ -59,6 +62,8 @@ backends:
   EXPECT_EQ(config.fail_timeout, 10s);
   EXPECT_EQ(config.keepalive, 16);
   EXPECT_DOUBLE_EQ(config.cache_threshold, 0.5);
+  EXPECT_EQ(config.max_connections, 100);
+  EXPECT_EQ(config.max_body_memory, 100'000'000u);
   ASSERT_EQ(config.backends.size(), 2u);
   EXPECT_EQ(config.backends[1].weight, 2);
   EXPECT_EQ(config.backends[1].models, std::vector<std::string>{"qwen3.5-35b-a3b"});
@@ -75,6 +80,9 @@ TEST(RouterConfig, ReadsJsonAndRejectsUnknownKeys) {
     EXPECT_NE(std::string(e.what()).find("polcy"), std::string::npos);
   }
   EXPECT_THROW(validate(RouterConfig{}), Error);  // no backends
+  RouterConfig small_budget = config;
+  small_budget.max_body_memory = small_budget.max_body_bytes - 1;
+  EXPECT_THROW(validate(small_budget), Error) << "the budget must hold one body of the largest size";
 }
 
 TEST(RequestInfo, RendersChatMessagesSoTurnsSharePrefixes) {
@@ -98,6 +106,28 @@ TEST(RequestInfo, RendersChatMessagesSoTurnsSharePrefixes) {
   EXPECT_EQ(ids.key, (std::vector<uint32_t>{1, 2, 3}));
   auto junk = describe_request("not json", "", needs, bytes);
   EXPECT_TRUE(junk.key.empty());
+}
+
+// Bodies from clients are parsed with limits: nesting or key counts beyond them are an error (a 400 from the
+// router) rather than a crash or seconds of work; fields of unexpected types are ignored.
+TEST(RequestInfo, RefusesJsonBeyondTheLimitsAndIgnoresFieldsOfOtherTypes) {
+  KeyEncoder bytes;
+  BodyNeeds needs{.key = true, .session = true, .model = true};
+  std::string deep = R"({"messages":[{"role":"user","content":"hi"}],"tools":)" + std::string(100'000, '[') +
+                     std::string(100'000, ']') + "}";
+  EXPECT_THROW(describe_request(deep, "", needs, bytes), JsonParseError);
+  std::string keys = "{";
+  for (int i = 0; i < 100'000; ++i) keys += (i ? ",\"" : "\"") + std::to_string(i) + "\":1";
+  keys += "}";
+  EXPECT_THROW(describe_request(keys, "", needs, bytes), JsonParseError);
+  EXPECT_THROW(describe_request(R"({"messages": [)", "", needs, bytes), JsonParseError);
+  auto odd = describe_request(
+      R"({"model":1,"user":[],"messages":[{"role":2,"content":[{"image_url":{"url":3}},{"text":4}]},5]})", "",
+      needs, bytes);
+  EXPECT_TRUE(odd.model.empty());
+  EXPECT_TRUE(odd.session.empty());
+  std::string text(odd.key.begin(), odd.key.end());
+  EXPECT_EQ(text, "\n{\"url\":3}\n");
 }
 
 TEST(RequestInfo, ReadsLoadReportedByServers) {

@@ -235,6 +235,18 @@ void FakeBackend::serve(int fd) {
   std::lock_guard lock(mu_);
   std::erase(fds_, fd);
   ::close(fd);
+  ++closed_;
+  cv_.notify_all();
+}
+
+size_t FakeBackend::connections_closed() const {
+  std::lock_guard lock(mu_);
+  return closed_;
+}
+
+bool FakeBackend::wait_closed(size_t count, int timeout_ms) const {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return closed_ >= count; });
 }
 
 std::vector<HttpRequest> FakeBackend::requests() const {
@@ -313,6 +325,24 @@ void HttpClient::send(const std::string& method, const std::string& target, cons
   write_all(fd_, out.data(), out.size());
 }
 
+bool HttpClient::send_raw(const std::string& bytes) {
+  return write_all(fd_, bytes.data(), bytes.size());
+}
+
+bool HttpClient::wait_closed(int timeout_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    int left = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
+            .count());
+    if (fd_ < 0 || left <= 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, left) <= 0) return false;
+    char temp[4096];
+    if (::recv(fd_, temp, sizeof temp, 0) <= 0) return true;
+  }
+}
+
 bool HttpClient::fill(int timeout_ms) {
   if (fd_ < 0) return false;
   pollfd p{fd_, POLLIN, 0};
@@ -330,10 +360,10 @@ bool HttpClient::read_head(HttpResponse& response, int timeout_ms) {
     if (!fill(timeout_ms)) return false;
   std::istringstream head(buffer_.substr(0, end));
   buffer_.erase(0, end + 4);
-  std::string line, version;
+  std::string line;
   std::getline(head, line);
   std::istringstream first(line);
-  first >> version >> response.status;
+  first >> response.version >> response.status;
   while (std::getline(head, line)) {
     size_t colon = line.find(':');
     if (colon != std::string::npos)

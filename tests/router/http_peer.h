@@ -71,6 +71,9 @@ class FakeBackend {
   std::vector<HttpRequest> requests() const;
   size_t request_count() const;
   size_t connections_accepted() const { return accepted_; }
+  // Connections this backend has closed (after hang_up, close_after, reset or the client's close).
+  size_t connections_closed() const;
+  bool wait_closed(size_t count, int timeout_ms = 10'000) const;
   // Blocks until `count` requests arrived (false after `timeout_ms`).
   bool wait_requests(size_t count, int timeout_ms = 10'000) const;
   void stop();  // closes the listener and every connection; later connects are refused
@@ -89,6 +92,7 @@ class FakeBackend {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::vector<HttpRequest> requests_;
+  size_t closed_ = 0;
   std::vector<int> fds_;
   std::vector<std::thread> threads_;
 };
@@ -107,6 +111,7 @@ class Gate {
 };
 
 struct HttpResponse {
+  std::string version;  // "HTTP/1.1"
   int status = 0;
   std::map<std::string, std::string> headers;  // lower case
   std::string body;
@@ -125,6 +130,11 @@ class HttpClient {
   bool connected() const { return fd_ >= 0; }
   void send(const std::string& method, const std::string& target, const std::string& body = "",
             const std::vector<std::pair<std::string, std::string>>& headers = {});
+  // Bytes as they are, for requests that break the rules.
+  bool send_raw(const std::string& bytes);
+  // True once the other side closed the connection (EOF or reset) before `timeout_ms`; bytes still to come
+  // before the close are dropped.
+  bool wait_closed(int timeout_ms = 10'000);
   // Reads the status line and headers; false on timeout or close.
   bool read_head(HttpResponse& response, int timeout_ms = 10'000);
   // The next piece of body (a chunk's data for chunked responses); nullopt at the end or on error.

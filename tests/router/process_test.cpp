@@ -1,10 +1,12 @@
 // The `moeserve route` binary as an operator runs it: memory stays bounded when a client stops reading a
 // large stream (backpressure reaches the backend), SIGTERM drains, and a cluster file works in place of
-// flags.
+// flags; the API key can come from the environment.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "http_peer.h"
@@ -123,6 +125,40 @@ TEST(RouterProcess, ReadsAClusterFile) {
   EXPECT_EQ(response.body, R"({"backend":"a"})");
   router.signal(SIGTERM);
   EXPECT_EQ(router.wait(), 0);
+}
+
+// The key can come from MOESERVE_API_KEY, so that it shows neither in `ps` nor in a unit file; a --api-key
+// flag wins over it. The router also raises its open-file limit for --max-connections.
+TEST(RouterProcess, TakesTheApiKeyFromTheEnvironmentAndTheFlagWins) {
+  FakeBackend a([](const HttpRequest&, BackendConnection& c) { c.respond(200, R"({"backend":"a"})"); });
+  auto status_with = [](uint16_t port, const std::string& key) {
+    return http_request(port, "POST", "/v1/completions", R"({"prompt":"hi"})",
+                        {{"Authorization", "Bearer " + key}})
+        .status;
+  };
+  ::setenv("MOESERVE_API_KEY", "from-env", 1);
+  uint16_t env_port = free_port();
+  Process env_router = start_router(env_port, {a.url()}, "router-env-key.log");
+  uint16_t flag_port = free_port();
+  Process flag_router = start_router(flag_port, {a.url()}, "router-flag-key.log", {"--api-key", "from-flag"});
+  ::unsetenv("MOESERVE_API_KEY");
+  ASSERT_TRUE(wait_listening(env_port));
+  ASSERT_TRUE(wait_listening(flag_port));
+  EXPECT_EQ(http_request(env_port, "POST", "/v1/completions", R"({"prompt":"hi"})").status, 401);
+  EXPECT_EQ(status_with(env_port, "from-env"), 200);
+  EXPECT_EQ(status_with(flag_port, "from-env"), 401);
+  EXPECT_EQ(status_with(flag_port, "from-flag"), 200);
+
+  std::ifstream limits("/proc/" + std::to_string(env_router.pid()) + "/limits");
+  std::string line;
+  long soft = -1, hard = -1;
+  while (std::getline(limits, line))
+    if (line.rfind("Max open files", 0) == 0) std::sscanf(line.c_str() + 14, "%ld %ld", &soft, &hard);
+  EXPECT_GE(soft, std::min(hard, 2L * 4096 + 1024)) << "the soft limit on open files was not raised";
+  env_router.signal(SIGTERM);
+  flag_router.signal(SIGTERM);
+  EXPECT_EQ(env_router.wait(), 0);
+  EXPECT_EQ(flag_router.wait(), 0);
 }
 
 TEST(RouterProcess, RefusesABadConfigurationWithAReason) {
