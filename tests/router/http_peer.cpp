@@ -513,14 +513,6 @@ int Process::wait(int timeout_ms) {
   return status_;
 }
 
-long Process::rss_kib() const {
-  std::ifstream status("/proc/" + std::to_string(pid_) + "/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  return -1;
-}
-
 std::string nginx_reference_config(const std::string& d, uint16_t port, const std::vector<std::string>& urls,
                                    bool least_conn) {
   std::string servers;

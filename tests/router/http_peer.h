@@ -172,7 +172,6 @@ class Process {
   // Waits for the exit; returns the exit code, or -1 after timeout_ms (the process is then killed).
   int wait(int timeout_ms = 10'000);
   bool running();
-  long rss_kib() const;  // resident memory from /proc
 
  private:
   pid_t pid_ = -1;
