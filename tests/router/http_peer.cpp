@@ -14,7 +14,6 @@
 #include <cctype>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <stdexcept>
 
