@@ -22,7 +22,7 @@ struct ClusterCommand {
   bool foreground = false;
   double refresh = 5;
   std::string dir = ".moeserve-cluster";
-  double down_timeout = 30;
+  moeserve::deploy::ClusterDownOptions down;
   CLI::App* up_cmd = nullptr;
   CLI::App* status_cmd = nullptr;
   CLI::App* down_cmd = nullptr;
@@ -47,6 +47,11 @@ std::function<int()> setup(CLI::App& app) {
   c->up_cmd->add_option("--dir", u.dir, "state and logs")->capture_default_str();
   c->up_cmd->add_option("--timeout", u.start_timeout, "seconds to wait for every process to be healthy")
       ->capture_default_str();
+  c->up_cmd
+      ->add_option("--shutdown-timeout", u.shutdown_timeout,
+                   "seconds every process gives its requests in flight on SIGTERM before ending them with "
+                   "finish_reason \"abort\" (the default of `cluster down --timeout`)")
+      ->capture_default_str();
   c->up_cmd->add_option("--serve-arg", u.serve_args, "extra flag for every server (repeat)")
       ->allow_extra_args(false);
   c->up_cmd->add_option("--route-arg", u.route_args, "extra flag for the router (repeat)")
@@ -58,9 +63,17 @@ std::function<int()> setup(CLI::App& app) {
 
   c->status_cmd = app.add_subcommand("status", "show each process: state, in-flight, KV use, cache hit rate");
   c->status_cmd->add_option("--dir", c->dir, "state and logs")->capture_default_str();
-  c->down_cmd = app.add_subcommand("down", "stop the router, then the servers (they drain)");
+  c->down_cmd = app.add_subcommand(
+      "down",
+      "stop the router, then the servers; each drains, requests in flight finish or end with \"abort\"");
   c->down_cmd->add_option("--dir", c->dir, "state and logs")->capture_default_str();
-  c->down_cmd->add_option("--timeout", c->down_timeout, "seconds before SIGKILL")->capture_default_str();
+  c->down_cmd->add_option("--timeout", c->down.timeout,
+                          "seconds the router's, then the servers' requests in flight may finish before they "
+                          "end with finish_reason \"abort\" (default: up's --shutdown-timeout, 30)");
+  c->down_cmd
+      ->add_option("--kill-after", c->down.kill_after,
+                   "seconds after that before a process that has not exited is killed (SIGKILL)")
+      ->capture_default_str();
 
   return [c]() -> int {
     using namespace moeserve::deploy;
@@ -79,7 +92,7 @@ std::function<int()> setup(CLI::App& app) {
         if (!g_stop) std::fputs(("\n" + format_status(s, cluster_status(s))).c_str(), stdout);
         std::fflush(stdout);
       }
-      int left = cluster_down(s.dir, c->down_timeout);
+      int left = cluster_down(s.dir);
       std::printf("stopped%s\n", left ? " (some processes did not exit)" : "");
       return left ? 1 : 0;
     }
@@ -89,7 +102,7 @@ std::function<int()> setup(CLI::App& app) {
       return 0;
     }
     LocalClusterState s = LocalClusterState::load(c->dir);
-    int left = cluster_down(c->dir, c->down_timeout);
+    int left = cluster_down(c->dir, c->down);
     if (left) {
       std::fprintf(stderr, "%d process(es) of the cluster in %s are still running\n", left, c->dir.c_str());
       return 1;

@@ -137,6 +137,61 @@ std::map<std::string, double> scrape(const std::string& text) {
   return sums;
 }
 
+// How many of a stage's processes are alive (our own children, from a `cluster up` that failed or runs in
+// the foreground, are reaped first).
+int alive_count(const std::vector<const LocalProcess*>& stage) {
+  int alive = 0;
+  for (const auto* p : stage) {
+    ::waitpid(p->pid, nullptr, WNOHANG);
+    alive += process_alive(p->pid, p->start_time);
+  }
+  return alive;
+}
+
+// Waits up to `seconds` until `done`; returns whether it came.
+template <class Done>
+bool wait_for(double seconds, Done done) {
+  auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  while (!done() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return done();
+}
+
+void signal_alive(const std::vector<const LocalProcess*>& stage, int sig) {
+  for (const auto* p : stage)
+    if (process_alive(p->pid, p->start_time)) ::kill(p->pid, sig);
+}
+
+// SIGTERM drains; a second SIGTERM is each process's deadline now (its streams end with finish_reason
+// "abort" and [DONE], as at its own deadline); SIGKILL only for a process that has not exited `kill_after`
+// seconds after that.
+void stop_stage(const std::vector<const LocalProcess*>& stage, const std::string& host, double timeout,
+                double kill_after) {
+  auto exited = [&] { return alive_count(stage) == 0; };
+  signal_alive(stage, SIGTERM);
+  if (wait_for(timeout, exited)) return;
+  // Two SIGTERMs pending at once are one: the second goes once the first has taken effect (/health no longer
+  // answers 200: refused by the router, 503 from a server).
+  wait_for(kill_after, [&] {
+    for (const auto* p : stage)
+      if (process_alive(p->pid, p->start_time) && http_get(host, p->port, "/health", 1.0).status == 200)
+        return false;
+    return true;
+  });
+  signal_alive(stage, SIGTERM);
+  if (wait_for(kill_after, exited)) return;
+  signal_alive(stage, SIGKILL);
+  wait_for(5, exited);
+}
+
+// A flag given with --serve-arg / --route-arg wins over the one cluster up adds (CLI11 refuses a flag twice).
+void add_unless_given(std::vector<std::string>& argv, const std::vector<std::string>& given,
+                      const std::string& flag, const std::string& value) {
+  for (const auto& a : given)
+    if (a == flag || a.starts_with(flag + "=")) return;
+  argv.insert(argv.end(), {flag, value});
+}
+
 }  // namespace
 
 uint64_t process_start_time(int pid) {
@@ -159,7 +214,8 @@ json LocalClusterState::to_json() const {
                      {"start_time", p.start_time},
                      {"port", p.port},
                      {"log", p.log}});
-  return {{"dir", dir}, {"model", model}, {"host", host}, {"binary", binary}, {"processes", procs}};
+  return {{"dir", dir},       {"model", model},     {"host", host},
+          {"binary", binary}, {"processes", procs}, {"shutdown_timeout", shutdown_timeout}};
 }
 
 LocalClusterState LocalClusterState::from_json(const json& j) {
@@ -168,6 +224,7 @@ LocalClusterState LocalClusterState::from_json(const json& j) {
   s.model = j.at("model");
   s.host = j.at("host");
   s.binary = j.at("binary");
+  s.shutdown_timeout = j.value("shutdown_timeout", s.shutdown_timeout);  // absent in clusters started before
   for (const auto& p : j.at("processes"))
     s.processes.push_back(
         {p.at("name"), p.at("role"), p.at("pid"), p.at("start_time"), p.at("port"), p.at("log")});
@@ -187,6 +244,7 @@ LocalClusterState LocalClusterState::load(const std::string& dir) {
 
 LocalClusterState cluster_up(const LocalClusterOptions& o) {
   check(o.nodes >= 1 && o.nodes <= 64, "cluster up: --local must be between 1 and 64");
+  check(o.shutdown_timeout >= 0, "cluster up: --shutdown-timeout must not be negative");
   fs::create_directories(o.dir);
   if (fs::exists(state_path(o.dir))) {
     LocalClusterState old = LocalClusterState::load(o.dir);
@@ -209,6 +267,7 @@ LocalClusterState cluster_up(const LocalClusterOptions& o) {
   s.model = o.served_model_name.empty() ? o.model : o.served_model_name;
   s.host = o.host;
   s.binary = o.binary.empty() ? fs::read_symlink("/proc/self/exe").string() : o.binary;
+  s.shutdown_timeout = o.shutdown_timeout;
   auto deadline = Clock::now() +
                   std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.start_timeout));
   try {
@@ -225,6 +284,7 @@ LocalClusterState cluster_up(const LocalClusterOptions& o) {
       // not each take the server's default share of its memory (nor the time to allocate it).
       double cache_gb = o.cache_memory_gb >= 0 ? o.cache_memory_gb : o.model == "demo" ? 0.05 : -1;
       if (cache_gb > 0) argv.insert(argv.end(), {"--cache-memory-gb", fmt::format("{}", cache_gb)});
+      add_unless_given(argv, o.serve_args, "--shutdown-timeout", fmt::format("{}", o.shutdown_timeout));
       argv.insert(argv.end(), o.serve_args.begin(), o.serve_args.end());
       p.pid = spawn(argv, p.log);
       p.start_time = process_start_time(p.pid);
@@ -236,6 +296,7 @@ LocalClusterState cluster_up(const LocalClusterOptions& o) {
     LocalProcess r{"router", "router", 0, 0, o.router_port, (fs::path(o.dir) / "router.log").string()};
     std::vector<std::string> argv = {
         s.binary, "route", "--host", o.host, "--port", std::to_string(o.router_port), "--policy", o.policy};
+    add_unless_given(argv, o.route_args, "--shutdown-timeout", fmt::format("{}", o.shutdown_timeout));
     for (const auto& p : s.processes) {
       argv.push_back("--backend");
       argv.push_back(fmt::format("http://{}:{}", o.host, p.port));
@@ -247,7 +308,7 @@ LocalClusterState cluster_up(const LocalClusterOptions& o) {
     save(s);
     wait_healthy(r, o.host, deadline);
   } catch (const Error&) {
-    cluster_down(o.dir, 10);
+    cluster_down(o.dir, {.timeout = 10});
     throw;
   }
   return s;
@@ -306,37 +367,18 @@ std::string format_status(const LocalClusterState& s, const std::vector<ProcessS
   return out;
 }
 
-int cluster_down(const std::string& dir, double timeout) {
+int cluster_down(const std::string& dir, const ClusterDownOptions& options) {
   LocalClusterState s = LocalClusterState::load(dir);
-  // The router first (no new traffic), then the servers, which drain their in-flight requests on SIGTERM.
-  std::vector<const LocalProcess*> order;
-  for (const auto& p : s.processes)
-    if (p.role == "router") order.push_back(&p);
-  for (const auto& p : s.processes)
-    if (p.role != "router") order.push_back(&p);
-  for (const auto* p : order)
-    if (process_alive(p->pid, p->start_time)) ::kill(p->pid, SIGTERM);
-
-  auto reap_and_count = [&] {
-    int alive = 0;
-    for (const auto* p : order) {
-      ::waitpid(p->pid, nullptr, WNOHANG);  // our own children (cluster up that failed, or --foreground)
-      alive += process_alive(p->pid, p->start_time);
-    }
-    return alive;
-  };
-  auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
-  while (reap_and_count() > 0 && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  if (reap_and_count() > 0) {
-    for (const auto* p : order)
-      if (process_alive(p->pid, p->start_time)) ::kill(p->pid, SIGKILL);
-    auto kill_deadline = Clock::now() + std::chrono::seconds(5);
-    while (reap_and_count() > 0 && Clock::now() < kill_deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  int left = reap_and_count();
+  double timeout = options.timeout >= 0 ? options.timeout : s.shutdown_timeout;
+  // The router first: once it has exited no request reaches the servers, and each of its streams has ended
+  // (its connections to the servers closed, which cancels what they still generated for it).
+  std::vector<const LocalProcess*> routers, servers;
+  for (const auto& p : s.processes) (p.role == "router" ? routers : servers).push_back(&p);
+  stop_stage(routers, s.host, timeout, options.kill_after);
+  stop_stage(servers, s.host, timeout, options.kill_after);
+  std::vector<const LocalProcess*> all = routers;
+  all.insert(all.end(), servers.begin(), servers.end());
+  int left = alive_count(all);
   if (left == 0) fs::remove(state_path(dir));
   return left;
 }

@@ -303,6 +303,9 @@ TokenizerFacts read_tokenizer(const std::string& path) {
 
 void copy_into(const fs::path& from, const fs::path& to) {
   std::error_code ec;
+  // --out may be the directory the tokenizer comes from: the file is already in place, and copy_file refuses
+  // to copy a file onto itself (EEXIST, even with overwrite_existing).
+  if (fs::exists(to, ec) && fs::equivalent(from, to, ec)) return;
   fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
   check(!ec, "cannot copy {} to {}: {}", from.string(), to.string(), ec.message());
 }

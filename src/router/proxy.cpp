@@ -18,6 +18,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <condition_variable>
+#include <cstring>
+#include <ctime>
 #include <deque>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -52,6 +54,10 @@ constexpr size_t kClientReadSize = 16 * 1024;
 constexpr Duration kLingerTime{2000};
 constexpr int kMaxLingering = 256;
 constexpr int kBusyRetryAfterSeconds = 1;
+// After the drain's deadline: time for the streams cut short to write their last events before the router
+// stops (what is still unwritten then is cut). `serve` gives its aborted requests 5 s as well.
+constexpr Duration kEndingGrace{5000};
+constexpr size_t kFirstEventLimit = 4096;  // bytes of a stream's first event kept for its ending
 
 using Request = http::request<http::string_body>;
 using RequestHead = http::request_header<>;
@@ -215,6 +221,9 @@ class Watchdog {
     sockets_.pop_back();
   }
   void check(Clock::time_point now);
+  // Past the drain's deadline: whatever is awaited from a backend ends now, with operation_aborted rather
+  // than a timeout. Clients' sockets are left alone, so that the last events still reach them.
+  void cancel_backends();
 
  private:
   static size_t& index_of(TimedSocket* socket);
@@ -257,10 +266,13 @@ namespace {
 class TimedSocket {
  public:
   using executor_type = tcp::socket::executor_type;
+  // A client's connection, accepted.
   TimedSocket(Watchdog& watchdog, tcp::socket socket) : watchdog_(watchdog), socket_(std::move(socket)) {
     watchdog_.add(this);
   }
-  TimedSocket(Watchdog& watchdog, const executor_type& executor) : watchdog_(watchdog), socket_(executor) {
+  // A connection to a backend, to be connected.
+  TimedSocket(Watchdog& watchdog, const executor_type& executor)
+      : watchdog_(watchdog), socket_(executor), to_backend_(true) {
     watchdog_.add(this);
   }
   ~TimedSocket() { watchdog_.remove(this); }
@@ -313,6 +325,7 @@ class TimedSocket {
   tcp::socket socket_;
   Clock::time_point deadline_ = Clock::time_point::max();
   bool expired_ = false;
+  bool to_backend_ = false;
   size_t index_ = 0;  // in the watchdog's list
 };
 
@@ -327,6 +340,76 @@ void Watchdog::check(Clock::time_point now) {
     beast::error_code ignored;
     socket->socket_.cancel(ignored);
   }
+}
+
+void Watchdog::cancel_backends() {
+  for (TimedSocket* socket : sockets_) {
+    if (!socket->to_backend_) continue;
+    beast::error_code ignored;
+    socket->socket_.cancel(ignored);
+  }
+}
+
+// How many choices a streamed request has (n per prompt), for the endings a drain's deadline writes. Most
+// bodies cannot have more than one: no "n" key anywhere (a quote inside a JSON string is escaped, so the
+// bytes "n" are a key) and no list of prompts. Only the others are parsed.
+int64_t stream_choices(std::string_view body, bool chat) {
+  auto has = [&](std::string_view text) {
+    return ::memmem(body.data(), body.size(), text.data(), text.size()) != nullptr;
+  };
+  bool batch = false;  // a completion's "prompt": [ "..." or [ [ ...
+  if (!chat) {
+    if (auto at = body.find("\"prompt\""); at != std::string_view::npos) {
+      size_t value = body.find_first_not_of(" \t\r\n:", at + 8);
+      size_t item = value == std::string_view::npos ? value : body.find_first_not_of(" \t\r\n", value + 1);
+      batch = value != std::string_view::npos && body[value] == '[' && item != std::string_view::npos &&
+              (body[item] == '"' || body[item] == '[');
+    }
+  }
+  if (!batch && !has("\"n\"")) return 1;
+  auto request = parse_bounded_json_or_discarded<nlohmann::json>(body);
+  if (!request.is_object()) return 1;
+  int64_t n = 1, prompts = 1;
+  if (auto it = request.find("n"); it != request.end() && it->is_number_integer()) n = it->get<int64_t>();
+  if (auto it = request.find("prompt");
+      !chat && it != request.end() && it->is_array() && !it->empty() && !it->front().is_number())
+    prompts = static_cast<int64_t>(it->size());
+  // The client's numbers: at most 1024 endings (serve takes n up to 128).
+  return std::min<int64_t>(std::clamp<int64_t>(n, 1, 1024) * std::clamp<int64_t>(prompts, 1, 1024), 1024);
+}
+
+// How the router ends a stream it cuts short at its drain deadline, as `serve` ends one at its own: a chunk
+// with finish_reason "abort" per choice, then [DONE]. The id, created and model come from the stream's first
+// event, so that the client sees the ending as part of the same response. The router does not parse the
+// events it relays, so a choice of several that had already finished gets the abort too, and there is no
+// usage chunk.
+std::string abort_ending(std::string_view first_event, int64_t choices, bool chat) {
+  using Json = nlohmann::ordered_json;
+  std::string_view data = first_event.substr(0, first_event.find("\n\n"));
+  if (data.starts_with("data:")) data.remove_prefix(5);
+  if (data.starts_with(' ')) data.remove_prefix(1);
+  auto first = parse_bounded_json_or_discarded<Json>(data);
+  auto field = [&](const char* name, Json fallback) {
+    return first.is_object() && first.contains(name) ? first[name] : fallback;
+  };
+  Json chunk = {{"id", field("id", "")},
+                {"object", field("object", chat ? "chat.completion.chunk" : "text_completion")},
+                {"created", field("created", static_cast<int64_t>(std::time(nullptr)))},
+                {"model", field("model", "")}};
+  std::string out;
+  for (int64_t index = 0; index < choices; ++index) {
+    Json choice = {{"index", index}};
+    if (chat)
+      choice["delta"] = Json::object();
+    else
+      choice["text"] = "";
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = "abort";
+    choice["stop_reason"] = nullptr;
+    chunk["choices"] = Json::array({std::move(choice)});
+    out += "data: " + chunk.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+  }
+  return out + "data: [DONE]\n\n";
 }
 
 // Writes what `serializer` holds now (the head alone with `head_only`): directly as far as the socket takes
@@ -442,6 +525,9 @@ struct Router::Impl {
   std::atomic<int> connections{0};  // client connections open
   std::atomic<int> lingering{0};    // connections in close_lingering
   std::atomic<bool> draining{false};
+  // The drain's deadline has passed: every worker's watchdog cancels whatever is awaited from a backend,
+  // streams end with finish_reason "abort", requests without a response yet get a 503.
+  std::atomic<bool> ending{false};
   std::atomic<bool> stopping{false};
   std::mutex join_mu;
 
@@ -714,6 +800,11 @@ struct Router::Impl {
                                     balancer.describe().dump(2));
     }
     if (path.starts_with("/backends/")) co_return co_await admin(client, request, path);
+    if (draining) {  // a request on a connection kept alive from before the drain
+      co_return co_await send_local(
+          client, http::status::service_unavailable, version, false,
+          error_json("the router is shutting down and accepts no new requests", "service_unavailable", 503));
+    }
 
     if (get && path == "/v1/models") {
       auto cards = balancer.model_cards();
@@ -846,6 +937,11 @@ struct Router::Impl {
                                                  route, tried, may_retry, client_keep_alive, client_version);
       if (result.end == AttemptEnd::delivered) co_return result.client_reusable&& client_keep_alive;
       if (result.end == AttemptEnd::client_gone) co_return false;
+      if (ending) {  // the drain's deadline cancelled the attempt: no other backend gets the request
+        co_return co_await send_local(client, http::status::service_unavailable, client_version, false,
+                                      error_json("the router is shutting down; the request was not completed",
+                                                 "service_unavailable", 503));
+      }
       last_error = fmt::format("backend {}: {}", selection->backend->url, result.reason);
       if (result.end == AttemptEnd::failed) {
         spdlog::warn("route: {} failed on {}, not sent to another backend", original_target, last_error);
@@ -947,6 +1043,8 @@ struct Router::Impl {
       timer.expires_after(period);
       co_await timer.async_wait(use_tuple);
       worker.watchdog.check(Clock::now());
+      // Again each period: an operation started after the first cancellation ends too.
+      if (ending) worker.watchdog.cancel_backends();
     }
   }
 
@@ -1007,6 +1105,8 @@ struct Router::Impl {
       http::request_serializer<http::string_body> request_writer{request};
       size_t written = 0;
       beast::error_code wec = co_await write_now(upstream->stream, request_writer, false, &written);
+      // The drain's deadline cancelled it: no failure of the backend's (proxy() answers 503).
+      if (wec && ending) co_return fail_attempt("the router's shutdown deadline passed", Outcome::neutral);
       if (wec) {
         bool timed_out = wec == beast::error::timeout;
         std::string reason = timed_out ? "send timeout" : "send failed: " + wec.message();
@@ -1027,6 +1127,7 @@ struct Router::Impl {
       upstream->stream.expires_after(config.read_timeout);
       auto [rec, rn] =
           co_await http::async_read_header(upstream->stream, upstream->buffer, *parser, use_tuple);
+      if (rec && ending) co_return fail_attempt("the router's shutdown deadline passed", Outcome::neutral);
       if (rec) {
         bool timed_out = rec == beast::error::timeout;
         bool lost = !timed_out && connection_lost(rec);
@@ -1068,6 +1169,9 @@ struct Router::Impl {
       balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
       co_return AttemptResult{AttemptEnd::retry, false, status_reason()};
     }
+    bool event_stream = head[http::field::content_type].starts_with("text/event-stream");
+    bool chat = original_target.find("/chat/") != std::string::npos;
+    int64_t choices = event_stream ? stream_choices(request.body(), chat) : 1;  // for a drain's ending
     // The response is committed to this backend from here on: nothing will send the body again, so its memory
     // goes back to the budget now rather than when a stream ends minutes later.
     request.body() = std::string();
@@ -1088,7 +1192,6 @@ struct Router::Impl {
       if (!hop_by_hop(field.name())) response.insert(field.name_string(), field.value());
     bool no_body =
         request.method() == http::verb::head || status / 100 == 1 || status == 204 || status == 304;
-    bool event_stream = head[http::field::content_type].starts_with("text/event-stream");
     // HTTP/1.0 has no chunked coding (RFC 9112 7.1): without a length, the body ends with the connection.
     bool ends_with_close = false;
     if (!no_body) {
@@ -1133,6 +1236,10 @@ struct Router::Impl {
     };
 
     RelayChunk chunk(worker);
+    // What the client has of an event stream: how it began and its last two bytes (whether it stopped between
+    // events), so that the stream can be ended properly at the drain's deadline.
+    std::string first_event;
+    char relayed_tail[2] = {'\n', '\n'};
     // The head goes out with the body bytes that came with it, in one write; alone when none came yet (nginx
     // does the same), so that a client sees the head of a stream whose first event takes a while.
     bool head_sent = false;
@@ -1154,15 +1261,22 @@ struct Router::Impl {
           parse_received();
         }
       } else if (!parser->is_done()) {  // an empty body (Content-Length: 0) is complete with the head
+        // At the drain's deadline a stream ends between two events; in the middle of one, the rest of it is
+        // read first (a backend writes an event at once; the watchdog cancels this read soon all the same).
+        if (ending && event_stream && relayed_tail[0] == '\n' && relayed_tail[1] == '\n') {
+          failure = "the router's shutdown deadline passed";
+          break;
+        }
         // Each side's timer runs only while that side is awaited, so that a slow client is never taken for a
         // slow backend (a failure counted against it) and the reverse.
         upstream->stream.expires_after(config.read_timeout);
         auto [rec, rn] = co_await http::async_read_some(upstream->stream, buffer, *parser, use_tuple);
         if (rec == http::error::need_buffer) rec = {};
         if (rec) {
-          failure =
-              rec == beast::error::timeout ? "read timeout mid-response" : "backend closed mid-response";
-          if (connection_lost(rec)) failure_outcome = Outcome::died;
+          failure = ending                         ? "the router's shutdown deadline passed"
+                    : rec == beast::error::timeout ? "read timeout mid-response"
+                                                   : "backend closed mid-response";
+          if (!ending && connection_lost(rec)) failure_outcome = Outcome::died;
           break;
         }
         upstream->stream.expires_never();
@@ -1185,6 +1299,11 @@ struct Router::Impl {
         }
         continue;
       }
+      if (event_stream && got > 0) {
+        if (first_event.empty()) first_event.assign(chunk.data(), std::min(got, kFirstEventLimit));
+        relayed_tail[0] = got > 1 ? chunk.data()[got - 2] : relayed_tail[1];
+        relayed_tail[1] = chunk.data()[got - 1];
+      }
       response.body().data = got ? chunk.data() : nullptr;
       response.body().size = got;
       response.body().more = !upstream_done;
@@ -1196,18 +1315,30 @@ struct Router::Impl {
       client.expires_never();
       head_sent = true;
     }
-    // The backend failed after the client got part of the response: no retry is possible any more.
-    spdlog::warn("route: backend {} failed mid-response for {}: {}", backend.url, original_target, failure);
-    balancer.finish(selection, failure_outcome, failure);
+    // The backend failed after the client got part of the response: no retry is possible any more. Or the
+    // drain's deadline ended it, which is no failure of the backend's.
+    bool cut_short = ending;
+    if (cut_short)
+      spdlog::info("route: ending {} from {} at the shutdown deadline", original_target, backend.url);
+    else
+      spdlog::warn("route: backend {} failed mid-response for {}: {}", backend.url, original_target, failure);
+    balancer.finish(selection, cut_short ? Outcome::neutral : failure_outcome, cut_short ? "" : failure);
     balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
     if (event_stream && (response.chunked() || ends_with_close)) {
-      // As vLLM ends a stream that failed: an error event, then [DONE], so that a client waiting for the end
-      // of the stream gets it.
-      std::string event =
-          "data: " +
-          error_json(fmt::format("backend {}: {}; the response is incomplete", backend.url, failure),
-                     "server_error", 502) +
-          "\n\ndata: [DONE]\n\n";
+      std::string event;
+      if (cut_short) {
+        // A partial event is closed first (a broken event, but the ones after it parse).
+        if (relayed_tail[1] != '\n') event = "\n";
+        if (relayed_tail[0] != '\n' || relayed_tail[1] != '\n') event += "\n";
+        event += abort_ending(first_event, choices, chat);
+      } else {
+        // As vLLM ends a stream that failed: an error event, then [DONE], so that a client waiting for the
+        // end of the stream gets it.
+        event = "data: " +
+                error_json(fmt::format("backend {}: {}; the response is incomplete", backend.url, failure),
+                           "server_error", 502) +
+                "\n\ndata: [DONE]\n\n";
+      }
       response.body().data = event.data();
       response.body().size = event.size();
       response.body().more = false;
@@ -1316,18 +1447,36 @@ struct Router::Impl {
       beast::error_code ignored;
       acceptor->close(ignored);
     });
-    net::co_spawn(
-        workers[0]->ioc,
-        [this]() -> awaitable<void> {
-          net::steady_timer timer(workers[0]->ioc);
-          auto deadline = Clock::now() + config.shutdown_timeout;
-          while (active_requests > 0 && Clock::now() < deadline) {
-            timer.expires_after(std::chrono::milliseconds(50));
-            co_await timer.async_wait(use_tuple);
-          }
-          stop();
-        },
-        net::detached);
+    net::co_spawn(workers[0]->ioc, drain_then_stop(), net::detached);
+  }
+
+  // Requests in flight finish until the deadline (or end_in_flight); those left then end properly, with a
+  // grace to write their last events, and the router stops.
+  awaitable<void> drain_then_stop() {
+    net::steady_timer timer(workers[0]->ioc);
+    auto wait_while = [&](auto more) -> awaitable<void> {
+      while (active_requests > 0 && more()) {
+        timer.expires_after(std::chrono::milliseconds(50));
+        co_await timer.async_wait(use_tuple);
+      }
+    };
+    auto deadline = Clock::now() + config.shutdown_timeout;
+    co_await wait_while([&] { return Clock::now() < deadline && !ending; });
+    if (active_requests > 0) {
+      spdlog::info("route: ending {} request(s) still in flight (finish_reason \"abort\")",
+                   active_requests.load());
+      ending = true;
+      for (auto& worker : workers)
+        net::post(worker->ioc, [w = worker.get()] { w->watchdog.cancel_backends(); });
+      auto grace = Clock::now() + kEndingGrace;
+      co_await wait_while([&] { return Clock::now() < grace; });
+    }
+    stop();
+  }
+
+  void end_in_flight() {
+    drain();
+    ending = true;
   }
 
   void stop() {
@@ -1362,6 +1511,9 @@ uint16_t Router::port() const {
 }
 void Router::drain() {
   impl_->drain();
+}
+void Router::end_in_flight() {
+  impl_->end_in_flight();
 }
 void Router::stop() {
   impl_->stop();
@@ -1405,12 +1557,15 @@ int run_router(const RouterConfig& config, std::shared_ptr<const KeyEncoder> enc
   int received = 0;
   std::function<void(const beast::error_code&, int)> on_signal = [&](const beast::error_code& ec, int) {
     if (ec) return;
-    if (++received == 1) {
+    // As `serve`: the first signal drains, the second moves the deadline to now (streams still end properly);
+    // a third stops at once.
+    if (++received == 1)
       router.drain();
-      signals.async_wait(on_signal);
-    } else {
+    else if (received == 2)
+      router.end_in_flight();
+    else
       router.stop();
-    }
+    if (received < 3) signals.async_wait(on_signal);
   };
   signals.async_wait(on_signal);
   std::thread waiter([&] {

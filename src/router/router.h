@@ -28,10 +28,13 @@ class Router {
   void start();
   uint16_t port() const;  // the bound port (the real one when the config asked for port 0)
 
-  // SIGTERM: stop accepting, /health answers 503, requests in flight get up to shutdown_timeout, then stop.
+  // SIGTERM: stop accepting connections, /health and new requests answer 503, requests in flight get up to
+  // shutdown_timeout. Those left then end as `serve` ends its own at its deadline: a stream with a chunk of
+  // finish_reason "abort" and [DONE], a request without a response yet with a 503. Then the router stops.
   void drain();
-  void stop();  // now: in-flight requests are cut
-  void wait();  // blocks until stopped
+  void end_in_flight();  // a second SIGTERM: drain with the deadline now
+  void stop();           // now: in-flight requests are cut
+  void wait();           // blocks until stopped
 
   Balancer& balancer();
 
@@ -40,7 +43,8 @@ class Router {
   std::unique_ptr<Impl> impl_;
 };
 
-// Runs a router until SIGINT/SIGTERM (the first drains, a second stops at once). Returns the exit code.
+// Runs a router until SIGINT/SIGTERM (the first drains, the second ends what is in flight at once, a third
+// stops). Returns the exit code.
 int run_router(const RouterConfig& config, std::shared_ptr<const KeyEncoder> encoder = nullptr);
 
 }  // namespace moeserve::router

@@ -7,6 +7,8 @@
 #include <sys/utsname.h>
 
 #include <filesystem>
+#include <future>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -46,6 +48,68 @@ int free_port_pair() {
 std::string body_of(const std::string& response) {
   auto at = response.find("\r\n\r\n");
   return at == std::string::npos ? "" : response.substr(at + 4);
+}
+
+// A request whose response is read as it arrives. Time limits only guard against a hang.
+class StreamingExchange {
+ public:
+  StreamingExchange(int port, const std::string& request) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(uint16_t(port));
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0)
+      ::send(fd_, request.data(), request.size(), MSG_NOSIGNAL);
+  }
+  ~StreamingExchange() { ::close(fd_); }
+  // Reads until the response so far contains `text` (true), or the connection ends (false).
+  bool read_until(const std::string& text, seconds limit) {
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    while (got_.find(text) == std::string::npos)
+      if (!read_more(deadline)) return false;
+    return true;
+  }
+  void read_to_end(seconds limit) {
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    while (read_more(deadline)) {
+    }
+  }
+  const std::string& response() const { return got_; }
+
+ private:
+  bool read_more(std::chrono::steady_clock::time_point deadline) {
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fd_, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, int(left.count())) <= 0) return false;
+    char buf[8192];
+    ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    if (n <= 0) return false;
+    got_.append(buf, size_t(n));
+    return true;
+  }
+
+  int fd_ = -1;
+  std::string got_;
+};
+
+// The body of a chunked response; `complete` tells whether it ended with its last chunk (not cut).
+std::string dechunk(const std::string& body, bool& complete) {
+  std::string out;
+  complete = false;
+  for (size_t at = 0;;) {
+    size_t line_end = body.find("\r\n", at);
+    if (line_end == std::string::npos) return out;
+    size_t size = std::stoul(body.substr(at, line_end - at), nullptr, 16);
+    if (size == 0) {
+      complete = body.compare(line_end, 4, "\r\n\r\n") == 0;
+      return out;
+    }
+    if (line_end + 2 + size + 2 > body.size()) return out;
+    out += body.substr(line_end + 2, size);
+    at = line_end + 2 + size + 2;
+  }
 }
 
 // Metric families a /metrics page declares (# TYPE lines).
@@ -121,6 +185,73 @@ TEST(LocalCluster, UpServesThroughTheRouterAndDownLeavesNothing) {
     EXPECT_FALSE(process_alive(p.pid, p.start_time)) << p.name << " survived";
   EXPECT_FALSE(fs::exists(dir / "cluster.json"));
   EXPECT_TRUE(fs::exists(dir / "node-1.log"));  // logs stay
+}
+
+// `cluster down` while a long stream is in flight through the router: the client's stream ends as a stream
+// should (a finish_reason, then [DONE], then the last chunk), whether it finished or the deadline aborted it;
+// every process exits by itself (each logs its last line), none is killed.
+TEST(LocalCluster, DownEndsStreamsInFlightWithAFinishReasonAndDone) {
+  TempDir dir;
+  int base = free_port(), router = free_port();
+  std::string bin = MOESERVE_BINARY;
+  // The processes' own deadline is far: here `down --timeout` decides.
+  auto up =
+      run_command(fmt::format("{} cluster up --local 1 --model demo --base-port {} --router-port {} --dir {} "
+                              "--timeout 600 --shutdown-timeout 600",
+                              bin, base, router, dir.path()));
+  ASSERT_EQ(up.status, 0) << up.output;
+  LocalClusterState state = LocalClusterState::load(dir.path());
+  EXPECT_EQ(state.shutdown_timeout, 600);
+
+  // Tens of thousands of tokens: the stream is still going when the router's deadline comes.
+  StreamingExchange stream(router,
+                           post_json("/v1/chat/completions",
+                                     R"({"model":"demo","stream":true,"max_tokens":30000,"ignore_eos":true,)"
+                                     R"("messages":[{"role":"user","content":"Count to a million"}]})"));
+  ASSERT_TRUE(stream.read_until(R"("content":")", seconds(300))) << stream.response();
+  auto down = std::async(std::launch::async, [&] {
+    return run_command(fmt::format("{} cluster down --dir {} --timeout 1", bin, dir.path()));
+  });
+  stream.read_to_end(seconds(300));
+  auto result = down.get();
+  EXPECT_EQ(result.status, 0) << result.output;
+
+  const std::string& response = stream.response();
+  ASSERT_TRUE(response.starts_with("HTTP/1.1 200")) << response.substr(0, 2000);
+  ASSERT_NE(response.find("text/event-stream"), std::string::npos);
+  bool complete = false;
+  std::string events = dechunk(body_of(response), complete);
+  EXPECT_TRUE(complete) << "the stream was cut: "
+                        << events.substr(events.size() > 2000 ? events.size() - 2000 : 0);
+  ASSERT_TRUE(events.ends_with("\n\ndata: [DONE]\n\n"))
+      << events.substr(events.size() > 2000 ? events.size() - 2000 : 0);
+  // Every event is whole JSON; the last before [DONE] ends the choice.
+  std::vector<nlohmann::json> chunks;
+  for (size_t at = 0; at < events.size();) {
+    size_t end = events.find("\n\n", at);
+    ASSERT_NE(end, std::string::npos);
+    std::string event = events.substr(at, end - at);
+    at = end + 2;
+    ASSERT_TRUE(event.starts_with("data: ")) << event;
+    if (event == "data: [DONE]") break;
+    chunks.push_back(nlohmann::json::parse(event.substr(6)));
+  }
+  ASSERT_GE(chunks.size(), 2u);
+  const auto& last = chunks.back();
+  EXPECT_EQ(last["id"], chunks.front()["id"]);
+  EXPECT_EQ(last["object"], "chat.completion.chunk");
+  EXPECT_EQ(last["model"], "demo");
+  std::string reason = last["choices"][0]["finish_reason"].get<std::string>();
+  EXPECT_TRUE(reason == "abort" || reason == "length") << last.dump();
+  std::cout << "stream ended with finish_reason " << reason << " after " << chunks.size() << " chunks\n";
+
+  for (const auto& p : state.processes)
+    EXPECT_FALSE(process_alive(p.pid, p.start_time)) << p.name << " survived";
+  EXPECT_NE(read_file(dir / "router.log").find("route: stopped"), std::string::npos)
+      << read_file(dir / "router.log");
+  EXPECT_NE(read_file(dir / "node-1.log").find("] stopped"), std::string::npos)
+      << read_file(dir / "node-1.log");
+  EXPECT_FALSE(fs::exists(dir / "cluster.json"));
 }
 
 TEST(LocalCluster, RefusesBusyPortsAndMissingState) {

@@ -223,6 +223,32 @@ TEST(InitModel, VocabFromATokenizerSetsSizeEosAndCopiesTheTokenizerFiles) {
               HasSubstr("not a tokenizer.json"));
 }
 
+// `init-model --vocab-from DIR/tokenizer.json --out DIR`: the tokenizer files are already where they belong
+// and stay as they were (copying a file onto itself failed with "File exists").
+TEST(InitModel, WritesIntoTheDirectoryItsTokenizerComesFrom) {
+  TempDir dir;
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int i = 0; i < 300; ++i) vocab["t" + std::to_string(i)] = i;
+  write_json(dir / "tokenizer.json", {{"model", {{"type", "BPE"}, {"vocab", vocab}}},
+                                      {"added_tokens", {{{"id", 300}, {"content", "<|im_end|>"}}}}});
+  write_json(dir / "tokenizer_config.json", {{"eos_token", "<|im_end|>"}});
+  std::ofstream(dir / "chat_template.jinja") << "{{ messages }}";
+  auto tokenizer = read_bytes(dir / "tokenizer.json");
+  auto tokenizer_config = read_bytes(dir / "tokenizer_config.json");
+  InitModelOptions options;
+  options.vocab_from = dir / "tokenizer.json";
+  options.chat_template = dir / "chat_template.jinja";
+  init_model(preset_config("tiny"), dir.path(), options);
+
+  ModelWeights w = load_checkpoint(dir.path());
+  EXPECT_EQ(w.config.vocab_size, 512);
+  EXPECT_EQ(w.config.eos_token_ids, (std::vector<int64_t>{300}));
+  EXPECT_EQ(read_bytes(dir / "tokenizer.json"), tokenizer);
+  EXPECT_EQ(read_bytes(dir / "tokenizer_config.json"), tokenizer_config);
+  auto chat_template = read_bytes(dir / "chat_template.jinja");
+  EXPECT_EQ(std::string(chat_template.begin(), chat_template.end()), "{{ messages }}");
+}
+
 TEST(InitModel, DemoModelUsesTheQwen3Vocabulary) {
   ASSERT_TRUE(fs::exists(kQwen3Tokenizer))
       << kQwen3Tokenizer << " is missing: run scripts/fetch-test-data.sh";

@@ -111,6 +111,121 @@ TEST(RouterProcess, SigtermLetsStreamsInFlightFinishThenExits) {
   EXPECT_EQ(router.wait(), 0);
 }
 
+// What serve's streams look like, with the fields the router's ending copies.
+const std::string kFirstChatEvent =
+    R"(data: {"id":"chatcmpl-42","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,)"
+    R"("delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]})"
+    "\n\n";
+
+// Past --shutdown-timeout a stream still in flight ends as serve ends one at its own deadline (a chunk with
+// finish_reason "abort" of the same id, then [DONE]), and a request still waiting for its response head gets
+// a 503; neither is passed to another backend nor cut.
+TEST(RouterProcess, AtTheShutdownDeadlineStreamsEndWithAbortAndDone) {
+  Gate release;
+  FakeBackend slow([&](const HttpRequest& request, BackendConnection& c) {
+    if (!request.target.starts_with("/v1/c")) {  // the router's health checks
+      c.respond(200, "{}");
+      return;
+    }
+    if (request.target == "/v1/completions") {  // no response head before the deadline
+      release.wait(120'000);
+      c.respond(200, R"({"object":"text_completion"})");
+      return;
+    }
+    c.start_stream();
+    c.chunk(kFirstChatEvent);
+    c.chunk(sse_event("one"));
+    release.wait(120'000);
+    c.chunk(sse_event("late"));
+    c.end_stream();
+  });
+  uint16_t port = free_port();
+  Process router = start_router(port, {slow.url()}, "router-deadline.log", {"--shutdown-timeout", "1s"});
+  ASSERT_TRUE(wait_listening(port));
+  HttpClient streaming(port), waiting(port);
+  streaming.send("POST", "/v1/chat/completions", R"({"model":"m","stream":true,"messages":[]})");
+  waiting.send("POST", "/v1/completions", R"({"model":"m","prompt":"hi"})");
+  HttpResponse stream;
+  ASSERT_TRUE(streaming.read_head(stream, 60'000));
+  while (stream.body.find("one") == std::string::npos) ASSERT_TRUE(streaming.read_chunk(stream, 60'000));
+  ASSERT_TRUE(slow.wait_requests(2, 60'000));
+  router.signal(SIGTERM);
+
+  while (streaming.read_chunk(stream, 60'000)) {
+  }
+  release.open();
+  EXPECT_TRUE(stream.complete) << stream.body;
+  EXPECT_EQ(stream.body, kFirstChatEvent + sse_event("one") +
+                             R"(data: {"id":"chatcmpl-42","object":"chat.completion.chunk","created":7,)"
+                             R"("model":"m","choices":[{"index":0,"delta":{},"logprobs":null,)"
+                             R"("finish_reason":"abort","stop_reason":null}]})"
+                             "\n\ndata: [DONE]\n\n");
+  HttpResponse refused = waiting.read_response(60'000);
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  EXPECT_NE(refused.body.find("shutting down"), std::string::npos) << refused.body;
+  EXPECT_EQ(slow.request_count(), 2u) << "a request the deadline ended went to the backend again";
+  EXPECT_EQ(router.wait(60'000), 0);
+}
+
+// A second SIGTERM moves the deadline to now (as serve's does). While draining, a request on a connection
+// kept alive from before is refused with a 503; the endings cover every choice of a completion (n per
+// prompt).
+TEST(RouterProcess, ASecondSigtermEndsStreamsAtOnceAndDrainingRefusesNewRequests) {
+  Gate release;
+  FakeBackend slow([&](const HttpRequest& request, BackendConnection& c) {
+    if (request.target != "/v1/completions") {  // the router's health checks
+      c.respond(200, "{}");
+      return;
+    }
+    c.start_stream();
+    c.chunk(
+        R"(data: {"id":"cmpl-9","object":"text_completion","created":3,"model":"m","choices":[{"index":1,)"
+        R"("text":"a","logprobs":null,"finish_reason":null}]})"
+        "\n\n");
+    release.wait(120'000);
+    c.end_stream();
+  });
+  uint16_t port = free_port();
+  Process router = start_router(port, {slow.url()}, "router-second.log", {"--shutdown-timeout", "300s"});
+  ASSERT_TRUE(wait_listening(port));
+  HttpClient kept(port);
+  kept.send("GET", "/backends");
+  EXPECT_EQ(kept.read_response(60'000).status, 200);
+  HttpClient streaming(port);
+  streaming.send("POST", "/v1/completions", R"({"model":"m","stream":true,"n":2,"prompt":["a","b"]})");
+  HttpResponse stream;
+  ASSERT_TRUE(streaming.read_head(stream, 60'000));
+  ASSERT_TRUE(streaming.read_chunk(stream, 60'000));
+  router.signal(SIGTERM);
+  bool refused = false;
+  for (int i = 0; i < 600 && !refused; ++i) {
+    HttpClient probe(port);
+    refused = !probe.connected();
+    if (!refused) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(refused) << "the router still accepts connections after SIGTERM";
+  kept.send("POST", "/v1/completions", R"({"model":"m","prompt":"x"})");
+  HttpResponse late = kept.read_response(60'000);
+  EXPECT_EQ(late.status, 503) << late.body;
+  EXPECT_NE(late.body.find("accepts no new requests"), std::string::npos) << late.body;
+  EXPECT_EQ(slow.request_count(), 1u);
+
+  router.signal(SIGTERM);
+  while (streaming.read_chunk(stream, 60'000)) {
+  }
+  release.open();
+  EXPECT_TRUE(stream.complete) << stream.body;
+  std::string endings;
+  for (int index = 0; index < 4; ++index)
+    endings +=
+        R"(data: {"id":"cmpl-9","object":"text_completion","created":3,"model":"m","choices":[{"index":)" +
+        std::to_string(index) +
+        R"(,"text":"","logprobs":null,"finish_reason":"abort","stop_reason":null}]})"
+        "\n\n";
+  EXPECT_TRUE(stream.body.ends_with(endings + "data: [DONE]\n\n")) << stream.body;
+  EXPECT_EQ(router.wait(60'000), 0);
+}
+
 TEST(RouterProcess, ReadsAClusterFile) {
   FakeBackend a([](const HttpRequest&, BackendConnection& c) { c.respond(200, R"({"backend":"a"})"); });
   uint16_t port = free_port();
