@@ -2,9 +2,17 @@
 // free vs under response_format json_object, greedy and temperature 1, with logits that look like a random
 // model's (nearly flat: the worst case, most draws are rejected at structural positions) or a trained one's
 // (peaked on a few tokens). Token table: the Qwen3 tokenizer in .cache/ (scripts/fetch-test-data.sh).
+//
+// And what a step costs under a json_schema with a large enum, at 10, 1,000 and 100,000 values (seeded
+// random lowercase words of 4 to 12 letters; 100,000 of them are within the default limits), the text so far
+// being `{"k": "` (every value still possible): BM_EnumVocabMask checks every token of the vocabulary against
+// the matcher (what the sampler does when it scans a whole row: the worst case of a step; `work_per_token`
+// is JsonMatcher::work() per check), BM_EnumSampleToken is sample() at temperature 1 over a nearly flat row
+// (rejections, then a scan of the whole cut), BM_EnumCompile the schema's compilation (once per request).
 // Run from the source root: build/bench/bench_sampler
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <random>
 
 #include "engine/json_constraint.h"
@@ -77,6 +85,79 @@ BENCHMARK(BM_SampleToken)
     ->ArgNames({"json", "temp_x10", "peaked"})
     ->ArgsProduct({{0, 1}, {0, 10}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
+
+nlohmann::json enum_schema(int64_t values) {
+  std::mt19937 rng(3);
+  nlohmann::json e = nlohmann::json::array();
+  for (int64_t i = 0; i < values; ++i) {
+    std::string word(4 + rng() % 9, 'a');
+    for (char& c : word) c = char('a' + rng() % 26);
+    e.push_back(word);
+  }
+  return {{"type", "object"}, {"properties", {{"k", {{"enum", e}}}}}, {"required", {"k"}}};
+}
+
+void BM_EnumCompile(benchmark::State& state) {
+  const nlohmann::json schema = enum_schema(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(JsonSchema::compile(schema));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+void BM_EnumVocabMask(benchmark::State& state) {
+  const auto vocab = table();
+  JsonMatcher m(JsonSchema::compile(enum_schema(state.range(0))));
+  m.advance("{\"k\": \"");
+  size_t allowed = 0;
+  const uint64_t work = m.work();
+  for (auto _ : state) {
+    allowed = 0;
+    for (size_t id = 0; id < vocab->bytes.size(); ++id)
+      allowed += vocab->usable[id] && m.accepts(vocab->bytes[id]);
+    benchmark::DoNotOptimize(allowed);
+  }
+  state.counters["allowed"] = double(allowed);
+  state.counters["work_per_token"] =
+      double(m.work() - work) / double(state.iterations()) / double(vocab->bytes.size());
+  state.SetItemsProcessed(state.iterations() * int64_t(vocab->bytes.size()));
+}
+
+void BM_EnumSampleToken(benchmark::State& state) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  auto c = std::make_shared<JsonConstraint>();
+  c->schema = JsonSchema::compile(enum_schema(state.range(0)));
+  c->vocab = table();
+  p.json = c;
+  const std::vector<float> row = rows(false)[0];
+  const std::vector<int32_t> prompt = {1};
+  // Each step starts from `{"k": "` so that every value is still possible.
+  std::vector<int32_t> prefix;
+  for (std::string_view piece : {"{\"", "k", "\":", " \""})
+    prefix.push_back(
+        int32_t(std::find(c->vocab->bytes.begin(), c->vocab->bytes.end(), piece) - c->vocab->bytes.begin()));
+  for (auto _ : state) {
+    state.PauseTiming();
+    Sampler s(p, prompt, 7);
+    s.constrain({kEos});
+    for (int32_t t : prefix) s.accept(t);
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(s.sample(row, {}));
+  }
+}
+
+BENCHMARK(BM_EnumCompile)->ArgName("values")->Arg(10)->Arg(1000)->Arg(100000)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EnumVocabMask)
+    ->ArgName("values")
+    ->Arg(10)
+    ->Arg(1000)
+    ->Arg(100000)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EnumSampleToken)
+    ->ArgName("values")
+    ->Arg(10)
+    ->Arg(1000)
+    ->Arg(100000)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace moeserve

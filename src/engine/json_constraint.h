@@ -2,41 +2,78 @@
 // Structured output: a byte-level, incremental JSON matcher that decoding consults to keep every generated
 // token a valid prefix of a JSON document (response_format json_object / json_schema, docs/api.md).
 //
-// JsonSchema compiles a JSON Schema (a subset, enforced exactly) into a small tree of nodes; anything outside
-// the subset is an error that names the keyword, never silently ignored. JsonMatcher is a pushdown automaton
-// over that tree, fed bytes: accepts() tries bytes on a copy, advance() commits them, can_end() says a whole
-// value has been read (only trailing whitespace may follow, then end of sequence).
+// JsonSchema compiles a JSON Schema (a subset, enforced exactly) into a small graph of nodes; anything
+// outside the subset is an error that names the keyword, never silently ignored. Enum/const values and
+// property names are compiled once into tries, so that following a value costs one trie step per byte
+// whatever the number of values. JsonMatcher is a pushdown automaton over that graph, fed bytes: accepts()
+// tries bytes on a copy, advance() commits them, can_end() says a whole value has been read (only trailing
+// whitespace may follow, then end of sequence). Its frames are plain data, so the copy costs the stack's
+// depth, not the schema's size.
 //
 // Liveness: every prefix the matcher accepts can still be completed (e.g. a key is accepted only while it is
-// the prefix of a property that may still come, '}' only once the required properties are there), so decoding
-// never walks into a dead end. Whitespace between tokens of JSON is capped at kMaxWhitespaceRun bytes in a
-// row: models can loop on whitespace forever, and the cap forces them on.
+// the prefix of a property that may still come, '}' only once the required properties are there, a container
+// only where what it must contain still fits under kMaxNesting), so decoding never walks into a dead end.
+// compile() refuses a schema that has no finite value (a $ref that requires itself). Whitespace between
+// tokens of JSON is capped at kMaxWhitespaceRun bytes in a row: models can loop on whitespace forever, and
+// the cap forces them on.
 
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/error.h"
+
 namespace moeserve {
 
 constexpr int kMaxWhitespaceRun = 32;
+// Containers nest at most this deep in a document (bounds the matcher's stack).
+constexpr int kMaxNesting = 128;
 
-// A schema outside the supported subset or malformed; `keyword` names the offending keyword and `path` where
-// it is ("properties.tags.items").
-class SchemaError : public std::runtime_error {
+// A schema outside the supported subset, malformed, or beyond a JsonSchemaLimits; `keyword` names the
+// offending keyword (or the limit) and `path` where it is ("properties.tags.items"). Names and values in the
+// message are cut short: it never echoes a large part of the schema.
+class SchemaError : public Error {
  public:
   SchemaError(std::string keyword, std::string path, const std::string& message)
-      : std::runtime_error(message), keyword(std::move(keyword)), path(std::move(path)) {}
+      : Error(message), keyword(std::move(keyword)), path(std::move(path)) {}
   std::string keyword;
   std::string path;
 };
 
-// One schema: the types a value may have and what each type asks of it; or, when literals is non-empty, only
-// those exact texts (enum/const, in the canonical form nlohmann writes them).
+// What compile() takes on; beyond any of these the schema is a SchemaError naming the limit. Compilation
+// work and the compiled schema's size are linear in what these bound; a decode step costs the same whatever
+// their values. The reasons for the defaults are in docs/api.md (OpenAI's structured outputs allow 10 levels
+// of object nesting, 5,000 properties, 1,000 enum values and 120,000 characters of names and values).
+struct JsonSchemaLimits {
+  size_t max_depth = 64;                       // nested subschemas on one path, $ref hops included
+  size_t max_properties = 5000;                // object properties in the whole schema
+  size_t max_enum_values = 100000;             // enum and const values in the whole schema
+  size_t max_literal_bytes = size_t{1} << 20;  // their JSON text and the property names'
+  size_t max_nodes = size_t{1} << 16;          // subschemas compiled (a $ref's target once)
+};
+
+// A set of byte strings as a trie, flattened; one holds every enum/const value of a schema, another every
+// property name. Node i's edges are first_edge[i] .. first_edge[i + 1] - 1, sorted by byte.
+struct JsonTrie {
+  static constexpr uint32_t kNone = 0xFFFFFFFF;
+  std::vector<uint32_t> first_edge{0};
+  std::vector<uint8_t> edge_byte;
+  std::vector<uint32_t> edge_child;
+  std::vector<int8_t> tag;      // -1: no string ends at the node; else its tag (a property's index, or 0)
+  std::vector<uint64_t> below;  // name tries: the properties whose names go through the node
+
+  uint32_t size() const { return uint32_t(tag.size()); }
+  // The node after `byte`, kNone if no string continues so.
+  uint32_t child(uint32_t node, uint8_t byte) const;
+  bool leaf(uint32_t node) const { return first_edge[node] == first_edge[node + 1]; }
+};
+
+// One schema: the types a value may have and what each type asks of it; or, when `values` is set, only the
+// texts of that trie (enum/const, in the canonical form nlohmann writes them).
 struct JsonSchemaNode {
   enum Type : uint8_t {
     kObject = 1,
@@ -48,18 +85,25 @@ struct JsonSchemaNode {
     kNull = 64,
     kAll = 127
   };
+  static constexpr uint8_t kUnbounded = 0xFF;  // a need no document within kMaxNesting meets
   uint8_t types = 0;
-  std::vector<std::string> literals;
-  // Objects: property names as JSON text ("\"name\""), their schemas, required ones, the schema of any
-  // other key (-1: none allowed).
-  std::vector<std::string> keys;
-  std::vector<int> values;
+  uint32_t values = JsonTrie::kNone;  // enum/const: root in the schema's value trie
+  uint32_t words = JsonTrie::kNone;   // true / false / null as the types allow: root in the value trie
+  // Objects: property names as JSON text ("\"name\"", root in the name trie, tagged with their index), their
+  // schemas, required ones, the schema of any other key (-1: none allowed).
+  uint32_t names = JsonTrie::kNone;
+  std::vector<int> properties;
   uint64_t required = 0;
   int additional = -1;
   // Arrays.
   int items = -1;
   int64_t min_items = 0;
   int64_t max_items = -1;  // -1: no limit
+  // The containers a value must nest (0 for a scalar), as an object and as an array: what has to fit below
+  // the point where it starts.
+  uint8_t need_object = kUnbounded;
+  uint8_t need_array = kUnbounded;
+  uint8_t need() const;
 };
 
 class JsonSchema {
@@ -68,55 +112,78 @@ class JsonSchema {
   static std::shared_ptr<const JsonSchema> any_object();
   // Throws SchemaError. Objects allow properties not listed only when additionalProperties says so (true or
   // a schema), as xgrammar's strict mode does for vLLM.
-  static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema);
+  static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema,
+                                                   const JsonSchemaLimits& limits = {});
 
   using Node = JsonSchemaNode;
   const Node& node(int i) const { return nodes_[size_t(i)]; }
+  size_t node_count() const { return nodes_.size(); }
+  const JsonTrie& values() const { return values_; }
+  const JsonTrie& names() const { return names_; }
 
  private:
   friend class SchemaCompiler;
   std::vector<Node> nodes_;  // nodes_[0] is the root
+  JsonTrie values_;
+  JsonTrie names_;
 };
 
-// One level of the matcher's stack (internal to JsonMatcher).
+// One level of the matcher's stack (internal to JsonMatcher). Plain data: copying a stack is a memcpy.
 struct JsonMatcherFrame {
-  enum Kind : uint8_t { kRoot, kValue, kObject, kArray, kString, kNumber, kLiteral };
+  // kLiteral follows the value trie, kName a property name in the name trie (no other keys allowed).
+  enum Kind : uint8_t { kRoot, kValue, kObject, kArray, kString, kNumber, kLiteral, kName };
   Kind kind = kValue;
   uint8_t phase = 0;
-  int node = 0;
-  // Objects: properties read, the current key (-1: an additional one). Arrays: items read.
-  uint64_t seen = 0;
-  int key = -1;
-  int64_t count = 0;
-  // Strings: the pending UTF-8 continuation bytes and the range the next one must be in; \u escapes.
+  // Strings: the pending UTF-8 continuation bytes and the range the next one must be in.
   uint8_t utf8_left = 0, utf8_lo = 0x80, utf8_hi = 0xBF;
-  bool capture = false;  // an object key with additional properties allowed: kept to look up its schema
-  std::string raw;
-  // Literals: the texts still possible and how far they matched.
-  std::vector<std::string_view> alive;
-  size_t pos = 0;
+  // A string that is an object key where other keys are allowed: `trie` follows it in the name trie, to know
+  // whether it names a property.
+  bool key = false;
+  // Objects: other keys may start here (additionalProperties, and its schema fits below).
+  bool open = false;
+  int node = 0;
+  uint32_t trie = JsonTrie::kNone;
+  // Objects: properties read, and those whose value would not fit below. Strings: a \u escape's value so far.
+  uint64_t seen = 0;
+  int key_index = -1;  // objects: the current key's property (-1: another key)
+  // Arrays: items read. Strings: 1 while a high surrogate waits for its low half.
+  int64_t count = 0;
 };
 
 class JsonMatcher {
  public:
   explicit JsonMatcher(std::shared_ptr<const JsonSchema> schema);
 
-  // Whether the bytes may follow what was read so far (the matcher itself is unchanged).
+  // Whether the bytes may follow what was read so far (the matcher itself is unchanged). It works in a
+  // scratch stack of the matcher's: one matcher is used by one thread at a time (a request's sampler).
   bool accepts(std::string_view bytes) const;
   // Feeds the bytes; false (and the matcher unchanged) when they are not accepted.
   bool advance(std::string_view bytes);
   // A whole value has been read: the document may end here.
   bool can_end() const;
 
+  // Work done so far, in steps of a fixed cost (a byte fed, a frame copied, a trie edge looked at): what
+  // tests and benchmarks read to see that a step costs the same whatever the schema's size.
+  uint64_t work() const { return work_; }
+
   using Frame = JsonMatcherFrame;
 
  private:
-  bool feed(uint8_t c);
-  bool child_done();
+  struct State {
+    std::vector<Frame> stack;
+    int whitespace_run = 0;
+  };
+  bool feed(State& s, uint8_t c) const;
+  bool child_done(State& s) const;
+  bool run(State& s, std::string_view bytes) const;
+  bool fits(int node, size_t index) const;
+  uint32_t step(const JsonTrie& trie, uint32_t node, uint8_t c) const;
+  void open_object(Frame& f, size_t index) const;
 
   std::shared_ptr<const JsonSchema> schema_;
-  std::vector<Frame> stack_;
-  int whitespace_run_ = 0;
+  State state_;
+  mutable State scratch_;  // accepts() works here: no allocation per call once it has grown
+  mutable uint64_t work_ = 0;
 };
 
 // What a request's output must be, handed to the engine with its sampling parameters. The token table is

@@ -1,7 +1,9 @@
 #include "engine/json_constraint.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 #include <string>
 
@@ -234,6 +236,14 @@ TEST(JsonSchema, AnyOfAlternativesOfDifferentTypes) {
   EXPECT_EQ(rejected_at(s, R"({"p": null, "q": 1, "r": "b"})"), 26u);
 }
 
+// pydantic's Union[Literal["a"], Literal["b"]]: const alternatives of one type are one set of values.
+TEST(JsonSchema, AnyOfConstAlternativesOfOneType) {
+  auto s = schema(R"({"anyOf": [{"const": "a"}, {"const": "ab"}, {"enum": ["b", 2]}, {"const": 21}]})");
+  for (const char* ok : {R"("a")", R"("ab")", R"("b")", "2", "21"}) EXPECT_TRUE(valid(s, ok)) << ok;
+  EXPECT_EQ(rejected_at(s, R"("c")"), 1u);
+  EXPECT_EQ(rejected_at(s, "22"), 1u);
+}
+
 TEST(JsonSchema, NestingAndLocalReferences) {
   auto s = schema(R"({
     "$defs": {"Node": {"type": "object", "properties": {"v": {"type": "integer"},
@@ -262,6 +272,7 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
   EXPECT_EQ(keyword(R"({"allOf": [{"type": "string"}]})"), "allOf");
   EXPECT_EQ(keyword(R"({"anyOf": [{"type": "string"}], "minLength": 1})"), "minLength");
   EXPECT_EQ(keyword(R"({"type": "strng"})"), "type");
+  EXPECT_EQ(keyword(R"({"type": []})"), "type");
   EXPECT_EQ(keyword(R"({"type": "object", "properties": {}, "required": ["x"]})"), "required");
   EXPECT_EQ(keyword(R"({"$ref": "https://example.com/s.json"})"), "$ref");
   EXPECT_EQ(keyword(R"({"enum": [[1]]})"), "enum");
@@ -277,6 +288,387 @@ TEST(JsonMatcher, AcceptsChecksWithoutChanging) {
   EXPECT_FALSE(m.advance("1x"));  // rejected: nothing of it is taken
   EXPECT_TRUE(m.advance("2}"));
   EXPECT_TRUE(m.can_end());
+}
+
+// The SchemaError a schema gets (keyword "(accepted)" when it compiles).
+SchemaError refusal(const json& s, const JsonSchemaLimits& limits = {}) {
+  try {
+    JsonSchema::compile(s, limits);
+  } catch (const SchemaError& e) {
+    return e;
+  }
+  return SchemaError("(accepted)", "", "");
+}
+
+bool has(const std::string& text, std::string_view part) {
+  return text.find(part) != std::string::npos;
+}
+
+// {"items": {"items": ... {} ...}}: `levels` subschemas below the root.
+json nested_items(size_t levels) {
+  std::string text;
+  for (size_t i = 0; i < levels; ++i) text += R"({"items": )";
+  text += "{}";
+  text += std::string(levels, '}');
+  return json::parse(text);
+}
+
+// make(limit) compiles; make(limit + 1) is refused, the error naming the limit and saying `message`.
+void expect_limit(const std::function<json(size_t)>& make, size_t limit, const std::string& keyword,
+                  std::string_view message, const JsonSchemaLimits& limits = {}) {
+  EXPECT_EQ(refusal(make(limit), limits).keyword, "(accepted)");
+  const SchemaError e = refusal(make(limit + 1), limits);
+  EXPECT_EQ(e.keyword, keyword);
+  EXPECT_TRUE(has(e.what(), message)) << e.what();
+}
+
+TEST(JsonSchemaLimits, DepthCountsSubschemasAndIsCheckedBeforeRecursing) {
+  expect_limit(nested_items, 64, "max_depth", "more than 64 subschemas deep");
+  // Far past the limit (where the unbounded compiler overflowed its stack): the same error.
+  EXPECT_EQ(refusal(nested_items(100000)).keyword, "max_depth");
+  // $ref hops count: a chain of 10,000 definitions, each a reference to the next, stops at the limit too.
+  json defs = json::object();
+  for (int i = 0; i < 10000; ++i)
+    defs["D" + std::to_string(i)] = {{"$ref", "#/$defs/D" + std::to_string(i + 1)}};
+  defs["D10000"] = {{"type", "string"}};
+  EXPECT_EQ(refusal({{"$defs", defs}, {"$ref", "#/$defs/D0"}}).keyword, "max_depth");
+  // Within the limit, the chain is the string it ends in.
+  json few = json::object();
+  for (int i = 0; i < 20; ++i) few["D" + std::to_string(i)] = {{"$ref", "#/$defs/D" + std::to_string(i + 1)}};
+  few["D20"] = {{"type", "string"}};
+  EXPECT_TRUE(valid(JsonSchema::compile({{"$defs", few}, {"$ref", "#/$defs/D0"}}), R"("s")"));
+}
+
+// An object of `count` properties p0, p1, ... of type string.
+json object_of(size_t count, size_t from = 0) {
+  json props = json::object();
+  for (size_t i = 0; i < count; ++i) props["p" + std::to_string(from + i)] = {{"type", "string"}};
+  return {{"type", "object"}, {"properties", props}};
+}
+
+TEST(JsonSchemaLimits, PropertiesPerObjectAndInTotal) {
+  expect_limit([](size_t n) { return object_of(n); }, 64, "properties", "at most 64 properties");
+  // 5,000 in total (OpenAI's limit): a root of 20 objects of 20 objects of 11 or 12 string properties (and
+  // what is past 5,000 in the first).
+  auto total = [](size_t count) {
+    const size_t extra = count - 5000;
+    json root = {{"type", "object"}, {"properties", json::object()}};
+    size_t n = 0, leaf = 0;
+    for (size_t i = 0; i < 20; ++i) {
+      json mid = {{"type", "object"}, {"properties", json::object()}};
+      for (size_t j = 0; j < 20; ++j, ++leaf) {
+        const size_t here = 11 + (leaf < 180) + (leaf == 0 ? extra : 0);
+        mid["properties"]["o" + std::to_string(j)] = object_of(here, n);
+        n += here;
+      }
+      root["properties"]["m" + std::to_string(i)] = mid;
+    }
+    return root;
+  };
+  expect_limit(total, 5000, "max_properties", "more than 5000 properties");  // 20 + 400 + 400 * 11 + 180
+}
+
+json enum_of(size_t count) {
+  json values = json::array();
+  for (size_t i = 0; i < count; ++i) values.push_back(i);
+  return {{"enum", values}};
+}
+
+TEST(JsonSchemaLimits, EnumValuesInTotal) {
+  expect_limit(enum_of, 100000, "max_enum_values", "more than 100000 enum/const values");
+  // Across the schema, const included.
+  JsonSchemaLimits three;
+  three.max_enum_values = 3;
+  const json two_and_one = json::parse(R"({"type": "object", "properties": {"a": {"enum": [1, 2]},
+                                           "b": {"const": "x"}}})");
+  EXPECT_EQ(refusal(two_and_one, three).keyword, "(accepted)");
+  three.max_enum_values = 2;
+  EXPECT_EQ(refusal(two_and_one, three).keyword, "max_enum_values");
+}
+
+TEST(JsonSchemaLimits, LiteralBytesCountValuesAndNames) {
+  // "ab" is 4 bytes of JSON, 12 is 2, the name "k" is 3: 9 in all.
+  const json s = json::parse(R"({"type": "object", "properties": {"k": {"enum": ["ab", 12]}}})");
+  JsonSchemaLimits limits;
+  limits.max_literal_bytes = 9;
+  EXPECT_EQ(refusal(s, limits).keyword, "(accepted)");
+  limits.max_literal_bytes = 8;
+  EXPECT_EQ(refusal(s, limits).keyword, "max_literal_bytes");
+  // The default: a megabyte (a string of n - 2 characters is n bytes of JSON).
+  expect_limit(
+      [](size_t n) {
+        return json{{"const", std::string(n - 2, 'x')}};
+      },
+      1 << 20, "max_literal_bytes", "more than 1048576 bytes");
+}
+
+TEST(JsonSchemaLimits, NodesCountSubschemasOnce) {
+  // The root, the reference's node and its target's: used twice, compiled once.
+  const json s = json::parse(R"({"type": "object", "$defs": {"S": {"type": "string"}},
+      "properties": {"a": {"$ref": "#/$defs/S"}, "b": {"$ref": "#/$defs/S"}}})");
+  JsonSchemaLimits limits;
+  limits.max_nodes = 3;
+  EXPECT_EQ(refusal(s, limits).keyword, "(accepted)");
+  EXPECT_EQ(JsonSchema::compile(s, limits)->node_count(), 3u);
+  limits.max_nodes = 2;
+  EXPECT_EQ(refusal(s, limits).keyword, "max_nodes");
+  // The default: an anyOf node and its alternatives.
+  auto consts = [](size_t nodes) {
+    json alternatives = json::array();
+    for (size_t i = 1; i < nodes; ++i) alternatives.push_back({{"type", "integer"}, {"const", i}});
+    return json{{"anyOf", alternatives}};
+  };
+  expect_limit(consts, 65536, "max_nodes", "more than 65536 subschemas");
+}
+
+// A 100,000-value enum compiles, and a decode step costs what it costs with 10 values: checking a token is a
+// copy of the stack and a few steps per byte, never a walk over the values.
+TEST(JsonSchemaLimits, LargeEnumStepsCostNoMoreThanSmallOnes) {
+  auto words = [](size_t count) {
+    std::mt19937 rng(5);
+    json values = json::array();
+    for (size_t i = 0; i < count; ++i) {
+      std::string w(3 + rng() % 8, 'a');
+      for (char& c : w) c = char('a' + rng() % 26);
+      values.push_back(w);
+    }
+    return values;
+  };
+  // A vocabulary of every one- and two-letter piece, with and without a quote.
+  std::vector<std::string> vocab;
+  for (char a = 'a'; a <= 'z'; ++a) {
+    vocab.push_back({a});
+    vocab.push_back({a, '"'});
+    for (char b = 'a'; b <= 'z'; ++b) vocab.push_back({a, b});
+  }
+  size_t vocab_bytes = 0;
+  for (const std::string& t : vocab) vocab_bytes += t.size();
+  for (size_t count : {size_t{10}, size_t{100000}}) {
+    SCOPED_TRACE(count);
+    const json values = words(count);
+    JsonMatcher m(JsonSchema::compile(
+        {{"type", "object"}, {"properties", {{"k", {{"enum", values}}}}}, {"required", {"k"}}}));
+    ASSERT_TRUE(m.advance(R"({"k": ")"));
+    const uint64_t before = m.work();
+    size_t allowed = 0;
+    for (const std::string& t : vocab) allowed += m.accepts(t);
+    const uint64_t work = m.work() - before;
+    // Per token a copy of the three frames; per byte the byte, a trie step and at most one frame finishing.
+    EXPECT_LE(work, 3 * vocab.size() + 3 * vocab_bytes);
+    EXPECT_GE(allowed, 10u);
+    // Every value is still exact.
+    const std::string last = values.back().get<std::string>();
+    EXPECT_TRUE(m.advance(last + "\"}"));
+    EXPECT_TRUE(m.can_end());
+  }
+}
+
+TEST(JsonSchema, EnumTrieKeepsPrefixesDuplicatesAndEscapes) {
+  auto s = schema(R"({"enum": ["ab", "abc", "ab", 1, 12, 123, "a\"b", "\u00e9", true]})");
+  for (const char* ok : {R"("ab")", R"("abc")", "1", "12", "123", R"("a\"b")", "\"\xC3\xA9\"", "true"})
+    EXPECT_TRUE(valid(s, ok)) << ok;
+  EXPECT_TRUE(prefix_only(s, R"("a)"));
+  EXPECT_EQ(rejected_at(s, R"("abd")"), 3u);
+  EXPECT_EQ(rejected_at(s, "1234"), 3u);
+  EXPECT_EQ(rejected_at(s, "false"), 0u);
+  EXPECT_EQ(rejected_at(s, R"("\u00e9")"), 1u);  // the canonical spelling only
+}
+
+TEST(JsonSchemaRef, SelfReferenceAloneIsRefusedByName) {
+  SchemaError e = refusal(json::parse(R"({"$ref": "#"})"));
+  EXPECT_EQ(e.keyword, "$ref");
+  EXPECT_TRUE(has(e.what(), "'#' refers to itself")) << e.what();
+  e = refusal(json::parse(R"({"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}},
+                               "$ref": "#/$defs/A"})"));
+  EXPECT_EQ(e.keyword, "$ref");
+  EXPECT_TRUE(has(e.what(), "'#/$defs/A' refers to itself")) << e.what();
+}
+
+TEST(JsonSchemaRef, RecursionWithoutEndIsRefusedByName) {
+  for (const char* text : {
+           R"({"$defs": {"A": {"type": "object", "properties": {"next": {"$ref": "#/$defs/A"}},
+               "required": ["next"]}}, "$ref": "#/$defs/A"})",
+           R"({"$defs": {"A": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/A"}}},
+               "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}})",
+       }) {
+    const SchemaError e = refusal(json::parse(text));
+    EXPECT_EQ(e.keyword, "$ref") << text;
+    EXPECT_EQ(e.path, "#/$defs/A") << text;
+    EXPECT_TRUE(has(e.what(), "'#/$defs/A' has no value")) << e.what();
+  }
+  const SchemaError root = refusal(json::parse(R"({"type": "object", "properties": {"me": {"$ref": "#"}},
+                                                   "required": ["me"]})"));
+  EXPECT_EQ(root.keyword, "$ref");
+  EXPECT_TRUE(has(root.what(), "'#' has no value")) << root.what();
+}
+
+TEST(JsonSchemaRef, RecursionThroughAnyOfIsRefusedByName) {
+  const SchemaError e = refusal(json::parse(R"({"$defs": {"L": {"type": "object", "properties":
+      {"next": {"anyOf": [{"$ref": "#/$defs/L"}, {"type": "null"}]}}}}, "$ref": "#/$defs/L"})"));
+  EXPECT_EQ(e.keyword, "anyOf");
+  EXPECT_TRUE(has(e.what(), "'#/$defs/L'")) << e.what();
+}
+
+TEST(JsonSchemaRef, ReferencesToReferencesAndSharedTargets) {
+  // B is only a reference to A, met while A is compiled: B is A.
+  auto s = schema(R"({"$defs": {"A": {"type": "object", "properties": {"b": {"$ref": "#/$defs/B"}}},
+                                "B": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"})");
+  EXPECT_TRUE(valid(s, R"({"b": {"b": {}}})"));
+  EXPECT_EQ(rejected_at(s, R"({"b": 1})"), 6u);
+  auto shared = schema(R"({"definitions": {"N": {"type": "integer"}}, "type": "object",
+      "properties": {"x": {"$ref": "#/definitions/N"}, "y": {"$ref": "#/definitions/N"}}, "required": ["x", "y"]})");
+  EXPECT_TRUE(valid(shared, R"({"y": 2, "x": 1})"));
+  EXPECT_EQ(refusal(json::parse(R"({"$ref": "#/$defs/nothing"})")).keyword, "$ref");
+  EXPECT_EQ(refusal(json::parse(R"({"$ref": "#no-slash"})")).keyword, "$ref");
+  EXPECT_EQ(refusal(json::parse(R"({"$defs": [1], "$ref": "#/$defs/x"})")).keyword, "$ref");
+}
+
+// Recursion within kMaxNesting: where a property's value could not fit below, its key is refused (and other
+// keys still come), so the document can always be finished.
+TEST(JsonSchemaRef, KeysWhoseValueWouldNotFitAreRefused) {
+  auto s = schema(R"({"$defs": {"T": {"type": "object", "properties": {
+      "a": {"$ref": "#/$defs/T"},
+      "b": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["c"],
+            "properties": {"c": {"type": "array", "minItems": 1, "items": {"type": "integer"}}}}}}}},
+      "$ref": "#/$defs/T"})");
+  auto opening = [](int levels) {
+    std::string text;
+    for (int i = 0; i < levels; ++i) text += R"({"a": )";
+    return text;
+  };
+  // b needs three containers below its object: with 124 objects around that object it still fits, with 125
+  // not, while a does.
+  EXPECT_TRUE(prefix_only(s, opening(124) + R"({"b": [{"c": [1)"));
+  EXPECT_EQ(rejected_at(s, opening(125) + R"({"b)"), opening(125).size() + 2);
+  EXPECT_TRUE(prefix_only(s, opening(125) + R"({"a)"));
+  // 128 objects: the last one takes no key (a would be a 129th), only '}'.
+  EXPECT_EQ(rejected_at(s, opening(127) + R"({")"), opening(127).size() + 1);
+  EXPECT_TRUE(valid(s, opening(127) + "{}" + std::string(127, '}')));
+}
+
+TEST(JsonSchemaRef, OtherKeysWhoseValueWouldNotFitAreRefused) {
+  // Other keys allowed: a key naming b is refused at its closing quote where b would not fit; any other
+  // key (of any schema: here any value) still can be written.
+  auto s = schema(R"({"$defs": {"T": {"type": "object", "additionalProperties": true, "properties": {
+      "a": {"$ref": "#/$defs/T"},
+      "b": {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": {}}}}}},
+      "$ref": "#/$defs/T"})");
+  std::string deep;
+  for (int i = 0; i < 126; ++i) deep += R"({"a": )";
+  EXPECT_EQ(rejected_at(s, deep + R"({"b":)"), deep.size() + 3);
+  EXPECT_TRUE(prefix_only(s, deep + R"({"bb": 1)"));
+  EXPECT_TRUE(prefix_only(s, deep.substr(0, deep.size() - 6) + R"({"b": [[1)"));
+}
+
+// Liveness: random walks over what the matcher accepts, first leaning to opening containers (so that they
+// reach kMaxNesting), then to closing them, never find a prefix with no way on, and end in a document that
+// nlohmann parses.
+TEST(JsonSchemaRef, RandomWalksNeverReachADeadEnd) {
+  const char* schemas[] = {
+      R"({"$defs": {"T": {"type": "object", "required": ["k"], "properties": {
+          "k": {"type": "array", "items": {"$ref": "#/$defs/T"}},
+          "n": {"type": "array", "minItems": 2, "maxItems": 3, "items": {"type": "array", "minItems": 1,
+                "items": {"enum": ["x", "xy", 1, 12, null]}}},
+          "o": {"$ref": "#/$defs/T"}}}}, "$ref": "#/$defs/T"})",
+      R"({"$defs": {"T": {"type": "object", "additionalProperties": {"$ref": "#/$defs/T"}, "properties": {
+          "a": {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": {}}}}}},
+          "$ref": "#/$defs/T"})",
+      R"({"type": "object", "additionalProperties": true})",
+  };
+  std::string alphabet;
+  for (int c = 0x20; c < 0x7F; ++c) alphabet.push_back(char(c));
+  alphabet += "\n\xC3\xA9";
+  std::mt19937 rng(11);
+  for (const char* text : schemas) {
+    SCOPED_TRACE(text);
+    auto s = schema(text);
+    int deepest = 0;
+    for (int walk = 0; walk < 6; ++walk) {
+      JsonMatcher m(s);
+      std::string doc;
+      int depth = 0;  // containers open (outside strings)
+      bool in_string = false, escaped = false;
+      for (int step = 0; step < 20000 && !(step > 4000 && m.can_end()); ++step) {
+        std::string next;
+        for (char c : alphabet)
+          if (m.accepts(std::string_view(&c, 1))) next.push_back(c);
+        if (next.empty()) break;  // only the end may follow
+        const std::string_view lean = step < 4000 ? "{[\"ko:," : "}]\"1";
+        std::string leaning;
+        for (char c : next)
+          if (lean.find(c) != std::string::npos) leaning.push_back(c);
+        const std::string& from = !leaning.empty() && rng() % 8 != 0 ? leaning : next;
+        const char c = from[rng() % from.size()];
+        ASSERT_TRUE(m.advance(std::string_view(&c, 1)));
+        doc.push_back(c);
+        if (in_string) {
+          in_string = escaped || c != '"';
+          escaped = !escaped && c == '\\';
+        } else {
+          in_string = c == '"';
+          depth += (c == '{' || c == '[') - (c == '}' || c == ']');
+          deepest = std::max(deepest, depth);
+        }
+      }
+      ASSERT_TRUE(m.can_end()) << "a dead end or no end after: " << doc;
+      EXPECT_TRUE(json::accept(doc)) << doc;
+    }
+    EXPECT_EQ(deepest, kMaxNesting);
+  }
+}
+
+TEST(JsonSchemaRef, NeedPastTheNestingLimitIsRefused) {
+  // D_k requires D_(k-1) inside it, so a D_k nests k objects; compiled one after the other, the schema
+  // stays shallow while D_129 needs more than kMaxNesting.
+  json defs = {{"D0", {{"type", "string"}}}};
+  json a = json::object(), b = json::object(), c = json::object();
+  for (int k = 1; k <= 129; ++k) {
+    defs["D" + std::to_string(k)] = {{"type", "object"},
+                                     {"properties", {{"x", {{"$ref", "#/$defs/D" + std::to_string(k - 1)}}}}},
+                                     {"required", {"x"}}};
+    json& group = k <= 64 ? a : k <= 128 ? b : c;
+    group[fmt::format("p{:03}", k)] = {{"$ref", "#/$defs/D" + std::to_string(k)}};  // compiled in order
+  }
+  auto with = [&](bool last) {
+    json props = {{"a", {{"type", "object"}, {"properties", a}}},
+                  {"b", {{"type", "object"}, {"properties", b}}}};
+    if (last) props["c"] = {{"type", "object"}, {"properties", c}};
+    return json{{"$defs", defs}, {"type", "object"}, {"properties", props}};
+  };
+  const SchemaError fits = refusal(with(false));
+  EXPECT_EQ(fits.keyword, "(accepted)") << fits.what();
+  const SchemaError e = refusal(with(true));
+  EXPECT_EQ(e.keyword, "$ref");
+  EXPECT_EQ(e.path, "#/$defs/D129");
+}
+
+TEST(JsonSchemaLimits, RequiredNestingPastTheMatchersDepthIsRefused) {
+  // Objects each requiring the next: 128 fit the matcher's stack, 129 do not (a deeper max_depth than the
+  // default lets the schema say so without a reference).
+  auto chain = [](int objects) {
+    std::string text;
+    for (int i = 0; i < objects; ++i) text += R"({"type": "object", "required": ["x"], "properties": {"x": )";
+    text += R"({"type": "null"})";
+    for (int i = 0; i < objects; ++i) text += "}}";
+    return json::parse(text);
+  };
+  JsonSchemaLimits limits;
+  limits.max_depth = 1000;
+  EXPECT_EQ(refusal(chain(kMaxNesting), limits).keyword, "(accepted)");
+  EXPECT_EQ(refusal(chain(kMaxNesting + 1), limits).keyword, "max_nesting");
+}
+
+TEST(JsonSchema, ErrorsNeverEchoMuchOfTheSchema) {
+  const std::string huge(100000, 'k');
+  for (const json& s :
+       {json{{"type", "object"}, {huge, 1}}, json{{"type", huge}},
+        json{{"type", "object"}, {"properties", {{huge, {{"format", "x"}}}}}}, json{{"$ref", "#/" + huge}},
+        json{{"$defs", {{huge, {{"type", "strng"}}}}}, {"$ref", "#/$defs/" + huge}},
+        json{{"type", "object"}, {"properties", json::object()}, {"required", {huge}}}}) {
+    const SchemaError e = refusal(s);
+    EXPECT_NE(e.keyword, "(accepted)");
+    EXPECT_LT(std::string(e.what()).size(), 300u) << std::string(e.what()).substr(0, 300);
+  }
 }
 
 }  // namespace
