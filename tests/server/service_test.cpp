@@ -142,7 +142,7 @@ TEST(Service, MetricsCountErrorsByStatusAndPassPromtool) {
   h.get("/nope");
   h.post("/v1/completions", "{");
   testing_http::Connection c(h.port());
-  c.send("POST /v1/completions HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n");
+  c.send("POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 999999999\r\n\r\n");
   EXPECT_EQ(c.read_response().status, 413);
   auto r = h.get("/metrics");
   ASSERT_EQ(r.status, 200);
