@@ -2,6 +2,7 @@
 // Prometheus metrics and a graceful drain on SIGTERM.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -63,6 +64,18 @@ struct ServeOptions {
   int http_threads = 0;
   double max_request_body_mb = 32;
   double keep_alive_timeout_s = 60;
+  // What clients can make one node hold (docs/api.md, "Limits on connections and bodies"). nginx allows 512
+  // connections per worker by default (worker_connections; Debian's nginx.conf: 768), one worker per core; 1024
+  // covers a router's keep-alive pools plus direct clients. A body may be 32 MB (vLLM and SGLang set no limit;
+  // nginx's client_max_body_size is 1 MB; a 128K-token prompt is about 1 MB of JSON). All bodies together:
+  // 256 MB, eight of the largest or thousands of ordinary chat requests; nginx keeps only 8-16 KB of each in
+  // memory (client_body_buffer_size) and spools the rest to disk.
+  int max_connections = 1024;
+  double max_buffered_body_mb = 256;
+  // Parsing, chat templates, tokenizing and schema compiling run here, off the IO threads; 2 keeps one large
+  // request from delaying the next one's parse. The queue matches --max-queued-requests: past it, 503.
+  int request_threads = 0;
+  int request_queue = 256;
   // Engine.
   int page_size = 16;
   double mem_fraction = 0;
@@ -179,6 +192,24 @@ class Progress {
   std::thread thread_;
 };
 
+// A connection is a file descriptor: with the usual soft limit of 1024, accept() would fail before
+// --max-connections is reached (and the excess would wait unanswered in the backlog). Raised towards the hard
+// limit, as vLLM and SGLang do at start (their set_ulimit).
+void raise_open_files_limit(size_t connections) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t want = connections + 256;  // + weights, logs, the engine's threads
+  if (limit.rlim_cur < want) {
+    rlimit raised = limit;
+    raised.rlim_cur = std::min(want, limit.rlim_max);
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  if (limit.rlim_cur < want) {
+    spdlog::warn("open files are limited to {} (ulimit -n): --max-connections {} may not be reached",
+                 static_cast<uint64_t>(limit.rlim_cur), connections);
+  }
+}
+
 std::string dtype_name(const ModelConfig& c) {
   if (c.fp8) return "fp8_e4m3 (block-scaled)";
   return c.dtype.empty() ? "bfloat16" : c.dtype;
@@ -289,7 +320,9 @@ int serve(const ServeOptions& o) {
                                       : o.model.empty()            ? o.preset
                                                                    : o.model;
   service_options.model_path = o.model;
-  service_options.api_key = o.api_key;
+  std::string key_source;
+  service_options.api_key = server::api_key_from_environment(o.api_key, &key_source);
+  if (!service_options.api_key.empty()) spdlog::info("API key required (from {})", key_source);
   service_options.queue_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.queue_timeout_s * 1000));
   service_options.chat_template = chat_template;
   service_options.reasoning_parser = o.reasoning_parser;
@@ -316,8 +349,21 @@ int serve(const ServeOptions& o) {
   http.threads = o.http_threads > 0 ? o.http_threads
                                     : static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u));
   http.max_body_bytes = static_cast<size_t>(o.max_request_body_mb * 1024 * 1024);
+  http.max_buffered_body_bytes = static_cast<size_t>(o.max_buffered_body_mb * 1024 * 1024);
+  check(
+      http.max_buffered_body_bytes >= http.max_body_bytes,
+      "--max-buffered-body-mb {} is below --max-request-body-mb {}: the largest request could never be read",
+      o.max_buffered_body_mb, o.max_request_body_mb);
+  check(o.max_connections > 0, "--max-connections {}: expected at least 1", o.max_connections);
+  http.max_connections = static_cast<size_t>(o.max_connections);
+  raise_open_files_limit(http.max_connections);
+  http.worker_threads = o.request_threads > 0
+                            ? o.request_threads
+                            : static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 2u, 8u));
+  http.max_queued_work = static_cast<size_t>(std::max(0, o.request_queue));
   http.keep_alive_timeout = std::chrono::seconds(static_cast<int64_t>(o.keep_alive_timeout_s));
   http.on_protocol_error = [&metrics](int status) { metrics.request_error(status); };
+  service.configure(http);
   server::HttpServer http_server(http, [&service](server::HttpRequest& r) { return service.handle(r); });
   http_server.start();
   std::string url = fmt::format("http://{}:{}", o.host == "0.0.0.0" ? "127.0.0.1" : o.host, http_server.port());
@@ -450,9 +496,10 @@ Registration reg{{"serve", "Serve a model over an OpenAI-compatible HTTP API (on
                     cmd.add_option("--port", o->port, "port to listen on (0: any free port)")->capture_default_str();
                     cmd.add_option("--served-model-name", o->served_model_name,
                                    "the model name clients send (default: the --model argument)");
+                    // serve() reads the environment (api_key_from_environment): two names, after the flag.
                     cmd.add_option("--api-key", o->api_key,
-                                   "require 'Authorization: Bearer KEY' on the API (env MOESERVE_API_KEY)")
-                        ->envname("MOESERVE_API_KEY");
+                                   "require 'Authorization: Bearer KEY' on the API (else env "
+                                   "MOESERVE_API_KEY, then VLLM_API_KEY)");
                     cmd.add_option("--max-running-requests", o->max_running_requests,
                                    "sequences the engine runs at once (GDN state slots)")
                         ->capture_default_str();
@@ -484,6 +531,19 @@ Registration reg{{"serve", "Serve a model over an OpenAI-compatible HTTP API (on
                         ->capture_default_str();
                     cmd.add_option("--keep-alive-timeout", o->keep_alive_timeout_s,
                                    "seconds an idle keep-alive connection stays open")
+                        ->capture_default_str();
+                    cmd.add_option("--max-connections", o->max_connections,
+                                   "open connections; more are answered 503 and closed")
+                        ->capture_default_str();
+                    cmd.add_option("--max-buffered-body-mb", o->max_buffered_body_mb,
+                                   "request bodies held at once, all connections together; more get 503 "
+                                   "before their body is read")
+                        ->capture_default_str();
+                    cmd.add_option("--request-threads", o->request_threads,
+                                   "threads that parse requests and render prompts, off the IO threads "
+                                   "(default: cores / 4, 2..8)");
+                    cmd.add_option("--request-queue", o->request_queue,
+                                   "requests that may wait for a request thread; more get 503")
                         ->capture_default_str();
                     cmd.add_option("--page-size", o->page_size, "tokens per KV page")->capture_default_str();
                     // SGLang's spelling is accepted; its fraction also counts the weights, ours is of the

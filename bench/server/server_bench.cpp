@@ -164,9 +164,11 @@ int run(int argc, char** argv) {
   ho.host = "127.0.0.1";
   ho.port = 0;
   ho.threads = 1;
+  service.configure(ho);  // as serve runs it: GETs inline, POSTs on the request threads
   HttpServer server(ho, [&](HttpRequest& r) { return service.handle(r); });
   server.start();
-  std::printf("%u hardware threads; server: 1 IO thread\n", std::thread::hardware_concurrency());
+  std::printf("%u hardware threads; server: 1 IO thread, %d request threads\n",
+              std::thread::hardware_concurrency(), ho.worker_threads);
 
   bench_requests(server.port(), seconds, connections, "GET /health", "GET", "/health", "");
   bench_requests(server.port(), seconds, connections, "POST /v1/completions (4 prompt ids, 1 token)", "POST",

@@ -1,5 +1,7 @@
 #include "server/openai_service.h"
 
+#include <cctype>
+#include <cstdlib>
 #include <ctime>
 
 #include "common/log.h"
@@ -21,12 +23,21 @@ HttpResponse json_response(const json& j, int status = 200) {
   return r;
 }
 
-// Compares in time independent of where the strings differ, so timing does not reveal a key's prefix.
+// Compares in time independent of where the strings differ, so timing does not reveal a key's prefix (only
+// its length, as with Python's hmac.compare_digest).
 bool same_secret(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
+}
+
+// The paths behind the key: the whole OpenAI API under /v1/ (as vLLM guards it, unknown paths included, so
+// they reveal nothing either), and the tokenizer; /health, /metrics and /version stay open for load balancers
+// and Prometheus.
+bool needs_key(std::string_view path) {
+  if (path == "/v1/health") return false;
+  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
 }
 
 SamplingParams to_engine(const SamplingSettings& s) {
@@ -71,11 +82,55 @@ void OpenAiService::set_engine(Engine* engine, int64_t max_model_len) {
   engine_ = engine;
 }
 
+std::string api_key_from_environment(const std::string& flag, std::string* source) {
+  auto from = [&](std::string key, const char* where) {
+    if (source) *source = where;
+    return key;
+  };
+  if (!flag.empty()) return from(flag, "--api-key");
+  for (const char* name : {"MOESERVE_API_KEY", "VLLM_API_KEY"}) {
+    const char* value = std::getenv(name);
+    if (value && *value) return from(value, name);
+  }
+  return from("", "");
+}
+
+void OpenAiService::configure(HttpServerOptions& http) {
+  http.on_head = [this](const HttpRequest& head) {
+    auto denied = check_head(head);
+    if (denied) metrics_.request_error(denied->status);
+    return denied;
+  };
+  http.runs_inline = &OpenAiService::runs_inline;
+}
+
+std::optional<HttpResponse> OpenAiService::check_head(const HttpRequest& req) const {
+  if (options_.api_key.empty() || !needs_key(req.path)) return std::nullopt;
+  std::string_view auth = req.header("authorization");
+  // The scheme is case-insensitive (RFC 9110 section 11.1), the key is not.
+  constexpr std::string_view kBearer = "bearer ";
+  bool bearer = auth.size() > kBearer.size();
+  for (size_t i = 0; bearer && i < kBearer.size(); ++i) {
+    bearer = std::tolower(static_cast<unsigned char>(auth[i])) == kBearer[i];
+  }
+  if (bearer && same_secret(auth.substr(kBearer.size()), options_.api_key)) return std::nullopt;
+  return error_response(ApiError(
+      401,
+      auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key provided",
+      "authentication_error", std::nullopt, "invalid_api_key"));
+}
+
 Reply OpenAiService::handle(HttpRequest& request) {
   auto t0 = Clock::now();
   Reply reply;
   try {
-    reply = route(request);
+    // Already checked from the head when configure() installed the hook; checked here too, so a server
+    // wired without it is never open.
+    if (auto denied = check_head(request)) {
+      reply.response = std::move(*denied);
+    } else {
+      reply = route(request);
+    }
   } catch (const ApiError& e) {
     reply.response = error_response(e);
   } catch (const nlohmann::json::exception& e) {
@@ -114,41 +169,23 @@ Reply OpenAiService::route(HttpRequest& req) {
     r.response = json_response({{"version", options_.version}});
   } else if (p == "/v1/models" || p.rfind("/v1/models/", 0) == 0) {
     method_is("GET");
-    authorize(req);
     r.response = models(p.size() > 11 ? p.substr(11) : "");
   } else if (p == "/v1/completions") {
     method_is("POST");
-    authorize(req);
     return completions(req);
   } else if (p == "/v1/chat/completions") {
     method_is("POST");
-    authorize(req);
     return chat_completions(req);
   } else if (p == "/tokenize" || p == "/v1/tokenize") {
     method_is("POST");
-    authorize(req);
     r.response = tokenize(req);
   } else if (p == "/detokenize" || p == "/v1/detokenize") {
     method_is("POST");
-    authorize(req);
     r.response = detokenize(req);
   } else {
     throw ApiError(404, fmt::format("no route for {} {}", req.method, p), "not_found_error");
   }
   return r;
-}
-
-void OpenAiService::authorize(const HttpRequest& req) const {
-  if (options_.api_key.empty()) return;
-  std::string_view auth = req.header("authorization");
-  constexpr std::string_view kBearer = "Bearer ";
-  bool ok = auth.size() > kBearer.size() && auth.substr(0, kBearer.size()) == kBearer &&
-            same_secret(auth.substr(kBearer.size()), options_.api_key);
-  if (!ok) {
-    throw ApiError(401,
-                   auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key provided",
-                   "authentication_error", std::nullopt, "invalid_api_key");
-  }
 }
 
 void OpenAiService::check_model(const std::optional<std::string>& model) const {

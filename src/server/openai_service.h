@@ -28,7 +28,7 @@ namespace moeserve::server {
 struct ServiceOptions {
   std::string served_model_name = "moeserve";
   std::string model_path;  // "root" in /v1/models
-  std::string api_key;     // empty: no auth
+  std::string api_key;     // empty: no auth (see api_key_from_environment)
   int64_t max_model_len = 0;
   std::chrono::milliseconds queue_timeout{std::chrono::seconds(60)};
   int default_completion_max_tokens = 16;  // /v1/completions without max_tokens, as in OpenAI and vLLM
@@ -43,6 +43,10 @@ struct ServiceOptions {
   bool enable_priority = false;
 };
 
+// serve's API key: the --api-key flag when given, else $MOESERVE_API_KEY, else $VLLM_API_KEY (so a vLLM
+// deployment's environment works unchanged); `source` (optional) names where it came from, for the log.
+std::string api_key_from_environment(const std::string& flag, std::string* source = nullptr);
+
 class OpenAiService {
  public:
   // engine and tokenizer may be null (tests of routing and errors; a model without tokenizer.json).
@@ -50,6 +54,13 @@ class OpenAiService {
                 ServerMetrics& metrics);
 
   Reply handle(HttpRequest& request);  // the HttpServer handler
+  // Installs this service's head check (the API key, decided before a body is read) and its choice of the
+  // requests cheap enough to answer on the IO threads, so that /health answers while bodies are parsed.
+  void configure(HttpServerOptions& http);
+  // A 401 for a request without the right key on a path that needs it; nullopt when it may go on.
+  std::optional<HttpResponse> check_head(const HttpRequest& head) const;
+  // GETs (/health, /metrics, /v1/models, /version) read no body and do no parsing: they run inline.
+  static bool runs_inline(const HttpRequest& head) { return head.method == "GET"; }
 
   void set_ready(bool ready) { ready_ = ready; }
   // Once loading finishes (before set_ready): the engine and the context length it settled on.
@@ -65,7 +76,6 @@ class OpenAiService {
 
  private:
   Reply route(HttpRequest& request);
-  void authorize(const HttpRequest& request) const;
   void check_model(const std::optional<std::string>& model) const;
   void check_generation_ready() const;
   Reply completions(HttpRequest& request);

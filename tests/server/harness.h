@@ -25,6 +25,7 @@ struct Harness {
     http.port = 0;
     http.threads = 2;
     http.on_protocol_error = [m = metrics.get()](int status) { m->request_error(status); };
+    service->configure(http);
     server = std::make_unique<HttpServer>(http, [s = service.get()](HttpRequest& r) { return s->handle(r); });
     server->start();
   }

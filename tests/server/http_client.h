@@ -95,7 +95,7 @@ class Connection {
       r.headers[name] = v == std::string::npos ? "" : line.substr(v);
     }
     if (status == 100) return read_response_with(on_chunk, timeout);
-    if (r.headers["transfer-encoding"] == "chunked") {
+    if (auto te = r.headers.find("transfer-encoding"); te != r.headers.end() && te->second == "chunked") {
       for (;;) {
         if (!read_line(line)) return r;
         size_t size = std::stoul(line, nullptr, 16);
@@ -108,6 +108,13 @@ class Connection {
       }
     } else if (r.headers.count("content-length")) {
       if (!read_exact(std::stoul(r.headers["content-length"]), r.body)) return r;
+    } else if (status != 204 && status != 304) {
+      // No length: the body ends when the server closes the connection (RFC 9112 section 6.3).
+      while (fill()) {
+      }
+      if (!eof_) return r;
+      r.body = std::move(buffer_);
+      buffer_.clear();
     }
     r.status = status;
     return r;

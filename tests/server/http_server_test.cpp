@@ -68,7 +68,16 @@ class QueueBody : public AsyncBody {
 
 class HttpServerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { start(base_options()); }
+  void TearDown() override {
+    open_gate();  // a handler still waiting at /block would hold up stop()
+    // Stop first: a request still in flight could otherwise start a producer after the joins.
+    server_->stop();
+    std::lock_guard lock(mutex_);
+    for (auto& t : producers_) t.join();
+  }
+
+  static HttpServerOptions base_options() {
     HttpServerOptions o;
     o.host = "127.0.0.1";
     o.port = 0;
@@ -77,14 +86,37 @@ class HttpServerTest : public ::testing::Test {
     o.max_header_bytes = 4096;
     o.header_timeout = std::chrono::seconds(5);
     o.write_timeout = std::chrono::seconds(5);
+    return o;
+  }
+  // (Re)starts the server with these options.
+  void start(HttpServerOptions o) {
+    if (server_) server_->stop();
     server_ = std::make_unique<HttpServer>(o, [this](HttpRequest& req) { return handle(req); });
     server_->start();
   }
-  void TearDown() override {
-    // Stop first: a request still in flight could otherwise start a producer after the joins.
-    server_->stop();
-    std::lock_guard lock(mutex_);
-    for (auto& t : producers_) t.join();
+
+  // /block handlers wait here until the test opens the gate.
+  void open_gate() {
+    {
+      std::lock_guard lock(gate_mutex_);
+      gate_open_ = true;
+    }
+    gate_cv_.notify_all();
+  }
+  // Waits (up to 10 s, a hang guard) until n /block handlers have started.
+  bool wait_blocked(int n) {
+    std::unique_lock lock(gate_mutex_);
+    return gate_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return blocked_ >= n; });
+  }
+  // Polls a condition the server reaches on its own threads (up to 10 s, a hang guard).
+  template <typename Pred>
+  static bool eventually(Pred pred) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!pred()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
   }
 
   // The body of the last /flood or /wait request, once its handler has run (null after 5 s).
@@ -102,9 +134,16 @@ class HttpServerTest : public ::testing::Test {
 
   Reply handle(HttpRequest& req) {
     Reply r;
+    ++handled_;
     if (req.path == "/hello") {
       r.response.body = "hi";
       r.response.content_type = "text/plain";
+    } else if (req.path == "/block") {
+      std::unique_lock lock(gate_mutex_);
+      ++blocked_;
+      gate_cv_.notify_all();
+      gate_cv_.wait(lock, [&] { return gate_open_; });
+      r.response.body = "unblocked";
     } else if (req.path == "/echo") {
       r.response.body = req.method + " " + req.query + " " + std::string(req.header("x-test")) + " " + req.body;
     } else if (req.path == "/throw") {
@@ -148,6 +187,11 @@ class HttpServerTest : public ::testing::Test {
   std::mutex mutex_;  // handlers run on the server's threads
   std::vector<std::thread> producers_;
   std::shared_ptr<QueueBody> last_body_;
+  std::atomic<int> handled_{0};  // handler calls
+  std::mutex gate_mutex_;
+  std::condition_variable gate_cv_;
+  bool gate_open_ = false;
+  int blocked_ = 0;
 };
 
 TEST_F(HttpServerTest, KeepAliveServesManyRequestsOnOneConnection) {
@@ -297,6 +341,197 @@ TEST_F(HttpServerTest, StopLetsResponsesInProgressFinishWithinGrace) {
   EXPECT_EQ(r.body, "data: last\n\n");
   // New connections are refused once stopped.
   EXPECT_THROW(Connection(server_->port()), std::runtime_error);
+}
+
+TEST_F(HttpServerTest, HeadCheckAnswersBeforeTheBodyIsRead) {
+  auto o = base_options();
+  o.on_head = [](const HttpRequest& head) -> std::optional<HttpResponse> {
+    if (head.path != "/echo" || head.header("x-key") == "k") return std::nullopt;
+    EXPECT_TRUE(head.body.empty());
+    return HttpResponse{401, "application/json", {}, "{\"error\":\"key\"}"};
+  };
+  start(o);
+  // A body announced and never sent: the answer cannot have waited for it, nor charged it to the budget.
+  for (const char* length : {"1000", "100000"}) {  // the second is over max_body_bytes: still 401 first
+    Connection c(server_->port());
+    ASSERT_TRUE(
+        c.send(std::string("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: ") + length + "\r\n\r\n"));
+    auto r = c.read_response();
+    EXPECT_EQ(r.status, 401) << length;
+    EXPECT_EQ(r.headers["connection"], "close");
+    EXPECT_TRUE(c.closed_by_peer(std::chrono::seconds(10)));
+  }
+  EXPECT_EQ(handled_, 0);
+  EXPECT_EQ(server_->buffered_body_bytes(), 0u);
+  // Expect: 100-continue: the 401 comes without waiting for the body.
+  {
+    Connection c(server_->port());
+    ASSERT_TRUE(
+        c.send("POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n"));
+    EXPECT_EQ(c.read_response().status, 401);
+  }
+  // Without a body the connection goes on; with the key the request reaches the handler.
+  Connection c(server_->port());
+  EXPECT_EQ(c.roundtrip("GET", "/echo").status, 401);
+  auto r = c.roundtrip("POST", "/echo", "abc", {"X-Key: k"});
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "POST   abc");
+  EXPECT_EQ(handled_, 1);
+}
+
+TEST_F(HttpServerTest, BodyBudgetAnswers503BeforeReadingAndChargesChunksAsTheyArrive) {
+  auto o = base_options();
+  o.max_buffered_body_bytes = 1000;
+  start(o);
+  // A holds 800 bytes of the budget: its body is announced, only partly sent.
+  Connection a(server_->port());
+  ASSERT_TRUE(a.send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 800\r\n\r\n" + std::string(10, 'a')));
+  ASSERT_TRUE(eventually([&] { return server_->buffered_body_bytes() == 800; }));
+  {
+    Connection b(server_->port());  // 300 more would pass 1000: refused before its body is read
+    ASSERT_TRUE(b.send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 300\r\n\r\n"));
+    auto r = b.read_response();
+    EXPECT_EQ(r.status, 503);
+    EXPECT_EQ(r.headers["retry-after"], "1");
+    EXPECT_TRUE(b.closed_by_peer(std::chrono::seconds(10)));
+  }
+  {
+    Connection c(server_->port());  // chunked: the first chunk fits, the second does not
+    ASSERT_TRUE(c.send("POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n64\r\n" +
+                       std::string(100, 'c') + "\r\nc8\r\n" + std::string(200, 'c') + "\r\n0\r\n\r\n"));
+    auto r = c.read_response();
+    EXPECT_EQ(r.status, 503);
+    EXPECT_EQ(r.headers["retry-after"], "1");
+  }
+  ASSERT_TRUE(eventually([&] { return server_->buffered_body_bytes() == 800; }));  // the refused give back
+  EXPECT_EQ(Connection(server_->port()).roundtrip("POST", "/echo", std::string(150, 'd')).status, 200);
+  ASSERT_TRUE(a.send(std::string(790, 'a')));
+  auto r = a.read_response();
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "POST   " + std::string(800, 'a'));
+  EXPECT_TRUE(eventually([&] { return server_->buffered_body_bytes() == 0; }));
+}
+
+TEST_F(HttpServerTest, ConnectionsOverTheLimitGet503AndTheSlotFreesOnClose) {
+  auto o = base_options();
+  o.max_connections = 2;
+  start(o);
+  Connection a(server_->port());
+  Connection b(server_->port());
+  ASSERT_EQ(a.roundtrip("GET", "/hello").status, 200);
+  ASSERT_EQ(b.roundtrip("GET", "/hello").status, 200);
+  {
+    Connection c(server_->port());
+    auto r = c.read_response();  // answered without sending anything
+    EXPECT_EQ(r.status, 503);
+    EXPECT_EQ(r.headers["retry-after"], "1");
+    EXPECT_TRUE(c.closed_by_peer(std::chrono::seconds(10)));
+  }
+  a.close();
+  ASSERT_TRUE(eventually([&] { return server_->open_connections() == 1; }));
+  Connection d(server_->port());
+  EXPECT_EQ(d.roundtrip("GET", "/hello").status, 200);
+  EXPECT_EQ(b.roundtrip("GET", "/hello").status, 200);
+}
+
+TEST_F(HttpServerTest, HeavyHandlersRunOffTheIoThreadAndAFullPoolAnswers503) {
+  auto o = base_options();
+  o.threads = 1;
+  o.worker_threads = 1;
+  o.max_queued_work = 0;
+  o.runs_inline = [](const HttpRequest& head) { return head.path == "/hello"; };
+  start(o);
+  Connection busy(server_->port());
+  ASSERT_TRUE(busy.send(Connection::request("POST", "/block", "x")));
+  ASSERT_TRUE(wait_blocked(1));
+  // The only IO thread is free while the only worker waits: cheap requests are answered.
+  Connection c(server_->port());
+  EXPECT_EQ(c.roundtrip("GET", "/hello").body, "hi");
+  auto r = c.roundtrip("POST", "/echo", "y");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.headers["retry-after"], "1");
+  EXPECT_EQ(c.roundtrip("GET", "/hello").status, 200);  // the connection stays usable
+  open_gate();
+  EXPECT_EQ(busy.read_response().body, "unblocked");
+  EXPECT_EQ(c.roundtrip("POST", "/echo", "y").body, "POST   y");
+}
+
+TEST_F(HttpServerTest, Http10StreamsWithoutChunkedAndClosesToEndTheBody) {
+  Connection c(server_->port());
+  ASSERT_TRUE(c.send("GET /stream?3 HTTP/1.0\r\n\r\n"));
+  auto r = c.read_response();
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers.count("transfer-encoding"), 0u);
+  EXPECT_EQ(r.headers.count("content-length"), 0u);
+  EXPECT_EQ(r.headers["connection"], "close");
+  EXPECT_EQ(r.body, "data: 0\n\ndata: 1\n\ndata: 2\n\n");
+  // An HTTP/1.0 keep-alive is confirmed in the response, and the connection serves the next request.
+  Connection k(server_->port());
+  ASSERT_TRUE(k.send("GET /whole?1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+  r = k.read_response();
+  EXPECT_EQ(r.body, "data: 0\n\n");
+  EXPECT_EQ(r.headers["connection"], "keep-alive");
+  ASSERT_TRUE(k.send("GET /hello HTTP/1.0\r\n\r\n"));
+  EXPECT_EQ(k.read_response().body, "hi");
+}
+
+TEST_F(HttpServerTest, Http11RequestWithoutOneHostIs400) {
+  for (std::string raw : {std::string("GET /hello HTTP/1.1\r\n\r\n"),
+                          std::string("GET /hello HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n")}) {
+    Connection c(server_->port());
+    ASSERT_TRUE(c.send(raw));
+    auto r = c.read_response();
+    EXPECT_EQ(r.status, 400) << raw;
+    EXPECT_NE(r.body.find("Host"), std::string::npos) << r.body;
+  }
+  Connection c(server_->port());
+  ASSERT_TRUE(c.send("GET /hello HTTP/1.0\r\n\r\n"));  // HTTP/1.0 has no Host requirement
+  EXPECT_EQ(c.read_response().status, 200);
+  EXPECT_EQ(handled_, 1);
+}
+
+TEST_F(HttpServerTest, TransferEncodingOtherThanChunkedIsRefused) {
+  struct Case {
+    std::string headers;
+    int status;
+  };
+  // Smuggled after each: a request that must never be served (Beast alone would take the body as one).
+  const std::string smuggled = "GET /hello HTTP/1.1\r\nHost: t\r\n\r\n";
+  for (const Case& k : std::vector<Case>{
+           {"Transfer-Encoding: gzip, chunked\r\n", 501},
+           {"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", 501},
+           {"Transfer-Encoding: chunked, gzip\r\n", 400},
+           {"Transfer-Encoding: gzip\r\n", 400},
+           {"Transfer-Encoding: chunked, chunked\r\n", 400},
+       }) {
+    Connection c(server_->port());
+    ASSERT_TRUE(c.send("POST /echo HTTP/1.1\r\nHost: t\r\n" + k.headers + "\r\n" + smuggled));
+    EXPECT_EQ(c.read_response().status, k.status) << k.headers;
+    EXPECT_TRUE(c.closed_by_peer(std::chrono::seconds(10))) << k.headers;
+  }
+  Connection c(server_->port());  // HTTP/1.0 has no transfer codings: its framing cannot be trusted
+  ASSERT_TRUE(c.send("POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"));
+  EXPECT_EQ(c.read_response().status, 400);
+  EXPECT_EQ(handled_, 0);
+  Connection ok(server_->port());  // coding names are case-insensitive
+  ASSERT_TRUE(
+      ok.send("POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding:  Chunked \r\n\r\n3\r\nabc\r\n0\r\n\r\n"));
+  EXPECT_EQ(ok.read_response().body, "POST   abc");
+}
+
+TEST_F(HttpServerTest, MalformedChunkGets400) {
+  for (std::string body : {std::string("zz\r\nabc\r\n0\r\n\r\n"), std::string("3\r\nabcXY0\r\n\r\n"),
+                           std::string("3;\x01\r\nabc\r\n0\r\n\r\n")}) {
+    Connection c(server_->port());
+    ASSERT_TRUE(c.send("POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" + body));
+    auto r = c.read_response();
+    EXPECT_EQ(r.status, 400) << body;
+    EXPECT_NE(r.body.find("malformed"), std::string::npos) << r.body;
+  }
+  Connection c(server_->port());
+  ASSERT_TRUE(
+      c.send("POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"));
+  EXPECT_EQ(c.read_response().body, "POST   abc");
 }
 
 }  // namespace

@@ -175,12 +175,14 @@ TEST(ServeTinyMoe, ErrorsAndEndpoints) {
   }
   Connection big(p->port());
   big.send(
-      "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer sk-e2e\r\nContent-Length: 5000000\r\n\r\n");
+      "POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer sk-e2e\r\n"
+      "Content-Length: 5000000\r\n\r\n");
   EXPECT_EQ(big.read_response().status, 413);
   // A huge body with no length announced: chunks until it passes the limit.
   Connection chunked(p->port());
   chunked.send(
-      "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer sk-e2e\r\nTransfer-Encoding: chunked\r\n\r\n");
+      "POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer sk-e2e\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n");
   std::string piece(256 * 1024, ' ');
   for (int i = 0; i < 8; ++i) {
     if (!chunked.send(fmt_chunk(piece))) break;  // the server may answer and close before the end

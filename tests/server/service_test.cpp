@@ -2,7 +2,9 @@
 // endpoints and every validation error that must come back before generation starts.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "harness.h"
 #include "promtool.h"
@@ -67,9 +69,70 @@ TEST(Service, ApiKeyGuardsTheApiButNotHealthOrMetrics) {
     EXPECT_EQ(h.post("/tokenize", R"({"prompt":"x"})", headers).status, 401);
   }
   EXPECT_EQ(h.get("/v1/models", {"Authorization: Bearer sk-secret"}).status, 200);
+  // The scheme's case is free, the key's is not.
+  EXPECT_EQ(h.get("/v1/models", {"Authorization: bearer sk-secret"}).status, 200);
+  EXPECT_EQ(h.get("/v1/nothing").status, 401);  // everything under /v1/, so unknown paths reveal nothing
+  EXPECT_EQ(h.get("/v1/nothing", {"Authorization: Bearer sk-secret"}).status, 404);
   EXPECT_EQ(h.get("/health").status, 200);
+  EXPECT_EQ(h.get("/v1/health").status, 200);
   EXPECT_EQ(h.get("/metrics").status, 200);
   EXPECT_EQ(h.get("/version").status, 200);
+}
+
+TEST(Service, MissingApiKeyIsRefusedBeforeTheBodyIsRead) {
+  auto o = options();
+  o.api_key = "sk-secret";
+  Harness h(o);
+  h.service->set_ready(true);
+  // 20 MB announced, nothing sent: the 401 cannot have waited for the body.
+  testing_http::Connection c(h.port());
+  ASSERT_TRUE(
+      c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer wrong\r\n"
+             "Content-Length: 20000000\r\n\r\n"));
+  auto r = c.read_response();
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(error_of(r)["code"], "invalid_api_key");
+  EXPECT_TRUE(c.closed_by_peer(std::chrono::seconds(10)));
+  EXPECT_EQ(h.server->buffered_body_bytes(), 0u);
+  auto metrics = h.get("/metrics").body;
+  EXPECT_NE(metrics.find("moeserve:request_errors_total{model_name=\"tiny\",status=\"401\"} 1"),
+            std::string::npos)
+      << metrics;
+}
+
+// Sets (or with nullptr unsets) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    value ? ::setenv(name, value, 1) : ::unsetenv(name);
+  }
+  ~ScopedEnv() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(Service, ApiKeyComesFromTheFlagThenMoeserveThenVllmEnvironment) {
+  std::string source;
+  {
+    ScopedEnv m("MOESERVE_API_KEY", nullptr), v("VLLM_API_KEY", nullptr);
+    EXPECT_EQ(api_key_from_environment("", &source), "");
+    EXPECT_EQ(source, "");
+  }
+  {
+    ScopedEnv m("MOESERVE_API_KEY", ""), v("VLLM_API_KEY", "sk-vllm");  // empty counts as unset
+    EXPECT_EQ(api_key_from_environment("", &source), "sk-vllm");
+    EXPECT_EQ(source, "VLLM_API_KEY");
+  }
+  {
+    ScopedEnv m("MOESERVE_API_KEY", "sk-moeserve"), v("VLLM_API_KEY", "sk-vllm");
+    EXPECT_EQ(api_key_from_environment("", &source), "sk-moeserve");
+    EXPECT_EQ(source, "MOESERVE_API_KEY");
+    EXPECT_EQ(api_key_from_environment("sk-flag", &source), "sk-flag");
+    EXPECT_EQ(source, "--api-key");
+  }
 }
 
 TEST(Service, ModelsAndVersion) {
@@ -142,7 +205,7 @@ TEST(Service, MetricsCountErrorsByStatusAndPassPromtool) {
   h.get("/nope");
   h.post("/v1/completions", "{");
   testing_http::Connection c(h.port());
-  c.send("POST /v1/completions HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n");
+  c.send("POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 999999999\r\n\r\n");
   EXPECT_EQ(c.read_response().status, 413);
   auto r = h.get("/metrics");
   ASSERT_EQ(r.status, 200);
