@@ -489,8 +489,13 @@ TEST(Command, AllScenariosAgainstMoeserveServe) {
 
 // --- the command line ---------------------------------------------------------------------------
 
+// Each call writes its own file: ctest runs the tests of this binary in parallel processes, and a shared name
+// let one test read another's output.
 std::string run_command(const std::string& args, int* status) {
-  std::string out = ::testing::TempDir() + "bench_cli_out.txt";
+  static int calls = 0;
+  const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string out = ::testing::TempDir() + "bench_cli_" + test->test_suite_name() + "." + test->name() + "." +
+                    std::to_string(++calls) + ".txt";
   int rc = std::system((std::string(MOESERVE_BINARY) + " " + args + " > " + out + " 2>&1").c_str());
   if (status) *status = rc;
   std::ifstream in(out);
