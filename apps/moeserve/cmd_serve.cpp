@@ -65,11 +65,11 @@ struct ServeOptions {
   double max_request_body_mb = 32;
   double keep_alive_timeout_s = 60;
   // What clients can make one node hold (docs/api.md, "Limits on connections and bodies"). nginx allows 512
-  // connections per worker by default (worker_connections; Debian's nginx.conf: 768), one worker per core; 1024
-  // covers a router's keep-alive pools plus direct clients. A body may be 32 MB (vLLM and SGLang set no limit;
-  // nginx's client_max_body_size is 1 MB; a 128K-token prompt is about 1 MB of JSON). All bodies together:
-  // 256 MB, eight of the largest or thousands of ordinary chat requests; nginx keeps only 8-16 KB of each in
-  // memory (client_body_buffer_size) and spools the rest to disk.
+  // connections per worker by default (worker_connections; Debian's nginx.conf: 768), one worker per core;
+  // 1024 covers a router's keep-alive pools plus direct clients. A body may be 32 MB (vLLM and SGLang set no
+  // limit; nginx's client_max_body_size is 1 MB; a 128K-token prompt is about 1 MB of JSON). All bodies
+  // together: 256 MB, eight of the largest or thousands of ordinary chat requests; nginx keeps only 8-16 KB
+  // of each in memory (client_body_buffer_size) and spools the rest to disk.
   int max_connections = 1024;
   double max_buffered_body_mb = 256;
   // Parsing, chat templates, tokenizing and schema compiling run here, off the IO threads; 2 keeps one large
@@ -81,7 +81,8 @@ struct ServeOptions {
   double mem_fraction = 0;
   double cache_memory_gb = 0;
   // SGLang's --mem-fraction-static / vLLM's --gpu-memory-utilization: the share of all memory the server may
-  // take, weights included; the cache gets what the loaded weights leave of it. The flag's name, for messages.
+  // take, weights included; the cache gets what the loaded weights leave of it. The flag's name, for
+  // messages.
   double total_mem_fraction = 0;
   std::string total_mem_flag;
   int chunked_prefill_size = 2048;
@@ -96,7 +97,7 @@ struct ServeOptions {
   int snapshot_slots = -1;
   std::string gdn_state_dtype = "float32";
   uint64_t seed = 0;
-  std::string quantization;      // "fp8": the checkpoint must be FP8 (nothing is quantized at load)
+  std::string quantization;       // "fp8": the checkpoint must be FP8 (nothing is quantized at load)
   std::string system_root = "/";  // where /proc and /sys are read (tests play a machine)
   // Peers' flags that change nothing here, as "--flag value: why", logged once each at start.
   std::vector<std::string> no_effect;
@@ -104,7 +105,9 @@ struct ServeOptions {
 
 constexpr const char* kDemo = "demo";
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string read_text_file(const std::string& path, const char* flag) {
   std::ifstream in(path);
@@ -122,7 +125,7 @@ class SignalWatcher {
     sigemptyset(&set_);
     sigaddset(&set_, SIGINT);
     sigaddset(&set_, SIGTERM);
-    sigaddset(&set_, SIGUSR1);  // our own wake-up at exit
+    sigaddset(&set_, SIGUSR1);                   // our own wake-up at exit
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // before any thread starts: they inherit the mask
     thread_ = std::thread([this] { loop(); });
   }
@@ -191,7 +194,8 @@ class Progress {
     }
     cv_.notify_all();
     thread_.join();
-    spdlog::info("{}: done in {:.1f} s{}{}", what_, seconds_since(start_), result.empty() ? "" : ", ", result);
+    spdlog::info("{}: done in {:.1f} s{}{}", what_, seconds_since(start_), result.empty() ? "" : ", ",
+                 result);
   }
 
  private:
@@ -229,7 +233,8 @@ std::string dtype_name(const ModelConfig& c) {
 // The demo model: the tiny preset with the real Qwen3 vocabulary, random weights made in memory.
 ModelWeights demo_weights(const text::Tokenizer& tokenizer, const text::ModelText& text, uint64_t seed) {
   ModelConfig config = preset_config("tiny");
-  config.vocab_size = (static_cast<int64_t>(tokenizer.vocab_size()) + 255) / 256 * 256;  // padded, as Qwen does
+  config.vocab_size =
+      (static_cast<int64_t>(tokenizer.vocab_size()) + 255) / 256 * 256;  // padded, as Qwen does
   // 32K context: the default cache budget (every running request at full length) stays ~256 MiB, so a demo
   // server (and a local cluster of them) starts in a second instead of reserving gigabytes.
   config.max_position_embeddings = 32768;
@@ -237,7 +242,8 @@ ModelWeights demo_weights(const text::Tokenizer& tokenizer, const text::ModelTex
   for (int32_t id : text.stop_ids) config.eos_token_ids.push_back(id);
   for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {
     auto id = tokenizer.token_id(name);
-    if (id && std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), *id) == config.eos_token_ids.end()) {
+    if (id && std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), *id) ==
+                  config.eos_token_ids.end()) {
       config.eos_token_ids.push_back(*id);
     }
   }
@@ -296,34 +302,38 @@ int64_t cache_budget_of_total_share(const ServeOptions& o, Backend& backend, ser
         "{} {}: {:.2f} of the {:.2f} GiB ({}) are in use after loading the weights, more than that share; "
         "raise it or free memory",
         o.total_mem_flag, o.total_mem_fraction, now->used_bytes / gib, now->limit_bytes / gib, now->source);
-  spdlog::info("cache memory {} bytes ({:.2f} GiB) = {} x {:.2f} GiB total ({}) - {:.2f} GiB in use ({}: a share "
-               "of all memory, weights included)",
-               budget, budget / gib, o.total_mem_fraction, now->limit_bytes / gib, now->source, now->used_bytes / gib,
-               o.total_mem_flag);
+  spdlog::info(
+      "cache memory {} bytes ({:.2f} GiB) = {} x {:.2f} GiB total ({}) - {:.2f} GiB in use ({}: a share "
+      "of all memory, weights included)",
+      budget, budget / gib, o.total_mem_fraction, now->limit_bytes / gib, now->source, now->used_bytes / gib,
+      o.total_mem_flag);
   return budget;
 }
 
 int serve(const ServeOptions& o) {
   // NCCL needs the CUDA backend's stream (dist::GroupOptions::cuda_stream), which it does not hand out yet.
-  check(o.group.tp == 1 || o.device == "cpu", "--tp {} runs on the CPU backend for now (docs/tp.md)", o.group.tp);
+  check(o.group.tp == 1 || o.device == "cpu", "--tp {} runs on the CPU backend for now (docs/tp.md)",
+        o.group.tp);
   auto group = dist::open_group(o.group);
   if (group->rank() != 0) return serve_tp_follower(o, *group);
   std::atomic<bool> loading{true};  // before the watcher: its thread reads it until the watcher is gone
   SignalWatcher signals;
   bool demo = o.model == kDemo;
   check(!o.model.empty() || !o.preset.empty(), "--model is required (or --load-format dummy --preset NAME)");
-  check(o.preset.empty() || o.load_format == "dummy", "--preset {} makes random weights: add --load-format dummy",
-        o.preset);
+  check(o.preset.empty() || o.load_format == "dummy",
+        "--preset {} makes random weights: add --load-format dummy", o.preset);
   check(o.memory_pressure_threshold >= 0 && o.memory_pressure_threshold <= 1,
-        "--memory-pressure-threshold {}: expected a fraction in [0, 1] (0 turns it off)", o.memory_pressure_threshold);
+        "--memory-pressure-threshold {}: expected a fraction in [0, 1] (0 turns it off)",
+        o.memory_pressure_threshold);
   if (o.quantization == "fp8") {
     // vLLM and SGLang quantize a BF16 checkpoint at load with --quantization fp8; moeserve serves FP8
     // checkpoints as they are and converts nothing, so a BF16 one would silently take twice the memory.
     const bool random = demo || o.load_format == "dummy";
-    check(!random && ModelConfig::from_file(o.model + "/config.json").fp8.has_value(),
-          "--quantization fp8: {} not an FP8 checkpoint and moeserve does not quantize at load; serve the FP8 "
-          "release (e.g. Qwen/Qwen3.5-35B-A3B-FP8) or drop the flag",
-          random ? "random weights (demo, --load-format dummy) are BF16," : o.model + " is");
+    check(
+        !random && ModelConfig::from_file(o.model + "/config.json").fp8.has_value(),
+        "--quantization fp8: {} not an FP8 checkpoint and moeserve does not quantize at load; serve the FP8 "
+        "release (e.g. Qwen/Qwen3.5-35B-A3B-FP8) or drop the flag",
+        random ? "random weights (demo, --load-format dummy) are BF16," : o.model + " is");
   }
   text::OutputParserOptions parsers;
   parsers.reasoning_parser = o.reasoning_parser;
@@ -351,12 +361,13 @@ int serve(const ServeOptions& o) {
   }
   std::shared_ptr<const text::ChatTemplate> chat_template;
   if (text) {
-    std::string source = !o.chat_template.empty() ? read_text_file(o.chat_template, "--chat-template")
-                                                   : text->chat_template;
+    std::string source =
+        !o.chat_template.empty() ? read_text_file(o.chat_template, "--chat-template") : text->chat_template;
     if (!source.empty()) {
       chat_template = std::make_shared<text::ChatTemplate>(source, text->bos_token, text->eos_token);
     } else {
-      spdlog::warn("no chat template (tokenizer_config.json or --chat-template): /v1/chat/completions answers 400");
+      spdlog::warn(
+          "no chat template (tokenizer_config.json or --chat-template): /v1/chat/completions answers 400");
     }
   }
 
@@ -385,7 +396,8 @@ int serve(const ServeOptions& o) {
   admission_options.memory_pressure_threshold = o.memory_pressure_threshold;
   server::Admission admission(admission_options, memory);
   metrics.set_sources(nullptr, &admission);
-  server::OpenAiService service(service_options, nullptr, text ? &text->tokenizer : nullptr, admission, metrics);
+  server::OpenAiService service(service_options, nullptr, text ? &text->tokenizer : nullptr, admission,
+                                metrics);
 
   // Declared before the HTTP server, so destroyed after it: its device memory is read from HTTP threads.
   std::unique_ptr<Backend> backend;
@@ -393,8 +405,9 @@ int serve(const ServeOptions& o) {
   server::HttpServerOptions http;
   http.host = o.host;
   http.port = o.port;
-  http.threads = o.http_threads > 0 ? o.http_threads
-                                    : static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u));
+  http.threads = o.http_threads > 0
+                     ? o.http_threads
+                     : static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u));
   http.max_body_bytes = static_cast<size_t>(o.max_request_body_mb * 1024 * 1024);
   http.max_buffered_body_bytes = static_cast<size_t>(o.max_buffered_body_mb * 1024 * 1024);
   check(
@@ -413,8 +426,10 @@ int serve(const ServeOptions& o) {
   service.configure(http);
   server::HttpServer http_server(http, [&service](server::HttpRequest& r) { return service.handle(r); });
   http_server.start();
-  std::string url = fmt::format("http://{}:{}", o.host == "0.0.0.0" ? "127.0.0.1" : o.host, http_server.port());
-  spdlog::info("listening on {}:{} (/health answers 503 until the model is loaded)", o.host, http_server.port());
+  std::string url =
+      fmt::format("http://{}:{}", o.host == "0.0.0.0" ? "127.0.0.1" : o.host, http_server.port());
+  spdlog::info("listening on {}:{} (/health answers 503 until the model is loaded)", o.host,
+               http_server.port());
 
   // Weights.
   backend = make_backend(o.device);  // outlives the engine
@@ -438,9 +453,9 @@ int serve(const ServeOptions& o) {
   } else if (o.load_format == "dummy") {
     const std::string shape = o.preset.empty() ? o.model + "/config.json" : "preset " + o.preset;
     Progress p("building random weights for " + shape + " (--load-format dummy)");
-    weights = dummy_weights(o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json")
-                                             : preset_config(o.preset),
-                            o.seed, *backend);
+    weights = dummy_weights(
+        o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json") : preset_config(o.preset), o.seed,
+        *backend);
   } else {
     Progress p("loading weights from " + o.model);
     weights = load_checkpoint(o.model);
@@ -496,22 +511,27 @@ int serve(const ServeOptions& o) {
           now.source, double(now.used_bytes) / (1 << 30), double(now.limit_bytes) / (1 << 30), now.fraction(),
           o.memory_pressure_threshold);
   }
-  spdlog::info("settings: model={} served as {}, device={}, tp={}, max_model_len={}, max_running_requests={}, "
-               "chunked_prefill_size={}, max_prefill_tokens={}, prefix_cache={}, reasoning_parser={}, "
-               "tool_call_parser={}, priority={}",
-               demo ? "demo" : o.model, service_options.served_model_name, o.device, group->size(), cap.max_model_len,
-               o.max_running_requests, o.chunked_prefill_size, std::max(o.max_prefill_tokens, o.chunked_prefill_size),
-               engine_options.enable_prefix_cache ? "on" : "off", o.reasoning_parser.empty() ? "off" : o.reasoning_parser,
-               o.tool_call_parser.empty() ? "off" : o.tool_call_parser,
-               !o.enable_priority ? "off" : o.priority_larger_first ? "larger first" : "smaller first");
+  spdlog::info(
+      "settings: model={} served as {}, device={}, tp={}, max_model_len={}, max_running_requests={}, "
+      "chunked_prefill_size={}, max_prefill_tokens={}, prefix_cache={}, reasoning_parser={}, "
+      "tool_call_parser={}, priority={}",
+      demo ? "demo" : o.model, service_options.served_model_name, o.device, group->size(), cap.max_model_len,
+      o.max_running_requests, o.chunked_prefill_size, std::max(o.max_prefill_tokens, o.chunked_prefill_size),
+      engine_options.enable_prefix_cache ? "on" : "off",
+      o.reasoning_parser.empty() ? "off" : o.reasoning_parser,
+      o.tool_call_parser.empty() ? "off" : o.tool_call_parser,
+      !o.enable_priority        ? "off"
+      : o.priority_larger_first ? "larger first"
+                                : "smaller first");
   service.set_ready(true);
   loading = false;
 
-  std::printf("moeserve ready: model=%s dtype=%s kv_tokens=%lld state_slots=%d (+%d snapshots) max_model_len=%lld "
-              "url=%s\n",
-              service_options.served_model_name.c_str(), dtype_name(weights.config).c_str(),
-              static_cast<long long>(cap.kv_tokens), cap.live_slots, cap.snapshot_slots,
-              static_cast<long long>(cap.max_model_len), url.c_str());
+  std::printf(
+      "moeserve ready: model=%s dtype=%s kv_tokens=%lld state_slots=%d (+%d snapshots) max_model_len=%lld "
+      "url=%s\n",
+      service_options.served_model_name.c_str(), dtype_name(weights.config).c_str(),
+      static_cast<long long>(cap.kv_tokens), cap.live_slots, cap.snapshot_slots,
+      static_cast<long long>(cap.max_model_len), url.c_str());
   std::fflush(stdout);
 
   // Serve until SIGTERM/SIGINT, then drain.
@@ -535,8 +555,8 @@ int serve(const ServeOptions& o) {
   return 0;
 }
 
-// One value of a choice-valued flag: a spelling (ours or a peer's) and the value it means, or the reason it is
-// refused here.
+// One value of a choice-valued flag: a spelling (ours or a peer's) and the value it means, or the reason it
+// is refused here.
 struct Choice {
   std::string spelling;
   std::string value;  // "" with a refusal
@@ -569,18 +589,22 @@ std::vector<Choice> same(std::initializer_list<const char*> values) {
   return out;
 }
 
-constexpr const char* kNoEffect = "Accepted for SGLang and vLLM command lines, no effect here (one log line each)";
+constexpr const char* kNoEffect =
+    "Accepted for SGLang and vLLM command lines, no effect here (one log line each)";
 
-// The flags of `python -m sglang.launch_server` and `vllm serve` that change nothing in moeserve: accepted so a
-// peer's launch line runs unchanged, and each one given says so in the log (docs/compat.md).
+// The flags of `python -m sglang.launch_server` and `vllm serve` that change nothing in moeserve: accepted so
+// a peer's launch line runs unchanged, and each one given says so in the log (docs/compat.md).
 void add_no_effect_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o) {
   auto flag = [&](const std::string& name, const std::string& why) {
-    cmd.add_flag_callback(name, [o, name, why] { o->no_effect.push_back(fmt::format("{}: {}", name, why)); }, why)
+    cmd.add_flag_callback(
+           name, [o, name, why] { o->no_effect.push_back(fmt::format("{}: {}", name, why)); }, why)
         ->group(kNoEffect);
   };
   auto option = [&](const std::string& name, const std::string& why) {
     cmd.add_option(name, why)
-        ->each([o, name, why](const std::string& v) { o->no_effect.push_back(fmt::format("{} {}: {}", name, v, why)); })
+        ->each([o, name, why](const std::string& v) {
+          o->no_effect.push_back(fmt::format("{} {}: {}", name, v, why));
+        })
         ->group(kNoEffect);
   };
   flag("--trust-remote-code", "moeserve runs no code from the checkpoint; Qwen3.5 is built in");
@@ -663,9 +687,10 @@ void resolve_peer_flags(ServeOptions& o, const CLI::App& cmd, const std::string&
   // vllm serve Qwen/Qwen3.5-35B-A3B names a Hugging Face repository; moeserve downloads nothing.
   if (!o.model.empty() && o.model != kDemo && !std::filesystem::exists(o.model) && o.model.front() != '/' &&
       o.model.front() != '.' && std::count(o.model.begin(), o.model.end(), '/') == 1) {
-    fail("--model {}: no such directory; moeserve reads a local checkpoint (download it first, e.g. "
-         "`huggingface-cli download {} --local-dir DIR`, then --model DIR)",
-         o.model, o.model);
+    fail(
+        "--model {}: no such directory; moeserve reads a local checkpoint (download it first, e.g. "
+        "`huggingface-cli download {} --local-dir DIR`, then --model DIR)",
+        o.model, o.model);
   }
 
   for (const char* flag : {"--mem-fraction-static", "--gpu-memory-utilization"})
@@ -673,9 +698,8 @@ void resolve_peer_flags(ServeOptions& o, const CLI::App& cmd, const std::string&
   if (!o.total_mem_flag.empty()) {
     check(!given("--mem-fraction-static") || !given("--gpu-memory-utilization"),
           "--mem-fraction-static and --gpu-memory-utilization both given: they mean the same, give one");
-    check(!given("--mem-fraction") && !given("--cache-memory-gb"),
-          "{} and {} both size the cache: give one", o.total_mem_flag,
-          given("--mem-fraction") ? "--mem-fraction" : "--cache-memory-gb");
+    check(!given("--mem-fraction") && !given("--cache-memory-gb"), "{} and {} both size the cache: give one",
+          o.total_mem_flag, given("--mem-fraction") ? "--mem-fraction" : "--cache-memory-gb");
     check(o.total_mem_fraction > 0 && o.total_mem_fraction <= 1, "{} {}: expected a share in (0, 1]",
           o.total_mem_flag, o.total_mem_fraction);
     // The server is meant to reach that share: the memory-pressure refusal starts above it, as plan sets it.
@@ -700,13 +724,15 @@ void resolve_peer_flags(ServeOptions& o, const CLI::App& cmd, const std::string&
     o.max_prefill_tokens = o.chunked_prefill_size;
   }
 
-  // vLLM's priority: smaller first (ours). SGLang's: larger first unless --schedule-low-priority-values-first.
+  // vLLM's priority: smaller first (ours). SGLang's: larger first unless
+  // --schedule-low-priority-values-first.
   const bool vllm_priority = cmd.count("--scheduling-policy") > 0 && o.schedule_policy_vllm == "priority";
   const bool low_first = o.low_priority_values_first;
   if (o.enable_priority) {
-    check(!vllm_priority || low_first,
-          "--enable-priority-scheduling (SGLang: larger values first) and --scheduling-policy priority (vLLM: "
-          "smaller first) disagree: give one, or add --schedule-low-priority-values-first");
+    check(
+        !vllm_priority || low_first,
+        "--enable-priority-scheduling (SGLang: larger values first) and --scheduling-policy priority (vLLM: "
+        "smaller first) disagree: give one, or add --schedule-low-priority-values-first");
     o.priority_larger_first = !low_first && !vllm_priority;
   } else if (low_first) {
     o.no_effect.push_back("--schedule-low-priority-values-first: without --enable-priority-scheduling");
@@ -728,10 +754,12 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
   // extended by appending flags.
   cmd.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd.add_option("model", positional_model, "the model, as `vllm serve MODEL` takes it (same as --model)");
-  cmd.add_option("--model,--model-path", o->model, "checkpoint directory, or 'demo' for the built-in demo model");
-  cmd.add_option("--preset", o->preset,
-                 "with --load-format dummy: random weights of a built-in shape (e.g. 35b-a3b; made on the GPU "
-                 "with --device cuda) instead of --model's config.json");
+  cmd.add_option("--model,--model-path", o->model,
+                 "checkpoint directory, or 'demo' for the built-in demo model");
+  cmd.add_option(
+      "--preset", o->preset,
+      "with --load-format dummy: random weights of a built-in shape (e.g. 35b-a3b; made on the GPU "
+      "with --device cuda) instead of --model's config.json");
   cmd.add_option("--load-format", o->load_format,
                  "auto (read the safetensors; vLLM's safetensors, fastsafetensors and instanttensor mean the "
                  "same) or dummy (random weights of config.json's shape)")
@@ -741,10 +769,12 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
                           {"instanttensor", "auto"},
                           {"dummy", "dummy"}}))
       ->capture_default_str();
-  cmd.add_option("--device", o->device, "backend: auto (the GPU when this build and the host have one), cpu or cuda")
+  cmd.add_option("--device", o->device,
+                 "backend: auto (the GPU when this build and the host have one), cpu or cuda")
       ->transform(one_of(same({"auto", "cpu", "cuda"})))
       ->capture_default_str();
-  cmd.add_option("--tokenizer,--tokenizer-path", o->tokenizer, "directory with tokenizer.json (default: the model's)");
+  cmd.add_option("--tokenizer,--tokenizer-path", o->tokenizer,
+                 "directory with tokenizer.json (default: the model's)");
   cmd.add_option("--dtype", "weights and activations: auto or bfloat16 (FP8 checkpoints stay FP8)")
       ->transform(one_of({{"auto", "auto"},
                           {"bfloat16", "bfloat16"},
@@ -769,20 +799,24 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
   cmd.add_option("--served-model-name", o->served_model_name,
                  "the model name clients send (default: the --model argument)");
   // serve() reads the environment (api_key_from_environment): two names, after the flag.
-  cmd.add_option("--api-key", o->api_key,
-                 "require 'Authorization: Bearer KEY' on the API (else env MOESERVE_API_KEY, then VLLM_API_KEY)");
+  cmd.add_option(
+      "--api-key", o->api_key,
+      "require 'Authorization: Bearer KEY' on the API (else env MOESERVE_API_KEY, then VLLM_API_KEY)");
   cmd.add_option("--max-running-requests,--max-num-seqs", o->max_running_requests,
                  "sequences the engine runs at once (GDN state slots)")
       ->capture_default_str();
   cmd.add_option("--max-concurrency", o->max_concurrency,
                  "generations admitted at once; more wait in the queue (default: --max-running-requests)");
-  cmd.add_option("--max-queued-requests", o->max_queued_requests, "requests that may wait for admission; more get 429")
+  cmd.add_option("--max-queued-requests", o->max_queued_requests,
+                 "requests that may wait for admission; more get 429")
       ->capture_default_str();
-  cmd.add_option("--queue-timeout", o->queue_timeout_s, "seconds a request may wait for admission before a 503")
+  cmd.add_option("--queue-timeout", o->queue_timeout_s,
+                 "seconds a request may wait for admission before a 503")
       ->capture_default_str();
-  cmd.add_option("--memory-pressure-threshold", o->memory_pressure_threshold,
-                 "refuse new requests with 503 while used/total memory is above this (0: off; default 0.86, or "
-                 "--mem-fraction-static + 0.10)")
+  cmd.add_option(
+         "--memory-pressure-threshold", o->memory_pressure_threshold,
+         "refuse new requests with 503 while used/total memory is above this (0: off; default 0.86, or "
+         "--mem-fraction-static + 0.10)")
       ->capture_default_str();
   cmd.add_option("--max-model-len,--context-length", o->max_model_len,
                  "prompt + output limit (default: the model's max_position_embeddings)");
@@ -810,25 +844,32 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
                  "seconds SIGTERM waits for in-flight requests before aborting them")
       ->capture_default_str();
   cmd.add_option("--http-threads", o->http_threads, "IO threads (default: cores / 4, 1..8)");
-  cmd.add_option("--max-request-body-mb", o->max_request_body_mb, "larger bodies get 413")->capture_default_str();
-  cmd.add_option("--keep-alive-timeout", o->keep_alive_timeout_s, "seconds an idle keep-alive connection stays open")
+  cmd.add_option("--max-request-body-mb", o->max_request_body_mb, "larger bodies get 413")
       ->capture_default_str();
-  cmd.add_option("--max-connections", o->max_connections, "open connections; more are answered 503 and closed")
+  cmd.add_option("--keep-alive-timeout", o->keep_alive_timeout_s,
+                 "seconds an idle keep-alive connection stays open")
       ->capture_default_str();
-  cmd.add_option("--max-buffered-body-mb", o->max_buffered_body_mb,
-                 "request bodies held at once, all connections together; more get 503 before their body is read")
+  cmd.add_option("--max-connections", o->max_connections,
+                 "open connections; more are answered 503 and closed")
       ->capture_default_str();
-  cmd.add_option("--request-threads", o->request_threads,
-                 "threads that parse requests and render prompts, off the IO threads (default: cores / 4, 2..8)");
-  cmd.add_option("--request-queue", o->request_queue, "requests that may wait for a request thread; more get 503")
+  cmd.add_option(
+         "--max-buffered-body-mb", o->max_buffered_body_mb,
+         "request bodies held at once, all connections together; more get 503 before their body is read")
+      ->capture_default_str();
+  cmd.add_option(
+      "--request-threads", o->request_threads,
+      "threads that parse requests and render prompts, off the IO threads (default: cores / 4, 2..8)");
+  cmd.add_option("--request-queue", o->request_queue,
+                 "requests that may wait for a request thread; more get 503")
       ->capture_default_str();
   cmd.add_option("--page-size,--block-size", o->page_size, "tokens per KV page")->capture_default_str();
   cmd.add_option("--mem-fraction", o->mem_fraction,
                  "fraction of the memory free after loading the weights for the KV cache and state slots");
   for (const char* name : {"--mem-fraction-static", "--gpu-memory-utilization"}) {
-    cmd.add_option(name, o->total_mem_fraction,
-                   "SGLang's and vLLM's meaning: the share of all memory the server may take, weights included; "
-                   "the cache gets that share less what is in use once the weights are loaded");
+    cmd.add_option(
+        name, o->total_mem_fraction,
+        "SGLang's and vLLM's meaning: the share of all memory the server may take, weights included; "
+        "the cache gets that share less what is in use once the weights are loaded");
   }
   cmd.add_option("--cache-memory-gb", o->cache_memory_gb,
                  "memory for the KV cache and state slots (wins over --mem-fraction)");
@@ -837,9 +878,10 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
       ->capture_default_str();
   cmd.add_option("--max-num-batched-tokens", o->chunked_prefill_size,
                  "vLLM's: sets --chunked-prefill-size and --max-prefill-tokens to the same count");
-  cmd.add_option("--max-prefill-tokens", o->max_prefill_tokens, "prompt tokens per step")->capture_default_str();
-  cmd.add_flag("--disable-prefix-cache,--disable-radix-cache,--no-enable-prefix-caching", o->disable_prefix_cache,
-               "turn the radix prefix cache off");
+  cmd.add_option("--max-prefill-tokens", o->max_prefill_tokens, "prompt tokens per step")
+      ->capture_default_str();
+  cmd.add_flag("--disable-prefix-cache,--disable-radix-cache,--no-enable-prefix-caching",
+               o->disable_prefix_cache, "turn the radix prefix cache off");
   cmd.add_option("--tp,--tp-size,--tensor-parallel-size", o->group.tp,
                  "tensor-parallel ranks (CPU: under mpirun -np N; docs/tp.md); -tp too")
       ->check(CLI::PositiveNumber);
@@ -863,14 +905,17 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
                  "float32, or bfloat16 (half the state memory; CPU only)")
       ->transform(one_of(same({"float32", "bfloat16"})))
       ->capture_default_str();
-  cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")->capture_default_str();
+  cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")
+      ->capture_default_str();
   cmd.add_option("--system-root", o->system_root,
                  "read /proc and /sys/fs/cgroup under this directory (tests play a machine)")
       ->capture_default_str();
   add_no_effect_flags(cmd, o);
 }
 
-Registration reg{{"serve", "Serve a model over an OpenAI-compatible HTTP API (one node)", 10,
+Registration reg{{"serve",
+                  "Serve a model over an OpenAI-compatible HTTP API (one node)",
+                  10,
                   [](CLI::App& cmd) {
                     auto o = std::make_shared<ServeOptions>();
                     auto positional_model = std::make_shared<std::string>();

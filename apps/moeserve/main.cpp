@@ -35,7 +35,8 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 // flag the command has (a typo of a peer's name is still a typo).
 std::string unknown_argument_error(const std::vector<std::string>& words, const CLI::App& cli,
                                    const Command* command) {
-  auto flag = std::find_if(words.begin(), words.end(), [](const std::string& w) { return w.starts_with("-"); });
+  auto flag =
+      std::find_if(words.begin(), words.end(), [](const std::string& w) { return w.starts_with("-"); });
   if (flag == words.end()) return fmt::format("unexpected argument '{}'", words.front());
   std::string name = flag->substr(0, flag->find('='));
   const CLI::App* app = &cli;
