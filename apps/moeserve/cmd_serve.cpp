@@ -45,7 +45,7 @@ struct ServeOptions {
   std::string model;
   std::string load_format = "auto";
   std::string preset;  // --load-format dummy: a built-in shape instead of --model's config.json
-  std::string device = "cpu";
+  std::string device = "auto";
   std::string tokenizer;
   std::string host = "0.0.0.0";
   uint16_t port = 30000;
@@ -65,11 +65,11 @@ struct ServeOptions {
   double max_request_body_mb = 32;
   double keep_alive_timeout_s = 60;
   // What clients can make one node hold (docs/api.md, "Limits on connections and bodies"). nginx allows 512
-  // connections per worker by default (worker_connections; Debian's nginx.conf: 768), one worker per core; 1024
-  // covers a router's keep-alive pools plus direct clients. A body may be 32 MB (vLLM and SGLang set no limit;
-  // nginx's client_max_body_size is 1 MB; a 128K-token prompt is about 1 MB of JSON). All bodies together:
-  // 256 MB, eight of the largest or thousands of ordinary chat requests; nginx keeps only 8-16 KB of each in
-  // memory (client_body_buffer_size) and spools the rest to disk.
+  // connections per worker by default (worker_connections; Debian's nginx.conf: 768), one worker per core;
+  // 1024 covers a router's keep-alive pools plus direct clients. A body may be 32 MB (vLLM and SGLang set no
+  // limit; nginx's client_max_body_size is 1 MB; a 128K-token prompt is about 1 MB of JSON). All bodies
+  // together: 256 MB, eight of the largest or thousands of ordinary chat requests; nginx keeps only 8-16 KB
+  // of each in memory (client_body_buffer_size) and spools the rest to disk.
   int max_connections = 1024;
   double max_buffered_body_mb = 256;
   // Parsing, chat templates, tokenizing and schema compiling run here, off the IO threads; 2 keeps one large
@@ -80,20 +80,34 @@ struct ServeOptions {
   int page_size = 16;
   double mem_fraction = 0;
   double cache_memory_gb = 0;
+  // SGLang's --mem-fraction-static / vLLM's --gpu-memory-utilization: the share of all memory the server may
+  // take, weights included; the cache gets what the loaded weights leave of it. The flag's name, for
+  // messages.
+  double total_mem_fraction = 0;
+  std::string total_mem_flag;
   int chunked_prefill_size = 2048;
   int max_prefill_tokens = 8192;
   bool disable_prefix_cache = false;
   dist::GroupOptions group;  // --tp, --nnodes, --node-rank, --dist-init-addr (docs/tp.md)
   std::string schedule_policy = "fcfs";
+  std::string schedule_policy_vllm;  // --scheduling-policy: fcfs or priority
   bool enable_priority = false;
+  bool low_priority_values_first = false;  // SGLang's switch to vLLM's direction
+  bool priority_larger_first = false;
   int snapshot_slots = -1;
   std::string gdn_state_dtype = "float32";
   uint64_t seed = 0;
+  std::string quantization;       // "fp8": the checkpoint must be FP8 (nothing is quantized at load)
+  std::string system_root = "/";  // where /proc and /sys are read (tests play a machine)
+  // Peers' flags that change nothing here, as "--flag value: why", logged once each at start.
+  std::vector<std::string> no_effect;
 };
 
 constexpr const char* kDemo = "demo";
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string read_text_file(const std::string& path, const char* flag) {
   std::ifstream in(path);
@@ -111,7 +125,7 @@ class SignalWatcher {
     sigemptyset(&set_);
     sigaddset(&set_, SIGINT);
     sigaddset(&set_, SIGTERM);
-    sigaddset(&set_, SIGUSR1);  // our own wake-up at exit
+    sigaddset(&set_, SIGUSR1);                   // our own wake-up at exit
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // before any thread starts: they inherit the mask
     thread_ = std::thread([this] { loop(); });
   }
@@ -180,7 +194,8 @@ class Progress {
     }
     cv_.notify_all();
     thread_.join();
-    spdlog::info("{}: done in {:.1f} s{}{}", what_, seconds_since(start_), result.empty() ? "" : ", ", result);
+    spdlog::info("{}: done in {:.1f} s{}{}", what_, seconds_since(start_), result.empty() ? "" : ", ",
+                 result);
   }
 
  private:
@@ -218,7 +233,8 @@ std::string dtype_name(const ModelConfig& c) {
 // The demo model: the tiny preset with the real Qwen3 vocabulary, random weights made in memory.
 ModelWeights demo_weights(const text::Tokenizer& tokenizer, const text::ModelText& text, uint64_t seed) {
   ModelConfig config = preset_config("tiny");
-  config.vocab_size = (static_cast<int64_t>(tokenizer.vocab_size()) + 255) / 256 * 256;  // padded, as Qwen does
+  config.vocab_size =
+      (static_cast<int64_t>(tokenizer.vocab_size()) + 255) / 256 * 256;  // padded, as Qwen does
   // 32K context: the default cache budget (every running request at full length) stays ~256 MiB, so a demo
   // server (and a local cluster of them) starts in a second instead of reserving gigabytes.
   config.max_position_embeddings = 32768;
@@ -226,7 +242,8 @@ ModelWeights demo_weights(const text::Tokenizer& tokenizer, const text::ModelTex
   for (int32_t id : text.stop_ids) config.eos_token_ids.push_back(id);
   for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {
     auto id = tokenizer.token_id(name);
-    if (id && std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), *id) == config.eos_token_ids.end()) {
+    if (id && std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), *id) ==
+                  config.eos_token_ids.end()) {
       config.eos_token_ids.push_back(*id);
     }
   }
@@ -264,21 +281,60 @@ ModelWeights dummy_weights(const ModelConfig& config, uint64_t seed, Backend& ba
   return on_backend ? std::move(w) : make_dummy_weights(config, seed);
 }
 
+// The KV cache and GDN state budget for SGLang's --mem-fraction-static or vLLM's --gpu-memory-utilization F:
+// the server may take F of all the memory where its caches live, and the weights are loaded, so the caches
+// get F x total less what is in use now. This is SGLang's rule (free after loading - total x (1 - F)); vLLM
+// counts only its own process's use, which is the same number on a GPU nobody else uses.
+int64_t cache_budget_of_total_share(const ServeOptions& o, Backend& backend, server::MemoryMonitor& memory) {
+  std::optional<server::MemoryReading> now;
+  if (auto device = backend.device_memory()) {
+    now = server::MemoryReading{device->total_bytes - std::min(device->free_bytes, device->total_bytes),
+                                device->total_bytes, o.device};
+  } else {
+    now = memory.read_host();
+  }
+  check(now && now->limit_bytes > 0, "{} {}: the total memory is unknown here; give --cache-memory-gb",
+        o.total_mem_flag, o.total_mem_fraction);
+  const double gib = 1 << 30;
+  const int64_t share = static_cast<int64_t>(double(now->limit_bytes) * o.total_mem_fraction);
+  const int64_t budget = share - static_cast<int64_t>(now->used_bytes);
+  check(budget > 0,
+        "{} {}: {:.2f} of the {:.2f} GiB ({}) are in use after loading the weights, more than that share; "
+        "raise it or free memory",
+        o.total_mem_flag, o.total_mem_fraction, now->used_bytes / gib, now->limit_bytes / gib, now->source);
+  spdlog::info(
+      "cache memory {} bytes ({:.2f} GiB) = {} x {:.2f} GiB total ({}) - {:.2f} GiB in use ({}: a share "
+      "of all memory, weights included)",
+      budget, budget / gib, o.total_mem_fraction, now->limit_bytes / gib, now->source, now->used_bytes / gib,
+      o.total_mem_flag);
+  return budget;
+}
+
 int serve(const ServeOptions& o) {
   // NCCL needs the CUDA backend's stream (dist::GroupOptions::cuda_stream), which it does not hand out yet.
-  check(o.group.tp == 1 || o.device == "cpu", "--tp {} runs on the CPU backend for now (docs/tp.md)", o.group.tp);
+  check(o.group.tp == 1 || o.device == "cpu", "--tp {} runs on the CPU backend for now (docs/tp.md)",
+        o.group.tp);
   auto group = dist::open_group(o.group);
   if (group->rank() != 0) return serve_tp_follower(o, *group);
   std::atomic<bool> loading{true};  // before the watcher: its thread reads it until the watcher is gone
   SignalWatcher signals;
   bool demo = o.model == kDemo;
-  check(o.load_format == "auto" || o.load_format == "dummy", "--load-format {}: expected auto or dummy",
-        o.load_format);
   check(!o.model.empty() || !o.preset.empty(), "--model is required (or --load-format dummy --preset NAME)");
-  check(o.preset.empty() || o.load_format == "dummy", "--preset {} makes random weights: add --load-format dummy",
-        o.preset);
+  check(o.preset.empty() || o.load_format == "dummy",
+        "--preset {} makes random weights: add --load-format dummy", o.preset);
   check(o.memory_pressure_threshold >= 0 && o.memory_pressure_threshold <= 1,
-        "--memory-pressure-threshold {}: expected a fraction in [0, 1] (0 turns it off)", o.memory_pressure_threshold);
+        "--memory-pressure-threshold {}: expected a fraction in [0, 1] (0 turns it off)",
+        o.memory_pressure_threshold);
+  if (o.quantization == "fp8") {
+    // vLLM and SGLang quantize a BF16 checkpoint at load with --quantization fp8; moeserve serves FP8
+    // checkpoints as they are and converts nothing, so a BF16 one would silently take twice the memory.
+    const bool random = demo || o.load_format == "dummy";
+    check(
+        !random && ModelConfig::from_file(o.model + "/config.json").fp8.has_value(),
+        "--quantization fp8: {} not an FP8 checkpoint and moeserve does not quantize at load; serve the FP8 "
+        "release (e.g. Qwen/Qwen3.5-35B-A3B-FP8) or drop the flag",
+        random ? "random weights (demo, --load-format dummy) are BF16," : o.model + " is");
+  }
   text::OutputParserOptions parsers;
   parsers.reasoning_parser = o.reasoning_parser;
   parsers.tool_parser = o.tool_call_parser;
@@ -305,12 +361,13 @@ int serve(const ServeOptions& o) {
   }
   std::shared_ptr<const text::ChatTemplate> chat_template;
   if (text) {
-    std::string source = !o.chat_template.empty() ? read_text_file(o.chat_template, "--chat-template")
-                                                   : text->chat_template;
+    std::string source =
+        !o.chat_template.empty() ? read_text_file(o.chat_template, "--chat-template") : text->chat_template;
     if (!source.empty()) {
       chat_template = std::make_shared<text::ChatTemplate>(source, text->bos_token, text->eos_token);
     } else {
-      spdlog::warn("no chat template (tokenizer_config.json or --chat-template): /v1/chat/completions answers 400");
+      spdlog::warn(
+          "no chat template (tokenizer_config.json or --chat-template): /v1/chat/completions answers 400");
     }
   }
 
@@ -328,9 +385,10 @@ int serve(const ServeOptions& o) {
   service_options.reasoning_parser = o.reasoning_parser;
   service_options.tool_call_parser = o.tool_call_parser;
   service_options.enable_priority = o.enable_priority;
+  service_options.priority_larger_first = o.priority_larger_first;
 
   server::ServerMetrics metrics(service_options.served_model_name);
-  auto memory = std::make_shared<server::MemoryMonitor>();
+  auto memory = std::make_shared<server::MemoryMonitor>(o.system_root);
   server::AdmissionOptions admission_options;
   admission_options.max_running = o.max_concurrency > 0 ? o.max_concurrency : o.max_running_requests;
   admission_options.max_queued = o.max_queued_requests;
@@ -338,7 +396,8 @@ int serve(const ServeOptions& o) {
   admission_options.memory_pressure_threshold = o.memory_pressure_threshold;
   server::Admission admission(admission_options, memory);
   metrics.set_sources(nullptr, &admission);
-  server::OpenAiService service(service_options, nullptr, text ? &text->tokenizer : nullptr, admission, metrics);
+  server::OpenAiService service(service_options, nullptr, text ? &text->tokenizer : nullptr, admission,
+                                metrics);
 
   // Declared before the HTTP server, so destroyed after it: its device memory is read from HTTP threads.
   std::unique_ptr<Backend> backend;
@@ -346,8 +405,9 @@ int serve(const ServeOptions& o) {
   server::HttpServerOptions http;
   http.host = o.host;
   http.port = o.port;
-  http.threads = o.http_threads > 0 ? o.http_threads
-                                    : static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u));
+  http.threads = o.http_threads > 0
+                     ? o.http_threads
+                     : static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u));
   http.max_body_bytes = static_cast<size_t>(o.max_request_body_mb * 1024 * 1024);
   http.max_buffered_body_bytes = static_cast<size_t>(o.max_buffered_body_mb * 1024 * 1024);
   check(
@@ -366,8 +426,10 @@ int serve(const ServeOptions& o) {
   service.configure(http);
   server::HttpServer http_server(http, [&service](server::HttpRequest& r) { return service.handle(r); });
   http_server.start();
-  std::string url = fmt::format("http://{}:{}", o.host == "0.0.0.0" ? "127.0.0.1" : o.host, http_server.port());
-  spdlog::info("listening on {}:{} (/health answers 503 until the model is loaded)", o.host, http_server.port());
+  std::string url =
+      fmt::format("http://{}:{}", o.host == "0.0.0.0" ? "127.0.0.1" : o.host, http_server.port());
+  spdlog::info("listening on {}:{} (/health answers 503 until the model is loaded)", o.host,
+               http_server.port());
 
   // Weights.
   backend = make_backend(o.device);  // outlives the engine
@@ -391,9 +453,9 @@ int serve(const ServeOptions& o) {
   } else if (o.load_format == "dummy") {
     const std::string shape = o.preset.empty() ? o.model + "/config.json" : "preset " + o.preset;
     Progress p("building random weights for " + shape + " (--load-format dummy)");
-    weights = dummy_weights(o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json")
-                                             : preset_config(o.preset),
-                            o.seed, *backend);
+    weights = dummy_weights(
+        o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json") : preset_config(o.preset), o.seed,
+        *backend);
   } else {
     Progress p("loading weights from " + o.model);
     weights = load_checkpoint(o.model);
@@ -404,16 +466,15 @@ int serve(const ServeOptions& o) {
   engine_options.max_running_requests = o.max_running_requests;
   engine_options.mem_fraction = o.mem_fraction;
   engine_options.cache_memory_bytes = static_cast<int64_t>(o.cache_memory_gb * (1 << 30));
+  if (o.total_mem_fraction > 0) {
+    engine_options.cache_memory_bytes = cache_budget_of_total_share(o, *backend, *memory);
+  }
   engine_options.chunked_prefill_size = o.chunked_prefill_size;
   engine_options.max_prefill_tokens = o.max_prefill_tokens;
   engine_options.max_model_len = o.max_model_len;
   engine_options.enable_prefix_cache = !o.disable_prefix_cache;
-  check(o.schedule_policy == "fcfs" || o.schedule_policy == "lpm", "--schedule-policy {}: expected fcfs or lpm",
-        o.schedule_policy);
   engine_options.policy = o.schedule_policy == "lpm" ? SchedulePolicy::Lpm : SchedulePolicy::Fcfs;
   engine_options.snapshot_slots = o.snapshot_slots;
-  check(o.gdn_state_dtype == "float32" || o.gdn_state_dtype == "bfloat16",
-        "--gdn-state-dtype {}: expected float32 or bfloat16", o.gdn_state_dtype);
   engine_options.state_dtype = o.gdn_state_dtype == "bfloat16" ? StateDtype::BF16 : StateDtype::F32;
   if (text && !text->stop_ids.empty() && weights.config.eos_token_ids.empty()) {
     engine_options.eos_token_ids = text->stop_ids;
@@ -450,14 +511,27 @@ int serve(const ServeOptions& o) {
           now.source, double(now.used_bytes) / (1 << 30), double(now.limit_bytes) / (1 << 30), now.fraction(),
           o.memory_pressure_threshold);
   }
+  spdlog::info(
+      "settings: model={} served as {}, device={}, tp={}, max_model_len={}, max_running_requests={}, "
+      "chunked_prefill_size={}, max_prefill_tokens={}, prefix_cache={}, reasoning_parser={}, "
+      "tool_call_parser={}, priority={}",
+      demo ? "demo" : o.model, service_options.served_model_name, o.device, group->size(), cap.max_model_len,
+      o.max_running_requests, o.chunked_prefill_size, std::max(o.max_prefill_tokens, o.chunked_prefill_size),
+      engine_options.enable_prefix_cache ? "on" : "off",
+      o.reasoning_parser.empty() ? "off" : o.reasoning_parser,
+      o.tool_call_parser.empty() ? "off" : o.tool_call_parser,
+      !o.enable_priority        ? "off"
+      : o.priority_larger_first ? "larger first"
+                                : "smaller first");
   service.set_ready(true);
   loading = false;
 
-  std::printf("moeserve ready: model=%s dtype=%s kv_tokens=%lld state_slots=%d (+%d snapshots) max_model_len=%lld "
-              "url=%s\n",
-              service_options.served_model_name.c_str(), dtype_name(weights.config).c_str(),
-              static_cast<long long>(cap.kv_tokens), cap.live_slots, cap.snapshot_slots,
-              static_cast<long long>(cap.max_model_len), url.c_str());
+  std::printf(
+      "moeserve ready: model=%s dtype=%s kv_tokens=%lld state_slots=%d (+%d snapshots) max_model_len=%lld "
+      "url=%s\n",
+      service_options.served_model_name.c_str(), dtype_name(weights.config).c_str(),
+      static_cast<long long>(cap.kv_tokens), cap.live_slots, cap.snapshot_slots,
+      static_cast<long long>(cap.max_model_len), url.c_str());
   std::fflush(stdout);
 
   // Serve until SIGTERM/SIGINT, then drain.
@@ -481,101 +555,378 @@ int serve(const ServeOptions& o) {
   return 0;
 }
 
-Registration reg{{"serve", "Serve a model over an OpenAI-compatible HTTP API (one node)", 10, [](CLI::App& cmd) {
+// One value of a choice-valued flag: a spelling (ours or a peer's) and the value it means, or the reason it
+// is refused here.
+struct Choice {
+  std::string spelling;
+  std::string value;  // "" with a refusal
+  std::string refusal = {};
+};
+
+// Checked (and peers' spellings mapped to ours) while the command line is parsed, before anything loads;
+// CLI11 puts the flag's name in front of the message.
+CLI::Validator one_of(std::vector<Choice> choices) {
+  std::vector<std::string> names;
+  for (const auto& c : choices)
+    if (c.refusal.empty()) names.push_back(c.spelling.empty() ? "''" : c.spelling);
+  std::string list = fmt::format("{}", fmt::join(names, ", "));
+  return CLI::Validator(
+      [choices, list](std::string& v) -> std::string {
+        for (const auto& c : choices) {
+          if (c.spelling != v) continue;
+          if (!c.refusal.empty()) return fmt::format("{}: {}", v, c.refusal);
+          v = c.value;
+          return "";
+        }
+        return fmt::format("'{}' is not one of {}", v, list);
+      },
+      "{" + list + "}");
+}
+
+std::vector<Choice> same(std::initializer_list<const char*> values) {
+  std::vector<Choice> out;
+  for (const char* v : values) out.push_back({v, v});
+  return out;
+}
+
+constexpr const char* kNoEffect =
+    "Accepted for SGLang and vLLM command lines, no effect here (one log line each)";
+
+// The flags of `python -m sglang.launch_server` and `vllm serve` that change nothing in moeserve: accepted so
+// a peer's launch line runs unchanged, and each one given says so in the log (docs/compat.md).
+void add_no_effect_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o) {
+  auto flag = [&](const std::string& name, const std::string& why) {
+    cmd.add_flag_callback(
+           name, [o, name, why] { o->no_effect.push_back(fmt::format("{}: {}", name, why)); }, why)
+        ->group(kNoEffect);
+  };
+  auto option = [&](const std::string& name, const std::string& why) {
+    cmd.add_option(name, why)
+        ->each([o, name, why](const std::string& v) {
+          o->no_effect.push_back(fmt::format("{} {}: {}", name, v, why));
+        })
+        ->group(kNoEffect);
+  };
+  flag("--trust-remote-code", "moeserve runs no code from the checkpoint; Qwen3.5 is built in");
+  flag("--enable-metrics", "/metrics is always served");
+  flag("--enable-auto-tool-choice", "tool_choice auto always works when a --tool-call-parser is set");
+  flag("--enable-prefix-caching", "the prefix cache is on unless --disable-prefix-cache");
+  flag("--enable-chunked-prefill", "prefill is always chunked (--chunked-prefill-size)");
+  flag("--enable-cache-report", "usage.prompt_tokens_details.cached_tokens is always reported");
+  flag("--enable-mixed-chunk", "the scheduler decides how prefill and decode share a step");
+  flag("--disable-overlap-schedule", "the engine's step loop has no overlap switch");
+  flag("--async-scheduling", "the engine's step loop has no overlap switch");
+  flag("--disable-cuda-graph", "the CUDA backend decides where it uses graphs");
+  flag("--enforce-eager", "the CUDA backend decides where it uses graphs");
+  flag("--enable-torch-compile", "nothing is compiled at start");
+  flag("--skip-server-warmup", "there is no warmup");
+  flag("--language-model-only", "moeserve serves text only");
+  flag("--enable-ep-moe", "the experts are sharded by --tp");
+  flag("--enable-expert-parallel", "the experts are sharded by --tp");
+  flag("--log-requests", "request logging follows --log-level");
+  flag("--enable-log-requests", "request logging follows --log-level");
+  flag("--disable-log-requests", "request logging follows --log-level");
+  flag("--disable-log-stats", "statistics are on /metrics, not in the log");
+  flag("--disable-uvicorn-access-log", "there is no access log");
+  flag("--enable-request-id-headers", "X-Request-Id needs no flag");
+  option("--attention-backend", "moeserve picks its own kernels");
+  option("--moe-runner-backend", "moeserve picks its own kernels");
+  option("--sampling-backend", "moeserve picks its own kernels");
+  option("--grammar-backend", "structured output uses moeserve's own matcher");
+  option("--cuda-graph-max-bs", "the CUDA backend decides where it uses graphs");
+  option("--ep-size,--ep", "the experts are sharded by --tp");
+  option("--mamba-scheduler-strategy", "GDN state snapshots are moeserve's own (--snapshot-slots)");
+  option("--speculative-algorithm", "no speculative decoding yet: the same answers, not faster");
+  option("--speculative-num-steps", "no speculative decoding yet: the same answers, not faster");
+  option("--speculative-eagle-topk", "no speculative decoding yet: the same answers, not faster");
+  option("--speculative-num-draft-tokens", "no speculative decoding yet: the same answers, not faster");
+  option("--speculative-config", "no speculative decoding yet: the same answers, not faster");
+  option("--schedule-conservativeness", "admission has no such knob");
+  option("--random-seed", "sampling seeds come with each request (seed)");
+  option("--watchdog-timeout", "there is no watchdog");
+  option("--dist-timeout", "the tensor-parallel group has its own timeouts");
+  option("--nccl-port", "the tensor-parallel group meets at --dist-init-addr");
+  option("--distributed-executor-backend", "ranks are processes of their own (docs/tp.md)");
+  option("--swap-space", "the KV cache is never swapped to host memory");
+  option("--compilation-config", "nothing is compiled at start");
+  option("--generation-config", "no effect yet");
+  option("--uvicorn-log-level", "use --log-level");
+  option("--max-log-len", "request logging follows --log-level");
+  option("--limit-mm-per-prompt", "moeserve serves text only");
+  option("--mm-encoder-tp-mode", "moeserve serves text only");
+  option("--download-dir", "moeserve reads a local checkpoint directory");
+  option("--revision", "moeserve reads a local checkpoint directory");
+}
+
+// Peers' flags with no counterpart: what to use instead (an unknown flag's error says it).
+std::string serve_flag_hint(const std::string& flag) {
+  static const std::vector<std::pair<std::vector<std::string>, std::string>> hints = {
+      {{"--max-total-tokens"}, "--cache-memory-gb (the KV cache and GDN state budget in GiB)"},
+      {{"--dp-size", "--dp", "--data-parallel-size"}, "one moeserve serve per GPU behind `moeserve route`"},
+      {{"--pipeline-parallel-size", "--pp-size", "--pp"}, "--tp (there is no pipeline parallelism)"},
+      {{"--enable-lora", "--lora-modules", "--lora-paths"}, "none: LoRA adapters are not supported"},
+      {{"--cpu-offload-gb"}, "none: the weights stay where the backend runs"},
+      {{"--enable-reasoning"}, "--reasoning-parser qwen3 (the default)"},
+      {{"--guided-decoding-backend", "--structured-outputs-config"},
+       "none: structured output uses moeserve's own matcher"},
+  };
+  for (const auto& [names, hint] : hints)
+    if (std::find(names.begin(), names.end(), flag) != names.end()) return hint;
+  return "";
+}
+
+// What the peers' spellings mean once all flags are in: one model, one memory rule, one chunk size, one
+// priority direction, and the device --device auto picks. Errors name the flags.
+void resolve_peer_flags(ServeOptions& o, const CLI::App& cmd, const std::string& positional_model) {
+  auto given = [&](const char* name) { return cmd.count(name) > 0; };
+  if (!positional_model.empty()) {
+    check(o.model.empty() || o.model == positional_model, "the model is given twice: {} and --model {}",
+          positional_model, o.model);
+    o.model = positional_model;
+  }
+  // vllm serve Qwen/Qwen3.5-35B-A3B names a Hugging Face repository; moeserve downloads nothing.
+  if (!o.model.empty() && o.model != kDemo && !std::filesystem::exists(o.model) && o.model.front() != '/' &&
+      o.model.front() != '.' && std::count(o.model.begin(), o.model.end(), '/') == 1) {
+    fail(
+        "--model {}: no such directory; moeserve reads a local checkpoint (download it first, e.g. "
+        "`huggingface-cli download {} --local-dir DIR`, then --model DIR)",
+        o.model, o.model);
+  }
+
+  for (const char* flag : {"--mem-fraction-static", "--gpu-memory-utilization"})
+    if (given(flag)) o.total_mem_flag = flag;
+  if (!o.total_mem_flag.empty()) {
+    check(!given("--mem-fraction-static") || !given("--gpu-memory-utilization"),
+          "--mem-fraction-static and --gpu-memory-utilization both given: they mean the same, give one");
+    check(!given("--mem-fraction") && !given("--cache-memory-gb"), "{} and {} both size the cache: give one",
+          o.total_mem_flag, given("--mem-fraction") ? "--mem-fraction" : "--cache-memory-gb");
+    check(o.total_mem_fraction > 0 && o.total_mem_fraction <= 1, "{} {}: expected a share in (0, 1]",
+          o.total_mem_flag, o.total_mem_fraction);
+    // The server is meant to reach that share: the memory-pressure refusal starts above it, as plan sets it.
+    if (!given("--memory-pressure-threshold")) {
+      o.memory_pressure_threshold = std::min(1.0, o.total_mem_fraction + 0.10);
+    }
+  }
+
+  if (given("--chunked-prefill-size")) {
+    check(o.chunked_prefill_size > 0 || o.chunked_prefill_size == -1,
+          "--chunked-prefill-size {}: expected a positive token count, or -1 (off)", o.chunked_prefill_size);
+    // SGLang's -1: every prompt is prefilled whole, in one step.
+    if (o.chunked_prefill_size == -1) o.chunked_prefill_size = 1 << 30;
+  }
+  if (given("--max-num-batched-tokens")) {
+    check(!given("--chunked-prefill-size") && !given("--max-prefill-tokens"),
+          "--max-num-batched-tokens and {} both set the prefill step: give one",
+          given("--chunked-prefill-size") ? "--chunked-prefill-size" : "--max-prefill-tokens");
+    check(o.chunked_prefill_size > 0, "--max-num-batched-tokens {}: expected a positive token count",
+          o.chunked_prefill_size);
+    // vLLM's one knob bounds both a request's chunk and the whole step.
+    o.max_prefill_tokens = o.chunked_prefill_size;
+  }
+
+  // vLLM's priority: smaller first (ours). SGLang's: larger first unless
+  // --schedule-low-priority-values-first.
+  const bool vllm_priority = cmd.count("--scheduling-policy") > 0 && o.schedule_policy_vllm == "priority";
+  const bool low_first = o.low_priority_values_first;
+  if (o.enable_priority) {
+    check(
+        !vllm_priority || low_first,
+        "--enable-priority-scheduling (SGLang: larger values first) and --scheduling-policy priority (vLLM: "
+        "smaller first) disagree: give one, or add --schedule-low-priority-values-first");
+    o.priority_larger_first = !low_first && !vllm_priority;
+  } else if (low_first) {
+    o.no_effect.push_back("--schedule-low-priority-values-first: without --enable-priority-scheduling");
+  }
+  if (vllm_priority) o.enable_priority = true;
+
+  if (o.device == "auto") {
+    o.device = cuda_available() ? "cuda" : "cpu";
+    spdlog::info("--device auto: {}", o.device == "cuda" ? "cuda (a GPU is visible and this build has CUDA)"
+                                                         : "cpu (no GPU visible, or a build without CUDA)");
+  }
+  std::sort(o.no_effect.begin(), o.no_effect.end());
+  o.no_effect.erase(std::unique(o.no_effect.begin(), o.no_effect.end()), o.no_effect.end());
+  for (const auto& line : o.no_effect) spdlog::info("no effect here: {}", line);
+}
+
+void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std::string& positional_model) {
+  // As argparse does (SGLang and vLLM): a flag given twice takes its last value, so a launch line can be
+  // extended by appending flags.
+  cmd.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd.add_option("model", positional_model, "the model, as `vllm serve MODEL` takes it (same as --model)");
+  cmd.add_option("--model,--model-path", o->model,
+                 "checkpoint directory, or 'demo' for the built-in demo model");
+  cmd.add_option(
+      "--preset", o->preset,
+      "with --load-format dummy: random weights of a built-in shape (e.g. 35b-a3b; made on the GPU "
+      "with --device cuda) instead of --model's config.json");
+  cmd.add_option("--load-format", o->load_format,
+                 "auto (read the safetensors; vLLM's safetensors, fastsafetensors and instanttensor mean the "
+                 "same) or dummy (random weights of config.json's shape)")
+      ->transform(one_of({{"auto", "auto"},
+                          {"safetensors", "auto"},
+                          {"fastsafetensors", "auto"},
+                          {"instanttensor", "auto"},
+                          {"dummy", "dummy"}}))
+      ->capture_default_str();
+  cmd.add_option("--device", o->device,
+                 "backend: auto (the GPU when this build and the host have one), cpu or cuda")
+      ->transform(one_of(same({"auto", "cpu", "cuda"})))
+      ->capture_default_str();
+  cmd.add_option("--tokenizer,--tokenizer-path", o->tokenizer,
+                 "directory with tokenizer.json (default: the model's)");
+  cmd.add_option("--dtype", "weights and activations: auto or bfloat16 (FP8 checkpoints stay FP8)")
+      ->transform(one_of({{"auto", "auto"},
+                          {"bfloat16", "bfloat16"},
+                          {"bf16", "bfloat16"},
+                          {"half", "", "moeserve computes in bfloat16 (use auto)"},
+                          {"float16", "", "moeserve computes in bfloat16 (use auto)"},
+                          {"float", "", "moeserve computes in bfloat16 (use auto)"},
+                          {"float32", "", "moeserve computes in bfloat16 (use auto)"}}));
+  cmd.add_option("-q,--quantization", o->quantization,
+                 "fp8: the checkpoint must be FP8 (moeserve does not quantize at load); none: as it is")
+      ->transform(one_of({{"fp8", "fp8"}, {"none", ""}}));
+  const std::string no_fp8_kv = "there is no FP8 KV cache yet (use auto)";
+  cmd.add_option("--kv-cache-dtype", "auto (the only KV cache dtype so far)")
+      ->transform(one_of({{"auto", "auto"},
+                          {"fp8", "", no_fp8_kv},
+                          {"fp8_e4m3", "", no_fp8_kv},
+                          {"fp8_e5m2", "", no_fp8_kv},
+                          {"bf16", "", "the KV cache dtype is not selectable yet (use auto)"},
+                          {"bfloat16", "", "the KV cache dtype is not selectable yet (use auto)"}}));
+  cmd.add_option("--host", o->host, "address to listen on")->capture_default_str();
+  cmd.add_option("--port", o->port, "port to listen on (0: any free port)")->capture_default_str();
+  cmd.add_option("--served-model-name", o->served_model_name,
+                 "the model name clients send (default: the --model argument)");
+  // serve() reads the environment (api_key_from_environment): two names, after the flag.
+  cmd.add_option(
+      "--api-key", o->api_key,
+      "require 'Authorization: Bearer KEY' on the API (else env MOESERVE_API_KEY, then VLLM_API_KEY)");
+  cmd.add_option("--max-running-requests,--max-num-seqs", o->max_running_requests,
+                 "sequences the engine runs at once (GDN state slots)")
+      ->capture_default_str();
+  cmd.add_option("--max-concurrency", o->max_concurrency,
+                 "generations admitted at once; more wait in the queue (default: --max-running-requests)");
+  cmd.add_option("--max-queued-requests", o->max_queued_requests,
+                 "requests that may wait for admission; more get 429")
+      ->capture_default_str();
+  cmd.add_option("--queue-timeout", o->queue_timeout_s,
+                 "seconds a request may wait for admission before a 503")
+      ->capture_default_str();
+  cmd.add_option(
+         "--memory-pressure-threshold", o->memory_pressure_threshold,
+         "refuse new requests with 503 while used/total memory is above this (0: off; default 0.86, or "
+         "--mem-fraction-static + 0.10)")
+      ->capture_default_str();
+  cmd.add_option("--max-model-len,--context-length", o->max_model_len,
+                 "prompt + output limit (default: the model's max_position_embeddings)");
+  cmd.add_option("--chat-template", o->chat_template,
+                 "Jinja chat template file (default: the model's tokenizer_config.json)");
+  cmd.add_option("--tool-call-parser", o->tool_call_parser,
+                 "qwen3_coder (vLLM's qwen3_xml too), hermes (SGLang's qwen and qwen25 too), or '' (off)")
+      ->transform(one_of({{"qwen3_coder", "qwen3_coder"},
+                          {"qwen3_xml", "qwen3_coder"},
+                          {"hermes", "hermes"},
+                          {"qwen", "hermes"},
+                          {"qwen25", "hermes"},
+                          {"", ""}}))
+      ->capture_default_str();
+  cmd.add_option("--reasoning-parser", o->reasoning_parser,
+                 "qwen3 (SGLang's qwen3-thinking and deepseek-r1, vLLM's deepseek_r1 too: the same <think> "
+                 "blocks), or '' (off)")
+      ->transform(one_of({{"qwen3", "qwen3"},
+                          {"qwen3-thinking", "qwen3"},
+                          {"deepseek-r1", "qwen3"},
+                          {"deepseek_r1", "qwen3"},
+                          {"", ""}}))
+      ->capture_default_str();
+  cmd.add_option("--shutdown-timeout", o->shutdown_timeout_s,
+                 "seconds SIGTERM waits for in-flight requests before aborting them")
+      ->capture_default_str();
+  cmd.add_option("--http-threads", o->http_threads, "IO threads (default: cores / 4, 1..8)");
+  cmd.add_option("--max-request-body-mb", o->max_request_body_mb, "larger bodies get 413")
+      ->capture_default_str();
+  cmd.add_option("--keep-alive-timeout", o->keep_alive_timeout_s,
+                 "seconds an idle keep-alive connection stays open")
+      ->capture_default_str();
+  cmd.add_option("--max-connections", o->max_connections,
+                 "open connections; more are answered 503 and closed")
+      ->capture_default_str();
+  cmd.add_option(
+         "--max-buffered-body-mb", o->max_buffered_body_mb,
+         "request bodies held at once, all connections together; more get 503 before their body is read")
+      ->capture_default_str();
+  cmd.add_option(
+      "--request-threads", o->request_threads,
+      "threads that parse requests and render prompts, off the IO threads (default: cores / 4, 2..8)");
+  cmd.add_option("--request-queue", o->request_queue,
+                 "requests that may wait for a request thread; more get 503")
+      ->capture_default_str();
+  cmd.add_option("--page-size,--block-size", o->page_size, "tokens per KV page")->capture_default_str();
+  cmd.add_option("--mem-fraction", o->mem_fraction,
+                 "fraction of the memory free after loading the weights for the KV cache and state slots");
+  for (const char* name : {"--mem-fraction-static", "--gpu-memory-utilization"}) {
+    cmd.add_option(
+        name, o->total_mem_fraction,
+        "SGLang's and vLLM's meaning: the share of all memory the server may take, weights included; "
+        "the cache gets that share less what is in use once the weights are loaded");
+  }
+  cmd.add_option("--cache-memory-gb", o->cache_memory_gb,
+                 "memory for the KV cache and state slots (wins over --mem-fraction)");
+  cmd.add_option("--chunked-prefill-size", o->chunked_prefill_size,
+                 "prompt tokens per request per step (-1: whole prompts)")
+      ->capture_default_str();
+  cmd.add_option("--max-num-batched-tokens", o->chunked_prefill_size,
+                 "vLLM's: sets --chunked-prefill-size and --max-prefill-tokens to the same count");
+  cmd.add_option("--max-prefill-tokens", o->max_prefill_tokens, "prompt tokens per step")
+      ->capture_default_str();
+  cmd.add_flag("--disable-prefix-cache,--disable-radix-cache,--no-enable-prefix-caching",
+               o->disable_prefix_cache, "turn the radix prefix cache off");
+  cmd.add_option("--tp,--tp-size,--tensor-parallel-size", o->group.tp,
+                 "tensor-parallel ranks (CPU: under mpirun -np N; docs/tp.md); -tp too")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--nnodes", o->group.nnodes, "hosts of the tensor-parallel group");
+  cmd.add_option("--node-rank", o->group.node_rank, "this host's index in the group");
+  cmd.add_option("--dist-init-addr", o->group.dist_init_addr, "HOST:PORT of rank 0 (no mpirun)");
+  cmd.add_option("--schedule-policy", o->schedule_policy, "fcfs or lpm (longest prefix match)")
+      ->transform(one_of(same({"fcfs", "lpm"})))
+      ->capture_default_str();
+  cmd.add_flag("--enable-priority-scheduling", o->enable_priority,
+               "requests' priority orders the queue and preemption, larger first as in SGLang (smaller first "
+               "with --schedule-low-priority-values-first)");
+  cmd.add_flag("--schedule-low-priority-values-first", o->low_priority_values_first,
+               "with --enable-priority-scheduling: smaller first");
+  cmd.add_option("--scheduling-policy", o->schedule_policy_vllm,
+                 "vLLM's: priority (requests' priority orders the queue, smaller first) or fcfs")
+      ->transform(one_of(same({"fcfs", "priority"})));
+  cmd.add_option("--snapshot-slots", o->snapshot_slots,
+                 "GDN state snapshots the prefix cache may keep (default 2 x running requests)");
+  cmd.add_option("--gdn-state-dtype,--mamba-ssm-dtype", o->gdn_state_dtype,
+                 "float32, or bfloat16 (half the state memory; CPU only)")
+      ->transform(one_of(same({"float32", "bfloat16"})))
+      ->capture_default_str();
+  cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")
+      ->capture_default_str();
+  cmd.add_option("--system-root", o->system_root,
+                 "read /proc and /sys/fs/cgroup under this directory (tests play a machine)")
+      ->capture_default_str();
+  add_no_effect_flags(cmd, o);
+}
+
+Registration reg{{"serve",
+                  "Serve a model over an OpenAI-compatible HTTP API (one node)",
+                  10,
+                  [](CLI::App& cmd) {
                     auto o = std::make_shared<ServeOptions>();
-                    cmd.add_option("--model", o->model, "checkpoint directory, or 'demo' for the built-in demo model");
-                    cmd.add_option("--preset", o->preset,
-                                   "with --load-format dummy: random weights of a built-in shape (e.g. 35b-a3b; "
-                                   "made on the GPU with --device cuda) instead of --model's config.json");
-                    cmd.add_option("--load-format", o->load_format,
-                                   "auto (read the safetensors) or dummy (random weights of config.json's shape)")
-                        ->capture_default_str();
-                    cmd.add_option("--device", o->device, "backend: cpu or cuda")->capture_default_str();
-                    cmd.add_option("--tokenizer", o->tokenizer, "directory with tokenizer.json (default: the model's)");
-                    cmd.add_option("--host", o->host, "address to listen on")->capture_default_str();
-                    cmd.add_option("--port", o->port, "port to listen on (0: any free port)")->capture_default_str();
-                    cmd.add_option("--served-model-name", o->served_model_name,
-                                   "the model name clients send (default: the --model argument)");
-                    // serve() reads the environment (api_key_from_environment): two names, after the flag.
-                    cmd.add_option("--api-key", o->api_key,
-                                   "require 'Authorization: Bearer KEY' on the API (else env "
-                                   "MOESERVE_API_KEY, then VLLM_API_KEY)");
-                    cmd.add_option("--max-running-requests", o->max_running_requests,
-                                   "sequences the engine runs at once (GDN state slots)")
-                        ->capture_default_str();
-                    cmd.add_option("--max-concurrency", o->max_concurrency,
-                                   "generations admitted at once; more wait in the queue (default: "
-                                   "--max-running-requests)");
-                    cmd.add_option("--max-queued-requests", o->max_queued_requests,
-                                   "requests that may wait for admission; more get 429")
-                        ->capture_default_str();
-                    cmd.add_option("--queue-timeout", o->queue_timeout_s,
-                                   "seconds a request may wait for admission before a 503")
-                        ->capture_default_str();
-                    cmd.add_option("--memory-pressure-threshold", o->memory_pressure_threshold,
-                                   "refuse new requests with 503 while used/total memory is above this (0: off)")
-                        ->capture_default_str();
-                    cmd.add_option("--max-model-len", o->max_model_len,
-                                   "prompt + output limit (default: the model's max_position_embeddings)");
-                    cmd.add_option("--chat-template", o->chat_template,
-                                   "Jinja chat template file (default: the model's tokenizer_config.json)");
-                    cmd.add_option("--tool-call-parser", o->tool_call_parser, "qwen3_coder, hermes, or '' (off)")
-                        ->capture_default_str();
-                    cmd.add_option("--reasoning-parser", o->reasoning_parser, "qwen3, or '' (off)")
-                        ->capture_default_str();
-                    cmd.add_option("--shutdown-timeout", o->shutdown_timeout_s,
-                                   "seconds SIGTERM waits for in-flight requests before aborting them")
-                        ->capture_default_str();
-                    cmd.add_option("--http-threads", o->http_threads, "IO threads (default: cores / 4, 1..8)");
-                    cmd.add_option("--max-request-body-mb", o->max_request_body_mb, "larger bodies get 413")
-                        ->capture_default_str();
-                    cmd.add_option("--keep-alive-timeout", o->keep_alive_timeout_s,
-                                   "seconds an idle keep-alive connection stays open")
-                        ->capture_default_str();
-                    cmd.add_option("--max-connections", o->max_connections,
-                                   "open connections; more are answered 503 and closed")
-                        ->capture_default_str();
-                    cmd.add_option("--max-buffered-body-mb", o->max_buffered_body_mb,
-                                   "request bodies held at once, all connections together; more get 503 "
-                                   "before their body is read")
-                        ->capture_default_str();
-                    cmd.add_option("--request-threads", o->request_threads,
-                                   "threads that parse requests and render prompts, off the IO threads "
-                                   "(default: cores / 4, 2..8)");
-                    cmd.add_option("--request-queue", o->request_queue,
-                                   "requests that may wait for a request thread; more get 503")
-                        ->capture_default_str();
-                    cmd.add_option("--page-size", o->page_size, "tokens per KV page")->capture_default_str();
-                    // SGLang's spelling is accepted; its fraction also counts the weights, ours is of the
-                    // memory free once they are loaded (docs/operations.md).
-                    cmd.add_option("--mem-fraction,--mem-fraction-static", o->mem_fraction,
-                                   "fraction of the memory free after loading the weights for the KV cache and "
-                                   "state slots");
-                    cmd.add_option("--cache-memory-gb", o->cache_memory_gb,
-                                   "memory for the KV cache and state slots (wins over --mem-fraction)");
-                    cmd.add_option("--chunked-prefill-size", o->chunked_prefill_size, "prompt tokens per request per step")
-                        ->capture_default_str();
-                    cmd.add_option("--max-prefill-tokens", o->max_prefill_tokens, "prompt tokens per step")
-                        ->capture_default_str();
-                    cmd.add_flag("--disable-prefix-cache", o->disable_prefix_cache, "turn the radix prefix cache off");
-                    cmd.add_option("--tp", o->group.tp, "tensor-parallel ranks (CPU: under mpirun -np N; docs/tp.md)")
-                        ->check(CLI::PositiveNumber);
-                    cmd.add_option("--nnodes", o->group.nnodes, "hosts of the tensor-parallel group");
-                    cmd.add_option("--node-rank", o->group.node_rank, "this host's index in the group");
-                    cmd.add_option("--dist-init-addr", o->group.dist_init_addr, "HOST:PORT of rank 0 (no mpirun)");
-                    cmd.add_option("--schedule-policy", o->schedule_policy, "fcfs or lpm (longest prefix match)")
-                        ->capture_default_str();
-                    cmd.add_flag("--enable-priority-scheduling", o->enable_priority,
-                                 "requests' priority (smaller first) orders the queue and preemption");
-                    cmd.add_option("--snapshot-slots", o->snapshot_slots,
-                                   "GDN state snapshots the prefix cache may keep (default 2 x running requests)");
-                    cmd.add_option("--gdn-state-dtype", o->gdn_state_dtype,
-                                   "float32, or bfloat16 (half the state memory; CPU only)")
-                        ->capture_default_str();
-                    cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")
-                        ->capture_default_str();
-                    return [o] { return serve(*o); };
-                  }}};
+                    auto positional_model = std::make_shared<std::string>();
+                    add_serve_flags(cmd, o, *positional_model);
+                    return [o, positional_model, &cmd] {
+                      resolve_peer_flags(*o, cmd, *positional_model);
+                      return serve(*o);
+                    };
+                  },
+                  serve_flag_hint,
+                  {{"-tp", "--tp"}, {"-pp", "--pp"}, {"-dp", "--dp"}}}};
 
 }  // namespace
 }  // namespace moeserve::app

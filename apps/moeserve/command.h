@@ -6,9 +6,9 @@
 // where setup(CLI::App& sub) declares the flags and returns the function to run (exit code).
 
 #include <CLI/CLI.hpp>
-
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moeserve::app {
@@ -18,6 +18,11 @@ struct Command {
   std::string description;
   int order;  // position in --help: serving commands first, tools last
   std::function<std::function<int()>(CLI::App&)> setup;
+  // For an unknown flag: what to use instead ("" when nothing), so a peer's command line fails with a way
+  // out.
+  std::function<std::string(const std::string& flag)> unknown_flag_hint = {};
+  // Single-dash long flags (vLLM's -tp) and the spelling CLI11 parses, rewritten before parsing.
+  std::vector<std::pair<std::string, std::string>> spellings = {};
 };
 
 std::vector<Command>& registry();

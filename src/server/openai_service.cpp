@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <ctime>
+#include <limits>
 
 #include "common/log.h"
 #include "engine/json_constraint.h"
@@ -227,6 +228,13 @@ void OpenAiService::check_logit_bias(const SamplingParams& params) const {
   }
 }
 
+int OpenAiService::engine_priority(int request_priority) const {
+  if (!options_.enable_priority) return 0;
+  if (!options_.priority_larger_first) return request_priority;
+  // -INT_MIN does not exist; the smallest request value becomes the largest engine value all the same.
+  return request_priority == std::numeric_limits<int>::min() ? std::numeric_limits<int>::max() : -request_priority;
+}
+
 HttpResponse OpenAiService::health() const {
   if (draining_) return error_response(503, "draining: the server is shutting down");
   if (!ready_) return error_response(503, "loading: the model is not ready yet");
@@ -416,7 +424,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
   spec.params.json = json_constraint(cr.response_format, std::nullopt);
   for (auto& p : spec.prompts) check_context_length(p, spec.params, max_model_len_.load(), "prompt");
   check_logit_bias(spec.params);
-  spec.priority = options_.enable_priority ? cr.priority : 0;
+  spec.priority = engine_priority(cr.priority);
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
   spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;
@@ -460,7 +468,7 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
   }
   check_context_length(spec.prompts[0], spec.params, max_model_len_.load(), "messages");
   check_logit_bias(spec.params);
-  spec.priority = options_.enable_priority ? cr.priority : 0;
+  spec.priority = engine_priority(cr.priority);
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
   spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;

@@ -41,6 +41,9 @@ struct ServiceOptions {
   // Requests' `priority` orders the engine's queue and preemption only when the operator asks for it
   // (otherwise any client could jump the queue); else it is accepted and ignored.
   bool enable_priority = false;
+  // SGLang's direction (--enable-priority-scheduling without --schedule-low-priority-values-first): larger
+  // values first. The engine serves smaller first, so the value is negated on the way in.
+  bool priority_larger_first = false;
 };
 
 // serve's API key: the --api-key flag when given, else $MOESERVE_API_KEY, else $VLLM_API_KEY (so a vLLM
@@ -90,6 +93,7 @@ class OpenAiService {
   // Logs each unknown request parameter's name once, at debug level.
   void note_ignored(const std::vector<std::string>& names);
   void check_logit_bias(const SamplingParams& params) const;
+  int engine_priority(int request_priority) const;
   // The prompt text of a chat request; forced_prefix (if given) receives the text appended to force a tool
   // call (tool_choice "required" or a named function).
   std::string render_chat(const ChatRequest& request, std::string* forced_prefix) const;

@@ -34,8 +34,10 @@ HelpPage parse_help(const std::string& text) {
   enum { None, Options, Subcommands } section = None;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
-    if (line.starts_with("Options:")) section = Options;
-    if (line.starts_with("Subcommands:")) section = Subcommands;
+    // Headers: "Positionals:", "Options:", "Subcommands:", and option groups ("Accepted for ...:").
+    if (!line.empty() && line[0] != ' ' && line.back() == ':') {
+      section = line == "Subcommands:" ? Subcommands : line == "Positionals:" ? None : Options;
+    }
     // Entries start two spaces in: "  -h,--help   ...", "  --port UINT=30000   ...", "  serve   ...".
     if (line.size() < 3 || line.compare(0, 2, "  ") != 0 || line[2] == ' ') continue;
     std::string first = line.substr(2, line.find(' ', 2) - 2);
@@ -195,8 +197,8 @@ TEST(CommandFlags, DeployFilesUseFlagsTheBinaryAccepts) {
     EXPECT_FALSE(found.empty()) << file << ": no moeserve command found";
     uses.insert(uses.end(), found.begin(), found.end());
   }
-  for (const char* file :
-       {"deploy/cluster-spark9.yaml", "deploy/cluster-mixed-4xtp2-1.yaml", "docs/operations.md"}) {
+  for (const char* file : {"deploy/cluster-spark9.yaml", "deploy/cluster-mixed-4xtp2-1.yaml",
+                           "docs/operations.md", "docs/compat.md"}) {
     auto found = uses_in_text(read_file(file), file);
     uses.insert(uses.end(), found.begin(), found.end());
   }

@@ -236,7 +236,7 @@ TEST(ServeTinyMoe, CacheFlagsReachTheEngineAndBadValuesAreRefused) {
     ServeProcess bad({"--model", kTinyMoe, flag, value});
     EXPECT_FALSE(bad.wait_ready(std::chrono::seconds(60)));
     EXPECT_NE(bad.wait_exit(std::chrono::seconds(30)), 0);
-    EXPECT_NE(bad.output().find(std::string(flag) + " " + value), std::string::npos) << bad.output();
+    EXPECT_NE(bad.output().find(std::string(flag) + ": '" + value + "'"), std::string::npos) << bad.output();
   }
 }
 
