@@ -41,9 +41,9 @@ failed=()
 summary=()
 for target in "${targets[@]}"; do
   # Request-sized inputs where nesting and width matter; less for the binary formats and where the cost
-  # grows with the length (the tokenizer; the matcher, which copies its stack for every byte it tries).
+  # grows with the length (the tokenizer, the output parsers; the matcher copies its stack per byte it tries).
   case $target in
-    safetensors | tokenizer | json_schema) max_len=4096 ;;
+    safetensors | tokenizer | json_schema | output_parser) max_len=4096 ;;
     *) max_len=65536 ;;
   esac
   findings=build-fuzz/findings/$target

@@ -73,5 +73,9 @@ TEST(FuzzCorpus, ModelConfigsLoadConsistentOrFailWithAnError) {
   replay("model_config", fuzz_model_config);
 }
 
+TEST(FuzzCorpus, ModelOutputParsesTheSameStreamedAsWholeWithoutThrowing) {
+  replay("output_parser", fuzz_output_parser);
+}
+
 }  // namespace
 }  // namespace moeserve::fuzz

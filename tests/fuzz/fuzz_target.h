@@ -65,5 +65,6 @@ Verdict fuzz_json_schema(std::string_view data);     // schema JSON, NUL, then b
 Verdict fuzz_router_request(std::string_view data);  // flags byte, then a body the router inspects
 Verdict fuzz_tokenizer(std::string_view data);       // flags byte, then text to encode or ids to decode
 Verdict fuzz_model_config(std::string_view data);    // a checkpoint's config.json
+Verdict fuzz_output_parser(std::string_view data);   // flags, cut, then model output (reasoning, tool calls)
 
 }  // namespace moeserve::fuzz
