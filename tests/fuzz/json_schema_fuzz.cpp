@@ -47,6 +47,18 @@ Verdict fuzz_json_schema(std::string_view data) {
   } catch (const JsonParseError&) {
     return Verdict::kRefused;
   }
+  // Small limits first, which inputs of a few bytes reach: exceeding one is a SchemaError like any other.
+  JsonSchemaLimits small;
+  small.max_depth = 3;
+  small.max_properties = 3;
+  small.max_enum_values = 3;
+  small.max_literal_bytes = 16;
+  small.max_nodes = 8;
+  try {
+    (void)JsonSchema::compile(schema, small);
+  } catch (const SchemaError& e) {
+    check_error_message(e.what());
+  }
   std::shared_ptr<const JsonSchema> compiled;
   try {
     compiled = JsonSchema::compile(schema);
