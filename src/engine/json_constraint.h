@@ -38,10 +38,20 @@ constexpr int kMaxNesting = 128;
 // message are cut short: it never echoes a large part of the schema.
 class SchemaError : public Error {
  public:
+  // The message is cut to kMaxMessageBytes: paths of deep schemas and quoted names can be long.
   SchemaError(std::string keyword, std::string path, const std::string& message)
-      : Error(message), keyword(std::move(keyword)), path(std::move(path)) {}
+      : Error(bounded(message)), keyword(std::move(keyword)), path(std::move(path)) {}
+  static constexpr size_t kMaxMessageBytes = 512;
   std::string keyword;
   std::string path;
+
+ private:
+  static std::string bounded(const std::string& message) {
+    if (message.size() <= kMaxMessageBytes) return message;
+    size_t cut = kMaxMessageBytes;
+    while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
+    return message.substr(0, cut) + "... (cut)";
+  }
 };
 
 // What compile() takes on; beyond any of these the schema is a SchemaError naming the limit. Compilation

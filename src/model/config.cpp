@@ -6,13 +6,18 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/dtype.h"
 #include "common/error.h"
 
 namespace moeserve {
 namespace {
+
+// Far above any real model (Qwen3.5-397B has 60 layers), far below what would exhaust memory.
+constexpr int kMaxLayers = 4096;
 
 using nlohmann::json;
 
@@ -95,6 +100,9 @@ ModelConfig ModelConfig::from_json(const json& root) {
   c.vocab_size = required<int64_t>(t, "vocab_size");
   c.hidden_size = required<int64_t>(t, "hidden_size");
   c.num_layers = required<int>(t, "num_hidden_layers");
+  // Checked before layer_types is built from it: 10^8 layers would first allocate that many entries.
+  check(c.num_layers > 0 && c.num_layers <= kMaxLayers, "config.json: num_hidden_layers must be in 1..{}, got {}",
+        kMaxLayers, c.num_layers);
   c.rms_norm_eps = optional_field<double>(t, "rms_norm_eps", 1e-6);
   // Multimodal configs keep tie_word_embeddings at the top level; text configs inside.
   c.tie_word_embeddings =
@@ -184,7 +192,10 @@ ModelConfig ModelConfig::from_json(const json& root) {
   check(c.num_heads > 0 && c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0,
         "config.json: num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
         c.num_heads, c.num_kv_heads);
-  check(c.head_dim > 0 && c.rotary_dim() % 2 == 0 && c.rotary_dim() <= c.head_dim,
+  // The factor first: int(head_dim * factor) of a huge or negative factor is out of int's range or negative.
+  check(std::isfinite(c.partial_rotary_factor) && c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1,
+        "config.json: partial_rotary_factor must be in (0, 1], got {}", c.partial_rotary_factor);
+  check(c.head_dim > 0 && c.rotary_dim() > 0 && c.rotary_dim() % 2 == 0 && c.rotary_dim() <= c.head_dim,
         "config.json: head_dim {} with partial_rotary_factor {} gives an invalid rotary dimension", c.head_dim,
         c.partial_rotary_factor);
   check(c.linear_num_key_heads > 0 && c.linear_num_value_heads % c.linear_num_key_heads == 0,
@@ -207,8 +218,9 @@ ModelConfig ModelConfig::from_file(const std::string& path) {
   check(in.good(), "cannot open {}", path);
   json root;
   try {
-    root = json::parse(in);
-  } catch (const json::parse_error& e) {
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    root = parse_bounded_json<json>(text);
+  } catch (const JsonParseError& e) {
     fail("{} is not valid JSON: {}", path, e.what());
   }
   try {
@@ -248,6 +260,7 @@ json ModelConfig::to_json() const {
     j["num_experts_per_tok"] = num_experts_per_tok;
     j["moe_intermediate_size"] = moe_intermediate_size;
     j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+    j["norm_topk_prob"] = norm_topk_prob;
   } else {
     j["intermediate_size"] = intermediate_size;
   }

@@ -1,6 +1,8 @@
 #include "router/request_info.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "common/bounded_json.h"
@@ -129,8 +131,12 @@ std::optional<double> parse_retry_after(std::string_view value) {
   while (!value.empty() && value.back() == ' ') value.remove_suffix(1);
   double seconds = 0;
   auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
-  if (ec != std::errc() || ptr != value.data() + value.size() || seconds < 0) return std::nullopt;
-  return seconds;
+  if (ec != std::errc() || ptr != value.data() + value.size() || !std::isfinite(seconds) || seconds < 0)
+    return std::nullopt;
+  // A day at most: the proxy converts to int64 milliseconds, and 1e300 (or inf) would overflow it; the
+  // balancer caps the wait again at max_retry_after.
+  constexpr double kMaxSeconds = 86400;
+  return std::min(seconds, kMaxSeconds);
 }
 
 }  // namespace moeserve::router

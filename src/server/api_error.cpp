@@ -4,6 +4,14 @@
 
 namespace moeserve::server {
 
+std::string ApiError::bounded_message(std::string message) {
+  if (message.size() <= kMaxMessageBytes) return message;
+  size_t cut = kMaxMessageBytes;
+  while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+  message.resize(cut);
+  return message + "... (cut)";
+}
+
 std::string error_type_for_status(int status) {
   switch (status) {
     case 400: return "invalid_request_error";

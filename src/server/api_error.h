@@ -16,7 +16,7 @@ class ApiError : public std::runtime_error {
  public:
   ApiError(int status, std::string message, std::string type, std::optional<std::string> param = std::nullopt,
            std::optional<std::string> code = std::nullopt)
-      : std::runtime_error(message),
+      : std::runtime_error(bounded_message(std::move(message))),
         status(status),
         type(std::move(type)),
         param(std::move(param)),
@@ -27,6 +27,11 @@ class ApiError : public std::runtime_error {
   std::optional<std::string> param;
   std::optional<std::string> code;
   std::optional<int> retry_after_s;  // sent as Retry-After (429/503)
+
+  // Messages quote the request (a role, a key, a tool name): cut, so that an error never echoes a large part
+  // of it back, whatever the rule that produced it.
+  static constexpr size_t kMaxMessageBytes = 512;
+  static std::string bounded_message(std::string message);
 };
 
 // 400 naming the offending parameter, e.g. invalid_param("temperature", "must be in [0, 2], got {}", t).
