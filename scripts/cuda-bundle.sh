@@ -14,8 +14,9 @@ OUT=${1:-.cuda-bundle}
 ARCHS=${2:-90a}
 BUILD=${BUILD:-build-cuda-bundle}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESERVE_CUDA=ON \
-  -DMOESERVE_CUDA_ARCHITECTURES="$ARCHS" -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc >/dev/null
-# TARGETS (space-separated) narrows what is built, e.g. TARGETS="cuda_backend_tests" while iterating.
+  -DMOESERVE_CUDA_ARCHITECTURES="$ARCHS" -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc ${MOESERVE_CMAKE_ARGS:-} >/dev/null
+# MOESERVE_CMAKE_ARGS adds cmake flags (e.g. "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+# -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"); TARGETS (space-separated) narrows what is built, e.g. TARGETS="cuda_backend_tests" while iterating.
 read -r -a TARGETS <<<"${TARGETS:-moeserve cuda_backend_tests cuda_ops_bench cuda_model_bench}"
 cmake --build "$BUILD" --target "${TARGETS[@]}" -j2
 rm -rf "$OUT"

@@ -1,11 +1,17 @@
 // Micro-benchmarks of the CUDA backend's ops at the Qwen3.5-35B-A3B shapes, against the H200's measured
 // ceilings (a device-to-device copy for bandwidth, a large bf16 GEMM for tensor-core rate; both measured here
 // first). Each figure is the median over replays of a CUDA graph holding many calls, with inputs rotated so
-// that repeated calls do not run out of L2. Prints one table.
+// that repeated calls do not run out of L2. Prints one table. Arguments name the sections to run (all by
+// default): gemv moe moe_block fp8_probe attention gdn; `once` runs each FP8 decode op once, for a profiler.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -13,6 +19,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "bench_util.h"
+#include "common/dtype.h"
 #include "common/error.h"
 
 namespace moeserve {
@@ -30,13 +37,21 @@ class OpsBench {
  public:
   OpsBench() : be_(make_backend("cuda")) {}
 
-  void run() {
+  // `sections` names the groups to run (gemv moe moe_block fp8_probe attention gdn); empty: all. The
+  // ceilings always run: the rates are given against them.
+  void run(const std::vector<std::string>& sections) {
+    auto on = [&](const char* name) {
+      return sections.empty() || std::find(sections.begin(), sections.end(), name) != sections.end();
+    };
     std::printf("%s\n", cuda_tools::device_summary(*be_).c_str());
     ceilings();
-    gemv();
-    moe();
-    attention();
-    gdn();
+    if (on("gemv")) gemv();
+    if (on("moe")) moe();
+    if (on("moe_block")) moe_block();
+    if (on("fp8_probe")) fp8_blockscaled_probe();
+    if (!sections.empty() && on("once")) once();  // not part of the default run
+    if (on("attention")) attention();
+    if (on("gdn")) gdn();
     std::printf("\n%-58s %10s  %s\n", "op", "us/call", "rate");
     for (const auto& r : rows_) std::printf("%-58s %10.2f  %s\n", r.what.c_str(), r.us, r.rate.c_str());
   }
@@ -103,7 +118,10 @@ class OpsBench {
         const int copies = bytes < 256e6 ? 8 : 1;  // rotate through more than the L2
         std::vector<Matrix> ws;
         for (int i = 0; i < copies; ++i) ws.push_back(matrix(dt, sh.rows, sh.cols, 10 + i));
-        for (int64_t n : {1, 8}) {
+        // n > 8: cuBLAS at bf16; FP8 on tensor cores over the FP8 bytes up to 64 rows, widened to bf16 above.
+        const bool small = std::string(sh.name) != "lm_head";
+        for (int64_t n : {1, 4, 8, 16, 32, 64}) {
+          if (n > 8 && !small) continue;
           float* x = floats(size_t(n * sh.cols), 20);
           auto y = be_->allocate(size_t(n * sh.rows));
           const int reps = copies * 2;
@@ -123,7 +141,7 @@ class OpsBench {
     const int E = 256, k = 8;
     const int64_t H = 2048, I = 512;
     for (DType dt : {DType::BF16, DType::F8_E4M3}) {
-      std::vector<SwiGlu> experts;
+      std::vector<SwiGlu>& experts = expert_sets_.emplace_back();
       for (int e = 0; e < E; ++e)
         experts.push_back(
             {matrix(dt, I, H, 100 + 3 * e), matrix(dt, I, H, 101 + 3 * e), matrix(dt, H, I, 102 + 3 * e)});
@@ -151,6 +169,200 @@ class OpsBench {
             n <= 256 ? gbs(touched * expert_bytes, s) + fmt::format(" {:.0f} experts", touched)
                      : tflops(flops, s));
       }
+    }
+  }
+
+  // The decode MoE as the model runs it (Backend::moe_block): router + shared-expert gate GEMV, routing, the
+  // routed experts and the sigmoid-gated shared expert; ≤ 8 tokens in 4 launches, more through the composed
+  // ops. Rates count the expected distinct experts' bytes plus the shared expert's (router and gate bf16).
+  void moe_block() {
+    const int E = 256, k = 8;
+    const int64_t H = 2048, I = 512;
+    for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+      std::vector<SwiGlu>& experts = expert_sets_.emplace_back();
+      for (int e = 0; e < E; ++e)
+        experts.push_back(
+            {matrix(dt, I, H, 500 + 3 * e), matrix(dt, I, H, 501 + 3 * e), matrix(dt, H, I, 502 + 3 * e)});
+      const SwiGlu shared{matrix(dt, I, H, 1400), matrix(dt, I, H, 1401), matrix(dt, H, I, 1402)};
+      const Matrix router = matrix(DType::BF16, E, H, 1403), gate = matrix(DType::BF16, 1, H, 1404);
+      const double expert_bytes = 3.0 * H * I * dtype_size(dt);
+      for (int64_t n : {1, 2, 4, 8, 16}) {
+        const int variants = 8;  // fresh routing per call: different activations
+        std::vector<float*> xs;
+        for (int v = 0; v < variants; ++v) xs.push_back(floats(size_t(n * H), 300 + v, 3.0f));
+        auto out = be_->allocate(size_t(n * H));
+        const int reps = 16;
+        double s = time_replays(
+            *be_,
+            [&] {
+              for (int r = 0; r < reps; ++r)
+                be_->moe_block(router, experts, k, true, &shared, &gate, xs[size_t(r % variants)], n, H,
+                               out.get());
+            },
+            reps, key_++);
+        const double touched = E * (1.0 - std::pow(1.0 - double(k) / E, double(n)));
+        add(fmt::format("moe_block E=256 top8 + shared {} n={}", dtype_name(dt), n), s,
+            gbs((touched + 1) * expert_bytes + 2.0 * (E + 1) * H, s) +
+                fmt::format(" {:.0f} experts", touched));
+      }
+    }
+  }
+
+  // Does cuBLASLt's block-scaled FP8 GEMM (CUDA 12.9+: activations 1x128 VEC128_32F, weights 128x128
+  // BLK128x128_32F) run on this GPU, which scale layouts does it take, and how fast is it against the bf16
+  // paths? Activations are quantized on the host (per token and 128 columns, amax / 448); the result is
+  // checked against the backend's own FP8 matmul. Prints one line per case.
+  void fp8_blockscaled_probe() {
+    const int64_t M = 8192, K = 2048;  // weight rows, columns
+    Matrix w8 = matrix(DType::F8_E4M3, M, K, 700), w16 = matrix(DType::BF16, M, K, 701);
+    cublasLtHandle_t lt = nullptr;
+    if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) {
+      std::printf("cublasLt probe: no handle\n");
+      return;
+    }
+    void* workspace = cuda_tools::allocate_device(*be_, size_t(64) << 20);
+    for (int64_t n : {int64_t(256), int64_t(1024), int64_t(4096)}) {
+      const int64_t kb = K / 128;
+      std::vector<float> x(size_t(n * K));
+      uint64_t st = 0x12345678u + uint64_t(n);
+      for (auto& v : x) {
+        st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+        v = float(int64_t(st >> 40) - (int64_t(1) << 23)) / float(1 << 23);
+      }
+      std::vector<uint8_t> xq(x.size());
+      std::vector<float> sx_tok_major(size_t(n * kb)), sx_outer_major(size_t(n * kb));
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t b = 0; b < kb; ++b) {
+          float amax = 0.0f;
+          for (int64_t c = 0; c < 128; ++c) amax = std::max(amax, std::abs(x[size_t(t * K + b * 128 + c)]));
+          const float sc = amax > 0 ? amax / 448.0f : 1.0f;
+          for (int64_t c = 0; c < 128; ++c)
+            xq[size_t(t * K + b * 128 + c)] = f32_to_fp8_e4m3(x[size_t(t * K + b * 128 + c)] / sc);
+          sx_tok_major[size_t(t * kb + b)] = sc, sx_outer_major[size_t(b * n + t)] = sc;
+        }
+      auto* xq_d = static_cast<uint8_t*>(cuda_tools::allocate_device(*be_, xq.size()));
+      auto* sx_d = static_cast<float*>(cuda_tools::allocate_device(*be_, sx_tok_major.size() * 4));
+      auto* y_d = static_cast<float*>(cuda_tools::allocate_device(*be_, size_t(n * M) * 4));
+      float* xf = floats(size_t(n * K), 1);  // the same x in float32 for the reference
+      be_->upload(x.data(), xf, x.size());
+      cuda_tools::synchronize(*be_);
+      cudaMemcpy(xq_d, xq.data(), xq.size(), cudaMemcpyHostToDevice);
+      auto ref = be_->allocate(size_t(n * M));
+      be_->matmul(xf, n, w8, ref.get());  // the backend's FP8 path (bf16 widening + cuBLAS)
+      std::vector<float> want(size_t(n * M)), got(size_t(n * M));
+      be_->download(ref.get(), want.data(), want.size());
+      // Weight scales: ours are [M/128][K/128] (column blocks contiguous); also try the transpose.
+      const int64_t mb = M / 128;
+      std::vector<float> sw(size_t(mb * kb)), sw_t(size_t(mb * kb));
+      cudaMemcpy(sw.data(), w8.scale_inv, sw.size() * 4, cudaMemcpyDeviceToHost);
+      for (int64_t i = 0; i < mb; ++i)
+        for (int64_t j = 0; j < kb; ++j) sw_t[size_t(j * mb + i)] = sw[size_t(i * kb + j)];
+      auto* sw_d = static_cast<float*>(cuda_tools::allocate_device(*be_, sw.size() * 4));
+      bool reported = false;
+      for (int layout = 0; layout < 4 && !reported; ++layout) {
+        const bool x_outer = layout & 1, w_t = layout & 2;
+        cudaMemcpy(sx_d, (x_outer ? sx_outer_major : sx_tok_major).data(), sx_tok_major.size() * 4,
+                   cudaMemcpyHostToDevice);
+        cudaMemcpy(sw_d, (w_t ? sw_t : sw).data(), sw.size() * 4, cudaMemcpyHostToDevice);
+        // D (M x n, column-major: y[t][r]) = op(A) op(B): A = weights stored K-contiguous (OP_T), B = x
+        // (OP_N).
+        cublasLtMatmulDesc_t desc = nullptr;
+        cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+        cublasLtMatmulPreference_t pref = nullptr;
+        cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT));
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN));
+        const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                      b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode));
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode));
+        const void* sa = sw_d;
+        const void* sb = sx_d;
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
+        cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(M), K);
+        cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(n), K);
+        cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, uint64_t(M), uint64_t(n), M);
+        cublasLtMatmulPreferenceCreate(&pref);
+        const size_t ws = size_t(64) << 20;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+        cublasLtMatmulHeuristicResult_t heur{};
+        int found = 0;
+        const cublasStatus_t hs =
+            cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, c, pref, 1, &heur, &found);
+        if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
+          std::printf("cublasLt FP8 block-scaled n=%lld: no algorithm (status %d, %d found)\n", (long long)n,
+                      int(hs), found);
+          reported = true;
+        } else {
+          const float one = 1.0f, zero = 0.0f;
+          auto run = [&] {
+            return cublasLtMatmul(lt, desc, &one, w8.data, a, xq_d, b, &zero, y_d, c, y_d, c, &heur.algo,
+                                  workspace, ws, nullptr);
+          };
+          const cublasStatus_t rs = run();
+          cudaDeviceSynchronize();
+          cudaMemcpy(got.data(), y_d, got.size() * 4, cudaMemcpyDeviceToHost);
+          double num = 0, den = 0;
+          for (size_t i = 0; i < got.size(); ++i)
+            num += double(got[i] - want[i]) * (got[i] - want[i]), den += double(want[i]) * want[i];
+          const double err = std::sqrt(num / std::max(den, 1e-30));
+          if (rs == CUBLAS_STATUS_SUCCESS && err < 0.1) {
+            cudaDeviceSynchronize();
+            const int iters = 20;
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int i = 0; i < iters; ++i) run();
+            cudaDeviceSynchronize();
+            const double sec =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+            add(fmt::format("cublasLt fp8 blk128x128 x vec128 {}x{} n={} (x scales {}, w scales {})", M, K, n,
+                            x_outer ? "k-block major" : "token major", w_t ? "transposed" : "as stored"),
+                sec, tflops(2.0 * M * K * n, sec) + fmt::format(" rel err {:.3f} vs bf16-widened", err));
+            reported = true;
+          } else if (layout == 3) {
+            std::printf("cublasLt FP8 block-scaled n=%lld: status %d, rel err %.3f in every scale layout\n",
+                        (long long)n, int(rs), err);
+          }
+        }
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(a);
+        cublasLtMatrixLayoutDestroy(b);
+        cublasLtMatrixLayoutDestroy(c);
+        cublasLtMatmulDescDestroy(desc);
+      }
+      // The two bf16 paths at the same shape: cuBLAS over bf16 weights, and FP8 widened first.
+      auto y2 = be_->allocate(size_t(n * M));
+      double s16 = time_replays(
+          *be_, [&] { be_->matmul(xf, n, w16, y2.get()); }, 1, key_++);
+      add(fmt::format("matmul {}x{} bf16 n={} (cuBLAS)", M, K, n), s16, tflops(2.0 * M * K * n, s16));
+      double s8 = time_replays(
+          *be_, [&] { be_->matmul(xf, n, w8, y2.get()); }, 1, key_++);
+      add(fmt::format("matmul {}x{} fp8 n={} (widened to bf16 + cuBLAS)", M, K, n), s8,
+          tflops(2.0 * M * K * n, s8));
+    }
+    cublasLtDestroy(lt);
+  }
+
+  // Each FP8 decode op once, eagerly (no graph), for a kernel profiler: `ncu cuda_ops_bench once`.
+  void once() {
+    const int E = 256, k = 8;
+    const int64_t H = 2048, I = 512;
+    const DType dt = DType::F8_E4M3;
+    std::vector<SwiGlu>& experts = expert_sets_.emplace_back();
+    for (int e = 0; e < E; ++e)
+      experts.push_back(
+          {matrix(dt, I, H, 900 + 3 * e), matrix(dt, I, H, 901 + 3 * e), matrix(dt, H, I, 902 + 3 * e)});
+    const SwiGlu shared{matrix(dt, I, H, 1900), matrix(dt, I, H, 1901), matrix(dt, H, I, 1902)};
+    const Matrix router = matrix(DType::BF16, E, H, 1903), gate = matrix(DType::BF16, 1, H, 1904);
+    const Matrix w1 = matrix(dt, 8192, 2048, 1905), w2 = matrix(dt, 2048, 4096, 1906);
+    for (int64_t n : {1, 8, 16}) {
+      float* x = floats(size_t(n * 4096), 1907, 1.0f);
+      auto y = be_->allocate(size_t(n * 8192));
+      be_->matmul(x, n, w1, y.get());
+      be_->matmul(x, n, w2, y.get());
+      be_->moe_block(router, experts, k, true, &shared, &gate, x, n, H, y.get());
+      cuda_tools::synchronize(*be_);
     }
   }
 
@@ -231,6 +443,9 @@ class OpsBench {
   }
 
   std::unique_ptr<Backend> be_;
+  // Expert lists live as long as the bench: the backend keys its device expert tables by the list's address,
+  // so a freed list whose storage a later one reuses would find the earlier table.
+  std::deque<std::vector<SwiGlu>> expert_sets_;
   std::vector<Row> rows_;
   double copy_bw_ = 1, gemm_rate_ = 1;
   uint64_t key_ = 1000;
@@ -239,13 +454,13 @@ class OpsBench {
 }  // namespace
 }  // namespace moeserve
 
-int main() {
+int main(int argc, char** argv) {
   try {
     if (!moeserve::cuda_available()) {
       std::printf("no CUDA device visible: nothing to benchmark\n");
       return 0;
     }
-    moeserve::OpsBench().run();
+    moeserve::OpsBench().run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

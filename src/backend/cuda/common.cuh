@@ -135,16 +135,40 @@ struct W<WType::F16> {
   }
 };
 
+// Two e4m3 codes (the low byte first) as float32: one packed cvt to f16x2 (sm_89+; exact, every e4m3 value is
+// a normal f16), then f16x2 -> float2 (exact).
+__device__ __forceinline__ float2 fp8x2_to_float2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+// 16 e4m3 codes in a uint4 (element 0 in the lowest byte of .x) as float32.
+__device__ __forceinline__ void fp8x16_to_float(const uint4& v, float* o) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = fp8x2_to_float2(w[i]), b = fp8x2_to_float2(w[i] >> 16);
+    o[4 * i] = a.x, o[4 * i + 1] = a.y, o[4 * i + 2] = b.x, o[4 * i + 3] = b.y;
+  }
+}
+
+// FP8 block scales: a row's scales start at fp8_scale_row; a 16-byte vector at column c (a multiple of 16)
+// takes scale [c >> fp8_col_shift]. The vector kernels require block_cols to be a power of two (see
+// vector_rows), so no division runs per vector.
+__device__ __forceinline__ const float* fp8_scale_row(const WeightView& w, int64_t row) {
+  return w.scale_inv + int64_t(int(row) / w.block_rows) * w.scale_cols;
+}
+__device__ __forceinline__ int fp8_col_shift(const WeightView& w) {
+  return __ffs(w.block_cols) - 1;
+}
+__host__ __device__ __forceinline__ bool is_pow2(int v) {
+  return v > 0 && (v & (v - 1)) == 0;
+}
+
 template <>
 struct W<WType::FP8> {
   static constexpr int kBytes = 1, kVec = 16;
   __device__ static void load_vec(const void* p, float* o) {
-    uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) o[4 * i + j] = fp8_to_float(uint8_t(w[i] >> (8 * j)));
+    fp8x16_to_float(__ldg(reinterpret_cast<const uint4*>(p)), o);
   }
   __device__ static float load(const void* base, int64_t i) {
     return fp8_to_float(__ldg(static_cast<const uint8_t*>(base) + i));

@@ -70,6 +70,23 @@ int64_t moe_mma_min_pairs() {
   return v;
 }
 
+// FP8 matmuls of fp8_mma_min_rows()..fp8_mma_max_rows() rows run on tensor cores over the FP8 bytes
+// (launch_gemm_fp8_mma): up to 8 rows instead of the GEMV (whose float32 FMAs are bound by loading x), above
+// instead of widening the matrix to bf16 for cuBLAS. MOESERVE_CUDA_FP8_MMA_MIN_ROWS / _MAX_ROWS move the
+// bounds (for measuring; MAX 0 turns the path off).
+int64_t env_rows(const char* name, int64_t fallback) {
+  const char* e = std::getenv(name);
+  return e ? std::atoll(e) : fallback;
+}
+int64_t fp8_mma_min_rows() {
+  static const int64_t v = env_rows("MOESERVE_CUDA_FP8_MMA_MIN_ROWS", 2);
+  return v;
+}
+int64_t fp8_mma_max_rows() {
+  static const int64_t v = env_rows("MOESERVE_CUDA_FP8_MMA_MAX_ROWS", 64);
+  return v;
+}
+
 WType wtype(DType t) {
   switch (t) {
     case DType::F32:
@@ -406,6 +423,14 @@ class CudaBackend final : public Backend, public CacheMemory {
     // Few rows, or matrices with few outputs (router, gates, GDN b/a): the weight-streaming kernel, float32
     // activations, token groups of 8 re-reading an L2-resident matrix. Exact, and no rounding can flip the
     // router's top-k.
+    // FP8 at decode and batched-decode sizes: tensor cores over the FP8 bytes (≤ 8 rows as exact as the
+    // GEMV; more: activations rounded to bf16 as below).
+    if (fp8_mma(v, x, n)) {
+      auto scratch = allocate((cuda::gemm_fp8_mma_scratch_bytes(n, v.cols) + 3) / 4);
+      if (auto op = start(label, x, n, v.data, y, scratch.get()))
+        cuda::launch_gemm_fp8_mma(x, n, &v, &y, 1, scratch.get(), stream_);
+      return;
+    }
     if (n <= kGemvMaxRows || v.rows < kTensorCoreMinRows) {
       if (auto op = start(label, x, n, v.data, y)) cuda::launch_gemv(x, n, v, y, stream_);
       return;
@@ -696,6 +721,14 @@ class CudaBackend final : public Backend, public CacheMemory {
       if (same) {
         WeightView all = v[0];
         all.rows = rows;
+        bool mma = true;
+        for (size_t i = 0; i < count; ++i) mma = mma && fp8_mma(v[i], x, n, /*any_rows=*/true);
+        if (mma) {
+          auto scratch = allocate((cuda::gemm_fp8_mma_scratch_bytes(n, v[0].cols) + 3) / 4);
+          if (auto op = start(matmul_label(all), x, n, args, scratch.get()))
+            cuda::launch_gemm_fp8_mma(x, n, v, ys.data(), int(count), scratch.get(), stream_);
+          return;
+        }
         if (auto op = start(matmul_label(all), x, n, args))
           cuda::launch_gemv_multi(x, n, v, ys.data(), int(count), stream_);
         return;
@@ -896,6 +929,17 @@ class CudaBackend final : public Backend, public CacheMemory {
   }
 
   // "matmul ROWSxCOLS" for the profile (stable storage, so the op name can be a const char*).
+  // Whether an FP8 matmul of n rows takes the tensor-core path. Matrices of few rows (router, gates, GDN b/a)
+  // keep float32 activations from 9 rows; up to 8 the path is as exact as the GEMV, so matmul_n's segments
+  // may be small (any_rows).
+  bool fp8_mma(const WeightView& v, const float* x, int64_t n, bool any_rows = false) const {
+    if (v.type != WType::FP8 || fp32_matmul_ || n < fp8_mma_min_rows() || n > fp8_mma_max_rows())
+      return false;
+    if (n > kGemvMaxRows && v.rows < kTensorCoreMinRows) return false;
+    if (!any_rows && n <= kGemvMaxRows && v.rows < kTensorCoreMinRows) return false;
+    return cuda::gemm_fp8_mma_supported(v) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  }
+
   const char* matmul_label(const WeightView& v) {
     if (!profiling_) return "matmul";
     auto& label = matmul_labels_[{v.rows, v.cols}];

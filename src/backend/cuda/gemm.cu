@@ -1,6 +1,8 @@
 // Matmuls with float32 activations: the weight-streaming GEMV for small batches (decode) and a tiled SIMT
 // GEMM for exact mode and weight dtypes cuBLAS does not take. Prefill-sized bf16 GEMMs go through cuBLAS.
 #include <algorithm>
+#include <cstdlib>
+#include <type_traits>
 
 #include "backend/cuda/gemv.cuh"
 
@@ -127,23 +129,50 @@ void segments_launch(const float* x, int64_t n, const WeightView* ws, float* con
     launch_k(gemv_kernel<T, kTokens, false, kRows>, grid, kGemvWarps * 32, 0, s, x, n, segs);
 }
 
+// Rows per warp: one (two for tall matrices) at 16-bit weights. An FP8 row holds half the bytes, so FP8 takes
+// twice as many rows: a warp then streams as many bytes, with as many loads in flight, and each activation
+// vector it loads serves two rows. MOESERVE_CUDA_FP8_GEMV_ROWS=1|2|4 overrides the FP8 choice (for
+// measuring).
+int fp8_gemv_rows_override() {
+  static const int v = [] {
+    const char* e = std::getenv("MOESERVE_CUDA_FP8_GEMV_ROWS");
+    const int r = e ? std::atoi(e) : 0;
+    return r == 1 || r == 2 || r == 4 ? r : 0;
+  }();
+  return v;
+}
+
+template <WType T>
+int gemv_rows_per_warp(int64_t rows) {
+  const int base = rows <= kGemvOneRowMax ? 1 : 2;
+  if constexpr (T == WType::FP8) {
+    const int o = fp8_gemv_rows_override();
+    return o ? o : 2 * base;
+  }
+  return base;
+}
+
 // up == nullptr: the `count` matrices of ws as segments; else SwiGLU of ws[0] (gate) and *up.
 template <WType T, int kTokens>
 void gemv_dispatch(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
                    const WeightView* up, cudaStream_t s) {
   int64_t rows = 0;
   for (int i = 0; i < count; ++i) rows = std::max(rows, ws[i].rows);
-  if (up) {
-    if (rows <= kGemvOneRowMax)
-      swiglu_launch<T, kTokens, 1>(x, n, ws[0], *up, ys[0], s);
+  auto go = [&](auto rows_per_warp) {
+    constexpr int R = decltype(rows_per_warp)::value;
+    if (up)
+      swiglu_launch<T, kTokens, R>(x, n, ws[0], *up, ys[0], s);
     else
-      swiglu_launch<T, kTokens, 2>(x, n, ws[0], *up, ys[0], s);
-  } else {
-    if (rows <= kGemvOneRowMax)
-      segments_launch<T, kTokens, 1>(x, n, ws, ys, count, s);
-    else
-      segments_launch<T, kTokens, 2>(x, n, ws, ys, count, s);
+      segments_launch<T, kTokens, R>(x, n, ws, ys, count, s);
+  };
+  const int r = gemv_rows_per_warp<T>(rows);
+  if constexpr (T == WType::FP8) {
+    if (r == 4) return go(std::integral_constant<int, 4>{});
   }
+  if (r == 1)
+    go(std::integral_constant<int, 1>{});
+  else
+    go(std::integral_constant<int, 2>{});
 }
 
 template <WType T>

@@ -11,8 +11,8 @@ template <WType T>
 inline bool vector_rows(const WeightView& w) {
   bool ok =
       (w.cols * W<T>::kBytes) % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.cols % 4 == 0;
-  if constexpr (T == WType::FP8)
-    ok = ok && w.block_cols % W<T>::kVec == 0;  // a vector never straddles scales
+  if constexpr (T == WType::FP8)  // a vector never straddles scales; its scale is found by a shift
+    ok = ok && w.block_cols % W<T>::kVec == 0 && is_pow2(w.block_cols);
   return ok;
 }
 
@@ -24,7 +24,50 @@ __device__ __forceinline__ void gemv_lane(const float* const (&x)[kTokens], int 
   const int lane = threadIdx.x & 31;
   const int64_t K = w.cols;
   const auto* base = static_cast<const uint8_t*>(w.data);
-  if constexpr (kVector) {
+  if constexpr (kVector && T == WType::FP8) {
+    // FP8: each vector's 16 products are summed first and scaled once (a vector lies in one scale block);
+    // rows past the matrix read its last row with scale 0, so the loads need no branch.
+    constexpr int V = W<T>::kVec;
+    const int chunks = int(K / V), shift = fp8_col_shift(w);
+    const uint8_t* wrow[kRows];
+    const float* srow[kRows];
+    float live[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t row = imin<int64_t>(row0 + r, w.rows - 1);
+      wrow[r] = base + row * K;
+      srow[r] = fp8_scale_row(w, row);
+      live[r] = row0 + r < w.rows ? 1.0f : 0.0f;
+    }
+#pragma unroll 4
+    for (int c = lane; c < chunks; c += 32) {
+      float wv[kRows][V], sc[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        W<T>::load_vec(wrow[r] + c * V, wv[r]);
+        sc[r] = __ldg(srow[r] + ((c * V) >> shift)) * live[r];
+      }
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        if (t < nt) {
+          const float4* xp = reinterpret_cast<const float4*>(x[t] + c * V);
+          float xv[V];
+#pragma unroll
+          for (int e = 0; e < V / 4; ++e) {
+            const float4 f = __ldg(xp + e);
+            xv[4 * e] = f.x, xv[4 * e + 1] = f.y, xv[4 * e + 2] = f.z, xv[4 * e + 3] = f.w;
+          }
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            float p = 0.0f;
+#pragma unroll
+            for (int e = 0; e < V; ++e) p = fmaf(wv[r][e], xv[e], p);
+            acc[r][t] = fmaf(sc[r], p, acc[r][t]);
+          }
+        }
+      }
+    }
+  } else if constexpr (kVector) {
     constexpr int V = W<T>::kVec;
     const int64_t chunks = K / V;
 #pragma unroll 4
@@ -35,11 +78,6 @@ __device__ __forceinline__ void gemv_lane(const float* const (&x)[kTokens], int 
         const int64_t row = row0 + r;
         if (row < w.rows) {
           W<T>::load_vec(base + (row * K + c * V) * W<T>::kBytes, wv[r]);
-          if constexpr (T == WType::FP8) {
-            const float sc = w.scale_inv[(row / w.block_rows) * w.scale_cols + (c * V) / w.block_cols];
-#pragma unroll
-            for (int e = 0; e < V; ++e) wv[r][e] *= sc;
-          }
         } else {
 #pragma unroll
           for (int e = 0; e < V; ++e) wv[r][e] = 0.0f;

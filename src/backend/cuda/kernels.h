@@ -86,6 +86,14 @@ void launch_gemv_multi(const float* x, int64_t n, const WeightView* ws, float* c
 // h = silu(x gateᵀ) * (x upᵀ) for small batches, one pass over both matrices.
 void launch_gemv_swiglu(const float* x, int64_t n, const WeightView& gate, const WeightView& up, float* h,
                         cudaStream_t s);
+// FP8 weights with 128-column block scales against a few activation rows (batched decode) on bf16 tensor
+// cores, the weights read once as FP8 (gemm_fp8.cu): ys[i] = x ws[i]ᵀ for count ≤ kGemvMaxSegments matrices
+// of equal width. ≤ 8 rows: float32 accuracy (x split into three bf16 terms); more: x rounded to bf16. x
+// rows 16-byte aligned; scratch (device) holds gemm_fp8_mma_scratch_bytes.
+bool gemm_fp8_mma_supported(const WeightView& w);
+size_t gemm_fp8_mma_scratch_bytes(int64_t n, int64_t cols);
+void launch_gemm_fp8_mma(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
+                         void* scratch, cudaStream_t s);
 // Tiled float32 GEMM over any weight dtype (exact mode and dtypes cuBLAS does not take).
 void launch_gemm_simt(const float* x, int64_t n, const WeightView& w, float* y, cudaStream_t s);
 

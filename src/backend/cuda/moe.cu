@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/mma_fp8.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -204,12 +205,13 @@ __global__ __launch_bounds__(kSimtWarps * 32) void moe_down_simt(ExpertTable t, 
         if (b < count && row0 + r < t.hidden) y[int64_t(first + b) * t.hidden + row0 + r] = acc[r][b];
 }
 
-// ---- mid-size batches (tile 8, 16-byte rows, no FP8) ------------------------------------------------------
-// The SIMT kernels above give each warp 2 rows and run gate and up as two passes over x; a batch of 64 tokens
-// spreads its 512 pairs over nearly every expert, so the whole step streams ~1.3 GB of expert weights per
-// layer and wants more bytes in flight per warp. Here a warp takes 2 gate rows and the 2 up rows beside them
-// in one pass (4 weight loads per x load), and the down projection gives each row 8 lanes and each lane 2
-// rows of 8 vectors, so a lane has 16 loads in flight and a reduction spans 8 lanes instead of 32.
+// ---- mid-size batches (tile 8, 16-byte rows)
+// --------------------------------------------------------------- The SIMT kernels above give each warp 2
+// rows and run gate and up as two passes over x; a batch of 64 tokens spreads its 512 pairs over nearly every
+// expert, so the whole step streams ~1.3 GB of expert weights per layer and wants more bytes in flight per
+// warp. Here a warp takes 2 gate rows and the 2 up rows beside them in one pass (4 weight loads per x load),
+// and the down projection gives each row 8 lanes and each lane 2 rows of 8 vectors, so a lane has 16 loads in
+// flight and a reduction spans 8 lanes instead of 32.
 constexpr int kMidWarps = 8;
 constexpr int kMidGateUpRows = 2;
 constexpr int kMidDownLanes = 8;
@@ -229,11 +231,19 @@ __global__ __launch_bounds__(kMidWarps * 32) void moe_gate_up_mid(
   constexpr int V = W<T>::kVec, R = 2 * kMidGateUpRows;
   const int64_t K = t.hidden;
   const uint8_t* wrow[R];
+  const float* srow[R];  // FP8: each row's block scales
+  WeightView gv, uv;     // FP8: the scale layouts
+  if constexpr (T == WType::FP8) {
+    gv = expert_view(t, t.gate, t.gate_scale, e, t.inter, t.hidden);
+    uv = expert_view(t, t.up, t.up_scale, e, t.inter, t.hidden);
+  }
 #pragma unroll
   for (int r = 0; r < kMidGateUpRows; ++r) {
     const int64_t row = imin<int64_t>(row0 + r, t.inter - 1);
     wrow[r] = static_cast<const uint8_t*>(t.gate[e]) + row * K * W<T>::kBytes;
     wrow[kMidGateUpRows + r] = static_cast<const uint8_t*>(t.up[e]) + row * K * W<T>::kBytes;
+    if constexpr (T == WType::FP8)
+      srow[r] = fp8_scale_row(gv, row), srow[kMidGateUpRows + r] = fp8_scale_row(uv, row);
   }
   const float* xr[kTile];
 #pragma unroll
@@ -241,9 +251,12 @@ __global__ __launch_bounds__(kMidWarps * 32) void moe_gate_up_mid(
   float acc[R][kTile] = {};
 #pragma unroll 4
   for (int64_t c = lane; c < K / V; c += 32) {
-    float wv[R][V];
+    float wv[R][V], sc[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) W<T>::load_vec(wrow[r] + c * V * W<T>::kBytes, wv[r]);
+    for (int r = 0; r < R; ++r) {
+      W<T>::load_vec(wrow[r] + c * V * W<T>::kBytes, wv[r]);
+      if constexpr (T == WType::FP8) sc[r] = __ldg(srow[r] + ((int(c) * V) >> fp8_col_shift(gv)));
+    }
 #pragma unroll
     for (int b = 0; b < kTile; ++b) {
       if (b < count) {
@@ -255,9 +268,17 @@ __global__ __launch_bounds__(kMidWarps * 32) void moe_gate_up_mid(
           xv[4 * q] = f.x, xv[4 * q + 1] = f.y, xv[4 * q + 2] = f.z, xv[4 * q + 3] = f.w;
         }
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+        for (int r = 0; r < R; ++r) {
+          if constexpr (T == WType::FP8) {  // the vector's products summed, then scaled once
+            float p = 0.0f;
 #pragma unroll
-          for (int q = 0; q < V; ++q) acc[r][b] = fmaf(wv[r][q], xv[q], acc[r][b]);
+            for (int q = 0; q < V; ++q) p = fmaf(wv[r][q], xv[q], p);
+            acc[r][b] = fmaf(sc[r], p, acc[r][b]);
+          } else {
+#pragma unroll
+            for (int q = 0; q < V; ++q) acc[r][b] = fmaf(wv[r][q], xv[q], acc[r][b]);
+          }
+        }
       }
     }
   }
@@ -289,19 +310,27 @@ __global__ __launch_bounds__(kMidWarps * 32) void moe_down_mid(ExpertTable t, co
   if (base >= t.hidden) return;
   const int64_t rows[2] = {base + group, base + group + kGroups};
   const uint8_t* wrow[2];
+  const float* srow[2];  // FP8
+  WeightView sv;
+  if constexpr (T == WType::FP8) sv = expert_view(t, t.down, t.down_scale, e, t.hidden, t.inter);
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
-    wrow[r] =
-        static_cast<const uint8_t*>(t.down[e]) + imin<int64_t>(rows[r], t.hidden - 1) * K * W<T>::kBytes;
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = imin<int64_t>(rows[r], t.hidden - 1);
+    wrow[r] = static_cast<const uint8_t*>(t.down[e]) + row * K * W<T>::kBytes;
+    if constexpr (T == WType::FP8) srow[r] = fp8_scale_row(sv, row);
+  }
   const float* hr[kTile];
 #pragma unroll
   for (int b = 0; b < kTile; ++b) hr[b] = h + int64_t(first + imin(b, count - 1)) * K;
   float acc[2][kTile] = {};
 #pragma unroll 8
   for (int64_t c = sub; c < K / V; c += kMidDownLanes) {
-    float wv[2][V];
+    float wv[2][V], sc[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) W<T>::load_vec(wrow[r] + c * V * W<T>::kBytes, wv[r]);
+    for (int r = 0; r < 2; ++r) {
+      W<T>::load_vec(wrow[r] + c * V * W<T>::kBytes, wv[r]);
+      if constexpr (T == WType::FP8) sc[r] = __ldg(srow[r] + ((int(c) * V) >> fp8_col_shift(sv)));
+    }
 #pragma unroll
     for (int b = 0; b < kTile; ++b) {
       if (b < count) {
@@ -313,9 +342,17 @@ __global__ __launch_bounds__(kMidWarps * 32) void moe_down_mid(ExpertTable t, co
           xv[4 * q] = f.x, xv[4 * q + 1] = f.y, xv[4 * q + 2] = f.z, xv[4 * q + 3] = f.w;
         }
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
+        for (int r = 0; r < 2; ++r) {
+          if constexpr (T == WType::FP8) {
+            float p = 0.0f;
 #pragma unroll
-          for (int q = 0; q < V; ++q) acc[r][b] = fmaf(wv[r][q], xv[q], acc[r][b]);
+            for (int q = 0; q < V; ++q) p = fmaf(wv[r][q], xv[q], p);
+            acc[r][b] = fmaf(sc[r], p, acc[r][b]);
+          } else {
+#pragma unroll
+            for (int q = 0; q < V; ++q) acc[r][b] = fmaf(wv[r][q], xv[q], acc[r][b]);
+          }
+        }
       }
     }
   }
@@ -333,6 +370,150 @@ __global__ __launch_bounds__(kMidWarps * 32) void moe_down_mid(ExpertTable t, co
 #pragma unroll
       for (int b = 0; b < kTile; ++b)
         if (b < count && rows[r] < t.hidden) y[int64_t(first + b) * t.hidden + rows[r]] = acc[r][b];
+}
+
+// ---- FP8 mid-size batches on tensor cores
+// ------------------------------------------------------------------ The kernels above do every product as a
+// float32 FMA: from 9 tokens they are bound by FMA issue, not by bytes, and FP8 (twice the products per byte,
+// plus the conversions) came out slower than bf16. Here a work item's ≤ 8 rows are the n8 tile of mma.sync
+// (mma_fp8.cuh): a warp takes 32 gate rows and the 32 up rows beside them (so silu(gate) * up is formed in
+// registers), or 32 down rows, and the warps of a block split the 128-column chunks; their sums are added in
+// warp order through shared memory. The activations go in as three bf16 terms (float32 accuracy, as the SIMT
+// path), h stays float32.
+constexpr int kMoeMmaTerms = 3;
+constexpr int kMoeMmaGateUpSplits = 4, kMoeMmaDownSplits = 2;
+
+bool moe_fp8_mma_enabled() {
+  static const bool on = [] {
+    const char* e =
+        std::getenv("MOESERVE_CUDA_MOE_FP8_MMA");  // 0: the SIMT mid-size kernels (for comparison)
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+bool moe_fp8_mma_supported(const ExpertTable& t) {
+  return t.type == WType::FP8 && t.block_cols == kMmaChunk && t.block_rows % kMmaWarpRows == 0 &&
+         t.hidden % kMmaChunk == 0 && t.inter % kMmaChunk == 0 && t.gate_scale && t.up_scale && t.down_scale;
+}
+
+// The block's warps' accumulators (kVals per lane) summed in warp order into warp 0's; other warps return
+// false.
+template <int kVals>
+__device__ __forceinline__ bool reduce_warps(float (&v)[kVals], float (*red)[kVals][32]) {
+  const int splits = int(blockDim.x >> 5), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (splits == 1) return true;
+#pragma unroll
+  for (int i = 0; i < kVals; ++i) red[warp][i][lane] = v[i];
+  __syncthreads();
+  if (warp != 0) return false;
+#pragma unroll
+  for (int i = 0; i < kVals; ++i) {
+    float s = red[0][i][lane];
+    for (int w = 1; w < splits; ++w) s += red[w][i][lane];
+    v[i] = s;
+  }
+  return true;
+}
+
+__global__ __launch_bounds__(kMoeMmaGateUpSplits * 32) void moe_fp8_gate_up_mma(
+    ExpertTable t, const float* __restrict__ x, int top_k, const int32_t* __restrict__ sorted,
+    const int32_t* __restrict__ items, const int32_t* __restrict__ num_items, float* __restrict__ h) {
+  pdl_begin();
+  if (int(blockIdx.y) >= *num_items) return;
+  const int32_t* it = items + 3 * blockIdx.y;
+  const int e = it[0], first = it[1], count = it[2];
+  const int splits = int(blockDim.x >> 5);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int64_t row_base = int64_t(blockIdx.x) * kMmaWarpRows, K = t.hidden;
+  const WeightView gv = expert_view(t, t.gate, t.gate_scale, e, t.inter, t.hidden);
+  const WeightView uv = expert_view(t, t.up, t.up_scale, e, t.inter, t.hidden);
+  const uint8_t *gp[4], *up[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t row = imin<int64_t>(row_base + g + 8 * i, t.inter - 1);
+    gp[i] = static_cast<const uint8_t*>(gv.data) + row * K + 16 * q;
+    up[i] = static_cast<const uint8_t*>(uv.data) + row * K + 16 * q;
+  }
+  const float *gs = fp8_scale_row(gv, row_base), *us = fp8_scale_row(uv, row_base);
+  const float* xr = x + int64_t(sorted[first + imin(g, count - 1)] / top_k) * K;
+  float ag[2][1][4] = {}, au[2][1][4] = {};
+  for (int c = warp; c < int(K / kMmaChunk); c += splits) {
+    const int64_t k0 = int64_t(c) * kMmaChunk;
+    uint4 wg[4][2], wu[4][2];
+    load_w_fragment(gp, k0, wg);
+    load_w_fragment(up, k0, wu);
+    uint32_t xf[1][kMoeMmaTerms][2][8];
+    load_x_fragment<kMoeMmaTerms>(xr, k0, q, g < count, xf[0]);
+    float pg[2][1][4] = {}, pu[2][1][4] = {};
+    mma_chunk<1, kMoeMmaTerms>(wg, xf, pg);
+    mma_chunk<1, kMoeMmaTerms>(wu, xf, pu);
+    const float sg = __ldg(gs + c), su = __ldg(us + c);
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        ag[m][0][i] = fmaf(sg, pg[m][0][i], ag[m][0][i]), au[m][0][i] = fmaf(su, pu[m][0][i], au[m][0][i]);
+  }
+  __shared__ float red[kMoeMmaGateUpSplits][16][32];
+  float v[16];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = ag[i / 4][0][i % 4], v[8 + i] = au[i / 4][0][i % 4];
+  if (!reduce_warps<16>(v, red)) return;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t row = row_base + 16 * (i / 4) + g + 8 * ((i % 4) >> 1);
+    const int b = 2 * q + (i & 1);
+    if (row < t.inter && b < count) h[int64_t(first + b) * t.inter + row] = siluf_(v[i]) * v[8 + i];
+  }
+}
+
+__global__ __launch_bounds__(kMoeMmaDownSplits *
+                             32) void moe_fp8_down_mma(ExpertTable t, const float* __restrict__ h,
+                                                       const int32_t* __restrict__ items,
+                                                       const int32_t* __restrict__ num_items,
+                                                       float* __restrict__ y) {
+  pdl_begin();
+  if (int(blockIdx.y) >= *num_items) return;
+  const int32_t* it = items + 3 * blockIdx.y;
+  const int e = it[0], first = it[1], count = it[2];
+  const int splits = int(blockDim.x >> 5);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int64_t row_base = int64_t(blockIdx.x) * kMmaWarpRows, K = t.inter;
+  const WeightView dv = expert_view(t, t.down, t.down_scale, e, t.hidden, t.inter);
+  const uint8_t* dp[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    dp[i] =
+        static_cast<const uint8_t*>(dv.data) + imin<int64_t>(row_base + g + 8 * i, t.hidden - 1) * K + 16 * q;
+  const float* ds = fp8_scale_row(dv, row_base);
+  const float* hr = h + int64_t(first + imin(g, count - 1)) * K;
+  float acc[2][1][4] = {};
+  for (int c = warp; c < int(K / kMmaChunk); c += splits) {
+    const int64_t k0 = int64_t(c) * kMmaChunk;
+    uint4 wd[4][2];
+    load_w_fragment(dp, k0, wd);
+    uint32_t xf[1][kMoeMmaTerms][2][8];
+    load_x_fragment<kMoeMmaTerms>(hr, k0, q, g < count, xf[0]);
+    float part[2][1][4] = {};
+    mma_chunk<1, kMoeMmaTerms>(wd, xf, part);
+    const float sc = __ldg(ds + c);
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][0][i] = fmaf(sc, part[m][0][i], acc[m][0][i]);
+  }
+  __shared__ float red[kMoeMmaDownSplits][8][32];
+  float v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = acc[i / 4][0][i % 4];
+  if (!reduce_warps<8>(v, red)) return;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t row = row_base + 16 * (i / 4) + g + 8 * ((i % 4) >> 1);
+    const int b = 2 * q + (i & 1);
+    if (row < t.hidden && b < count) y[int64_t(first + b) * t.hidden + row] = v[i];
+  }
 }
 
 bool moe_mid_enabled() {
@@ -367,13 +548,16 @@ __device__ __forceinline__ uint4 weight_bf16x8(const WeightView& w, int64_t row,
   } else {
     const uint2 raw =
         __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w.data) + row * w.cols + k));
-    const float sc = w.scale_inv[(row / w.block_rows) * w.scale_cols + k / w.block_cols];
+    const float sc = fp8_scale_row(w, row)[int(k) / w.block_cols];
     const uint32_t b[2] = {raw.x, raw.y};
-    __nv_bfloat16 v[8];
+    uint32_t v[4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      v[i] = __float2bfloat16_rn(fp8_to_float(uint8_t(b[i / 4] >> (8 * (i % 4)))) * sc);
-    return *reinterpret_cast<const uint4*>(v);
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = fp8x2_to_float2(b[i / 2] >> (16 * (i % 2)));
+      const __nv_bfloat162 p = __floats2bfloat162_rn(f.x * sc, f.y * sc);
+      v[i] = *reinterpret_cast<const uint32_t*>(&p);
+    }
+    return make_uint4(v[0], v[1], v[2], v[3]);
   }
 }
 
@@ -516,8 +700,21 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
     return;
   }
   const bool vec = (t.hidden % W<T>::kVec == 0) && (t.inter % W<T>::kVec == 0) &&
-                   (T != WType::FP8 || t.block_cols % W<T>::kVec == 0);
-  if constexpr (T != WType::FP8) {
+                   (T != WType::FP8 || (t.block_cols % W<T>::kVec == 0 && is_pow2(t.block_cols)));
+  if constexpr (T == WType::FP8) {
+    if (tile == kMoeSimtTile && moe_fp8_mma_supported(t) && moe_fp8_mma_enabled()) {
+      const dim3 g1(blocks_for(t.inter, kMmaWarpRows), unsigned(max_items));
+      const dim3 g2(blocks_for(t.hidden, kMmaWarpRows), unsigned(max_items));
+      const int s1 = int(imin<int64_t>(kMoeMmaGateUpSplits, t.hidden / kMmaChunk));
+      const int s2 = int(imin<int64_t>(kMoeMmaDownSplits, t.inter / kMmaChunk));
+      float* h = static_cast<float*>(s.h);
+      launch_k(moe_fp8_gate_up_mma, g1, 32 * s1, 0, stream, t, x, top_k, s.sorted, s.items, s.num_items, h);
+      launch_k(moe_fp8_down_mma, g2, 32 * s2, 0, stream, t, static_cast<const float*>(h), s.items,
+               s.num_items, s.y);
+      return;
+    }
+  }
+  {
     if (vec && tile == kMoeSimtTile && moe_mid_enabled()) {
       const dim3 g1(blocks_for(t.inter, kMidWarps * kMidGateUpRows), unsigned(max_items));
       const dim3 g2(blocks_for(t.hidden, kMidWarps * kMidDownRows), unsigned(max_items));
@@ -557,12 +754,14 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
 
 // ---- decode path (few tokens): no grouping, the shared expert and the combine fused
 // ------------------------ gate/up: blockIdx.y = pair p < P (expert ids[p], token p / top_k) or P + t (token
-// t's shared expert); one warp per row, h rows per pair (routed) and hs rows per token (shared).
+// t's shared expert); one warp per row (two for FP8, below), h rows per pair (routed) and hs rows per token
+// (shared).
 constexpr int kDecodeWarps = 8;
 
+// The products of one 16-byte weight vector (chunk c of the row) with x, summed; FP8 callers apply the
+// vector's block scale to the sum.
 template <WType T>
-__device__ __forceinline__ float dot_vec(const uint8_t* wrow, const WeightView& w, int64_t row, int64_t c,
-                                         const float* __restrict__ x) {
+__device__ __forceinline__ float dot_vec(const uint8_t* wrow, int64_t c, const float* __restrict__ x) {
   constexpr int V = W<T>::kVec;
   float wv[V];
   W<T>::load_vec(wrow + c * V * W<T>::kBytes, wv);
@@ -576,12 +775,11 @@ __device__ __forceinline__ float dot_vec(const uint8_t* wrow, const WeightView& 
     acc = fmaf(wv[4 * e + 2], f.z, acc);
     acc = fmaf(wv[4 * e + 3], f.w, acc);
   }
-  if constexpr (T == WType::FP8)
-    acc *= w.scale_inv[(row / w.block_rows) * w.scale_cols + (c * V) / w.block_cols];
   return acc;
 }
 
-template <WType T>
+// R: rows per warp of the decode gate/up kernel (FP8: 1 or 2, below; 16-bit: 1).
+template <WType T, int R>
 __global__ __launch_bounds__(kDecodeWarps *
                              32) void moe_decode_gate_up(ExpertTable t, WeightView sg, WeightView su,
                                                          const float* __restrict__ x, int top_k, int64_t P,
@@ -589,9 +787,10 @@ __global__ __launch_bounds__(kDecodeWarps *
                                                          float* __restrict__ h, float* __restrict__ hs) {
   const bool shared = int64_t(blockIdx.y) >= P;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kDecodeWarps + warp;
-  if (shared && threadIdx.x == 0 && int64_t(blockIdx.y) == P) {  // weights known before the routing is
-    const int64_t r0 = int64_t(blockIdx.x) * kDecodeWarps, rows = imin<int64_t>(kDecodeWarps, sg.rows - r0);
+  const int64_t row = (int64_t(blockIdx.x) * kDecodeWarps + warp) * R;  // this warp's first row
+  if (shared && threadIdx.x == 0 && int64_t(blockIdx.y) == P) {         // weights known before the routing is
+    const int64_t r0 = int64_t(blockIdx.x) * kDecodeWarps * R;
+    const int64_t rows = imin<int64_t>(kDecodeWarps * R, sg.rows - r0);
     if (rows > 0) {
       const uint32_t bytes = uint32_t(rows * sg.cols * W<T>::kBytes);
       prefetch_l2(static_cast<const uint8_t*>(sg.data) + r0 * sg.cols * W<T>::kBytes, bytes);
@@ -616,33 +815,76 @@ __global__ __launch_bounds__(kDecodeWarps *
     out = hs + tok * sg.rows;
   }
   if (row >= g.rows) return;
-  const auto* gp = static_cast<const uint8_t*>(g.data) + row * g.cols * W<T>::kBytes;
-  const auto* up = static_cast<const uint8_t*>(u.data) + row * u.cols * W<T>::kBytes;
-  const int64_t chunks = g.cols / W<T>::kVec;
-  float ag = 0.0f, au = 0.0f;
+  if constexpr (T != WType::FP8) {
+    const auto* gp = static_cast<const uint8_t*>(g.data) + row * g.cols * W<T>::kBytes;
+    const auto* up = static_cast<const uint8_t*>(u.data) + row * u.cols * W<T>::kBytes;
+    const int64_t chunks = g.cols / W<T>::kVec;
+    float ag = 0.0f, au = 0.0f;
 #pragma unroll 4
-  for (int64_t c = lane; c < chunks; c += 32) {
-    ag += dot_vec<T>(gp, g, row, c, xr);
-    au += dot_vec<T>(up, u, row, c, xr);
+    for (int64_t c = lane; c < chunks; c += 32) {
+      ag += dot_vec<T>(gp, c, xr);
+      au += dot_vec<T>(up, c, xr);
+    }
+    ag = warp_sum(ag), au = warp_sum(au);
+    if (lane == 0) out[row] = siluf_(ag) * au;
+  } else {
+    // R rows of gate and of up per warp, one x vector per chunk; each vector's sum scaled once.
+    constexpr int V = W<T>::kVec;
+    const int chunks = int(g.cols / V), shift = fp8_col_shift(g);
+    const uint8_t *gp[R], *up[R];
+    const float *gs[R], *us[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t rr = imin<int64_t>(row + r, g.rows - 1);
+      gp[r] = static_cast<const uint8_t*>(g.data) + rr * g.cols;
+      up[r] = static_cast<const uint8_t*>(u.data) + rr * u.cols;
+      gs[r] = fp8_scale_row(g, rr), us[r] = fp8_scale_row(u, rr);
+    }
+    float ag[R] = {}, au[R] = {};
+#pragma unroll 2
+    for (int c = lane; c < chunks; c += 32) {
+      float xv[V];
+      const float4* xp = reinterpret_cast<const float4*>(xr + c * V);
+#pragma unroll
+      for (int q = 0; q < V / 4; ++q) {
+        const float4 f = __ldg(xp + q);
+        xv[4 * q] = f.x, xv[4 * q + 1] = f.y, xv[4 * q + 2] = f.z, xv[4 * q + 3] = f.w;
+      }
+      float wg[R][V], wu[R][V];
+#pragma unroll
+      for (int r = 0; r < R; ++r) W<T>::load_vec(gp[r] + c * V, wg[r]), W<T>::load_vec(up[r] + c * V, wu[r]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float pg = 0.0f, pu = 0.0f;
+#pragma unroll
+        for (int q = 0; q < V; ++q) pg = fmaf(wg[r][q], xv[q], pg), pu = fmaf(wu[r][q], xv[q], pu);
+        const int sc = (c * V) >> shift;
+        ag[r] = fmaf(__ldg(gs[r] + sc), pg, ag[r]);
+        au[r] = fmaf(__ldg(us[r] + sc), pu, au[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) ag[r] = warp_sum(ag[r]), au[r] = warp_sum(au[r]);
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (row + r < g.rows) out[row + r] = siluf_(ag[r]) * au[r];
   }
-  ag = warp_sum(ag), au = warp_sum(au);
-  if (lane == 0) out[row] = siluf_(ag) * au;
 }
 
 // out[t][r] = Σ_j w_j (h_j · down_{e_j}[r]) over token t's pairs + sigmoid(gate_logit[t]) (hs_t · sd[r]);
 // kDownWarpsPerRow warps per output row, the (pair, column chunk) units spread over their lanes (more loads
-// in flight than one warp per row), partial sums added in warp order.
-constexpr int kDownWarpsPerRow = 4, kDownRows = kDecodeWarps / kDownWarpsPerRow;
-
-template <WType T>
+// in flight than one warp per row), partial sums added in warp order (kWpr: 4, or 2 for FP8, below).
+template <WType T, int kWpr>
 __global__ __launch_bounds__(kDecodeWarps * 32) void moe_decode_down(
     ExpertTable t, WeightView sd, const float* __restrict__ gate_logit, int top_k,
     const int32_t* __restrict__ ids, const float* __restrict__ weights, const float* __restrict__ h,
     const float* __restrict__ hs, float* __restrict__ out) {
+  constexpr int kRowsPerBlock = kDecodeWarps / kWpr;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t r0 = int64_t(blockIdx.x) * kDownRows;
-  const int64_t r = r0 + warp / kDownWarpsPerRow;
-  const int part = warp % kDownWarpsPerRow;
+  const int64_t r0 = int64_t(blockIdx.x) * kRowsPerBlock;
+  const int64_t r = r0 + warp / kWpr;
+  const int part = warp % kWpr;
   // Before pdl_wait: the routing (written two kernels back, by the route kernel: complete once this kernel
   // runs, see common.cuh) and L2 prefetches of this block's rows of the chosen experts and the shared expert,
   // so that the down weights stream in while gate/up still runs.
@@ -652,7 +894,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void moe_decode_down(
   __shared__ int32_t s_pair[kMaxTopK];
   __shared__ float s_part[kDecodeWarps];
   const int64_t tok = blockIdx.y;
-  const int64_t rows = imin<int64_t>(kDownRows, t.hidden - r0);
+  const int64_t rows = imin<int64_t>(kRowsPerBlock, t.hidden - r0);
   if (threadIdx.x < top_k) {  // this pair's rank among the token's experts in ascending id
     const int j = threadIdx.x;
     const int e = ids[tok * top_k + j];
@@ -671,29 +913,44 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void moe_decode_down(
   pdl_begin();
   __syncthreads();
   constexpr int V = W<T>::kVec;
-  constexpr int kStride = 32 * kDownWarpsPerRow;
+  constexpr int kStride = 32 * kWpr;
   float acc = 0.0f;
   if (r < t.hidden) {
-    const int64_t chunks = t.inter / V, units = top_k * chunks;
-    WeightView d;
-    d.rows = t.hidden, d.cols = t.inter, d.block_rows = t.block_rows, d.block_cols = t.block_cols;
-    d.scale_cols = t.block_cols ? (t.inter + t.block_cols - 1) / t.block_cols : 0;
+    if constexpr (T != WType::FP8) {
+      const int64_t chunks = t.inter / V, units = top_k * chunks;
 #pragma unroll 4
-    for (int64_t u = part * 32 + lane; u < units; u += kStride) {
-      const int j = int(u / chunks);
-      const int64_t c = u - j * chunks;
-      d.scale_inv = s_scale[j];
-      acc = fmaf(s_weight[j],
-                 dot_vec<T>(s_w[j] + r * t.inter * W<T>::kBytes, d, r, c, h + int64_t(s_pair[j]) * t.inter),
-                 acc);
+      for (int64_t u = part * 32 + lane; u < units; u += kStride) {
+        const int j = int(u / chunks);
+        const int64_t c = u - j * chunks;
+        acc = fmaf(s_weight[j],
+                   dot_vec<T>(s_w[j] + r * t.inter * W<T>::kBytes, c, h + int64_t(s_pair[j]) * t.inter), acc);
+      }
+    } else {
+      const int chunks = int(t.inter / V), units = top_k * chunks, shift = __ffs(t.block_cols) - 1;
+      const int64_t srow = int64_t(int(r) / t.block_rows) * ((t.inter + t.block_cols - 1) / t.block_cols);
+#pragma unroll 4
+      for (int u = part * 32 + lane; u < units; u += kStride) {
+        const int j = u / chunks, c = u - j * chunks;
+        const float sc = __ldg(s_scale[j] + srow + ((c * V) >> shift));
+        acc = fmaf(s_weight[j] * sc, dot_vec<T>(s_w[j] + r * t.inter, c, h + int64_t(s_pair[j]) * t.inter),
+                   acc);
+      }
     }
     if (sd.data) {
       const float gs = sigmoidf_(gate_logit[tok]);
       const auto* wrow = static_cast<const uint8_t*>(sd.data) + r * sd.cols * W<T>::kBytes;
       const float* hr = hs + tok * sd.cols;
       float a = 0.0f;
+      if constexpr (T != WType::FP8) {
 #pragma unroll 4
-      for (int64_t c = part * 32 + lane; c < sd.cols / V; c += kStride) a += dot_vec<T>(wrow, sd, r, c, hr);
+        for (int64_t c = part * 32 + lane; c < sd.cols / V; c += kStride) a += dot_vec<T>(wrow, c, hr);
+      } else {
+        const float* ss = fp8_scale_row(sd, r);
+        const int shift = fp8_col_shift(sd);
+#pragma unroll 4
+        for (int c = part * 32 + lane; c < int(sd.cols / V); c += kStride)
+          a = fmaf(__ldg(ss + ((c * V) >> shift)), dot_vec<T>(wrow, c, hr), a);
+      }
       acc = fmaf(gs, a, acc);
     }
   }
@@ -702,7 +959,7 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void moe_decode_down(
   __syncthreads();
   if (part == 0 && lane == 0 && r < t.hidden) {
     float total = 0.0f;
-    for (int p = 0; p < kDownWarpsPerRow; ++p) total += s_part[warp + p];
+    for (int p = 0; p < kWpr; ++p) total += s_part[warp + p];
     out[tok * t.hidden + r] = total;
   }
 }
@@ -710,7 +967,8 @@ __global__ __launch_bounds__(kDecodeWarps * 32) void moe_decode_down(
 template <WType T>
 bool decode_vectors(const ExpertTable& t, const MoeDecodeShared& sh) {
   constexpr int V = W<T>::kVec;
-  bool ok = t.hidden % V == 0 && t.inter % V == 0 && (T != WType::FP8 || t.block_cols % V == 0);
+  bool ok = t.hidden % V == 0 && t.inter % V == 0 &&
+            (T != WType::FP8 || (t.block_cols % V == 0 && is_pow2(t.block_cols)));
   if (sh.down.data) ok = ok && vector_rows<T>(sh.gate) && vector_rows<T>(sh.up) && vector_rows<T>(sh.down);
   return ok;
 }
@@ -778,15 +1036,36 @@ void launch_moe_decode(const ExpertTable& t, const float* router_logits, int top
            renormalize, s.ids, s.weights);
   const bool shared = sh.down.data != nullptr;
   const int64_t rows = std::max<int64_t>(t.inter, shared ? sh.gate.rows : 0);
-  const dim3 g1(blocks_for(rows, kDecodeWarps), unsigned(P + (shared ? n : 0)));
-  const dim3 g2(blocks_for(t.hidden, kDownRows), unsigned(n));
   float* h = static_cast<float*>(s.h);
-  MOESERVE_DISPATCH_WTYPE(t.type, T, {
-    launch_k(moe_decode_gate_up<T>, g1, kDecodeWarps * 32, 0, stream, t, sh.gate, sh.up, x, top_k, P, s.ids,
-             h, sh.h);
-    launch_k(moe_decode_down<T>, g2, kDecodeWarps * 32, 0, stream, t, sh.down, sh.gate_logit, top_k, s.ids,
-             s.weights, h, sh.h, out);
-  });
+  // Warp shapes: (rows per gate/up warp, warps per down row). 16-bit: (1, 4). FP8 rows hold half the bytes:
+  // (2, 2) gives a warp as many bytes and loads in flight as at 16 bits (and each x vector serves four weight
+  // vectors), but half as many warps; MOESERVE_CUDA_MOE_FP8_DECODE=1 takes (1, 4) (for measuring).
+  auto go = [&](auto type, auto rows_per_warp, auto warps_per_row) {
+    constexpr WType T = decltype(type)::value;
+    constexpr int R = decltype(rows_per_warp)::value, Wpr = decltype(warps_per_row)::value;
+    const dim3 g1(blocks_for(rows, kDecodeWarps * R), unsigned(P + (shared ? n : 0)));
+    const dim3 g2(blocks_for(t.hidden, kDecodeWarps / Wpr), unsigned(n));
+    launch_k(moe_decode_gate_up<T, R>, g1, kDecodeWarps * 32, 0, stream, t, sh.gate, sh.up, x, top_k, P,
+             s.ids, h, sh.h);
+    launch_k(moe_decode_down<T, Wpr>, g2, kDecodeWarps * 32, 0, stream, t, sh.down, sh.gate_logit, top_k,
+             s.ids, s.weights, h, sh.h, out);
+  };
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  using Four = std::integral_constant<int, 4>;
+  if (t.type == WType::FP8) {
+    static const bool wide = [] {
+      const char* e = std::getenv("MOESERVE_CUDA_MOE_FP8_DECODE");
+      return e && std::strcmp(e, "1") == 0;
+    }();
+    if (wide)
+      go(std::integral_constant<WType, WType::FP8>{}, One{}, Four{});
+    else
+      go(std::integral_constant<WType, WType::FP8>{}, Two{}, Two{});
+  } else {
+    MOESERVE_DISPATCH_WTYPE(
+        t.type, T, if constexpr (T != WType::FP8) go(std::integral_constant<WType, T>{}, One{}, Four{}));
+  }
 }
 
 }  // namespace moeserve::cuda

@@ -37,12 +37,16 @@ class CudaOps : public ::testing::Test {
   WeightStore store;
 };
 
+// FP8 takes three paths by batch size: the GEMV (≤ 8 rows; two or four weight rows per warp, rows past the
+// matrix clamped), tensor cores over the FP8 bytes (9..64 rows; 32-row tiles clamped at the edge, token tiles
+// of 16 or 32, several token groups past 32) and the bf16-widened cuBLAS matmul (above 64).
 TEST_F(CudaOps, MatmulEveryDtypeAndBatchSize) {
   for (DType dt : {DType::BF16, DType::F32, DType::F16, DType::F8_E4M3})
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{7, 33}, {130, 256}, {520, 2048}}) {
+    for (auto [rows, cols] :
+         {std::pair<int64_t, int64_t>{7, 33}, {130, 256}, {520, 2048}, {4099, 384}, {1000, 640}}) {
       if (dt == DType::F8_E4M3 && cols % 16) continue;
       Matrix w = store.make(dt, rows, cols, uint32_t(rows + cols));
-      for (int64_t n : {1, 3, 8, 9, 64}) {
+      for (int64_t n : {1, 3, 8, 9, 16, 17, 33, 64, 70}) {
         auto x = random_vector(size_t(n * cols), uint32_t(n));
         std::vector<float> ref(size_t(n * rows));
         cpu->matmul(x.data(), n, w, ref.data());
@@ -419,7 +423,7 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
                            store.make(dt, c.inter, c.hidden, uint32_t(1001 + 3 * e), 0.05f),
                            store.make(dt, c.hidden, c.inter, uint32_t(1002 + 3 * e), 0.05f)});
       for (int64_t n : c.ns) {
-        if (dt == DType::F8_E4M3 && c.E == 256 && n > 8) continue;
+        if (dt == DType::F8_E4M3 && c.E == 256 && n > 64) continue;
         auto x = random_vector(size_t(n * c.hidden), uint32_t(n + 60)),
              logits = random_vector(size_t(n * c.E), uint32_t(n + 61));
         // The CPU reference is slow at the full shape: there the float32 GPU path (checked against the CPU
