@@ -7,6 +7,8 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
+#include <limits>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 
 #include "common/bounded_json.h"
@@ -23,27 +25,48 @@ using nlohmann::json;
 
 constexpr const char* kSupported = "qwen3_5_moe, qwen3_5_moe_text, qwen3_5, qwen3_5_text";
 
+// A field's value as T. Integers must fit T: nlohmann converts 1e300 or 2^40 to int without a check (undefined
+// behaviour, found by the fuzzer), so the range is checked here first; an integral float (4.0) is accepted.
+template <typename T>
+T converted(const json& v, const char* key) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    check(v.is_number(), "config.json: field '{}' must be an integer, got {}", key, v.type_name());
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      check(std::isfinite(d) && d == std::floor(d) && d >= double(std::numeric_limits<T>::min()) &&
+                d <= double(std::numeric_limits<T>::max()),
+            "config.json: field '{}' must be an integer in range, got {}", key, d);
+      return static_cast<T>(d);
+    }
+    const bool fits = v.is_number_unsigned()
+                          ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
+                          : v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
+                                (std::is_unsigned_v<T> ? v.get<int64_t>() >= 0
+                                                       : v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max()));
+    check(fits, "config.json: field '{}' is out of range ({})", key, v.dump());
+    return v.get<T>();
+  } else {
+    try {
+      return v.get<T>();
+    } catch (const json::exception&) {
+      fail("config.json: field '{}' has the wrong type ({})", key, v.type_name());
+    }
+  }
+}
+
 // Reads a required field, with the field name in the error.
 template <typename T>
 T required(const json& j, const char* key) {
   auto it = j.find(key);
   check(it != j.end() && !it->is_null(), "config.json: missing required field '{}'", key);
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    fail("config.json: field '{}' has the wrong type ({})", key, it->type_name());
-  }
+  return converted<T>(*it, key);
 }
 
 template <typename T>
 T optional_field(const json& j, const char* key, T fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    fail("config.json: field '{}' has the wrong type ({})", key, it->type_name());
-  }
+  return converted<T>(*it, key);
 }
 
 std::vector<int64_t> token_ids(const json& j, const char* key) {
@@ -179,8 +202,8 @@ ModelConfig ModelConfig::from_json(const json& root) {
     if (auto bs = q->find("weight_block_size"); bs != q->end() && !bs->is_null()) {
       check(bs->is_array() && bs->size() == 2 && (*bs)[0].is_number_integer() && (*bs)[1].is_number_integer(),
             "config.json: 'weight_block_size' must be [rows, cols]");
-      fp8.block_out = (*bs)[0].get<int>();
-      fp8.block_in = (*bs)[1].get<int>();
+      fp8.block_out = converted<int>((*bs)[0], "weight_block_size");
+      fp8.block_in = converted<int>((*bs)[1], "weight_block_size");
       check(fp8.block_out > 0 && fp8.block_in > 0, "config.json: 'weight_block_size' must be positive");
     }
     fp8.modules_to_not_convert = optional_field<std::vector<std::string>>(*q, "modules_to_not_convert", {});
