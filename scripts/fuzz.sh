@@ -75,12 +75,14 @@ for target in "${targets[@]}"; do
   if ((${#found[@]})); then
     result="${#found[@]} FINDINGS"
     failed+=("$target")
-    # One line per distinct finding: the broken promise or the sanitizer's summary, with one input that shows it.
+    # One line per kind of finding (the broken promise or the sanitizer's summary, told apart by their words
+    # rather than the numbers and quoted values in them), with one input that shows it.
     for input in "${found[@]}"; do
       what=$(nice -n 19 "build-fuzz/${target}_fuzz" -timeout=60 -rss_limit_mb=2048 "$input" 2>&1 |
         grep -E -m 1 'what\(\):|SUMMARY:|ERROR: libFuzzer' | cut -c 1-200 || true)
-      echo "${what:-no longer reproduces}|$input"
-    done | sort -t '|' -k 1,1 -u | sed 's/|/\n    /'
+      what=${what:-no longer reproduces}
+      echo "$(sed -E "s/'[^']*'?/''/g; s/[0-9][-+.0-9a-zA-Z]*/N/g" <<<"$what")|$what|$input"
+    done | sort -t '|' -k 1,1 -u | cut -d '|' -f 2- | sed 's/|/\n    /'
   fi
   summary+=("$(printf '%-16s %10s runs %6ss  +%s inputs  %s' "$target" "${runs:-?}" $((SECONDS - started)) \
     "$(find "$scratch" -type f | wc -l)" "$result")")
