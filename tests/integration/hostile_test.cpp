@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "../router/demo_node.h"
 #include "../router/http_peer.h"
 
 namespace moeserve {
@@ -110,40 +111,10 @@ std::vector<Poison> poisons() {
   return p;
 }
 
-// One node: `moeserve serve --model demo` on a free loopback port (kept across restarts).
-class Node {
+// A demo node whose logs say they are this suite's.
+class Node : public router::testing::DemoNode {
  public:
-  explicit Node(std::string name) : name_(std::move(name)), port_(free_port()) { start(); }
-  void start() {
-    process_ = std::make_unique<Process>(
-        std::vector<std::string>{MOESERVE_BINARY, "serve", "--model", "demo", "--served-model-name", "demo",
-                                 "--host", "127.0.0.1", "--port", std::to_string(port_), "--http-threads",
-                                 "1", "--cache-memory-gb", "0.05"},
-        ::testing::TempDir() + "hostile-" + name_ + "-" + std::to_string(++starts_) + ".log");
-  }
-  bool ready() {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kSlow);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (!process_->running()) return false;
-      if (http_request(port_, "GET", "/health").status == 200) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
-  }
-  void signal(int sig) { process_->signal(sig); }
-  void kill() {
-    process_->signal(SIGKILL);
-    process_->wait();
-  }
-  bool running() { return process_->running(); }
-  uint16_t port() const { return port_; }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-
- private:
-  std::string name_;
-  uint16_t port_;
-  int starts_ = 0;
-  std::unique_ptr<Process> process_;
+  explicit Node(std::string name) : DemoNode(std::move(name), "hostile-") {}
 };
 
 HttpResponse post(uint16_t port, const std::string& path, const std::string& body) {

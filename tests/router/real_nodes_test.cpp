@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "demo_node.h"
 #include "http_peer.h"
 #include "router/router.h"
 
@@ -23,52 +24,7 @@ using json = nlohmann::json;
 
 constexpr int kSlow = 600'000;  // ms: only a guard against a hang (the demo model on a busy 2-core machine)
 
-// One `moeserve serve --model demo` process. The demo model's tokenizer is under .cache/ of the source root,
-// the tests' working directory.
-class Node {
- public:
-  explicit Node(std::string name) : name_(std::move(name)), port_(free_port()) { start(); }
-  void start() {
-    process_ = std::make_unique<Process>(
-        std::vector<std::string>{MOESERVE_BINARY, "serve", "--model", "demo", "--served-model-name", "demo",
-                                 "--host", "127.0.0.1", "--port", std::to_string(port_), "--http-threads",
-                                 "1", "--cache-memory-gb", "0.05"},
-        log());
-  }
-  // Waits until /health answers 200; false when the process died first.
-  bool ready() {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kSlow);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (!process_->running()) return false;
-      if (http_request(port_, "GET", "/health").status == 200) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
-  }
-  void kill() {
-    process_->signal(SIGKILL);
-    process_->wait();
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  std::string log() const { return ::testing::TempDir() + "real-node-" + name_ + ".log"; }
-  // A counter or gauge of the node's own /metrics, summed over its label sets.
-  double metric(const std::string& name) const {
-    std::istringstream page(http_request(port_, "GET", "/metrics").body);
-    double sum = 0;
-    for (std::string line; std::getline(page, line);) {
-      if (!line.starts_with(name) || line.size() <= name.size()) continue;
-      char next = line[name.size()];
-      if (next != ' ' && next != '{') continue;
-      sum += std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
-    }
-    return sum;
-  }
-
- private:
-  std::string name_;
-  uint16_t port_;
-  std::unique_ptr<Process> process_;
-};
+using Node = testing::DemoNode;
 
 struct Cluster {
   std::vector<std::unique_ptr<Node>> nodes;
