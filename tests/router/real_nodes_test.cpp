@@ -6,10 +6,8 @@
 // The router runs in this process with a clock the test moves, so nothing here waits on a timer.
 #include <gtest/gtest.h>
 
-#include <csignal>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "demo_node.h"
 #include "http_peer.h"
