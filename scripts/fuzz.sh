@@ -11,13 +11,14 @@
 #
 # Targets: the *_fuzz.cpp of tests/fuzz/ (all by default). Each starts from tests/fuzz/corpus/TARGET and its
 # dictionary tests/fuzz/TARGET.dict. A finding (crash, sanitizer report, broken FUZZ_CHECK, out-of-memory,
-# timeout) is written to build-fuzz/findings/, listed by its first line, and makes the script fail. To keep
-# one as a regression input:
+# timeout) is written to build-fuzz/findings/TARGET/, listed by kind, and makes the script fail. To keep one
+# as a regression input (the replay test in the normal build then fails until it is fixed):
 #   build-fuzz/TARGET_fuzz -minimize_crash=1 -runs=20000 -exact_artifact_path=build-fuzz/minimized \
 #     build-fuzz/findings/TARGET/crash-...
 #   cp build-fuzz/minimized tests/fuzz/corpus/TARGET/<what-it-shows>
-# and to merge a long run's new coverage into the committed corpus:
-#   build-fuzz/TARGET_fuzz -merge=1 tests/fuzz/corpus/TARGET build-fuzz/corpus/TARGET
+# The committed corpus stays small (seeds, the attack classes, reproducers); what a long run covers beyond it
+# (hundreds of inputs) is listed by -merge=1 into an empty folder, to pick from:
+#   build-fuzz/TARGET_fuzz -merge=1 EMPTY_DIR tests/fuzz/corpus/TARGET build-fuzz/corpus/TARGET
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +38,9 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWit
 cmake --build build-fuzz --target "${targets[@]/%/_fuzz}"
 
 export UBSAN_OPTIONS=print_stacktrace=1
+shopt -s nullglob
+# A finding is an input that took more than a minute or 2 GB, besides a crash.
+limits=(-timeout=60 -rss_limit_mb=2048)
 failed=()
 summary=()
 for target in "${targets[@]}"; do
@@ -49,7 +53,7 @@ for target in "${targets[@]}"; do
   findings=build-fuzz/findings/$target
   rm -rf "$findings"
   mkdir -p "$findings"
-  options=(-max_len="$max_len" -timeout=60 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$findings/")
+  options=("${limits[@]}" -max_len="$max_len" -print_final_stats=1 -artifact_prefix="$findings/")
   if [[ -f tests/fuzz/$target.dict ]]; then options+=(-dict="tests/fuzz/$target.dict"); fi
   if [[ $mode == runs ]]; then
     scratch=build-fuzz/corpus-runs/$target
@@ -64,13 +68,12 @@ for target in "${targets[@]}"; do
   echo "fuzz: $target ($mode $amount)"
   started=$SECONDS
   # New inputs go to the first folder (the scratch one); the committed corpus is only read.
-  nice -n 19 "build-fuzz/${target}_fuzz" "${options[@]}" "$scratch" "tests/fuzz/corpus/$target" >"$log" 2>&1 || true
+  fuzzer=build-fuzz/${target}_fuzz
+  nice -n 19 "$fuzzer" "${options[@]}" "$scratch" "tests/fuzz/corpus/$target" >"$log" 2>&1 || true
   # Executions: the final stats of a plain run, the last status line of a forked one.
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   [[ -n $runs ]] || runs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#')
-  inputs=("$findings"/crash-* "$findings"/leak-* "$findings"/oom-* "$findings"/timeout-* "$findings"/slow-unit-*)
-  found=()
-  for input in "${inputs[@]}"; do [[ -f $input ]] && found+=("$input"); done
+  found=("$findings"/{crash,leak,oom,timeout,slow-unit}-*)
   result=ok
   if ((${#found[@]})); then
     result="${#found[@]} FINDINGS"
@@ -78,7 +81,7 @@ for target in "${targets[@]}"; do
     # One line per kind of finding (the broken promise or the sanitizer's summary, told apart by their words
     # rather than the numbers and quoted values in them), with one input that shows it.
     for input in "${found[@]}"; do
-      what=$(nice -n 19 "build-fuzz/${target}_fuzz" -timeout=60 -rss_limit_mb=2048 "$input" 2>&1 |
+      what=$(nice -n 19 "$fuzzer" "${limits[@]}" -exact_artifact_path=/dev/null "$input" 2>&1 |
         grep -E -m 1 'what\(\):|SUMMARY:|ERROR: libFuzzer' | cut -c 1-200 || true)
       what=${what:-no longer reproduces}
       echo "$(sed -E "s/'[^']*'?/''/g; s/[0-9][-+.0-9a-zA-Z]*/N/g" <<<"$what")|$what|$input"

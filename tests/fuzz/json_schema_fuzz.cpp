@@ -23,8 +23,7 @@ bool live(const JsonMatcher& m) {
 // matcher rightly admits; Python reads them as inf).
 bool is_json(const std::string& text) {
   try {
-    (void)nlohmann::json::parse(text);
-    return true;
+    return !nlohmann::json::parse(text).is_discarded();  // parsed: never discarded
   } catch (const nlohmann::json::out_of_range& e) {
     return e.id == 406;  // number overflow
   } catch (const nlohmann::json::parse_error&) {
