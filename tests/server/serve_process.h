@@ -88,12 +88,15 @@ class ServeProcess {
     return output_;
   }
   void signal(int sig) { kill(pid_, sig); }
-  // The exit code (or 128 + signal), once the process has ended within the timeout.
+  // The exit code (or 128 + signal), once the process has ended within the timeout. Once it has, output()
+  // holds everything it wrote: the reader is joined at the pipe's end (a process that exits at once could
+  // otherwise be found with its message still in the pipe).
   std::optional<int> wait_exit(std::chrono::milliseconds timeout) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!poll_exit() && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    if (exit_status_ && reader_.joinable()) reader_.join();
     return exit_status_;
   }
 
