@@ -1547,13 +1547,15 @@ void raise_open_file_limit(const RouterConfig& config) {
 
 int run_router(const RouterConfig& config, std::shared_ptr<const KeyEncoder> encoder) {
   raise_open_file_limit(config);
+  // The signals are ours before the first connection is: a SIGTERM right after the router answered its first
+  // request must drain it, not find the default action (seen as exit 143 on a loaded machine).
+  net::io_context signals_context;
+  net::signal_set signals(signals_context, SIGINT, SIGTERM);
   Router router(config, std::move(encoder));
   router.start();
   spdlog::info("route: listening on http://{}:{} — policy {}, {} backend(s), max_fails={} fail_timeout={}ms",
                config.host, router.port(), policy_name(config.policy), config.backends.size(),
                config.max_fails, config.fail_timeout.count());
-  net::io_context signals_context;
-  net::signal_set signals(signals_context, SIGINT, SIGTERM);
   int received = 0;
   std::function<void(const beast::error_code&, int)> on_signal = [&](const beast::error_code& ec, int) {
     if (ec) return;
