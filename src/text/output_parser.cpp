@@ -401,7 +401,15 @@ class ToolStage {
       if (!call_.started) start_call(j["name"].get<std::string>(), d, all);
       ordered_json args = j.contains("arguments") ? j["arguments"] : ordered_json::object();
       if (j.contains("parameters") && !j.contains("arguments")) args = j["parameters"];
-      add_arguments(args.is_string() ? args.get<std::string>() : python_json(args), d, all);
+      // A tool call's arguments are a JSON object (OpenAI's contract, which clients json.loads into kwargs):
+      // the object itself, or a string holding one; anything else the model wrote ("x", [1], 1) is empty.
+      std::string text = "{}";
+      if (args.is_object()) {
+        text = python_json(args);
+      } else if (args.is_string() && parse_bounded_json_or_discarded<ordered_json>(args.get<std::string>()).is_object()) {
+        text = args.get<std::string>();
+      }
+      add_arguments(text, d, all);
       return true;
     }
     if (!call_.started) {
