@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "cache/kv_cache.h"
-#include "cache/state_cache.h"
 #include "model/weights.h"
+#include "storage/kv_cache.h"
+#include "storage/state_cache.h"
 
 namespace moeserve {
 class Backend;
