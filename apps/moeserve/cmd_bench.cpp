@@ -8,10 +8,10 @@
 #include <iostream>
 #include <sstream>
 
-#include "bench/benchmark.h"
-#include "bench/plot.h"
-#include "bench/progress.h"
-#include "bench/report.h"
+#include "loadgen/benchmark.h"
+#include "loadgen/plot.h"
+#include "loadgen/progress.h"
+#include "loadgen/report.h"
 #include "command.h"
 #include "common/error.h"
 
@@ -69,7 +69,7 @@ std::vector<size_t> parse_sweep(const std::string& list) {
 }
 
 int run_compare(const Flags& f) {
-  std::vector<bench::CompareInput> inputs;
+  std::vector<loadgen::CompareInput> inputs;
   for (const auto& path : f.compare_files) {
     json doc = read_json(path);
     std::string label = doc.value("label", path);
@@ -77,12 +77,12 @@ int run_compare(const Flags& f) {
       if (in.label == label) label += " (" + path + ")";
     inputs.push_back({label, std::move(doc)});
   }
-  std::cout << bench::compare_table(inputs, f.compare_metric);
+  std::cout << loadgen::compare_table(inputs, f.compare_metric);
   return 0;
 }
 
 int run_plot(const Flags& f) {
-  write_file(f.plot_out, bench::plot_svg(read_json(f.plot_input)));
+  write_file(f.plot_out, loadgen::plot_svg(read_json(f.plot_input)));
   std::cout << "wrote " << f.plot_out << "\n";
   return 0;
 }
@@ -91,13 +91,13 @@ int run_bench(const Flags& f, bool concurrency_given, bool rate_given) {
   check(!f.url.empty(), "--url is required (e.g. --url http://127.0.0.1:30000)");
   check(!(rate_given && !f.sweep.empty()),
         "--sweep varies --concurrency and cannot be combined with --request-rate");
-  bench::BenchConfig config;
+  loadgen::BenchConfig config;
   config.url = f.url;
   config.label = f.label;
   if (f.scenario == "all") {
-    config.scenarios = bench::all_scenarios();
+    config.scenarios = loadgen::all_scenarios();
   } else {
-    config.scenarios = {bench::parse_scenario(f.scenario)};
+    config.scenarios = {loadgen::parse_scenario(f.scenario)};
   }
   if (!f.sweep.empty()) {
     config.concurrencies = parse_sweep(f.sweep);
@@ -126,18 +126,18 @@ int run_bench(const Flags& f, bool concurrency_given, bool rate_given) {
           f.extra_body);
   }
   config.tokenizer = f.tokenizer;
-  config.progress = !f.quiet && bench::stderr_is_terminal();
-  bench::PromptGenerator prompts(
-      f.seed, f.tokenizer.empty() ? bench::TokenCounter{} : bench::load_token_counter(f.tokenizer));
+  config.progress = !f.quiet && loadgen::stderr_is_terminal();
+  loadgen::PromptGenerator prompts(
+      f.seed, f.tokenizer.empty() ? loadgen::TokenCounter{} : loadgen::load_token_counter(f.tokenizer));
 
-  json doc = bench::run_benchmark(config, prompts, [&](const json& document, const json& run) {
-    std::cout << bench::format_run(run) << std::flush;
+  json doc = loadgen::run_benchmark(config, prompts, [&](const json& document, const json& run) {
+    std::cout << loadgen::format_run(run) << std::flush;
     if (!f.output.empty())
       write_file(f.output, document.dump(1) + "\n");  // after every run: partial results survive
   });
   if (!f.output.empty()) std::cout << "wrote " << f.output << "\n";
   if (!f.plot.empty()) {
-    write_file(f.plot, bench::plot_svg(doc));
+    write_file(f.plot, loadgen::plot_svg(doc));
     std::cout << "wrote " << f.plot << "\n";
   }
   return 0;

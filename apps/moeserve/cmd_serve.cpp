@@ -310,15 +310,29 @@ int64_t cache_budget_of_total_share(const ServeOptions& o, Backend& backend, ser
   return budget;
 }
 
-int serve(const ServeOptions& o) {
+// The engine's options as the flags give them; serve() adds what needs the backend and the model.
+EngineOptions engine_options_of(const ServeOptions& o) {
+  EngineOptions engine_options;
+  engine_options.page_size = o.page_size;
+  engine_options.max_running_requests = o.max_running_requests;
+  engine_options.mem_fraction = o.mem_fraction;
+  engine_options.cache_memory_bytes = static_cast<int64_t>(o.cache_memory_gb * (1 << 30));
+  engine_options.chunked_prefill_size = o.chunked_prefill_size;
+  engine_options.max_prefill_tokens = o.max_prefill_tokens;
+  engine_options.max_model_len = o.max_model_len;
+  engine_options.enable_prefix_cache = !o.disable_prefix_cache;
+  engine_options.policy = o.schedule_policy == "lpm" ? SchedulePolicy::Lpm : SchedulePolicy::Fcfs;
+  engine_options.snapshot_slots = o.snapshot_slots;
+  engine_options.state_dtype = o.gdn_state_dtype == "bfloat16" ? StateDtype::BF16 : StateDtype::F32;
+  return engine_options;
+}
+
+// Every rule a flag decides alone, checked before anything is read or loaded: a typo in a 35B model's launch
+// line surfaces at once, not after the weights load.
+void check_flags(const ServeOptions& o) {
   // NCCL needs the CUDA backend's stream (dist::GroupOptions::cuda_stream), which it does not hand out yet.
   check(o.group.tp == 1 || o.device == "cpu", "--tp {} runs on the CPU backend for now (docs/tp.md)",
         o.group.tp);
-  auto group = dist::open_group(o.group);
-  if (group->rank() != 0) return serve_tp_follower(o, *group);
-  std::atomic<bool> loading{true};  // before the watcher: its thread reads it until the watcher is gone
-  SignalWatcher signals;
-  bool demo = o.model == kDemo;
   check(!o.model.empty() || !o.preset.empty(), "--model is required (or --load-format dummy --preset NAME)");
   check(o.preset.empty() || o.load_format == "dummy",
         "--preset {} makes random weights: add --load-format dummy", o.preset);
@@ -328,7 +342,7 @@ int serve(const ServeOptions& o) {
   if (o.quantization == "fp8") {
     // vLLM and SGLang quantize a BF16 checkpoint at load with --quantization fp8; moeserve serves FP8
     // checkpoints as they are and converts nothing, so a BF16 one would silently take twice the memory.
-    const bool random = demo || o.load_format == "dummy";
+    const bool random = o.model == kDemo || o.load_format == "dummy";
     check(
         !random && ModelConfig::from_file(o.model + "/config.json").fp8.has_value(),
         "--quantization fp8: {} not an FP8 checkpoint and moeserve does not quantize at load; serve the FP8 "
@@ -339,15 +353,25 @@ int serve(const ServeOptions& o) {
   parsers.reasoning_parser = o.reasoning_parser;
   parsers.tool_parser = o.tool_call_parser;
   text::validate_parser_names(parsers);
-  signals.on_signal_while_loading = [&loading] {
-    if (loading) {
-      spdlog::info("stopped while loading");
-      std::_Exit(0);
-    }
-  };
+  check(
+      static_cast<size_t>(o.max_buffered_body_mb * 1024 * 1024) >=
+          static_cast<size_t>(o.max_request_body_mb * 1024 * 1024),
+      "--max-buffered-body-mb {} is below --max-request-body-mb {}: the largest request could never be read",
+      o.max_buffered_body_mb, o.max_request_body_mb);
+  check(o.max_connections > 0, "--max-connections {}: expected at least 1", o.max_connections);
+  check_engine_options(engine_options_of(o), false);  // the backend's memory is checked once it exists
+}
 
-  // Text first (fast): the tokenizer, the chat template and the stop ids.
+// The checkpoint's text side: the tokenizer, the stop ids and the chat template (none: token ids only).
+struct ServedText {
   std::optional<text::ModelText> text;
+  std::shared_ptr<const text::ChatTemplate> chat_template;
+};
+
+ServedText load_text(const ServeOptions& o) {
+  const bool demo = o.model == kDemo;
+  ServedText served;
+  auto& text = served.text;
   // The demo's Qwen3 tokenizer is looked for from the binary's location too (server/demo_model.h).
   std::string text_dir = !o.tokenizer.empty() ? o.tokenizer : demo ? server::find_demo_tokenizer() : o.model;
   if (std::filesystem::exists(text_dir + "/tokenizer.json")) {
@@ -359,18 +383,22 @@ int serve(const ServeOptions& o) {
     spdlog::warn("no tokenizer.json in {}: serving token ids only (/v1/completions with token-id prompts)",
                  text_dir);
   }
-  std::shared_ptr<const text::ChatTemplate> chat_template;
   if (text) {
     std::string source =
         !o.chat_template.empty() ? read_text_file(o.chat_template, "--chat-template") : text->chat_template;
     if (!source.empty()) {
-      chat_template = std::make_shared<text::ChatTemplate>(source, text->bos_token, text->eos_token);
+      served.chat_template = std::make_shared<text::ChatTemplate>(source, text->bos_token, text->eos_token);
     } else {
       spdlog::warn(
           "no chat template (tokenizer_config.json or --chat-template): /v1/chat/completions answers 400");
     }
   }
+  return served;
+}
 
+server::ServiceOptions service_options_of(const ServeOptions& o,
+                                          std::shared_ptr<const text::ChatTemplate> chat_template) {
+  const bool demo = o.model == kDemo;
   server::ServiceOptions service_options;
   service_options.served_model_name = !o.served_model_name.empty() ? o.served_model_name
                                       : demo                       ? "moeserve-demo"
@@ -381,27 +409,25 @@ int serve(const ServeOptions& o) {
   service_options.api_key = server::api_key_from_environment(o.api_key, &key_source);
   if (!service_options.api_key.empty()) spdlog::info("API key required (from {})", key_source);
   service_options.queue_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.queue_timeout_s * 1000));
-  service_options.chat_template = chat_template;
+  service_options.chat_template = std::move(chat_template);
   service_options.reasoning_parser = o.reasoning_parser;
   service_options.tool_call_parser = o.tool_call_parser;
   service_options.enable_priority = o.enable_priority;
   service_options.priority_larger_first = o.priority_larger_first;
+  return service_options;
+}
 
-  server::ServerMetrics metrics(service_options.served_model_name);
-  auto memory = std::make_shared<server::MemoryMonitor>(o.system_root);
+server::AdmissionOptions admission_options_of(const ServeOptions& o,
+                                              const server::ServiceOptions& service_options) {
   server::AdmissionOptions admission_options;
   admission_options.max_running = o.max_concurrency > 0 ? o.max_concurrency : o.max_running_requests;
   admission_options.max_queued = o.max_queued_requests;
   admission_options.queue_timeout = service_options.queue_timeout;
   admission_options.memory_pressure_threshold = o.memory_pressure_threshold;
-  server::Admission admission(admission_options, memory);
-  metrics.set_sources(nullptr, &admission);
-  server::OpenAiService service(service_options, nullptr, text ? &text->tokenizer : nullptr, admission,
-                                metrics);
+  return admission_options;
+}
 
-  // Declared before the HTTP server, so destroyed after it: its device memory is read from HTTP threads.
-  std::unique_ptr<Backend> backend;
-  // Start listening before loading weights: /health says 503 (loading) until the engine is up.
+server::HttpServerOptions http_options_of(const ServeOptions& o, server::ServerMetrics& metrics) {
   server::HttpServerOptions http;
   http.host = o.host;
   http.port = o.port;
@@ -410,19 +436,114 @@ int serve(const ServeOptions& o) {
                      : static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u));
   http.max_body_bytes = static_cast<size_t>(o.max_request_body_mb * 1024 * 1024);
   http.max_buffered_body_bytes = static_cast<size_t>(o.max_buffered_body_mb * 1024 * 1024);
-  check(
-      http.max_buffered_body_bytes >= http.max_body_bytes,
-      "--max-buffered-body-mb {} is below --max-request-body-mb {}: the largest request could never be read",
-      o.max_buffered_body_mb, o.max_request_body_mb);
-  check(o.max_connections > 0, "--max-connections {}: expected at least 1", o.max_connections);
   http.max_connections = static_cast<size_t>(o.max_connections);
-  raise_open_files_limit(http.max_connections);
   http.worker_threads = o.request_threads > 0
                             ? o.request_threads
                             : static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 2u, 8u));
   http.max_queued_work = static_cast<size_t>(std::max(0, o.request_queue));
   http.keep_alive_timeout = std::chrono::seconds(static_cast<int64_t>(o.keep_alive_timeout_s));
   http.on_protocol_error = [&metrics](int status) { metrics.request_error(status); };
+  return http;
+}
+
+// A GPU's device memory is a memory-pressure source next to the host's; the most pressured one wins.
+void watch_device_memory(const ServeOptions& o, Backend& backend, server::MemoryMonitor& memory) {
+  if (auto m = backend.device_memory()) {
+    spdlog::info("memory pressure: {} device memory is watched too ({:.1f} of {:.1f} GiB in use)", o.device,
+                 double(m->total_bytes - std::min(m->free_bytes, m->total_bytes)) / (1 << 30),
+                 double(m->total_bytes) / (1 << 30));
+    Backend* b = &backend;
+    memory.add_source(o.device, [b, name = o.device]() -> std::optional<server::MemoryReading> {
+      auto now = b->device_memory();
+      if (!now) return std::nullopt;
+      return server::MemoryReading{now->total_bytes - std::min(now->free_bytes, now->total_bytes),
+                                   now->total_bytes, name};
+    });
+  }
+}
+
+ModelWeights load_weights(const ServeOptions& o, const std::optional<text::ModelText>& text,
+                          Backend& backend) {
+  if (o.model == kDemo) {
+    Progress p("building the demo model (random weights, Qwen3 vocabulary)");
+    return demo_weights(text->tokenizer, *text, o.seed);
+  }
+  if (o.load_format == "dummy") {
+    const std::string shape = o.preset.empty() ? o.model + "/config.json" : "preset " + o.preset;
+    Progress p("building random weights for " + shape + " (--load-format dummy)");
+    return dummy_weights(
+        o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json") : preset_config(o.preset), o.seed,
+        backend);
+  }
+  Progress p("loading weights from " + o.model);
+  return load_checkpoint(o.model);
+}
+
+// Weights and caches are in place: a server already past its pressure threshold would answer every request
+// 503, so it stops here with the numbers instead.
+void check_memory_after_load(const ServeOptions& o, server::MemoryMonitor& memory) {
+  if (o.memory_pressure_threshold > 0) {
+    server::MemoryReading now = memory.reading();
+    check(now.fraction() < o.memory_pressure_threshold,
+          "{} memory is {:.1f} of {:.1f} GiB ({:.2f}) after loading the model and its caches, above "
+          "--memory-pressure-threshold {}: every request would be refused. Lower --mem-fraction or "
+          "--cache-memory-gb, or raise the threshold",
+          now.source, double(now.used_bytes) / (1 << 30), double(now.limit_bytes) / (1 << 30), now.fraction(),
+          o.memory_pressure_threshold);
+  }
+}
+
+// After SIGTERM/SIGINT: no new requests, those in flight get until --shutdown-timeout (a second signal ends
+// the wait), then the rest are aborted.
+void drain(const ServeOptions& o, SignalWatcher& signals, server::OpenAiService& service,
+           server::HttpServer& http_server, Engine& engine) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout_s * 1000));
+  service.begin_drain();
+  spdlog::info("draining: {} requests in flight, up to {:.0f} s (a second signal stops at once)",
+               service.in_flight(), o.shutdown_timeout_s);
+  while (service.in_flight() > 0 && Clock::now() < deadline && signals.count() < 2) {
+    std::this_thread::sleep_for(20ms);
+  }
+  if (size_t left = service.in_flight(); left > 0) {
+    spdlog::warn("shutdown: aborting {} requests still in flight", left);
+    service.abort_all();
+    auto abort_deadline = Clock::now() + 5s;
+    while (service.in_flight() > 0 && Clock::now() < abort_deadline) std::this_thread::sleep_for(10ms);
+  }
+  http_server.stop(2s);  // lets the last responses finish writing
+  engine.shutdown();
+}
+
+int serve(const ServeOptions& o) {
+  check_flags(o);
+  auto group = dist::open_group(o.group);
+  if (group->rank() != 0) return serve_tp_follower(o, *group);
+  std::atomic<bool> loading{true};  // before the watcher: its thread reads it until the watcher is gone
+  SignalWatcher signals;
+  bool demo = o.model == kDemo;
+  signals.on_signal_while_loading = [&loading] {
+    if (loading) {
+      spdlog::info("stopped while loading");
+      std::_Exit(0);
+    }
+  };
+
+  // Text first (fast): the tokenizer, the chat template and the stop ids.
+  ServedText served = load_text(o);
+  std::optional<text::ModelText>& text = served.text;
+  server::ServiceOptions service_options = service_options_of(o, served.chat_template);
+  server::ServerMetrics metrics(service_options.served_model_name);
+  auto memory = std::make_shared<server::MemoryMonitor>(o.system_root);
+  server::Admission admission(admission_options_of(o, service_options), memory);
+  metrics.set_sources(nullptr, &admission);
+  server::OpenAiService service(service_options, nullptr, text ? &text->tokenizer : nullptr, admission,
+                                metrics);
+
+  // Declared before the HTTP server, so destroyed after it: its device memory is read from HTTP threads.
+  std::unique_ptr<Backend> backend;
+  // Start listening before loading weights: /health says 503 (loading) until the engine is up.
+  server::HttpServerOptions http = http_options_of(o, metrics);
+  raise_open_files_limit(http.max_connections);
   service.configure(http);
   server::HttpServer http_server(http, [&service](server::HttpRequest& r) { return service.handle(r); });
   http_server.start();
@@ -431,55 +552,19 @@ int serve(const ServeOptions& o) {
   spdlog::info("listening on {}:{} (/health answers 503 until the model is loaded)", o.host,
                http_server.port());
 
-  // Weights.
   backend = make_backend(o.device);  // outlives the engine
-  // A GPU's device memory is a memory-pressure source next to the host's; the most pressured one wins.
-  if (auto m = backend->device_memory()) {
-    spdlog::info("memory pressure: {} device memory is watched too ({:.1f} of {:.1f} GiB in use)", o.device,
-                 double(m->total_bytes - std::min(m->free_bytes, m->total_bytes)) / (1 << 30),
-                 double(m->total_bytes) / (1 << 30));
-    Backend* b = backend.get();
-    memory->add_source(o.device, [b, name = o.device]() -> std::optional<server::MemoryReading> {
-      auto now = b->device_memory();
-      if (!now) return std::nullopt;
-      return server::MemoryReading{now->total_bytes - std::min(now->free_bytes, now->total_bytes),
-                                   now->total_bytes, name};
-    });
-  }
-  ModelWeights weights;
-  if (demo) {
-    Progress p("building the demo model (random weights, Qwen3 vocabulary)");
-    weights = demo_weights(text->tokenizer, *text, o.seed);
-  } else if (o.load_format == "dummy") {
-    const std::string shape = o.preset.empty() ? o.model + "/config.json" : "preset " + o.preset;
-    Progress p("building random weights for " + shape + " (--load-format dummy)");
-    weights = dummy_weights(
-        o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json") : preset_config(o.preset), o.seed,
-        *backend);
-  } else {
-    Progress p("loading weights from " + o.model);
-    weights = load_checkpoint(o.model);
-  }
+  EngineOptions engine_options = engine_options_of(o);
+  engine_options.backend = backend.get();
+  check_engine_options(engine_options, backend->cache_memory() != nullptr);  // before the weights load
+  watch_device_memory(o, *backend, *memory);
+  ModelWeights weights = load_weights(o, text, *backend);
 
-  EngineOptions engine_options;
-  engine_options.page_size = o.page_size;
-  engine_options.max_running_requests = o.max_running_requests;
-  engine_options.mem_fraction = o.mem_fraction;
-  engine_options.cache_memory_bytes = static_cast<int64_t>(o.cache_memory_gb * (1 << 30));
   if (o.total_mem_fraction > 0) {
     engine_options.cache_memory_bytes = cache_budget_of_total_share(o, *backend, *memory);
   }
-  engine_options.chunked_prefill_size = o.chunked_prefill_size;
-  engine_options.max_prefill_tokens = o.max_prefill_tokens;
-  engine_options.max_model_len = o.max_model_len;
-  engine_options.enable_prefix_cache = !o.disable_prefix_cache;
-  engine_options.policy = o.schedule_policy == "lpm" ? SchedulePolicy::Lpm : SchedulePolicy::Fcfs;
-  engine_options.snapshot_slots = o.snapshot_slots;
-  engine_options.state_dtype = o.gdn_state_dtype == "bfloat16" ? StateDtype::BF16 : StateDtype::F32;
   if (text && !text->stop_ids.empty() && weights.config.eos_token_ids.empty()) {
     engine_options.eos_token_ids = text->stop_ids;
   }
-  engine_options.backend = backend.get();
   // --tp N: this rank's shard; the followers mirror the engine's steps, not its prefix-cache state copies.
   if (group->size() > 1) {
     check(!demo, "--model demo runs on one rank: drop --tp");
@@ -500,17 +585,7 @@ int serve(const ServeOptions& o) {
   Engine* engine_ptr = engine.get();
   metrics.set_sources([engine_ptr] { return std::optional<EngineStats>(engine_ptr->stats()); }, &admission);
   service.set_engine(engine_ptr, cap.max_model_len);
-  // Weights and caches are in place: a server already past its pressure threshold would answer every
-  // request 503, so it stops here with the numbers instead.
-  if (o.memory_pressure_threshold > 0) {
-    server::MemoryReading now = memory->reading();
-    check(now.fraction() < o.memory_pressure_threshold,
-          "{} memory is {:.1f} of {:.1f} GiB ({:.2f}) after loading the model and its caches, above "
-          "--memory-pressure-threshold {}: every request would be refused. Lower --mem-fraction or "
-          "--cache-memory-gb, or raise the threshold",
-          now.source, double(now.used_bytes) / (1 << 30), double(now.limit_bytes) / (1 << 30), now.fraction(),
-          o.memory_pressure_threshold);
-  }
+  check_memory_after_load(o, *memory);
   spdlog::info(
       "settings: model={} served as {}, device={}, tp={}, max_model_len={}, max_running_requests={}, "
       "chunked_prefill_size={}, max_prefill_tokens={}, prefix_cache={}, reasoning_parser={}, "
@@ -534,23 +609,8 @@ int serve(const ServeOptions& o) {
       static_cast<long long>(cap.max_model_len), url.c_str());
   std::fflush(stdout);
 
-  // Serve until SIGTERM/SIGINT, then drain.
   signals.wait();
-  auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout_s * 1000));
-  service.begin_drain();
-  spdlog::info("draining: {} requests in flight, up to {:.0f} s (a second signal stops at once)",
-               service.in_flight(), o.shutdown_timeout_s);
-  while (service.in_flight() > 0 && Clock::now() < deadline && signals.count() < 2) {
-    std::this_thread::sleep_for(20ms);
-  }
-  if (size_t left = service.in_flight(); left > 0) {
-    spdlog::warn("shutdown: aborting {} requests still in flight", left);
-    service.abort_all();
-    auto abort_deadline = Clock::now() + 5s;
-    while (service.in_flight() > 0 && Clock::now() < abort_deadline) std::this_thread::sleep_for(10ms);
-  }
-  http_server.stop(2s);  // lets the last responses finish writing
-  engine->shutdown();
+  drain(o, signals, service, http_server, *engine);
   spdlog::info("stopped");
   return 0;
 }

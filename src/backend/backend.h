@@ -15,9 +15,9 @@
 #include <span>
 #include <string_view>
 
-#include "cache/cache_memory.h"
-#include "cache/kv_cache.h"
 #include "common/matrix.h"
+#include "storage/cache_memory.h"
+#include "storage/kv_cache.h"
 
 namespace moeserve {
 

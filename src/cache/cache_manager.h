@@ -14,11 +14,11 @@
 #include <span>
 #include <vector>
 
-#include "cache/kv_cache.h"
 #include "cache/page_pool.h"
 #include "cache/radix_cache.h"
 #include "cache/slot_pool.h"
-#include "cache/state_cache.h"
+#include "storage/kv_cache.h"
+#include "storage/state_cache.h"
 
 namespace moeserve {
 

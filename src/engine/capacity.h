@@ -3,9 +3,9 @@
 
 #include <cstdint>
 
-#include "cache/kv_cache.h"
-#include "cache/state_cache.h"
 #include "engine/engine.h"
+#include "storage/kv_cache.h"
+#include "storage/state_cache.h"
 
 namespace moeserve {
 

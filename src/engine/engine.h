@@ -155,6 +155,11 @@ struct EngineOptions {
   int logit_candidates = -1;
 };
 
+// The rules on EngineOptions that need no model (Engine::create applies them too): a caller checks its flags
+// with them before loading one. `caches_in_backend_memory`: the backend keeps the caches in its own memory
+// (a GPU's), where the GDN state is float32 only.
+void check_engine_options(const EngineOptions& options, bool caches_in_backend_memory);
+
 // What the memory budget bought, fixed at create().
 struct EngineCapacity {
   int page_size = 0;

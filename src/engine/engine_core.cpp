@@ -82,10 +82,6 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
   auto state_spec = [&](int slots) {
     StateCacheSpec spec = model_->state_cache_spec(slots);
     spec.dtype = options_.state_dtype == StateDtype::BF16 ? DType::BF16 : DType::F32;
-    check(
-        spec.dtype == DType::F32 || spec.memory == nullptr,
-        "a bf16 GDN state needs the caches in host memory (the CPU backend); this backend keeps them in its "
-        "own memory, in float32");
     return spec;
   };
   capacity_ = size_caches(model_->kv_cache_spec(options_.page_size, 0), state_spec(0), options_,

@@ -7,9 +7,9 @@
 #include <span>
 #include <vector>
 
-#include "cache/kv_cache.h"
-#include "cache/state_cache.h"
 #include "model/qwen35.h"
+#include "storage/kv_cache.h"
+#include "storage/state_cache.h"
 
 namespace moeserve {
 

@@ -31,9 +31,9 @@
 #include <unordered_set>
 #include <vector>
 
+#include "backend/logit_candidates.h"
 #include "engine/engine.h"
 #include "engine/json_constraint.h"
-#include "model/qwen35.h"
 
 namespace moeserve {
 

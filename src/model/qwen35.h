@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "cache/kv_cache.h"
-#include "cache/state_cache.h"
+#include "backend/logit_candidates.h"
 #include "model/weights.h"
+#include "storage/kv_cache.h"
+#include "storage/state_cache.h"
 
 namespace moeserve {
 class Backend;
@@ -35,20 +36,6 @@ struct SequenceStep {
   int candidates = 0;
   float temperature = 1.0f;  // for LogitCandidates::sum_exp_t (> 0)
 };
-
-// The leading tokens of one logits row and the row's normalisers (Backend::logits_topk).
-struct LogitCandidates {
-  float max = 0;                // the row's largest logit
-  double sum_exp = 0;           // Σ exp(l - max) over the whole row
-  double sum_exp_t = 0;         // Σ exp((l - max) / temperature) over the whole row
-  int64_t vocab = 0;            // the row's length
-  std::vector<int32_t> tokens;  // most likely first; ties: lower id first
-  std::vector<float> logits;
-  bool complete() const { return int64_t(tokens.size()) >= vocab; }
-};
-
-// Reads one record of Backend::logits_topk(k) over rows of `vocab`.
-LogitCandidates read_logit_candidates(const float* record, int k, int64_t vocab);
 
 struct ForwardOutput {
   // Row-major [rows, vocab]: for each step in order, tokens.size() rows if all_logits, else one row unless

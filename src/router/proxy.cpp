@@ -507,6 +507,36 @@ struct AttemptResult {
   http::status status = http::status::bad_gateway;
 };
 
+// What a client's request brings to each attempt on a backend: proxy() makes it once.
+struct ClientRequest {
+  Request& request;  // rewritten for each backend (target, Host)
+  BodyHold& hold;    // the body's share of the memory budget, released once a backend has the response
+  const std::string& original_target;
+  const RouteRequest& route;
+  bool keep_alive = false;
+  unsigned version = 11;
+};
+
+// A backend's part in one attempt, settled with the balancer once, on whichever exit the attempt takes: the
+// outcome (which ends the backend's in-flight count) and the response it gave (its status, or "error" when
+// none came; latencies < 0 when not measured).
+class BackendTurn {
+ public:
+  BackendTurn(Balancer& balancer, const Selection& selection) : balancer_(balancer), selection_(selection) {}
+  void settle(Outcome outcome, std::string_view reason, std::string_view status, double ttfb_seconds,
+              double total_seconds) {
+    if (settled_) return;
+    settled_ = true;
+    balancer_.finish(selection_, outcome, reason);
+    balancer_.record_response(*selection_.backend, status, ttfb_seconds, total_seconds);
+  }
+
+ private:
+  Balancer& balancer_;
+  const Selection& selection_;
+  bool settled_ = false;
+};
+
 // How reading a request body ended.
 enum class BodyEnd { complete, too_large, over_budget, timed_out, malformed, gone };
 
@@ -926,6 +956,7 @@ struct Router::Impl {
     request.keep_alive(true);
     request.prepare_payload();
 
+    ClientRequest client_request{request, hold, original_target, route, client_keep_alive, client_version};
     std::vector<int> tried;
     std::string last_error = "no backend is available (all ejected, unhealthy, draining or busy)";
     for (int attempt = 0; attempt <= config.retries; ++attempt) {
@@ -933,8 +964,8 @@ struct Router::Impl {
       if (!selection) break;
       tried.push_back(selection->backend->id);
       bool may_retry = attempt < config.retries;
-      AttemptResult result = co_await attempt_on(worker, *selection, client, request, hold, original_target,
-                                                 route, tried, may_retry, client_keep_alive, client_version);
+      AttemptResult result =
+          co_await attempt_on(worker, *selection, client, client_request, tried, may_retry);
       if (result.end == AttemptEnd::delivered) co_return result.client_reusable&& client_keep_alive;
       if (result.end == AttemptEnd::client_gone) co_return false;
       if (ending) {  // the drain's deadline cancelled the attempt: no other backend gets the request
@@ -1064,18 +1095,19 @@ struct Router::Impl {
   }
 
   awaitable<AttemptResult> attempt_on(Worker& worker, const Selection& selection, TimedSocket& client,
-                                      Request& request, BodyHold& hold, const std::string& original_target,
-                                      const RouteRequest& route, const std::vector<int>& tried,
-                                      bool may_retry, bool client_keep_alive, unsigned client_version) {
+                                      ClientRequest& client_request, const std::vector<int>& tried,
+                                      bool may_retry) {
+    Request& request = client_request.request;
+    const std::string& original_target = client_request.original_target;
     Backend& backend = *selection.backend;
+    BackendTurn turn(balancer, selection);
     auto started = Clock::now();
     request.target(backend.address.prefix + original_target);
     request.set(http::field::host, backend.address.host_header);
     bool may_resend = replayable(request.method());
 
     auto fail_attempt = [&](std::string reason, Outcome outcome = Outcome::failure) {
-      balancer.finish(selection, outcome, reason);
-      balancer.record_response(backend, "error", -1, -1);
+      turn.settle(outcome, reason, "error", -1, -1);
       return AttemptResult{AttemptEnd::retry, false, std::move(reason)};
     };
     // The request may have reached the backend, and it is not idempotent: it goes nowhere else. A backend
@@ -1158,15 +1190,15 @@ struct Router::Impl {
     // proxy may mean that its own upstream died on it, so only an idempotent request goes again after one.
     bool refused = status == 429 || status == 503;
     bool gateway_error = status == 502 || status == 504;
-    if ((refused || (gateway_error && may_resend)) && may_retry && balancer.can_route(route, tried)) {
+    if ((refused || (gateway_error && may_resend)) && may_retry &&
+        balancer.can_route(client_request.route, tried)) {
       if (status == 429) {
         if (auto wait = parse_retry_after(head[http::field::retry_after]))
           balancer.retry_after(backend, Duration(static_cast<int64_t>(*wait * 1000)));
-        balancer.finish(selection, Outcome::neutral);
+        turn.settle(Outcome::neutral, "", std::to_string(status), ttfb, seconds_since(started));
       } else {
-        balancer.finish(selection, Outcome::failure, status_reason());
+        turn.settle(Outcome::failure, status_reason(), std::to_string(status), ttfb, seconds_since(started));
       }
-      balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
       co_return AttemptResult{AttemptEnd::retry, false, status_reason()};
     }
     bool event_stream = head[http::field::content_type].starts_with("text/event-stream");
@@ -1175,18 +1207,18 @@ struct Router::Impl {
     // The response is committed to this backend from here on: nothing will send the body again, so its memory
     // goes back to the budget now rather than when a stream ends minutes later.
     request.body() = std::string();
-    hold.release();
+    client_request.hold.release();
     Outcome outcome = (status == 502 || status == 503 || status == 504) ? Outcome::failure : Outcome::success;
     if (status == 429) outcome = Outcome::neutral;
     // The backend's part is over: release it (before the last bytes go out, as nginx does, so that a client
     // that sends its next request at once already sees the backend's in-flight count without this one).
     auto release_backend = [&] {
-      balancer.finish(selection, outcome, outcome == Outcome::failure ? status_reason() : std::string());
-      balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
+      turn.settle(outcome, outcome == Outcome::failure ? status_reason() : std::string(),
+                  std::to_string(status), ttfb, seconds_since(started));
       if (parser->keep_alive() && buffer.size() == 0) put_idle(worker, backend.id, std::move(upstream));
     };
 
-    http::response<http::buffer_body> response{head.result(), client_version == 10 ? 10u : 11u};
+    http::response<http::buffer_body> response{head.result(), client_request.version == 10 ? 10u : 11u};
     response.reason(head.reason());
     for (const auto& field : head)
       if (!hop_by_hop(field.name())) response.insert(field.name_string(), field.value());
@@ -1197,18 +1229,17 @@ struct Router::Impl {
     if (!no_body) {
       if (auto length = parser->content_length())
         response.content_length(*length);
-      else if (client_version >= 11)
+      else if (client_request.version >= 11)
         response.chunked(true);
       else
         ends_with_close = true;
     }
-    response.keep_alive(client_keep_alive && !draining && !ends_with_close);
+    response.keep_alive(client_request.keep_alive && !draining && !ends_with_close);
     http::response_serializer<http::buffer_body> serializer{response};
     balancer.count_client_response(status);
 
     auto client_gone = [&]() {
-      balancer.finish(selection, Outcome::neutral);
-      balancer.record_response(backend, std::to_string(status), ttfb, -1);
+      turn.settle(Outcome::neutral, "", std::to_string(status), ttfb, -1);
       return AttemptResult{AttemptEnd::client_gone, false, {}};
     };
 
@@ -1322,8 +1353,8 @@ struct Router::Impl {
       spdlog::info("route: ending {} from {} at the shutdown deadline", original_target, backend.url);
     else
       spdlog::warn("route: backend {} failed mid-response for {}: {}", backend.url, original_target, failure);
-    balancer.finish(selection, cut_short ? Outcome::neutral : failure_outcome, cut_short ? "" : failure);
-    balancer.record_response(backend, std::to_string(status), ttfb, seconds_since(started));
+    turn.settle(cut_short ? Outcome::neutral : failure_outcome, cut_short ? "" : failure,
+                std::to_string(status), ttfb, seconds_since(started));
     if (event_stream && (response.chunked() || ends_with_close)) {
       std::string event;
       if (cut_short) {

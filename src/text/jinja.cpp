@@ -669,247 +669,347 @@ std::string percent_format(const std::string& fmt, const List& values) {
   return out;
 }
 
-Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Args& a) {
-  auto need_string = [&](const Value& x) -> std::string {
-    if (x.is_undefined()) return "";
-    return to_string(x);
+// The filters, one function each, found by name in one table (filters that share a body get its names).
+// Each takes the interpreter (for filters that apply filters), the name it was called by, the value and the
+// call's arguments.
+using FilterFn = Value (*)(Interpreter& in, const std::string& name, const Value& v, Args& a);
+
+// A filter's string operand: an undefined value is the empty string, as in Jinja2.
+std::string filter_text(const Value& x) {
+  if (x.is_undefined()) return "";
+  return to_string(x);
+}
+
+Value filter_safe_or_string(Interpreter&, const std::string& name, const Value& v, Args&) {
+  return name == "safe" && !v.is_string() ? v : Value(to_string(v));
+}
+
+Value filter_tojson(Interpreter&, const std::string&, const Value& v, Args& a) {
+  const Value& indent = arg(a, 0, "indent", kNoneValue);
+  return Value(to_json(v, indent.is_none() || indent.is_undefined() ? -1 : static_cast<int>(indent.as_int()),
+                       arg(a, 1, "sort_keys", Value(false)).truthy()));
+}
+
+Value filter_trim(Interpreter&, const std::string&, const Value& v, Args& a) {
+  return Value(strip_chars(filter_text(v), arg(a, 0, "chars", kNoneValue), true, true));
+}
+
+Value filter_length(Interpreter&, const std::string&, const Value& v, Args&) {
+  return Value(length_of(v));
+}
+
+Value filter_lower(Interpreter&, const std::string&, const Value& v, Args&) {
+  return Value(case_map(filter_text(v), 0));
+}
+
+Value filter_upper(Interpreter&, const std::string&, const Value& v, Args&) {
+  return Value(case_map(filter_text(v), 1));
+}
+
+Value filter_title(Interpreter&, const std::string&, const Value& v, Args&) {
+  return Value(case_map(filter_text(v), 2));
+}
+
+Value filter_capitalize(Interpreter&, const std::string&, const Value& v, Args&) {
+  return Value(case_map(filter_text(v), 3));
+}
+
+Value filter_escape(Interpreter&, const std::string&, const Value& v, Args&) {
+  return Value(html_escape(filter_text(v)));
+}
+
+Value filter_replace(Interpreter&, const std::string&, const Value& v, Args& a) {
+  return Value(replace_all(filter_text(v), to_string(arg(a, 0, "old", Value(""))),
+                           to_string(arg(a, 1, "new", Value(""))), arg(a, 2, "count", Value(-1)).as_int()));
+}
+
+Value filter_default(Interpreter&, const std::string&, const Value& v, Args& a) {
+  bool boolean = arg(a, 1, "boolean", Value(false)).truthy();
+  if (v.is_undefined() || (boolean && !v.truthy())) return arg(a, 0, "default_value", Value(""));
+  return v;
+}
+
+Value filter_items(Interpreter&, const std::string&, const Value& v, Args&) {
+  if (v.is_undefined()) return Value(List{});
+  if (!v.is_dict()) raise("TypeError", "Can only get item pairs from a mapping.");
+  List out;
+  for (const auto& [k, x] : v.as_dict().items) out.emplace_back(List{Value(k), x});
+  return Value(std::move(out));
+}
+
+Value filter_list(Interpreter&, const std::string&, const Value& v, Args&) {
+  return Value(iterate(v));
+}
+
+Value filter_first_or_last(Interpreter&, const std::string& name, const Value& v, Args&) {
+  List l = iterate(v);
+  if (l.empty()) return Value::undefined("No first item, sequence was empty.");
+  return name == "first" ? l.front() : l.back();
+}
+
+Value filter_reverse(Interpreter&, const std::string&, const Value& v, Args&) {
+  if (v.is_string()) {
+    auto cps = code_points(v.as_string());
+    std::reverse(cps.begin(), cps.end());
+    return Value(from_code_points(cps));
+  }
+  List l = iterate(v);
+  std::reverse(l.begin(), l.end());
+  return Value(std::move(l));
+}
+
+Value filter_join(Interpreter&, const std::string&, const Value& v, Args& a) {
+  const Value& attribute = arg(a, 1, "attribute", kNoneValue);
+  std::string sep = to_string(arg(a, 0, "d", Value("")));
+  std::string out;
+  bool first = true;
+  for (const Value& x : iterate(v)) {
+    if (!first) out += sep;
+    out += to_string(attribute.is_none() ? x : attribute_path(x, to_string(attribute)));
+    first = false;
+  }
+  return Value(out);
+}
+
+Value filter_map(Interpreter& in, const std::string&, const Value& v, Args& a) {
+  List out;
+  if (const Value* attribute = a.kw("attribute")) {
+    const Value* dflt = a.kw("default");
+    for (const Value& x : iterate(v)) {
+      Value r = attribute_path(x, to_string(*attribute));
+      out.push_back(r.is_undefined() && dflt ? *dflt : r);
+    }
+    return Value(std::move(out));
+  }
+  if (a.positional.empty()) raise("FilterArgumentError", "map requires a filter argument");
+  std::string filter = to_string(a.positional[0]);
+  Args rest;
+  rest.positional.assign(a.positional.begin() + 1, a.positional.end());
+  rest.keyword = a.keyword;
+  for (const Value& x : iterate(v)) out.push_back(apply_filter(in, filter, x, rest));
+  return Value(std::move(out));
+}
+
+Value filter_select_or_reject(Interpreter&, const std::string& name, const Value& v, Args& a) {
+  bool by_attr = name.ends_with("attr");
+  bool keep_when = name.starts_with("select");
+  size_t first_arg = by_attr ? 1 : 0;
+  std::string attr = by_attr ? to_string(arg(a, 0, "attribute", Value(""))) : "";
+  std::string test = a.positional.size() > first_arg ? to_string(a.positional[first_arg]) : "";
+  Args targs;
+  if (a.positional.size() > first_arg + 1)
+    targs.positional.assign(a.positional.begin() + static_cast<std::ptrdiff_t>(first_arg) + 1,
+                            a.positional.end());
+  List out;
+  for (const Value& x : iterate(v)) {
+    Value subject = by_attr ? attribute_path(x, attr) : x;
+    bool ok = test.empty() ? subject.truthy() : run_test(test, subject, targs);
+    if (ok == keep_when) out.push_back(x);
+  }
+  return Value(std::move(out));
+}
+
+Value filter_unique(Interpreter&, const std::string&, const Value& v, Args&) {
+  List out;
+  for (const Value& x : iterate(v))
+    if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equals(x, y); })) out.push_back(x);
+  return Value(std::move(out));
+}
+
+Value filter_sort_or_dictsort(Interpreter&, const std::string& name, const Value& v, Args& a) {
+  bool reverse = arg(a, name == "sort" ? 0 : 2, "reverse", Value(false)).truthy();
+  const Value& attribute = name == "sort" ? arg(a, 2, "attribute", kNoneValue) : kNoneValue;
+  List l;
+  if (name == "dictsort") {
+    if (!v.is_dict()) raise("FilterArgumentError", "You can only sort by either \"key\" or \"value\"");
+    for (const auto& [k, x] : v.as_dict().items) l.emplace_back(List{Value(k), x});
+  } else {
+    l = iterate(v);
+  }
+  bool by_value = name == "dictsort" && to_string(arg(a, 1, "by", Value("key"))) == "value";
+  auto key = [&](const Value& x) {
+    if (name == "dictsort") return x.as_list()[by_value ? 1 : 0];
+    return attribute.is_none() ? x : attribute_path(x, to_string(attribute));
   };
-  if (name == "safe" || name == "string") return name == "safe" && !v.is_string() ? v : Value(to_string(v));
-  if (name == "tojson") {
-    const Value& indent = arg(a, 0, "indent", kNoneValue);
-    return Value(to_json(v,
-                         indent.is_none() || indent.is_undefined() ? -1 : static_cast<int>(indent.as_int()),
-                         arg(a, 1, "sort_keys", Value(false)).truthy()));
-  }
-  if (name == "trim") return Value(strip_chars(need_string(v), arg(a, 0, "chars", kNoneValue), true, true));
-  if (name == "length" || name == "count") return Value(length_of(v));
-  if (name == "lower") return Value(case_map(need_string(v), 0));
-  if (name == "upper") return Value(case_map(need_string(v), 1));
-  if (name == "title") return Value(case_map(need_string(v), 2));
-  if (name == "capitalize") return Value(case_map(need_string(v), 3));
-  if (name == "escape" || name == "e") return Value(html_escape(need_string(v)));
-  if (name == "replace")
-    return Value(replace_all(need_string(v), to_string(arg(a, 0, "old", Value(""))),
-                             to_string(arg(a, 1, "new", Value(""))), arg(a, 2, "count", Value(-1)).as_int()));
-  if (name == "default" || name == "d") {
-    bool boolean = arg(a, 1, "boolean", Value(false)).truthy();
-    if (v.is_undefined() || (boolean && !v.truthy())) return arg(a, 0, "default_value", Value(""));
-    return v;
-  }
-  if (name == "items") {
-    if (v.is_undefined()) return Value(List{});
-    if (!v.is_dict()) raise("TypeError", "Can only get item pairs from a mapping.");
-    List out;
-    for (const auto& [k, x] : v.as_dict().items) out.emplace_back(List{Value(k), x});
-    return Value(std::move(out));
-  }
-  if (name == "list") return Value(iterate(v));
-  if (name == "first" || name == "last") {
-    List l = iterate(v);
-    if (l.empty()) return Value::undefined("No first item, sequence was empty.");
-    return name == "first" ? l.front() : l.back();
-  }
-  if (name == "reverse") {
-    if (v.is_string()) {
-      auto cps = code_points(v.as_string());
-      std::reverse(cps.begin(), cps.end());
-      return Value(from_code_points(cps));
+  std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
+    Value kx = key(x), ky = key(y);
+    if (kx.is_string() && ky.is_string()) {  // case-insensitive by default
+      kx = Value(case_map(kx.as_string(), 0));
+      ky = Value(case_map(ky.as_string(), 0));
     }
-    List l = iterate(v);
-    std::reverse(l.begin(), l.end());
-    return Value(std::move(l));
-  }
-  if (name == "join") {
-    const Value& attribute = arg(a, 1, "attribute", kNoneValue);
-    std::string sep = to_string(arg(a, 0, "d", Value("")));
-    std::string out;
-    bool first = true;
-    for (const Value& x : iterate(v)) {
-      if (!first) out += sep;
-      out += to_string(attribute.is_none() ? x : attribute_path(x, to_string(attribute)));
-      first = false;
+    return reverse ? compare(ky, kx, "<") < 0 : compare(kx, ky, "<") < 0;
+  });
+  return Value(std::move(l));
+}
+
+Value filter_int(Interpreter&, const std::string&, const Value& v, Args& a) {
+  if (v.is_int() || v.is_bool()) return Value(v.as_int());
+  if (v.is_float()) return Value(static_cast<int64_t>(v.as_float()));
+  if (v.is_string()) {
+    try {
+      size_t used = 0;
+      std::string s = strip_chars(v.as_string(), kNoneValue, true, true);
+      int64_t r = std::stoll(s, &used, 10);
+      if (used == s.size()) return Value(r);
+      return Value(static_cast<int64_t>(std::stod(s)));
+    } catch (const std::exception&) {
     }
-    return Value(out);
   }
-  if (name == "map") {
-    List out;
-    if (const Value* attribute = a.kw("attribute")) {
-      const Value* dflt = a.kw("default");
-      for (const Value& x : iterate(v)) {
-        Value r = attribute_path(x, to_string(*attribute));
-        out.push_back(r.is_undefined() && dflt ? *dflt : r);
-      }
-      return Value(std::move(out));
+  return arg(a, 0, "default", Value(0));
+}
+
+Value filter_float(Interpreter&, const std::string&, const Value& v, Args& a) {
+  if (v.is_number()) return Value(v.as_float());
+  if (v.is_string()) {
+    try {
+      return Value(std::stod(v.as_string()));
+    } catch (const std::exception&) {
     }
-    if (a.positional.empty()) raise("FilterArgumentError", "map requires a filter argument");
-    std::string filter = to_string(a.positional[0]);
-    Args rest;
-    rest.positional.assign(a.positional.begin() + 1, a.positional.end());
-    rest.keyword = a.keyword;
-    for (const Value& x : iterate(v)) out.push_back(apply_filter(in, filter, x, rest));
-    return Value(std::move(out));
   }
-  if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
-    bool by_attr = name.ends_with("attr");
-    bool keep_when = name.starts_with("select");
-    size_t first_arg = by_attr ? 1 : 0;
-    std::string attr = by_attr ? to_string(arg(a, 0, "attribute", Value(""))) : "";
-    std::string test = a.positional.size() > first_arg ? to_string(a.positional[first_arg]) : "";
-    Args targs;
-    if (a.positional.size() > first_arg + 1)
-      targs.positional.assign(a.positional.begin() + static_cast<std::ptrdiff_t>(first_arg) + 1,
-                              a.positional.end());
-    List out;
-    for (const Value& x : iterate(v)) {
-      Value subject = by_attr ? attribute_path(x, attr) : x;
-      bool ok = test.empty() ? subject.truthy() : run_test(test, subject, targs);
-      if (ok == keep_when) out.push_back(x);
-    }
-    return Value(std::move(out));
+  return arg(a, 0, "default", Value(0.0));
+}
+
+Value filter_abs(Interpreter&, const std::string&, const Value& v, Args&) {
+  if (v.is_float()) return Value(std::fabs(v.as_float()));
+  return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+}
+
+Value filter_round(Interpreter&, const std::string&, const Value& v, Args& a) {
+  int64_t precision = arg(a, 0, "precision", Value(0)).as_int();
+  std::string method = to_string(arg(a, 1, "method", Value("common")));
+  double scale = std::pow(10.0, static_cast<double>(precision));
+  double x = v.as_float() * scale;
+  x = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::round(x);
+  return Value(x / scale);
+}
+
+Value filter_sum(Interpreter&, const std::string&, const Value& v, Args& a) {
+  const Value& attribute = arg(a, 0, "attribute", kNoneValue);
+  Value total = arg(a, 1, "start", Value(0));
+  for (const Value& x : iterate(v)) {
+    Value item = attribute.is_none() ? x : attribute_path(x, to_string(attribute));
+    total = total.is_int() && item.is_int() ? Value(total.as_int() + item.as_int())
+                                            : Value(total.as_float() + item.as_float());
   }
-  if (name == "unique") {
-    List out;
-    for (const Value& x : iterate(v))
-      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equals(x, y); }))
-        out.push_back(x);
-    return Value(std::move(out));
+  return total;
+}
+
+Value filter_min_or_max(Interpreter&, const std::string& name, const Value& v, Args& a) {
+  List l = iterate(v);
+  if (l.empty()) return Value::undefined("No aggregated item, sequence was empty.");
+  const Value& attribute = arg(a, 1, "attribute", kNoneValue);
+  auto key = [&](const Value& x) {
+    return attribute.is_none() ? x : attribute_path(x, to_string(attribute));
+  };
+  Value best = l[0];
+  for (const Value& x : l) {
+    int c = compare(key(x), key(best), "<");
+    if (name == "min" ? c < 0 : c > 0) best = x;
   }
-  if (name == "sort" || name == "dictsort") {
-    bool reverse = arg(a, name == "sort" ? 0 : 2, "reverse", Value(false)).truthy();
-    const Value& attribute = name == "sort" ? arg(a, 2, "attribute", kNoneValue) : kNoneValue;
-    List l;
-    if (name == "dictsort") {
-      if (!v.is_dict()) raise("FilterArgumentError", "You can only sort by either \"key\" or \"value\"");
-      for (const auto& [k, x] : v.as_dict().items) l.emplace_back(List{Value(k), x});
-    } else {
-      l = iterate(v);
-    }
-    bool by_value = name == "dictsort" && to_string(arg(a, 1, "by", Value("key"))) == "value";
-    auto key = [&](const Value& x) {
-      if (name == "dictsort") return x.as_list()[by_value ? 1 : 0];
-      return attribute.is_none() ? x : attribute_path(x, to_string(attribute));
-    };
-    std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
-      Value kx = key(x), ky = key(y);
-      if (kx.is_string() && ky.is_string()) {  // case-insensitive by default
-        kx = Value(case_map(kx.as_string(), 0));
-        ky = Value(case_map(ky.as_string(), 0));
-      }
-      return reverse ? compare(ky, kx, "<") < 0 : compare(kx, ky, "<") < 0;
-    });
-    return Value(std::move(l));
+  return best;
+}
+
+Value filter_wordcount(Interpreter&, const std::string&, const Value& v, Args&) {
+  return Value(static_cast<int64_t>(split_string(filter_text(v), kNoneValue, -1).size()));
+}
+
+Value filter_indent(Interpreter&, const std::string&, const Value& v, Args& a) {
+  const Value& width_v = arg(a, 0, "width", Value(4));
+  std::string pad =
+      width_v.is_string() ? width_v.as_string() : std::string(static_cast<size_t>(width_v.as_int()), ' ');
+  bool first = arg(a, 1, "first", Value(false)).truthy();
+  bool blank = arg(a, 2, "blank", Value(false)).truthy();
+  std::string s = filter_text(v), out;
+  List lines = split_string(s, Value("\n"), -1);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i].as_string();
+    if (i > 0) out += '\n';
+    if ((i > 0 || first) && (blank || !line.empty())) out += pad;
+    out += line;
   }
-  if (name == "int") {
-    if (v.is_int() || v.is_bool()) return Value(v.as_int());
-    if (v.is_float()) return Value(static_cast<int64_t>(v.as_float()));
-    if (v.is_string()) {
-      try {
-        size_t used = 0;
-        std::string s = strip_chars(v.as_string(), kNoneValue, true, true);
-        int64_t r = std::stoll(s, &used, 10);
-        if (used == s.size()) return Value(r);
-        return Value(static_cast<int64_t>(std::stod(s)));
-      } catch (const std::exception&) {
-      }
-    }
-    return arg(a, 0, "default", Value(0));
+  return Value(out);
+}
+
+Value filter_format(Interpreter&, const std::string&, const Value& v, Args& a) {
+  List values = a.positional;
+  return Value(percent_format(filter_text(v), values));
+}
+
+Value filter_attr(Interpreter&, const std::string&, const Value& v, Args& a) {
+  return get_attr(v, to_string(arg(a, 0, "name", Value(""))));
+}
+
+Value filter_batch(Interpreter&, const std::string&, const Value& v, Args& a) {
+  int64_t size = arg(a, 0, "linecount", Value(1)).as_int();
+  if (size <= 0) raise("FilterArgumentError", "batch size must be positive");
+  List out, cur;
+  for (const Value& x : iterate(v)) {
+    cur.push_back(x);
+    if (static_cast<int64_t>(cur.size()) == size) out.emplace_back(std::move(cur)), cur.clear();
   }
-  if (name == "float") {
-    if (v.is_number()) return Value(v.as_float());
-    if (v.is_string()) {
-      try {
-        return Value(std::stod(v.as_string()));
-      } catch (const std::exception&) {
-      }
-    }
-    return arg(a, 0, "default", Value(0.0));
+  if (!cur.empty()) {
+    if (const Value* fill = a.positional.size() > 1 ? &a.positional[1] : a.kw("fill_with"))
+      while (static_cast<int64_t>(cur.size()) < size) cur.push_back(*fill);
+    out.emplace_back(std::move(cur));
   }
-  if (name == "abs") {
-    if (v.is_float()) return Value(std::fabs(v.as_float()));
-    return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
-  }
-  if (name == "round") {
-    int64_t precision = arg(a, 0, "precision", Value(0)).as_int();
-    std::string method = to_string(arg(a, 1, "method", Value("common")));
-    double scale = std::pow(10.0, static_cast<double>(precision));
-    double x = v.as_float() * scale;
-    x = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::round(x);
-    return Value(x / scale);
-  }
-  if (name == "sum") {
-    const Value& attribute = arg(a, 0, "attribute", kNoneValue);
-    Value total = arg(a, 1, "start", Value(0));
-    for (const Value& x : iterate(v)) {
-      Value item = attribute.is_none() ? x : attribute_path(x, to_string(attribute));
-      total = total.is_int() && item.is_int() ? Value(total.as_int() + item.as_int())
-                                              : Value(total.as_float() + item.as_float());
-    }
-    return total;
-  }
-  if (name == "min" || name == "max") {
-    List l = iterate(v);
-    if (l.empty()) return Value::undefined("No aggregated item, sequence was empty.");
-    const Value& attribute = arg(a, 1, "attribute", kNoneValue);
-    auto key = [&](const Value& x) {
-      return attribute.is_none() ? x : attribute_path(x, to_string(attribute));
-    };
-    Value best = l[0];
-    for (const Value& x : l) {
-      int c = compare(key(x), key(best), "<");
-      if (name == "min" ? c < 0 : c > 0) best = x;
-    }
-    return best;
-  }
-  if (name == "wordcount")
-    return Value(static_cast<int64_t>(split_string(need_string(v), kNoneValue, -1).size()));
-  if (name == "indent") {
-    const Value& width_v = arg(a, 0, "width", Value(4));
-    std::string pad =
-        width_v.is_string() ? width_v.as_string() : std::string(static_cast<size_t>(width_v.as_int()), ' ');
-    bool first = arg(a, 1, "first", Value(false)).truthy();
-    bool blank = arg(a, 2, "blank", Value(false)).truthy();
-    std::string s = need_string(v), out;
-    List lines = split_string(s, Value("\n"), -1);
-    for (size_t i = 0; i < lines.size(); ++i) {
-      const std::string& line = lines[i].as_string();
-      if (i > 0) out += '\n';
-      if ((i > 0 || first) && (blank || !line.empty())) out += pad;
-      out += line;
-    }
-    return Value(out);
-  }
-  if (name == "format") {
-    List values = a.positional;
-    return Value(percent_format(need_string(v), values));
-  }
-  if (name == "attr") return get_attr(v, to_string(arg(a, 0, "name", Value(""))));
-  if (name == "batch") {
-    int64_t size = arg(a, 0, "linecount", Value(1)).as_int();
-    if (size <= 0) raise("FilterArgumentError", "batch size must be positive");
-    List out, cur;
-    for (const Value& x : iterate(v)) {
-      cur.push_back(x);
-      if (static_cast<int64_t>(cur.size()) == size) out.emplace_back(std::move(cur)), cur.clear();
-    }
-    if (!cur.empty()) {
-      if (const Value* fill = a.positional.size() > 1 ? &a.positional[1] : a.kw("fill_with"))
-        while (static_cast<int64_t>(cur.size()) < size) cur.push_back(*fill);
-      out.emplace_back(std::move(cur));
-    }
-    return Value(std::move(out));
-  }
+  return Value(std::move(out));
+}
+
+const FilterFn* find_filter(const std::string& name) {
+  static const std::unordered_map<std::string, FilterFn> kFilters = {
+      {"safe", filter_safe_or_string},
+      {"string", filter_safe_or_string},
+      {"tojson", filter_tojson},
+      {"trim", filter_trim},
+      {"length", filter_length},
+      {"count", filter_length},
+      {"lower", filter_lower},
+      {"upper", filter_upper},
+      {"title", filter_title},
+      {"capitalize", filter_capitalize},
+      {"escape", filter_escape},
+      {"e", filter_escape},
+      {"replace", filter_replace},
+      {"default", filter_default},
+      {"d", filter_default},
+      {"items", filter_items},
+      {"list", filter_list},
+      {"first", filter_first_or_last},
+      {"last", filter_first_or_last},
+      {"reverse", filter_reverse},
+      {"join", filter_join},
+      {"map", filter_map},
+      {"select", filter_select_or_reject},
+      {"reject", filter_select_or_reject},
+      {"selectattr", filter_select_or_reject},
+      {"rejectattr", filter_select_or_reject},
+      {"unique", filter_unique},
+      {"sort", filter_sort_or_dictsort},
+      {"dictsort", filter_sort_or_dictsort},
+      {"int", filter_int},
+      {"float", filter_float},
+      {"abs", filter_abs},
+      {"round", filter_round},
+      {"sum", filter_sum},
+      {"min", filter_min_or_max},
+      {"max", filter_min_or_max},
+      {"wordcount", filter_wordcount},
+      {"indent", filter_indent},
+      {"format", filter_format},
+      {"attr", filter_attr},
+      {"batch", filter_batch},
+  };
+  auto it = kFilters.find(name);
+  return it == kFilters.end() ? nullptr : &it->second;
+}
+
+Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Args& a) {
+  if (const FilterFn* filter = find_filter(name)) return (*filter)(in, name, v, a);
   raise("TemplateAssertionError", "No filter named '" + name + "'.");
 }
 
 bool is_known_filter(const std::string& name) {
-  static const char* kFilters[] = {"safe",       "string",     "tojson", "trim",       "length",   "count",
-                                   "lower",      "upper",      "title",  "capitalize", "escape",   "e",
-                                   "replace",    "default",    "d",      "items",      "list",     "first",
-                                   "last",       "reverse",    "join",   "map",        "select",   "reject",
-                                   "selectattr", "rejectattr", "unique", "sort",       "dictsort", "int",
-                                   "float",      "abs",        "round",  "sum",        "min",      "max",
-                                   "wordcount",  "indent",     "format", "attr",       "batch"};
-  return std::find(std::begin(kFilters), std::end(kFilters), name) != std::end(kFilters);
+  return find_filter(name) != nullptr;
 }
 
 // ================================================================================================

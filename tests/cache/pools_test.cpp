@@ -6,8 +6,8 @@
 
 #include "cache/page_pool.h"
 #include "cache/slot_pool.h"
-#include "cache/state_cache.h"
 #include "common/error.h"
+#include "storage/state_cache.h"
 
 namespace moeserve {
 namespace {

@@ -179,6 +179,17 @@ TEST_F(ServeFlags, ConflictsAndNonFp8QuantizationAreRefused) {
   expect_refused({"demo", "--quantization", "fp8"}, {"--quantization fp8", "does not quantize at load"});
 }
 
+// Numbers out of range and rules that join two flags are refused before the tokenizer or the weights load as
+// well (the engine's rules were checked only once the weights were in: minutes with a 35B checkpoint).
+TEST_F(ServeFlags, RangesAndJoinedRulesFailBeforeAnythingLoads) {
+  expect_refused({"demo", "--page-size", "0"}, {"page size must be positive, got 0"});
+  expect_refused({"demo", "--mem-fraction", "2"}, {"mem fraction must be in [0, 1], got 2"});
+  expect_refused({"demo", "--max-running-requests", "0"}, {"max running requests must be positive, got 0"});
+  expect_refused({"demo", "--max-request-body-mb", "64", "--max-buffered-body-mb", "32"},
+                 {"--max-buffered-body-mb 32 is below --max-request-body-mb 64"});
+  expect_refused({"demo", "--max-connections", "0"}, {"--max-connections 0: expected at least 1"});
+}
+
 // --log-level is moeserve's own option and works after the subcommand, as in SGLang's and vLLM's lines.
 TEST_F(ServeFlags, LogLevelAfterTheSubcommand) {
   ServeProcess p({"demo", "--cache-memory-gb", "0.0625", "--log-level", "warning"});

@@ -1,5 +1,5 @@
 #pragma once
-// The inner loop of the weight-streaming GEMV kernels (dense and per-expert): one warp, kRows weight rows,
+// The inner loops of the weight-streaming GEMV kernels (dense and per-expert): one warp, kRows weight rows,
 // up to kTokens activation rows given by pointer.
 
 #include "backend/cuda/common.cuh"
@@ -14,6 +14,45 @@ inline bool vector_rows(const WeightView& w) {
   if constexpr (T == WType::FP8)  // a vector never straddles scales; its scale is found by a shift
     ok = ok && w.block_cols % W<T>::kVec == 0 && is_pow2(w.block_cols);
   return ok;
+}
+
+// xv = x[c*V, c*V + V) as float4 loads through the read-only cache (x 16-byte aligned).
+template <int V>
+__device__ __forceinline__ void load_x_vec(const float* x, int64_t c, float (&xv)[V]) {
+  const float4* xp = reinterpret_cast<const float4*>(x + c * V);
+#pragma unroll
+  for (int e = 0; e < V / 4; ++e) {
+    const float4 f = __ldg(xp + e);
+    xv[4 * e] = f.x, xv[4 * e + 1] = f.y, xv[4 * e + 2] = f.z, xv[4 * e + 3] = f.w;
+  }
+}
+
+// The tile step every GEMV-style loop shares: acc[r][t] += wv[r] · x[t][chunk c] for the tokens t < nt, each x
+// vector loaded once and used by every row. kScaled (FP8): a row's V products are summed first and scaled once
+// by sc[r] (a vector lies in one scale block); otherwise sc is not read.
+template <bool kScaled, int V, int kRows, int kTokens>
+__device__ __forceinline__ void fma_tile(const float (&wv)[kRows][V], const float* sc,
+                                         const float* const (&x)[kTokens], int64_t c, int nt,
+                                         float (&acc)[kRows][kTokens]) {
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t) {
+    if (t < nt) {
+      float xv[V];
+      load_x_vec(x[t], c, xv);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if constexpr (kScaled) {
+          float p = 0.0f;
+#pragma unroll
+          for (int e = 0; e < V; ++e) p = fmaf(wv[r][e], xv[e], p);
+          acc[r][t] = fmaf(sc[r], p, acc[r][t]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[r][t] = fmaf(wv[r][e], xv[e], acc[r][t]);
+        }
+      }
+    }
+  }
 }
 
 // acc[r][t] += w[row0 + r] · x[t] over this lane's share of the columns (the caller reduces across the warp);
@@ -47,25 +86,7 @@ __device__ __forceinline__ void gemv_lane(const float* const (&x)[kTokens], int 
         W<T>::load_vec(wrow[r] + c * V, wv[r]);
         sc[r] = __ldg(srow[r] + ((c * V) >> shift)) * live[r];
       }
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) {
-        if (t < nt) {
-          const float4* xp = reinterpret_cast<const float4*>(x[t] + c * V);
-          float xv[V];
-#pragma unroll
-          for (int e = 0; e < V / 4; ++e) {
-            const float4 f = __ldg(xp + e);
-            xv[4 * e] = f.x, xv[4 * e + 1] = f.y, xv[4 * e + 2] = f.z, xv[4 * e + 3] = f.w;
-          }
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            float p = 0.0f;
-#pragma unroll
-            for (int e = 0; e < V; ++e) p = fmaf(wv[r][e], xv[e], p);
-            acc[r][t] = fmaf(sc[r], p, acc[r][t]);
-          }
-        }
-      }
+      fma_tile<true>(wv, sc, x, c, nt, acc);
     }
   } else if constexpr (kVector) {
     constexpr int V = W<T>::kVec;
@@ -83,22 +104,7 @@ __device__ __forceinline__ void gemv_lane(const float* const (&x)[kTokens], int 
           for (int e = 0; e < V; ++e) wv[r][e] = 0.0f;
         }
       }
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) {
-        if (t < nt) {
-          const float4* xp = reinterpret_cast<const float4*>(x[t] + c * V);
-          float xv[V];
-#pragma unroll
-          for (int e = 0; e < V / 4; ++e) {
-            const float4 f = __ldg(xp + e);
-            xv[4 * e] = f.x, xv[4 * e + 1] = f.y, xv[4 * e + 2] = f.z, xv[4 * e + 3] = f.w;
-          }
-#pragma unroll
-          for (int r = 0; r < kRows; ++r)
-#pragma unroll
-            for (int e = 0; e < V; ++e) acc[r][t] = fmaf(wv[r][e], xv[e], acc[r][t]);
-        }
-      }
+      fma_tile<false>(wv, nullptr, x, c, nt, acc);
     }
   } else {
     for (int64_t k = lane; k < K; k += 32) {

@@ -257,30 +257,7 @@ __global__ __launch_bounds__(kMidWarps * 32) void moe_gate_up_mid(
       W<T>::load_vec(wrow[r] + c * V * W<T>::kBytes, wv[r]);
       if constexpr (T == WType::FP8) sc[r] = __ldg(srow[r] + ((int(c) * V) >> fp8_col_shift(gv)));
     }
-#pragma unroll
-    for (int b = 0; b < kTile; ++b) {
-      if (b < count) {
-        const float4* xp = reinterpret_cast<const float4*>(xr[b] + c * V);
-        float xv[V];
-#pragma unroll
-        for (int q = 0; q < V / 4; ++q) {
-          const float4 f = __ldg(xp + q);
-          xv[4 * q] = f.x, xv[4 * q + 1] = f.y, xv[4 * q + 2] = f.z, xv[4 * q + 3] = f.w;
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          if constexpr (T == WType::FP8) {  // the vector's products summed, then scaled once
-            float p = 0.0f;
-#pragma unroll
-            for (int q = 0; q < V; ++q) p = fmaf(wv[r][q], xv[q], p);
-            acc[r][b] = fmaf(sc[r], p, acc[r][b]);
-          } else {
-#pragma unroll
-            for (int q = 0; q < V; ++q) acc[r][b] = fmaf(wv[r][q], xv[q], acc[r][b]);
-          }
-        }
-      }
-    }
+    fma_tile<T == WType::FP8>(wv, sc, xr, c, count, acc);
   }
   warp_reduce_all(acc, count);
   if (lane == 0)
@@ -331,30 +308,7 @@ __global__ __launch_bounds__(kMidWarps * 32) void moe_down_mid(ExpertTable t, co
       W<T>::load_vec(wrow[r] + c * V * W<T>::kBytes, wv[r]);
       if constexpr (T == WType::FP8) sc[r] = __ldg(srow[r] + ((int(c) * V) >> fp8_col_shift(sv)));
     }
-#pragma unroll
-    for (int b = 0; b < kTile; ++b) {
-      if (b < count) {
-        const float4* xp = reinterpret_cast<const float4*>(hr[b] + c * V);
-        float xv[V];
-#pragma unroll
-        for (int q = 0; q < V / 4; ++q) {
-          const float4 f = __ldg(xp + q);
-          xv[4 * q] = f.x, xv[4 * q + 1] = f.y, xv[4 * q + 2] = f.z, xv[4 * q + 3] = f.w;
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          if constexpr (T == WType::FP8) {
-            float p = 0.0f;
-#pragma unroll
-            for (int q = 0; q < V; ++q) p = fmaf(wv[r][q], xv[q], p);
-            acc[r][b] = fmaf(sc[r], p, acc[r][b]);
-          } else {
-#pragma unroll
-            for (int q = 0; q < V; ++q) acc[r][b] = fmaf(wv[r][q], xv[q], acc[r][b]);
-          }
-        }
-      }
-    }
+    fma_tile<T == WType::FP8>(wv, sc, hr, c, count, acc);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r)
@@ -844,12 +798,7 @@ __global__ __launch_bounds__(kDecodeWarps *
 #pragma unroll 2
     for (int c = lane; c < chunks; c += 32) {
       float xv[V];
-      const float4* xp = reinterpret_cast<const float4*>(xr + c * V);
-#pragma unroll
-      for (int q = 0; q < V / 4; ++q) {
-        const float4 f = __ldg(xp + q);
-        xv[4 * q] = f.x, xv[4 * q + 1] = f.y, xv[4 * q + 2] = f.z, xv[4 * q + 3] = f.w;
-      }
+      load_x_vec(xr, c, xv);
       float wg[R][V], wu[R][V];
 #pragma unroll
       for (int r = 0; r < R; ++r) W<T>::load_vec(gp[r] + c * V, wg[r]), W<T>::load_vec(up[r] + c * V, wu[r]);
