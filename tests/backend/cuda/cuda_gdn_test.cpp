@@ -12,9 +12,9 @@
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
-#include "cache/state_cache.h"
 #include "common/dtype.h"
 #include "cuda_test_util.h"
+#include "storage/state_cache.h"
 
 namespace moeserve {
 namespace {

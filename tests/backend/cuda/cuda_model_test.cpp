@@ -7,12 +7,12 @@
 #include <numeric>
 
 #include "backend/cuda/cuda_backend.h"
-#include "cache/kv_cache.h"
-#include "cache/state_cache.h"
 #include "cuda_test_util.h"
 #include "dummy_model.h"
 #include "model/qwen35.h"
 #include "model/sequence.h"
+#include "storage/kv_cache.h"
+#include "storage/state_cache.h"
 
 namespace moeserve {
 namespace {
