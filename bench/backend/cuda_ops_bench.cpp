@@ -461,6 +461,47 @@ class OpsBench {
         add(fmt::format("causal conv1d prefill T={}", T), s, gbs(2.0 * T * C * 4, s));
       }
     }
+    gdn_decode(sh, C);
+  }
+
+  // The batched decode core (conv + gates + delta rule + gated norm over each sequence's slot), float32 and
+  // bf16 slots; the rate counts the state read and written.
+  void gdn_decode(const DeltaRuleShape& sh, int64_t C) {
+    const int64_t conv_n = C * 3, rec_n = int64_t(sh.v_heads) * sh.k_dim * sh.v_dim;
+    std::deque<std::vector<float>> host;  // weight vectors outlive the backend's copies of them
+    const float* conv_w = host.emplace_back(size_t(C * 4), 0.1f).data();
+    const float* a_log = host.emplace_back(size_t(sh.v_heads), 0.5f).data();
+    const float* dt_bias = host.emplace_back(size_t(sh.v_heads), 0.1f).data();
+    const float* norm_w = host.emplace_back(size_t(sh.v_dim), 1.0f).data();
+    for (int64_t n : {1, 16, 64}) {
+      float* qkv = floats(size_t(n * C), 60);
+      float* z = floats(size_t(n * sh.v_heads * sh.v_dim), 61);
+      float* b = floats(size_t(n * sh.v_heads), 62);
+      float* a = floats(size_t(n * sh.v_heads), 63);
+      auto out = be_->allocate(size_t(n * sh.v_heads * sh.v_dim));
+      for (bool bf16 : {false, true}) {
+        CacheMemory& mem = *be_->cache_memory();
+        const size_t slot = size_t(conv_n + rec_n);
+        float* pool = bf16 ? reinterpret_cast<float*>(mem.allocate_cache_bf16(size_t(n) * slot))
+                           : mem.allocate_cache(size_t(n) * slot);
+        std::vector<float*> convs, recs;
+        for (int64_t i = 0; i < n; ++i) {  // each sequence's slot: conv state, then recurrent state
+          const size_t at = size_t(i) * slot;
+          convs.push_back(bf16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(pool) + at)
+                               : pool + at);
+          recs.push_back(bf16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(pool) + at + conv_n)
+                              : pool + at + conv_n);
+        }
+        auto step = [&] {
+          be_->gdn_decode(sh, qkv, z, b, a, n, conv_w, 4, a_log, dt_bias, norm_w, 1e-6f, convs, recs,
+                          out.get());
+        };
+        const double s = time_replays(*be_, step, 1, key_++);
+        add(fmt::format("gdn_decode batch {} ({} state)", n, bf16 ? "bf16" : "fp32"), s,
+            gbs(2.0 * double(n) * double(slot) * (bf16 ? 2 : 4), s));
+        mem.free_cache(pool);
+      }
+    }
   }
 
   std::unique_ptr<Backend> be_;
