@@ -359,7 +359,7 @@ void check_flags(const ServeOptions& o) {
       "--max-buffered-body-mb {} is below --max-request-body-mb {}: the largest request could never be read",
       o.max_buffered_body_mb, o.max_request_body_mb);
   check(o.max_connections > 0, "--max-connections {}: expected at least 1", o.max_connections);
-  check_engine_options(engine_options_of(o), false);  // the backend's memory is checked once it exists
+  check_engine_options(engine_options_of(o));
 }
 
 // The checkpoint's text side: the tokenizer, the stop ids and the chat template (none: token ids only).
@@ -555,7 +555,6 @@ int serve(const ServeOptions& o) {
   backend = make_backend(o.device);  // outlives the engine
   EngineOptions engine_options = engine_options_of(o);
   engine_options.backend = backend.get();
-  check_engine_options(engine_options, backend->cache_memory() != nullptr);  // before the weights load
   watch_device_memory(o, *backend, *memory);
   ModelWeights weights = load_weights(o, text, *backend);
 
@@ -962,7 +961,7 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
   cmd.add_option("--snapshot-slots", o->snapshot_slots,
                  "GDN state snapshots the prefix cache may keep (default 2 x running requests)");
   cmd.add_option("--gdn-state-dtype,--mamba-ssm-dtype", o->gdn_state_dtype,
-                 "float32, or bfloat16 (half the state memory; CPU only)")
+                 "float32, or bfloat16 (half the state memory)")
       ->transform(one_of(same({"float32", "bfloat16"})))
       ->capture_default_str();
   cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")

@@ -23,21 +23,18 @@ int64_t ModelRunner::cache_memory_available() const {
   return available_memory_bytes();
 }
 
-void check_engine_options(const EngineOptions& options, bool caches_in_backend_memory) {
+void check_engine_options(const EngineOptions& options) {
   check(options.page_size > 0, "page size must be positive, got {}", options.page_size);
   check(options.max_running_requests > 0, "max running requests must be positive, got {}",
         options.max_running_requests);
   check(options.mem_fraction >= 0 && options.mem_fraction <= 1, "mem fraction must be in [0, 1], got {}",
         options.mem_fraction);
   check(options.max_model_len >= 0, "max model length must not be negative, got {}", options.max_model_len);
-  check(options.state_dtype == StateDtype::F32 || !caches_in_backend_memory,
-        "a bf16 GDN state needs the caches in host memory (the CPU backend); this backend keeps them in its "
-        "own memory, in float32");
 }
 
 EngineCapacity size_caches(const KvCacheSpec& kv, const StateCacheSpec& state, const EngineOptions& options,
                            int64_t model_max_len, int64_t available_memory) {
-  check_engine_options(options, state.memory != nullptr);
+  check_engine_options(options);
 
   EngineCapacity cap;
   cap.page_size = options.page_size;

@@ -156,9 +156,8 @@ struct EngineOptions {
 };
 
 // The rules on EngineOptions that need no model (Engine::create applies them too): a caller checks its flags
-// with them before loading one. `caches_in_backend_memory`: the backend keeps the caches in its own memory
-// (a GPU's), where the GDN state is float32 only.
-void check_engine_options(const EngineOptions& options, bool caches_in_backend_memory);
+// with them before loading one.
+void check_engine_options(const EngineOptions& options);
 
 // What the memory budget bought, fixed at create().
 struct EngineCapacity {
