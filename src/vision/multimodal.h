@@ -8,8 +8,8 @@
 #include <span>
 #include <vector>
 
-#include "cache/kv_cache.h"
-#include "cache/state_cache.h"
+#include "storage/kv_cache.h"
+#include "storage/state_cache.h"
 #include "model/qwen35.h"
 
 namespace moeserve {
