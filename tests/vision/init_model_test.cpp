@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../model/test_util.h"
 #include "model/checkpoint.h"
 #include "model/safetensors.h"
 #include "reference.h"
@@ -20,23 +21,6 @@ namespace {
 
 using namespace moeserve::testing;
 
-struct TempDir {
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "moeserve-vision-XXXXXX").string();
-    path = ::mkdtemp(pattern.data()) ? pattern : "";
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-  std::string path;
-};
-
-std::vector<uint8_t> file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 bool all_finite(const std::vector<float>& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
@@ -45,12 +29,12 @@ TEST(InitModelVision, TheTinyPresetLoadsEncodesAndRunsAnImagePrompt) {
   TempDir dir;
   InitModelOptions options;
   options.vision = true;
-  init_model(preset_config("tiny"), dir.path, options);
+  init_model(preset_config("tiny"), dir.path(), options);
 
-  Checkpoint ck = open_checkpoint(dir.path);
+  Checkpoint ck = open_checkpoint(dir.path());
   EXPECT_EQ(ck.vision_tensors.size(), 33u);  // the fixture's tower: 3 + 2 blocks x 12 + 6
   EXPECT_FALSE(ck.weights.config.mrope_section.empty());
-  auto config = VisionConfig::from_dir(dir.path);
+  auto config = VisionConfig::from_dir(dir.path());
   ASSERT_TRUE(config.has_value());
   EXPECT_EQ(config->out_hidden_size, ck.weights.config.hidden_size);
   EXPECT_EQ(config->image_token_id, 507);  // the last ids of a 512-token vocabulary, as in the fixture
@@ -81,13 +65,13 @@ TEST(InitModelVision, VocabFromATokenizerTakesItsVisionTokenIds) {
   InitModelOptions options;
   options.vision = true;
   options.vocab_from = ".cache/tokenizer-qwen3/tokenizer.json";  // scripts/fetch-test-data.sh
-  init_model(preset_config("tiny"), dir.path, options);
-  auto config = VisionConfig::from_dir(dir.path);
+  init_model(preset_config("tiny"), dir.path(), options);
+  auto config = VisionConfig::from_dir(dir.path());
   ASSERT_TRUE(config.has_value());
   EXPECT_EQ(config->vision_start_token_id, 151652);
   EXPECT_EQ(config->vision_end_token_id, 151653);
   EXPECT_EQ(config->image_token_id, 151655);
-  EXPECT_NO_THROW(open_checkpoint(dir.path));
+  EXPECT_NO_THROW(open_checkpoint(dir.path()));
 }
 
 }  // namespace

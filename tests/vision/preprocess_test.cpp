@@ -14,11 +14,6 @@ namespace {
 
 using namespace moeserve::testing;
 
-std::vector<uint8_t> file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 class ReferenceImage : public ::testing::TestWithParam<int> {
  protected:
   std::string key() const { return "image" + std::to_string(GetParam()); }

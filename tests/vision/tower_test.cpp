@@ -18,11 +18,6 @@ using namespace moeserve::testing;
 // float32 compute on both sides over the same bf16 weights: the differences are summation order only.
 constexpr float kTolerance = 2e-4f;
 
-std::vector<uint8_t> file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 class TowerTest : public ::testing::Test {
  protected:
   TowerTest()
