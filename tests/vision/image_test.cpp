@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <random>
 
 #include "vision/image.h"
 
@@ -195,6 +196,53 @@ TEST(DecodeImage, UnknownCorruptAndTruncatedInputIsAnImageError) {
   for (size_t i = 60; i < flipped.size(); i += 7) flipped[i] ^= 0x5a;
   bad.push_back(flipped);
   for (size_t i = 0; i < bad.size(); ++i) EXPECT_THROW(decode_image(bad[i]), ImageError) << "case " << i;
+}
+
+TEST(DecodeImage, MutatedFilesOfEveryFormatDecodeOrFailCleanly) {
+  // Seeded byte flips, truncations and splices of a valid file of each format: each either decodes to the
+  // size its header declares or throws ImageError (a crash or another exception fails the test).
+  Image card = test_card(24, 16);
+  uint8_t* webp = nullptr;
+  size_t webp_size = WebPEncodeLosslessRGB(card.rgb.data(), card.width, card.height, card.width * 3, &webp);
+  std::vector<GifPixelType> indices(size_t(6 * 5), 1);
+  std::vector<std::vector<uint8_t>> seeds = {
+      encode_png(card.rgb, card.width, card.height, false), encode_jpeg(card, 75),
+      std::vector<uint8_t>(webp, webp + webp_size), encode_gif(8, 8, 1, 1, 6, 5, true, indices)};
+  WebPFree(webp);
+  std::mt19937 rng(20);
+  int decoded = 0, refused = 0;
+  for (const auto& seed : seeds) {
+    for (int round = 0; round < 4000; ++round) {
+      std::vector<uint8_t> bytes = seed;
+      const int edits = 1 + int(rng() % 4);
+      for (int e = 0; e < edits; ++e) {
+        const size_t at = rng() % bytes.size();
+        switch (rng() % 4) {
+          case 0:
+            bytes[at] ^= uint8_t(1 + rng() % 255);
+            break;
+          case 1:
+            bytes.resize(std::max<size_t>(at, 1));
+            break;
+          case 2:
+            bytes.insert(bytes.begin() + long(at), uint8_t(rng()));
+            break;
+          default:
+            bytes[at] = 0xff;
+            break;
+        }
+      }
+      try {
+        Image img = decode_image(bytes, DecodeLimits{1 << 20});
+        EXPECT_EQ(img.rgb.size(), size_t(img.width) * size_t(img.height) * 3);
+        ++decoded;
+      } catch (const ImageError&) {
+        ++refused;
+      }
+    }
+  }
+  EXPECT_GT(decoded, 0);  // the mutations reach past the headers
+  EXPECT_GT(refused, 0);
 }
 
 TEST(DecodeImage, RefusesMorePixelsThanTheLimitBeforeDecoding) {
