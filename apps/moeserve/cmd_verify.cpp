@@ -29,6 +29,7 @@ struct Options {
 
 // A vision reference (docs/vision.md): every stage of the image path, one line each.
 int run_vision(const Options& o, const Checkpoint& checkpoint, const TensorSet& reference) {
+  check(o.tp == 1, "a vision reference is verified on one rank (--tp 1)");
   auto backend = make_backend(o.device, {.fp32_matmul = o.matmul == "fp32"});
   Qwen35Model model(checkpoint.weights, *backend);
   auto vision_config = VisionConfig::from_dir(o.model);
