@@ -3,7 +3,7 @@ include_guard(GLOBAL)
 
 # The module list, in dependency order. A module is a folder src/<name>/ with its own CMakeLists.txt that
 # defines the library target moeserve_<name>; the moeserve binary links every module that exists.
-set(MOESERVE_MODULES common storage backend dist model cache engine text server router loadgen deploy CACHE INTERNAL "")
+set(MOESERVE_MODULES common storage backend dist model cache vision engine text server router loadgen deploy CACHE INTERNAL "")
 
 # moeserve_add_test(<name> SOURCES a.cpp b.cpp LIBS moeserve_x ... [LABELS l ...])
 # One GoogleTest executable per call; every TEST becomes its own ctest case, run from the source root so

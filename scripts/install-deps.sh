@@ -9,6 +9,10 @@ packages=(
   libpcre2-dev libutf8proc-dev libhwy-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   libyaml-cpp-dev
+  # Image decoders of the vision input path (src/vision/image.cpp).
+  libpng-dev libjpeg62-turbo-dev libwebp-dev libgif-dev
+  # OpenSSL: serve fetches https:// image URLs (src/server/image_input.cpp).
+  libssl-dev ca-certificates
   # Test peers of the deploy and router tests: promtool checks Prometheus files and /metrics, nginx runs the generated
   # nginx.conf, systemd-analyze verifies generated units.
   prometheus nginx systemd

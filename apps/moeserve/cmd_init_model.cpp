@@ -29,6 +29,9 @@ std::function<int()> setup(CLI::App& sub) {
                  "tokenizer.json: take its vocabulary size and eos ids, and copy the tokenizer files along");
   sub.add_option("--chat-template", o->init.chat_template,
                  "a chat template to copy in as chat_template.jinja");
+  sub.add_flag("--vision", o->init.vision,
+               "also write a random vision tower of the real layout (a Qwen3_5MoeForConditionalGeneration "
+               "checkpoint)");
   sub.add_option("--seed", o->init.seed, "random seed (same seed, same bytes)")->capture_default_str();
   sub.add_option("--layers", o->layers, "keep only the first N layers of the preset");
   sub.add_option("--dtype", o->dtype, "bf16|fp8 (FP8 E4M3 with 128x128 block scales)")

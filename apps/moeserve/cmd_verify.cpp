@@ -1,5 +1,6 @@
 // moeserve verify: the forward pass against Hugging Face reference outputs; exits non-zero on a mismatch.
 #include <cstdio>
+#include <filesystem>
 #include <fmt/format.h>
 
 #include "backend/backend.h"
@@ -9,6 +10,7 @@
 #include "model/safetensors.h"
 #include "model/tensor_parallel.h"
 #include "model/verify.h"
+#include "vision/verify_vision.h"
 
 namespace moeserve::app {
 namespace {
@@ -22,10 +24,40 @@ struct Options {
   std::string device = "cpu";
   std::string matmul = "fp32";
   int tp = 1;
+  int64_t chunk = 16;
 };
 
+// A vision reference (docs/vision.md): every stage of the image path, one line each.
+int run_vision(const Options& o, const Checkpoint& checkpoint, const TensorSet& reference) {
+  check(o.tp == 1, "a vision reference is verified on one rank (--tp 1)");
+  auto backend = make_backend(o.device, {.fp32_matmul = o.matmul == "fp32"});
+  Qwen35Model model(checkpoint.weights, *backend);
+  auto vision_config = VisionConfig::from_dir(o.model);
+  check(vision_config.has_value(), "{}: a vision reference needs a checkpoint with a vision_config", o.model);
+  auto vision = load_vision_weights(checkpoint.tensors, *vision_config);
+  std::string dir = o.reference.empty() ? o.model : std::filesystem::path(o.reference).parent_path().string();
+  auto report = verify_vision_reference(model, vision, ImageProcessorConfig::from_dir(o.model), dir,
+                                        reference, o.tolerance, o.chunk);
+  std::printf("%s, vision tower %d blocks\n", checkpoint.weights.config.summary().c_str(),
+              vision_config->depth);
+  for (const auto& c : report.checks)
+    std::printf(
+        "%s\n",
+        fmt::format("{:<40} max|Δ| {:.3e}  {}", c.name, c.max_abs_error, c.ok ? "ok" : "FAIL").c_str());
+  std::printf("%s\n", report.passed ? "PASS" : "FAIL");
+  return report.passed ? 0 : 1;
+}
+
 int run(const Options& o) {
-  auto weights = load_checkpoint(o.model);
+  auto checkpoint = open_checkpoint(o.model);
+  auto reference =
+      TensorSet::open_file(o.reference.empty() ? o.model + "/reference.safetensors" : o.reference);
+  // The vision reference ran the checkpoint as from_pretrained loads it: float32 rotary buffers.
+  if (is_vision_reference(reference)) {
+    checkpoint.weights.config.rope_bf16_inv_freq = o.rope_inv_freq == "bf16";
+    return run_vision(o, checkpoint, reference);
+  }
+  auto weights = std::move(checkpoint.weights);
   // HF casts the rotary buffer along with the weights: a bf16 checkpoint's reference ran with bf16-rounded
   // inverse frequencies, an FP8 one (dequantized to float32) with float32 ones.
   const auto& config = weights.config;
@@ -36,7 +68,6 @@ int run(const Options& o) {
   auto comm = dist::open_group({.tp = o.tp, .device = o.device});
   if (o.tp > 1) weights = shard_weights(weights, comm->rank(), comm->size());
   Qwen35Model model(weights, *backend, comm.get());
-  auto reference = TensorSet::open_file(o.reference.empty() ? o.model + "/reference.safetensors" : o.reference);
   auto report = verify_against_reference(model, reference, {o.tolerance, o.layers});
   if (comm->rank() != 0) return report.passed ? 0 : 1;
 
@@ -70,6 +101,10 @@ Registration reg{{"verify", "Check logits and greedy tokens against Hugging Face
                         ->check(CLI::PositiveNumber)
                         ->capture_default_str();
                     cmd.add_flag("--layers", o->layers, "compare prompt0.hidden_states layer by layer");
+                    cmd.add_option("--chunk", o->chunk,
+                                   "vision references: prefill chunk that splits an image")
+                        ->check(CLI::PositiveNumber)
+                        ->capture_default_str();
                     cmd.add_option("--device", o->device, "backend: cpu or cuda")
                         ->check(CLI::IsMember({"cpu", "cuda"}))
                         ->capture_default_str();

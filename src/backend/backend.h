@@ -168,6 +168,26 @@ class Backend {
   virtual void add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows,
                                  int64_t dim) = 0;
 
+  // The vision tower's ops (vision/tower.cpp). The defaults (backend/vision_ops.cpp) run on the host through
+  // download/upload, so every backend has them; a backend may run them where its memory is.
+  // x[r][c] += bias[c] (bias in host memory, like norm weights).
+  virtual void add_bias(float* x, const float* bias, int64_t rows, int64_t dim);
+  // LayerNorm over rows of dim: out = (x - mean) / sqrt(var + eps) * w + b (biased variance, float32).
+  virtual void layer_norm(const float* x, int64_t rows, int64_t dim, const float* w, const float* b, float eps,
+                          float* out);
+  // GELU in place: x·Φ(x) with the exact erf, or torch's tanh approximation.
+  virtual void gelu(float* x, size_t n, bool tanh_approx);
+  // NeoX RoPE in place with a per-row table: row r ([heads][head_dim] at x + r·row_stride), dims
+  // [0, rotary_dim) of every head rotate pairs (j, j+half) by the angle whose cos/sin are cos[r][j] /
+  // sin[r][j] (host memory, [rows][rotary_dim/2]).
+  virtual void rope_table(float* x, int64_t rows, int64_t row_stride, int heads, int head_dim, int rotary_dim,
+                          const float* cos, const float* sin);
+  // Bidirectional attention within segments: rows [starts[i], starts[i+1]) attend to each other only;
+  // q, k, v rows of [heads][head_dim] every `stride` floats; out [rows][heads][head_dim]; scale
+  // 1/sqrt(head_dim). starts begins at 0 and ends at the row count.
+  virtual void segment_attention(const float* q, const float* k, const float* v, int64_t stride, int heads,
+                                 int head_dim, std::span<const int64_t> starts, float* out);
+
   // Composite ops, so a backend can run them as fewer kernels; the defaults compose the ops above.
   // ys[i][n][ws[i].rows] = x · ws[i]ᵀ for every matrix (one pass over x).
   virtual void matmul_n(const float* x, int64_t n, std::span<const Matrix* const> ws,

@@ -95,6 +95,16 @@ std::vector<float> ModelConfig::rope_inv_freq() const {
   return inv_freq;
 }
 
+std::vector<uint8_t> ModelConfig::mrope_axes() const {
+  std::vector<uint8_t> axes(size_t(rotary_dim() / 2), 0);
+  if (mrope_section.size() != 3) return axes;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    if (i % 3 == 1 && i < size_t(3 * mrope_section[1])) axes[i] = 1;
+    if (i % 3 == 2 && i < size_t(3 * mrope_section[2])) axes[i] = 2;
+  }
+  return axes;
+}
+
 int ModelConfig::count_layers(LayerType t) const {
   return int(std::count(layer_types.begin(), layer_types.end(), t));
 }
@@ -144,6 +154,15 @@ ModelConfig ModelConfig::from_json(const json& root) {
     c.partial_rotary_factor = optional_field<double>(*rp, "partial_rotary_factor", c.partial_rotary_factor);
     auto type = optional_field<std::string>(*rp, "rope_type", "default");
     check(type == "default", "config.json: rope_type '{}' is not supported (only 'default')", type);
+    if (auto ms = rp->find("mrope_section"); ms != rp->end() && !ms->is_null()) {
+      check(ms->is_array() && ms->size() == 3,
+            "config.json: rope_parameters.mrope_section must be three integers");
+      for (const auto& v : *ms) {
+        check(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= 4096,
+              "config.json: rope_parameters.mrope_section must be three integers in [0, 4096]");
+        c.mrope_section.push_back(int(v.get<int64_t>()));
+      }
+    }
   }
 
   c.linear_num_key_heads = required<int>(t, "linear_num_key_heads");
@@ -271,6 +290,10 @@ json ModelConfig::to_json() const {
   j["head_dim"] = head_dim;
   j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", rope_theta},
                           {"partial_rotary_factor", partial_rotary_factor}};
+  if (!mrope_section.empty()) {
+    j["rope_parameters"]["mrope_section"] = mrope_section;
+    j["rope_parameters"]["mrope_interleaved"] = true;
+  }
   j["linear_num_key_heads"] = linear_num_key_heads;
   j["linear_num_value_heads"] = linear_num_value_heads;
   j["linear_key_head_dim"] = linear_key_head_dim;

@@ -47,6 +47,12 @@ struct ModelConfig {
   bool rope_bf16_inv_freq = false;
   // inv_freq[i] = theta^(-2i/rotary_dim), i < rotary_dim/2, in float32.
   std::vector<float> rope_inv_freq() const;
+  // M-RoPE (rope_parameters.mrope_section, interleaved): frequency i rotates by the height position when
+  // i % 3 == 1 and i < 3·section[1], by the width position when i % 3 == 2 and i < 3·section[2], else by the
+  // temporal one. Empty: every frequency takes the temporal position. docs/vision.md.
+  std::vector<int> mrope_section;
+  // Per frequency: 0 (temporal), 1 (height) or 2 (width).
+  std::vector<uint8_t> mrope_axes() const;
 
   // Gated DeltaNet.
   int linear_num_key_heads = 0;

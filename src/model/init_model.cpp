@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -58,17 +59,59 @@ const std::vector<std::string> kQwenNotConverted = {"lm_head",
 
 // ---- the tensor plan -------------------------------------------------------------------------------------
 
-enum class Init { Matrix, Embedding, ZeroCentredNorm, UnitNorm, ALog, DtBias, Conv };
+enum class Init { Matrix, Embedding, ZeroCentredNorm, UnitNorm, ALog, DtBias, Conv, Bias };
 
 struct Planned {
   std::string name;
   std::vector<int64_t> shape;
   Init init;
+  int64_t fan_in = 0;  // a Matrix whose inputs are not its last axis (the Conv3d patch embedding)
 };
 
+// The vision tower written by --vision (docs/vision.md): the tiny-moe-vl-image fixture's for small text
+// models, Qwen3.5-35B-A3B's release tower otherwise; out_hidden_size is the text model's hidden size.
+struct VisionShape {
+  int depth, hidden, intermediate, heads, position_embeddings;
+};
+VisionShape vision_shape(const ModelConfig& c) {
+  if (c.hidden_size < 1024) return {2, 64, 128, 2, 64};
+  return {27, 1152, 4304, 16, 2304};
+}
+
+void plan_vision(const ModelConfig& c, std::vector<Planned>& out) {
+  const VisionShape v = vision_shape(c);
+  const int64_t h = v.hidden, f = v.intermediate, m = 4 * h;
+  const std::string p = "model.visual.";
+  auto linear = [&](const std::string& n, int64_t rows, int64_t cols) {
+    out.push_back({p + n + ".weight", {rows, cols}, Init::Matrix});
+    out.push_back({p + n + ".bias", {rows}, Init::Bias});
+  };
+  auto layer_norm = [&](const std::string& n, int64_t size) {
+    out.push_back({p + n + ".weight", {size}, Init::UnitNorm});
+    out.push_back({p + n + ".bias", {size}, Init::Bias});
+  };
+  out.push_back({p + "patch_embed.proj.weight", {h, 3, 2, 16, 16}, Init::Matrix, 3 * 2 * 16 * 16});
+  out.push_back({p + "patch_embed.proj.bias", {h}, Init::Bias});
+  out.push_back({p + "pos_embed.weight", {v.position_embeddings, h}, Init::Embedding});
+  for (int i = 0; i < v.depth; ++i) {
+    std::string b = fmt::format("blocks.{}.", i);
+    layer_norm(b + "norm1", h);
+    layer_norm(b + "norm2", h);
+    linear(b + "attn.qkv", 3 * h, h);
+    linear(b + "attn.proj", h, h);
+    linear(b + "mlp.linear_fc1", f, h);
+    linear(b + "mlp.linear_fc2", h, f);
+  }
+  layer_norm("merger.norm", h);
+  linear("merger.linear_fc1", m, m);
+  linear("merger.linear_fc2", c.hidden_size, m);
+}
+
 // Every tensor of the checkpoint, named as transformers 5.17 saves a ...ForCausalLM (per-expert experts).
-std::vector<Planned> plan(const ModelConfig& c, bool with_mtp) {
+std::vector<Planned> plan(const ModelConfig& c, bool with_mtp, bool with_vision) {
   std::vector<Planned> out;
+  // A ...ForConditionalGeneration checkpoint nests the text model under model.language_model.
+  const std::string text = with_vision ? "model.language_model." : "model.";
   const int64_t h = c.hidden_size;
   auto matrix = [&](const std::string& n, int64_t rows, int64_t cols) {
     out.push_back({n, {rows, cols}, Init::Matrix});
@@ -116,9 +159,10 @@ std::vector<Planned> plan(const ModelConfig& c, bool with_mtp) {
     }
   };
 
-  out.push_back({"model.embed_tokens.weight", {c.vocab_size, h}, Init::Embedding});
-  for (int i = 0; i < c.num_layers; ++i) layer(fmt::format("model.layers.{}.", i), c.layer_types[size_t(i)]);
-  vec("model.norm.weight", h, Init::ZeroCentredNorm);
+  out.push_back({text + "embed_tokens.weight", {c.vocab_size, h}, Init::Embedding});
+  for (int i = 0; i < c.num_layers; ++i)
+    layer(fmt::format("{}layers.{}.", text, i), c.layer_types[size_t(i)]);
+  vec(text + "norm.weight", h, Init::ZeroCentredNorm);
   if (!c.tie_word_embeddings) matrix("lm_head.weight", c.vocab_size, h);
   // Multi-token prediction: fc over [embedding; hidden], its norms, then full-attention decoder layers.
   if (with_mtp && c.mtp_num_layers > 0) {
@@ -129,6 +173,7 @@ std::vector<Planned> plan(const ModelConfig& c, bool with_mtp) {
     for (int i = 0; i < c.mtp_num_layers; ++i)
       layer(fmt::format("mtp.layers.{}.", i), LayerType::FullAttention);
   }
+  if (with_vision) plan_vision(c, out);
   return out;
 }
 
@@ -173,7 +218,10 @@ void generate(const Planned& t, uint64_t key, uint64_t begin, size_t n, float* o
   switch (t.init) {
     case Init::Matrix:
     case Init::Conv:
-      return normals(key, begin, n, 1.0f / std::sqrt(float(t.shape.back())), 0.0f, out);
+      return normals(key, begin, n, 1.0f / std::sqrt(float(t.fan_in > 0 ? t.fan_in : t.shape.back())), 0.0f,
+                     out);
+    case Init::Bias:
+      return normals(key, begin, n, 0.02f, 0.0f, out);
     case Init::Embedding:
       return normals(key, begin, n, 1.0f, 0.0f, out);
     case Init::ZeroCentredNorm:
@@ -206,7 +254,8 @@ bool not_converted(const std::string& name, const std::vector<std::string>& patt
 void materialize(const Planned& t, const ModelConfig& c, uint64_t seed, DType dtype,
                  std::vector<TensorWrite>& out) {
   const uint64_t key = tensor_key(seed, t.name);
-  bool fp8 = dtype == DType::F8_E4M3 && t.init == Init::Matrix &&
+  // The vision tower stays BF16, as in Qwen's FP8 releases.
+  bool fp8 = dtype == DType::F8_E4M3 && t.init == Init::Matrix && !t.name.starts_with("model.visual.") &&
              !not_converted(t.name, c.fp8->modules_to_not_convert);
   if (!fp8) {
     auto fill = [t, key](uint8_t* dst) {
@@ -252,11 +301,12 @@ void materialize(const Planned& t, const ModelConfig& c, uint64_t seed, DType dt
 
 // MTP tensors are written to checkpoints (the real layout) but not built in memory: the text model never
 // reads them.
-std::vector<TensorWrite> checkpoint_tensors(const ModelConfig& c, uint64_t seed, DType dtype, bool with_mtp) {
+std::vector<TensorWrite> checkpoint_tensors(const ModelConfig& c, uint64_t seed, DType dtype, bool with_mtp,
+                                            bool with_vision = false) {
   check(dtype == DType::BF16 || dtype == DType::F8_E4M3, "random weights can be BF16 or F8_E4M3, not {}",
         dtype_name(dtype));
   std::vector<TensorWrite> out;
-  for (const auto& t : plan(c, with_mtp)) materialize(t, c, seed, dtype, out);
+  for (const auto& t : plan(c, with_mtp, with_vision)) materialize(t, c, seed, dtype, out);
   return out;
 }
 
@@ -269,6 +319,7 @@ void prepare(ModelConfig& c, DType dtype) {
 struct TokenizerFacts {
   int64_t size = 0;  // highest id + 1
   std::vector<int64_t> eos;
+  std::map<std::string, int64_t> ids;
 };
 
 TokenizerFacts read_tokenizer(const std::string& path) {
@@ -283,8 +334,8 @@ TokenizerFacts read_tokenizer(const std::string& path) {
   check(j.is_object() && j.contains("model") && j["model"].is_object() && j["model"].contains("vocab") &&
             j["model"]["vocab"].is_object(),
         "{}: not a tokenizer.json (no model.vocab object)", path);
-  std::map<std::string, int64_t> ids;
   TokenizerFacts f;
+  std::map<std::string, int64_t>& ids = f.ids;
   auto note = [&](const std::string& token, const json& id) {
     check(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: token '{}' has a bad id", path, token);
     ids[token] = id.get<int64_t>();
@@ -366,6 +417,50 @@ ModelConfig preset_config(const std::string& name, int layers) {
   return c;
 }
 
+// The nested config.json of a ...ForConditionalGeneration checkpoint: the text config under text_config, the
+// tower's vision_config and the vision token ids (the tokenizer's own when there is one; otherwise Qwen3.5's
+// for its vocabulary, or the last ids of a small one as in the tiny-moe-vl-image fixture).
+json vision_config_json(const ModelConfig& c, const TokenizerFacts& tokenizer) {
+  const VisionShape v = vision_shape(c);
+  json root;
+  root["architectures"] = {c.is_moe ? "Qwen3_5MoeForConditionalGeneration"
+                                    : "Qwen3_5ForConditionalGeneration"};
+  root["model_type"] = c.is_moe ? "qwen3_5_moe" : "qwen3_5";
+  root["text_config"] = c.to_json();
+  // dtype and quantization_config are read at the top level of a nested config.
+  for (const char* key : {"dtype", "quantization_config"}) {
+    if (!root["text_config"].contains(key)) continue;
+    root[key] = root["text_config"][key];
+    root["text_config"].erase(key);
+  }
+  root["tie_word_embeddings"] = c.tie_word_embeddings;
+  root["vision_config"] = {{"depth", v.depth},
+                           {"hidden_size", v.hidden},
+                           {"intermediate_size", v.intermediate},
+                           {"num_heads", v.heads},
+                           {"num_position_embeddings", v.position_embeddings},
+                           {"out_hidden_size", c.hidden_size},
+                           {"patch_size", 16},
+                           {"temporal_patch_size", 2},
+                           {"spatial_merge_size", 2},
+                           {"in_channels", 3},
+                           {"hidden_act", "gelu_pytorch_tanh"},
+                           {"model_type", c.is_moe ? "qwen3_5_moe_vision" : "qwen3_5_vision"}};
+  const char* names[] = {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"};
+  const char* keys[] = {"vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"};
+  const int64_t qwen35[] = {248053, 248054, 248056, 248057}, tail[] = {8, 7, 5, 4};
+  for (int i = 0; i < 4; ++i) {
+    if (!tokenizer.ids.empty()) {
+      auto it = tokenizer.ids.find(names[i]);
+      check(it != tokenizer.ids.end(), "--vision: the tokenizer has no {} token", names[i]);
+      root[keys[i]] = it->second;
+    } else {
+      root[keys[i]] = c.vocab_size == 248320 ? qwen35[i] : c.vocab_size - tail[i];
+    }
+  }
+  return root;
+}
+
 ModelConfig init_model(ModelConfig config, const std::string& dir, const InitModelOptions& options) {
   TokenizerFacts tokenizer;
   if (!options.vocab_from.empty()) {
@@ -374,9 +469,15 @@ ModelConfig init_model(ModelConfig config, const std::string& dir, const InitMod
     config.eos_token_ids = tokenizer.eos;
   }
   prepare(config, options.dtype);
-  auto tensors = checkpoint_tensors(config, options.seed, options.dtype, true);
+  if (options.vision && config.mrope_section.empty()) {
+    // Interleaved M-RoPE sections in the release's proportions ([11, 11, 10] of 32 frequencies).
+    const int half = config.rotary_dim() / 2, hw = int(std::lround(half * 11.0 / 32.0));
+    config.mrope_section = {hw, hw, half - 2 * hw};
+  }
+  auto tensors = checkpoint_tensors(config, options.seed, options.dtype, true, options.vision);
   write_safetensors_dir(dir, tensors, options.max_shard_bytes);
-  write_text(fs::path(dir) / "config.json", config.to_json().dump(2) + "\n");
+  json written = options.vision ? vision_config_json(config, tokenizer) : config.to_json();
+  write_text(fs::path(dir) / "config.json", written.dump(2) + "\n");
   json generation = json::object();
   if (config.eos_token_ids.size() == 1) generation["eos_token_id"] = config.eos_token_ids[0];
   if (config.eos_token_ids.size() > 1) generation["eos_token_id"] = config.eos_token_ids;

@@ -29,6 +29,10 @@ struct InitModelOptions {
   // and chat_template.jinja when those sit beside it.
   std::string vocab_from;
   std::string chat_template;  // copied as chat_template.jinja
+  // Also a vision tower of the real layout (model.visual.*, the text model under model.language_model.,
+  // a nested Qwen3_5MoeForConditionalGeneration config.json with vision_config and the vision token ids):
+  // the fixture's small tower for the tiny and small presets, the release's (27 blocks of 1152) otherwise.
+  bool vision = false;
 };
 
 // Writes config.json, generation_config.json and the safetensors (sharded past max_shard_bytes) into dir.

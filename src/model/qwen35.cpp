@@ -31,7 +31,8 @@ Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend, dist::Co
       backend_(backend),
       comm_(comm),
       local_(weights.shard.local_config(weights.config)),
-      rope_inv_freq_(weights.config.rope_inv_freq()) {
+      rope_inv_freq_(weights.config.rope_inv_freq()),
+      mrope_axes_(weights.config.mrope_axes()) {
   const int ranks = comm ? comm->size() : 1;
   check(weights.shard.size == ranks && (!comm || weights.shard.rank == comm->rank()),
         "weights cut for tensor-parallel rank {} of {} run in a group where this is rank {} of {}",
@@ -176,7 +177,13 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
   float* const qkv_out[] = {qg.get(), k.get(), v.get()};
   be.matmul_n(x, n, qkv_proj, qkv_out);
 
-  if (int64_t(batch.size()) == n) {  // decode: one token per sequence, all sequences at once
+  // attention_decode rotates by the cache index, so a sequence whose rope positions run behind it (text
+  // after an image) takes the per-sequence path below.
+  const bool fused_decode =
+      int64_t(batch.size()) == n && std::all_of(batch.begin(), batch.end(), [](const auto& s) {
+        return s.rope_delta == 0 && s.rope_positions.empty();
+      });
+  if (fused_decode) {  // decode: one token per sequence, all sequences at once
     std::vector<int64_t> positions;
     std::vector<std::span<const int32_t>> pages;
     for (const auto& step : batch) positions.push_back(step.start_pos), pages.push_back(step.pages);
@@ -191,8 +198,15 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
       const int64_t T = int64_t(step.tokens.size());
       float* qs = q.get() + row * H * hd;
       float* ks = k.get() + row * KVH * hd;
-      be.rope(qs, T, H, hd, c.rotary_dim(), step.start_pos, rope_inv_freq_.data());
-      be.rope(ks, T, KVH, hd, c.rotary_dim(), step.start_pos, rope_inv_freq_.data());
+      if (step.rope_positions.empty()) {
+        be.rope(qs, T, H, hd, c.rotary_dim(), step.start_pos + step.rope_delta, rope_inv_freq_.data());
+        be.rope(ks, T, KVH, hd, c.rotary_dim(), step.start_pos + step.rope_delta, rope_inv_freq_.data());
+      } else {
+        std::vector<float> cos, sin;
+        mrope_table(step, cos, sin);
+        be.rope_table(qs, T, int64_t(H) * hd, H, hd, c.rotary_dim(), cos.data(), sin.data());
+        be.rope_table(ks, T, int64_t(KVH) * hd, KVH, hd, c.rotary_dim(), cos.data(), sin.data());
+      }
       be.paged_attention(qs, ks, v.get() + row * KVH * hd, T, H, KVH, hd, step.start_pos, step.pages, kv,
                          attn_layer, attn.get() + row * H * hd);
       row += T;
@@ -200,6 +214,23 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
   }
   be.mul_sigmoid(attn.get(), qg.get() + hd, n * H, hd, 2 * hd);
   be.matmul(attn.get(), n, w.o_proj, out);
+}
+
+void Qwen35Model::mrope_table(const SequenceStep& step, std::vector<float>& cos,
+                              std::vector<float>& sin) const {
+  const int64_t T = int64_t(step.tokens.size());
+  const size_t half = rope_inv_freq_.size();
+  check(int64_t(step.rope_positions.size()) == 3 * T, "M-RoPE positions: {} values for {} tokens",
+        step.rope_positions.size(), T);
+  cos.resize(size_t(T) * half);
+  sin.resize(size_t(T) * half);
+  for (int64_t t = 0; t < T; ++t)
+    for (size_t i = 0; i < half; ++i) {
+      // float32 position times float32 frequency, as HF's rotary computes it.
+      const float angle = float(step.rope_positions[size_t(mrope_axes_[i] * T + t)]) * rope_inv_freq_[i];
+      cos[size_t(t) * half + i] = std::cos(angle);
+      sin[size_t(t) * half + i] = std::sin(angle);
+    }
 }
 
 void Qwen35Model::feed_forward(const LayerWeights& lw, const float* x, int64_t n, float* out) const {
@@ -240,9 +271,10 @@ ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache&
   }
 
   // Decode steps (one new token per sequence) of the same batch size repeat the same device work, so the
-  // backend may record and replay them (CUDA graphs); prefill chunks vary and run directly.
+  // backend may record and replay them (CUDA graphs); prefill chunks vary and run directly, and so do decode
+  // steps of sequences with images (their attention runs per sequence: gated_attention).
   const bool decode = !capture_hidden && std::all_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
-    return s.tokens.size() == 1 && s.start_pos > 0 && !s.all_logits;
+    return s.tokens.size() == 1 && s.start_pos > 0 && !s.all_logits && s.rope_delta == 0;
   });
   ForwardOutput result;
   std::vector<float> records;
@@ -284,6 +316,22 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
   ForwardOutput result;
   auto h = be.allocate(size_t(n * H)), x = be.allocate(size_t(n * H)), y = be.allocate(size_t(n * H));
   embed(tokens, h.get());
+  int64_t first_row = 0;
+  for (const auto& step : batch) {
+    check(step.features.size() == step.feature_rows.size() * size_t(H), "{} image feature values for {} rows",
+          step.features.size(), step.feature_rows.size());
+    // Consecutive rows (one image's tokens) go up in one upload.
+    for (size_t i = 0; i < step.feature_rows.size();) {
+      size_t j = i + 1;
+      while (j < step.feature_rows.size() && step.feature_rows[j] == step.feature_rows[j - 1] + 1) ++j;
+      check(step.feature_rows[i] >= 0 && size_t(step.feature_rows[j - 1]) < step.tokens.size(),
+            "image feature rows outside the step");
+      be.upload(step.features.data() + i * size_t(H), h.get() + (first_row + step.feature_rows[i]) * H,
+                (j - i) * size_t(H));
+      i = j;
+    }
+    first_row += int64_t(step.tokens.size());
+  }
   auto capture = [&](const float* rows) {
     if (!capture_hidden) return;
     result.hidden_states.resize(result.hidden_states.size() + size_t(n * H));

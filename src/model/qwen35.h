@@ -35,6 +35,14 @@ struct SequenceStep {
   // the whole vocabulary. Every step of a batch asks for the same count or 0.
   int candidates = 0;
   float temperature = 1.0f;  // for LogitCandidates::sum_exp_t (> 0)
+  // Images (docs/vision.md): the rows of this step listed in feature_rows (step-relative, ascending) take
+  // their embeddings from features ([feature_rows.size()][hidden], host memory) instead of the token table.
+  std::span<const int32_t> feature_rows{};
+  std::span<const float> features{};
+  // M-RoPE positions of the new tokens as [3][tokens] (temporal, height, width; host memory). Empty: every
+  // axis is start_pos + i + rope_delta (text after an image runs rope_delta behind its cache index).
+  std::span<const int64_t> rope_positions{};
+  int64_t rope_delta = 0;
 };
 
 struct ForwardOutput {
@@ -89,6 +97,9 @@ class Qwen35Model {
   std::vector<int> attention_index_;  // layer -> index among attention layers (KvCache layer), or -1
   std::vector<int> gdn_index_;        // layer -> index among GDN layers (StateCache layer), or -1
   std::vector<float> rope_inv_freq_;
+  std::vector<uint8_t> mrope_axes_;  // per rotary frequency: which of a step's rope_positions rows it takes
+  // cos/sin [T][rotary_dim/2] of a step's explicit M-RoPE positions.
+  void mrope_table(const SequenceStep& step, std::vector<float>& cos, std::vector<float>& sin) const;
   // The last step's logits of the rows reduced to candidates, kept (in the backend's memory) for fetch_row.
   mutable Buffer candidate_logits_;
   mutable size_t candidate_logits_floats_ = 0;

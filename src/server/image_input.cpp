@@ -1,0 +1,238 @@
+// Besides http_server.cpp, the server's one user of Boost.Beast/Asio: the client that fetches image URLs.
+#include "server/image_input.h"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <optional>
+
+namespace moeserve::server {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+
+std::string quoted(std::string_view s) {
+  constexpr size_t kMax = 64;
+  return s.size() <= kMax ? std::string(s) : std::string(s.substr(0, kMax)) + "...";
+}
+
+int base64_value(unsigned char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+' || c == '-') return 62;  // '-' and '_': the URL-safe alphabet some clients send
+  if (c == '/' || c == '_') return 63;
+  return -1;
+}
+
+struct Url {
+  bool tls = false;
+  std::string host, port, target;
+};
+
+Url parse_url(std::string_view url) {
+  Url u;
+  std::string_view rest;
+  if (url.starts_with("http://")) {
+    rest = url.substr(7);
+  } else if (url.starts_with("https://")) {
+    rest = url.substr(8), u.tls = true;
+  } else {
+    throw ImageError("an image URL must be a data: URL or an http(s):// URL");
+  }
+  size_t slash = rest.find_first_of("/?#");
+  std::string_view authority = rest.substr(0, slash);
+  std::string_view path = slash == std::string_view::npos ? "/" : rest.substr(slash);
+  if (path.starts_with("?"))
+    u.target = "/" + std::string(path);
+  else
+    u.target = std::string(path.substr(0, path.find('#')));
+  if (u.target.empty()) u.target = "/";
+  if (authority.empty() || authority.find('@') != std::string_view::npos)
+    throw ImageError(fmt::format("the image URL {} has no usable host", quoted(url)));
+  size_t colon = authority.rfind(':');
+  if (authority.starts_with("[")) {  // [IPv6]:port
+    size_t close = authority.find(']');
+    if (close == std::string_view::npos) throw ImageError("the image URL's IPv6 host is not closed by ']'");
+    u.host = std::string(authority.substr(1, close - 1));
+    colon = authority.size() > close + 1 && authority[close + 1] == ':' ? close + 1 : std::string_view::npos;
+  } else {
+    u.host = std::string(authority.substr(0, colon));
+  }
+  u.port =
+      colon == std::string_view::npos ? (u.tls ? "443" : "80") : std::string(authority.substr(colon + 1));
+  if (u.host.empty() || u.port.empty() || u.port.size() > 5 ||
+      !std::all_of(u.port.begin(), u.port.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    throw ImageError(fmt::format("the image URL {} has a bad host or port", quoted(url)));
+  return u;
+}
+
+// The checks on a response, shared by both schemes.
+std::vector<uint8_t> accept_response(http::response_parser<http::vector_body<uint8_t>>& parser,
+                                     std::string_view url) {
+  auto& res = parser.get();
+  if (res.result_int() >= 300 && res.result_int() < 400)
+    throw ImageError(fmt::format("fetching the image URL {} was redirected ({}) to {}; send the final URL",
+                                 quoted(url), res.result_int(), quoted(res[http::field::location])));
+  if (res.result_int() != 200)
+    throw ImageError(fmt::format("fetching the image URL {} answered {}", quoted(url), res.result_int()));
+  std::string_view type = res[http::field::content_type];
+  std::string lower(type.substr(0, type.find(';')));
+  for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (!lower.empty() && !lower.starts_with("image/") && lower != "application/octet-stream")
+    throw ImageError(
+        fmt::format("the image URL {} returned Content-Type {}, not an image", quoted(url), quoted(type)));
+  return std::move(res.body());
+}
+
+template <typename Stream>
+asio::awaitable<std::vector<uint8_t>> exchange(Stream& stream, const Url& u, std::string_view url,
+                                               size_t max_bytes) {
+  http::request<http::empty_body> req{http::verb::get, u.target, 11};
+  req.set(http::field::host, u.host);
+  req.set(http::field::user_agent, "moeserve");
+  req.set(http::field::accept, "image/*");
+  co_await http::async_write(stream, req, asio::use_awaitable);
+  beast::flat_buffer buffer;
+  http::response_parser<http::vector_body<uint8_t>> parser;
+  parser.body_limit(max_bytes);
+  try {
+    co_await http::async_read(stream, buffer, parser, asio::use_awaitable);
+  } catch (const boost::system::system_error& e) {
+    if (e.code() == http::error::body_limit)
+      throw ImageError(fmt::format("the image at {} is larger than {} bytes", quoted(url), max_bytes));
+    throw;
+  }
+  co_return accept_response(parser, url);
+}
+
+asio::awaitable<std::vector<uint8_t>> fetch(const Url& u, std::string_view url, size_t max_bytes,
+                                            asio::ssl::context* tls) {
+  auto executor = co_await asio::this_coro::executor;
+  asio::ip::tcp::resolver resolver(executor);
+  auto endpoints = co_await resolver.async_resolve(u.host, u.port, asio::use_awaitable);
+  if (!tls) {
+    beast::tcp_stream stream(executor);
+    co_await stream.async_connect(endpoints, asio::use_awaitable);
+    co_return co_await exchange(stream, u, url, max_bytes);
+  }
+  beast::ssl_stream<beast::tcp_stream> stream(executor, *tls);
+  if (!SSL_set_tlsext_host_name(stream.native_handle(), u.host.c_str()))
+    throw ImageError("cannot set the TLS server name for the image URL");
+  stream.set_verify_callback(asio::ssl::host_name_verification(u.host));
+  co_await beast::get_lowest_layer(stream).async_connect(endpoints, asio::use_awaitable);
+  co_await stream.async_handshake(asio::ssl::stream_base::client, asio::use_awaitable);
+  co_return co_await exchange(stream, u, url, max_bytes);
+}
+
+}  // namespace
+
+std::vector<uint8_t> decode_data_url(std::string_view url, size_t max_bytes) {
+  if (!url.starts_with("data:")) throw ImageError("not a data: URL");
+  size_t comma = url.find(',');
+  if (comma == std::string_view::npos) throw ImageError("the data: URL has no ',' before its data");
+  std::string_view meta = url.substr(5, comma - 5), data = url.substr(comma + 1);
+  std::string_view media = meta.substr(0, meta.find(';'));
+  std::string lower(media);
+  for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (!lower.starts_with("image/"))
+    throw ImageError(
+        fmt::format("the data: URL's media type is {}, not image/*", quoted(media.empty() ? "none" : media)));
+  if (!meta.ends_with(";base64")) throw ImageError("the data: URL must be base64-encoded (';base64,')");
+  // 3 bytes per 4 characters: the limit is checked before anything is decoded.
+  if (data.size() / 4 * 3 > max_bytes + 3)
+    throw ImageError(fmt::format("the image is larger than {} bytes", max_bytes));
+  std::vector<uint8_t> out;
+  out.reserve(data.size() / 4 * 3);
+  uint32_t acc = 0;
+  int bits = 0;
+  size_t padding = 0;
+  for (unsigned char c : data) {
+    if (c == '=') {
+      ++padding;
+      continue;
+    }
+    if (c == '\n' || c == '\r' || c == ' ') continue;
+    int v = base64_value(c);
+    if (v < 0 || padding > 0) throw ImageError("the data: URL's base64 data is malformed");
+    acc = (acc << 6) | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(uint8_t(acc >> bits));
+    }
+  }
+  if (padding > 2 || bits >= 6) throw ImageError("the data: URL's base64 data is malformed");
+  if (out.size() > max_bytes) throw ImageError(fmt::format("the image is larger than {} bytes", max_bytes));
+  if (out.empty()) throw ImageError("the data: URL holds no data");
+  return out;
+}
+
+std::vector<uint8_t> fetch_url(std::string_view url, const ImageFetchOptions& options) {
+  if (!options.allow_fetch)
+    throw ImageError("fetching image URLs is turned off on this server; send the image as a data: URL");
+  Url u = parse_url(url);
+  std::optional<asio::ssl::context> tls;
+  if (u.tls) {
+    tls.emplace(asio::ssl::context::tls_client);
+    tls->set_default_verify_paths();
+    tls->set_verify_mode(asio::ssl::verify_peer);
+  }
+  asio::io_context io;
+  std::optional<std::vector<uint8_t>> body;
+  std::exception_ptr failure;
+  asio::co_spawn(io, fetch(u, url, options.max_bytes, tls ? &*tls : nullptr),
+                 [&](std::exception_ptr e, std::vector<uint8_t> bytes) {
+                   if (e)
+                     failure = e;
+                   else
+                     body = std::move(bytes);
+                 });
+  // The deadline covers the whole exchange; what is still pending afterwards is dropped with the context.
+  io.run_for(options.timeout);
+  if (failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const ImageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw ImageError(fmt::format("fetching the image URL {} failed: {}", quoted(url), e.what()));
+    }
+  }
+  if (!body)
+    throw ImageError(fmt::format("fetching the image URL {} did not finish within {} ms", quoted(url),
+                                 options.timeout.count()));
+  return std::move(*body);
+}
+
+std::array<uint64_t, 2> content_hash(const Image& image) {
+  std::array<uint64_t, 2> h = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
+  auto mix = [&](uint8_t byte) {
+    h[0] = (h[0] ^ byte) * 0x100000001b3ull;
+    h[1] = (h[1] ^ byte) * 0x1000000000000b3ull + 0x9e3779b97f4a7c15ull;
+  };
+  for (int v : {image.width, image.height})
+    for (int i = 0; i < 4; ++i) mix(uint8_t(uint32_t(v) >> (8 * i)));
+  for (uint8_t b : image.rgb) mix(b);
+  return h;
+}
+
+LoadedImage load_image_url(std::string_view url, const ImageFetchOptions& options) {
+  std::vector<uint8_t> bytes =
+      url.starts_with("data:") ? decode_data_url(url, options.max_bytes) : fetch_url(url, options);
+  LoadedImage out;
+  out.format = sniff_image_format(bytes);
+  out.image = decode_image(bytes, options.decode);
+  out.hash = content_hash(out.image);
+  return out;
+}
+
+}  // namespace moeserve::server

@@ -1,0 +1,47 @@
+#pragma once
+// The image of an OpenAI `image_url` content part: a data: URL (base64) or an http(s) URL the server fetches
+// (a size limit, a timeout, a switch to turn fetching off), decoded to RGB and hashed by its pixels (the key
+// the prefix cache and the router see, so a different image never shares a cached prefix). Every failure is
+// an ImageError whose message suits a 400; nothing here crashes on hostile input. docs/vision.md.
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "vision/image.h"
+
+namespace moeserve::server {
+
+struct ImageFetchOptions {
+  bool allow_fetch = true;  // false: http(s) URLs are refused, data: URLs only
+  // Encoded bytes per image: OpenAI's own limit is 20 MB per image.
+  size_t max_bytes = size_t(20) << 20;
+  // For the whole fetch (connect, request, response): vLLM's VLLM_IMAGE_FETCH_TIMEOUT default.
+  std::chrono::milliseconds timeout{5000};
+  DecodeLimits decode;
+};
+
+struct LoadedImage {
+  Image image;
+  ImageFormat format = ImageFormat::Unknown;
+  std::array<uint64_t, 2> hash{};  // of the decoded pixels and size (content_hash)
+};
+
+// The bytes of a data: URL: an image/* media type and base64 data, at most max_bytes decoded.
+std::vector<uint8_t> decode_data_url(std::string_view url, size_t max_bytes);
+
+// GET of an http:// or https:// URL (certificates verified against the system's CAs): a 200 whose
+// Content-Type is an image (or absent, or application/octet-stream) and whose body fits max_bytes, within
+// the timeout. Redirects are not followed (a 3xx names its Location in the error).
+std::vector<uint8_t> fetch_url(std::string_view url, const ImageFetchOptions& options);
+
+// 128 bits over width, height and RGB bytes (two independent 64-bit FNV-1a-style mixes).
+std::array<uint64_t, 2> content_hash(const Image& image);
+
+// Any of the above, then decode_image.
+LoadedImage load_image_url(std::string_view url, const ImageFetchOptions& options);
+
+}  // namespace moeserve::server

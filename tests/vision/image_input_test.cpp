@@ -1,0 +1,194 @@
+// image_url content: data: URLs, http:// fetching from a real local server (served bytes, wrong types,
+// errors, a body over the limit, a redirect, a server that never answers), and the content hash. Every
+// failure is an ImageError with a message fit for a 400.
+#include "server/image_input.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <png.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+namespace moeserve::server {
+namespace {
+
+std::vector<uint8_t> tiny_png(uint8_t shade) {
+  std::vector<uint8_t> rgb(4 * 3 * 3, shade);
+  png_image image;
+  std::memset(&image, 0, sizeof image);
+  image.version = PNG_IMAGE_VERSION;
+  image.width = 4, image.height = 3, image.format = PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  png_image_write_to_memory(&image, nullptr, &size, 0, rgb.data(), 0, nullptr);
+  std::vector<uint8_t> out(size);
+  png_image_write_to_memory(&image, out.data(), &size, 0, rgb.data(), 0, nullptr);
+  out.resize(size);
+  return out;
+}
+
+std::string base64(const std::vector<uint8_t>& in) {
+  static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < in.size(); i += 3) {
+    uint32_t v = uint32_t(in[i]) << 16 | (i + 1 < in.size() ? uint32_t(in[i + 1]) << 8 : 0) |
+                 (i + 2 < in.size() ? in[i + 2] : 0);
+    out += k[v >> 18], out += k[(v >> 12) & 63];
+    out += i + 1 < in.size() ? k[(v >> 6) & 63] : '=';
+    out += i + 2 < in.size() ? k[v & 63] : '=';
+  }
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ImageError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// A one-connection-at-a-time HTTP server on 127.0.0.1 that answers every request with `response`, or, with
+// an empty response, accepts and never answers.
+class LocalServer {
+ public:
+  explicit LocalServer(std::string response) : response_(std::move(response)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    ::listen(fd_, 8);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    if (!response_.empty()) thread_ = std::thread([this] { serve(); });
+  }
+  ~LocalServer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    if (thread_.joinable()) thread_.join();
+  }
+  std::string url(const std::string& path = "/image.png") const {
+    return "http://127.0.0.1:" + std::to_string(port_) + path;
+  }
+
+ private:
+  void serve() {
+    for (;;) {
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string request;
+      char buf[4096];
+      while (request.find("\r\n\r\n") == std::string::npos) {
+        ssize_t n = ::read(c, buf, sizeof buf);
+        if (n <= 0) break;
+        request.append(buf, size_t(n));
+      }
+      ::write(c, response_.data(), response_.size());
+      ::close(c);
+    }
+  }
+  std::string response_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+std::string http_response(const std::string& status, const std::string& type,
+                          const std::vector<uint8_t>& body, const std::string& extra = "") {
+  std::string head = "HTTP/1.1 " + status + "\r\n" + (type.empty() ? "" : "Content-Type: " + type + "\r\n") +
+                     extra + "Content-Length: " + std::to_string(body.size()) +
+                     "\r\nConnection: close\r\n\r\n";
+  return head + std::string(body.begin(), body.end());
+}
+
+TEST(ImageInput, DataUrlDecodesAndHashesByContent) {
+  auto png = tiny_png(40);
+  LoadedImage a = load_image_url("data:image/png;base64," + base64(png), {});
+  EXPECT_EQ(a.format, ImageFormat::Png);
+  EXPECT_EQ(a.image.width, 4);
+  EXPECT_EQ(a.image.rgb[0], 40);
+  // The declared subtype does not decide the decoder; the same pixels give the same hash.
+  LoadedImage b = load_image_url("data:image/jpeg;base64," + base64(png), {});
+  EXPECT_EQ(a.hash, b.hash);
+  EXPECT_NE(a.hash, load_image_url("data:image/png;base64," + base64(tiny_png(41)), {}).hash);
+}
+
+TEST(ImageInput, BadDataUrlsAreImageErrors) {
+  const std::string png64 = base64(tiny_png(1));
+  EXPECT_NE(error_of([&] { load_image_url("data:text/plain;base64," + png64, {}); }).find("not image/*"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url("data:image/png," + png64, {}); }).find("base64"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url("data:image/png;base64,@@@@", {}); }).find("malformed"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url("data:image/png;base64", {}); }).find("','"), std::string::npos);
+  EXPECT_NE(
+      error_of([&] { load_image_url("data:image/png;base64,aGVsbG8gd29ybGQ=", {}); }).find("not an image"),
+      std::string::npos);
+  ImageFetchOptions small;
+  small.max_bytes = 16;
+  EXPECT_NE(error_of([&] { load_image_url("data:image/png;base64," + png64, small); }).find("larger than 16"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url("ftp://example.com/a.png", {}); }).find("http(s)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url("http://user@example.com/a.png", {}); }).find("host"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url("http://example.com:80x/a.png", {}); }).find("port"),
+            std::string::npos);
+}
+
+TEST(ImageInput, FetchesAnImageFromAnHttpServer) {
+  auto png = tiny_png(77);
+  LocalServer server(http_response("200 OK", "image/png", png));
+  LoadedImage img = load_image_url(server.url(), {});
+  EXPECT_EQ(img.image.rgb[0], 77);
+  ImageFetchOptions off;
+  off.allow_fetch = false;
+  EXPECT_NE(error_of([&] { load_image_url(server.url(), off); }).find("turned off"), std::string::npos);
+}
+
+TEST(ImageInput, FetchFailuresAreImageErrors) {
+  auto png = tiny_png(5);
+  {
+    LocalServer html(http_response("200 OK", "text/html; charset=utf-8", {'<', 'p', '>'}));
+    EXPECT_NE(error_of([&] { load_image_url(html.url(), {}); }).find("not an image"), std::string::npos);
+  }
+  {
+    LocalServer missing(http_response("404 Not Found", "text/plain", {'n', 'o'}));
+    EXPECT_NE(error_of([&] { load_image_url(missing.url(), {}); }).find("404"), std::string::npos);
+  }
+  {
+    LocalServer moved(http_response("302 Found", "", {}, "Location: http://elsewhere.example/x.png\r\n"));
+    EXPECT_NE(error_of([&] { load_image_url(moved.url(), {}); }).find("elsewhere.example"),
+              std::string::npos);
+  }
+  {
+    LocalServer big(http_response("200 OK", "image/png", png));
+    ImageFetchOptions small;
+    small.max_bytes = 20;
+    EXPECT_NE(error_of([&] { load_image_url(big.url(), small); }).find("larger than 20"), std::string::npos);
+  }
+}
+
+TEST(ImageInput, AServerThatNeverAnswersTimesOut) {
+  LocalServer silent("");  // the kernel completes the handshake; nothing ever reads or answers
+  ImageFetchOptions quick;
+  quick.timeout = std::chrono::milliseconds(300);
+  EXPECT_NE(error_of([&] { load_image_url(silent.url(), quick); }).find("did not finish within 300 ms"),
+            std::string::npos);
+}
+
+TEST(ImageInput, AnUnreachableHostIsAnImageError) {
+  // Port 1 on the loopback: nothing listens there, the connect is refused.
+  EXPECT_NE(error_of([&] { load_image_url("http://127.0.0.1:1/x.png", {}); }).find("failed"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace moeserve::server

@@ -1,0 +1,78 @@
+// init-model --vision: a random checkpoint of the real ForConditionalGeneration layout that every part of the
+// image path loads and runs: the text model under model.language_model., the tower under model.visual., the
+// nested config with vision_config and the vision token ids (the tokenizer's own with --vocab-from).
+#include "model/init_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "../model/test_util.h"
+#include "model/checkpoint.h"
+#include "model/safetensors.h"
+#include "reference.h"
+#include "vision/multimodal.h"
+#include "vision/tower.h"
+
+namespace moeserve {
+namespace {
+
+using namespace moeserve::testing;
+
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+TEST(InitModelVision, TheTinyPresetLoadsEncodesAndRunsAnImagePrompt) {
+  TempDir dir;
+  InitModelOptions options;
+  options.vision = true;
+  init_model(preset_config("tiny"), dir.path(), options);
+
+  Checkpoint ck = open_checkpoint(dir.path());
+  EXPECT_EQ(ck.vision_tensors.size(), 33u);  // the fixture's tower: 3 + 2 blocks x 12 + 6
+  EXPECT_FALSE(ck.weights.config.mrope_section.empty());
+  auto config = VisionConfig::from_dir(dir.path());
+  ASSERT_TRUE(config.has_value());
+  EXPECT_EQ(config->out_hidden_size, ck.weights.config.hidden_size);
+  EXPECT_EQ(config->image_token_id, 507);  // the last ids of a 512-token vocabulary, as in the fixture
+  EXPECT_EQ(config->vision_start_token_id, 504);
+  VisionWeights vision = load_vision_weights(ck.tensors, *config);
+
+  auto backend = make_cpu_backend();
+  VisionTower tower(vision, *backend);
+  ImagePatches img = preprocess_image(decode_image(file_bytes(kVisionFixture + "/image1.png")), {});
+  const ImagePatches* one[] = {&img};
+  std::vector<float> features = tower.encode(one);
+  ASSERT_EQ(features.size(), size_t(70 * ck.weights.config.hidden_size));
+  EXPECT_TRUE(all_finite(features));
+
+  Qwen35Model model(ck.weights, *backend);
+  std::vector<int32_t> tokens = {1, 504, 507, 505, 9, 10};
+  ImageGrid grid{img.grid_h / 2, img.grid_w / 2};
+  auto prompt = MultimodalPrompt::make(expand_image_placeholders(tokens, 507, {&grid, 1}), 507, {&grid, 1},
+                                       features, ck.weights.config.hidden_size);
+  MultimodalSequence seq(model, 100);
+  std::vector<float> logits = seq.prefill(prompt, 32, false);
+  EXPECT_TRUE(all_finite(logits));
+  EXPECT_TRUE(all_finite(seq.decode(3)));
+}
+
+TEST(InitModelVision, VocabFromATokenizerTakesItsVisionTokenIds) {
+  TempDir dir;
+  InitModelOptions options;
+  options.vision = true;
+  options.vocab_from = ".cache/tokenizer-qwen3/tokenizer.json";  // scripts/fetch-test-data.sh
+  init_model(preset_config("tiny"), dir.path(), options);
+  auto config = VisionConfig::from_dir(dir.path());
+  ASSERT_TRUE(config.has_value());
+  EXPECT_EQ(config->vision_start_token_id, 151652);
+  EXPECT_EQ(config->vision_end_token_id, 151653);
+  EXPECT_EQ(config->image_token_id, 151655);
+  EXPECT_NO_THROW(open_checkpoint(dir.path()));
+}
+
+}  // namespace
+}  // namespace moeserve
