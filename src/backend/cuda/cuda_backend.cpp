@@ -26,9 +26,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
+#include "backend/cuda/fp8_lt.h"
 #include "backend/cuda/kernels.h"
 #include "common/error.h"
 
@@ -77,6 +79,12 @@ int64_t moe_mma_min_pairs() {
 int64_t env_rows(const char* name, int64_t fallback) {
   const char* e = std::getenv(name);
   return e ? std::atoll(e) : fallback;
+}
+// FP8 prefill matmuls on cuBLASLt's block-scaled FP8 GEMM (fp8_lt.h); MOESERVE_CUDA_FP8_LT=0 widens the
+// weights to bf16 for cuBLAS instead (for measuring, and for bf16-activation numerics).
+bool fp8_lt_enabled() {
+  static const bool v = env_rows("MOESERVE_CUDA_FP8_LT", 1) != 0;
+  return v;
 }
 int64_t fp8_mma_min_rows() {
   static const int64_t v = env_rows("MOESERVE_CUDA_FP8_MMA_MIN_ROWS", 2);
@@ -289,6 +297,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     CUBLAS_OK(cublasSetStream(cublas_, stream_));
     CUDA_OK(cudaMalloc(&cublas_workspace_, kCublasWorkspace));
     CUBLAS_OK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
+    fp8_lt_ = std::make_unique<cuda::Fp8LtGemm>(cublas_workspace_, kCublasWorkspace);
     eager_.reserve(size_t(8) << 20);
     CUDA_OK(cudaEventCreate(&ev_start_));
     CUDA_OK(cudaEventCreate(&ev_stop_));
@@ -438,6 +447,14 @@ class CudaBackend final : public Backend, public CacheMemory {
     // Float32 tiled GEMM for exact mode and dtypes cuBLAS does not take here.
     if (fp32_matmul_ || v.type == WType::F32 || v.type == WType::F16) {
       if (auto op = start(label, x, n, v.data, y)) cuda::launch_gemm_simt(x, n, v, y, stream_);
+      return;
+    }
+    // FP8 above the MMA kernel's rows (prefill): FP8 tensor cores, activations quantized per 1x128 block.
+    if (v.type == WType::FP8 && fp8_lt_enabled() && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+        fp8_lt_->supports(v, n)) {
+      auto scratch = allocate((cuda::Fp8LtGemm::scratch_bytes(n, v.cols) + 3) / 4);
+      if (auto op = start(label, x, n, v.data, v.scale_inv, y, scratch.get()))
+        CUBLAS_OK(fp8_lt_->run(x, n, v, y, scratch.get(), stream_));
       return;
     }
     // bf16 tensor cores through cuBLAS: activations rounded to bf16, FP8 weights widened to bf16 first.
@@ -1248,6 +1265,7 @@ class CudaBackend final : public Backend, public CacheMemory {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   void* cublas_workspace_ = nullptr;
+  std::unique_ptr<cuda::Fp8LtGemm> fp8_lt_;  // shares cuBLAS's workspace (one stream)
   DevicePool pool_;
   DeviceArena weights_arena_;
   StagingArena eager_;

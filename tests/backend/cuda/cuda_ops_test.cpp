@@ -63,6 +63,28 @@ TEST_F(CudaOps, MatmulEveryDtypeAndBatchSize) {
     }
 }
 
+// Prefill-sized FP8 matmuls run on FP8 tensor cores with the activations quantized per token and 128
+// columns (cuBLASLt block-scaled): their error is e4m3's rounding of x, a few percent, not bf16's.
+TEST_F(CudaOps, Fp8PrefillMatmulQuantizesActivationsPerBlock) {
+  constexpr double kFp8Activations = 0.05;
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1024, 2048}, {2048, 512}, {384, 256}}) {
+    Matrix w = store.make(DType::F8_E4M3, rows, cols, uint32_t(rows + 3 * cols));
+    for (int64_t n : {65, 200, 1000}) {
+      auto x = random_vector(size_t(n * cols), uint32_t(n + 5));
+      for (int64_t i = 0; i < n; i += 7) x[size_t(i * cols)] *= 50.0f;  // outliers: per-block scales matter
+      for (int64_t c = 0; c < cols; ++c) x[size_t(3 * cols + c)] = 0.0f;  // an all-zero row
+      std::vector<float> ref(size_t(n * rows));
+      cpu->matmul(x.data(), n, w, ref.data());
+      auto xd = to_device(*gpu, x);
+      auto yd = poisoned(*gpu, ref.size());
+      gpu->matmul(xd.get(), n, w, yd.get());
+      const auto got = to_host(*gpu, yd.get(), ref.size());
+      EXPECT_LT(rel_error(got, ref), kFp8Activations) << rows << "x" << cols << " n=" << n;
+      for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(got[size_t(3 * rows + r)], 0.0f) << "zero row, col " << r;
+    }
+  }
+}
+
 TEST_F(CudaOps, NormsRopeAndElementwise) {
   const int64_t rows = 5, dim = 256, stride = 512, H = 2048;
   // Weight vectors live for the whole test: the backend keys its device copies by host address.
@@ -416,7 +438,9 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
       int64_t hidden, inter;
       std::vector<int64_t> ns;
     };
-    for (const Case& c : {Case{16, 4, 256, 64, {1, 5, 300}}, Case{256, 8, 2048, 512, {1, 3, 64, 200}}}) {
+    // 8 x 2 x 192 x 128: the tensor-core path's partial 128-row down slab, and items of every row count.
+    for (const Case& c : {Case{16, 4, 256, 64, {1, 5, 300}}, Case{256, 8, 2048, 512, {1, 3, 64, 200}},
+                          Case{8, 2, 192, 128, {700}}}) {
       std::vector<SwiGlu> experts;
       for (int e = 0; e < c.E; ++e)
         experts.push_back({store.make(dt, c.inter, c.hidden, uint32_t(1000 + 3 * e), 0.05f),
