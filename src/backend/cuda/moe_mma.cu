@@ -11,6 +11,7 @@
 // per K tile, as the reference widens them. The previous WMMA kernel loaded its tiles synchronously through
 // registers and ran at 9-13% of cuBLAS; this one keeps two tiles in flight while the third is multiplied.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_fp8.cuh"
@@ -160,6 +161,41 @@ __device__ __forceinline__ void mma_tile(const __nv_bfloat16* As, const __nv_bfl
   }
 }
 
+// Writes a block's accumulators: gate/up as bf16 silu(gate) * up, down as float32.
+// Accumulator element c of (m, j): row 16m + g + 8(c/2) of the warp's 32, column 8j + 2q + (c%2).
+template <bool kGateUp>
+__device__ __forceinline__ void store_tile(const float (&acc)[2][8][4], int first, int count, int64_t n0,
+                                           int64_t N, int wm, int wn, void* __restrict__ out) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r = wm * 32 + m * 16 + g + 8 * hr;
+      if (r >= count) continue;
+      const int64_t row = first + r;
+      if constexpr (kGateUp) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t col = n0 + wn * 32 + 8 * j + 2 * q;
+          if (col >= N) continue;
+          const float* gt = acc[m][j] + 2 * hr;
+          const float* up = acc[m][j + 4] + 2 * hr;
+          *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(out) + row * N + col) =
+              bf16x2_bits(siluf_(gt[0]) * up[0], siluf_(gt[1]) * up[1]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int64_t col = n0 + wn * 64 + 8 * j + 2 * q;
+          if (col >= N) continue;
+          *reinterpret_cast<float2*>(static_cast<float*>(out) + row * N + col) =
+              make_float2(acc[m][j][2 * hr], acc[m][j][2 * hr + 1]);
+        }
+      }
+    }
+}
+
 template <WType T, bool kGateUp>
 __global__ __launch_bounds__(kThreads) void moe_grouped_mma(ExpertTable t, const __nv_bfloat16* __restrict__ A,
                                                             const int32_t* __restrict__ items,
@@ -170,7 +206,7 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma(ExpertTable t, const
   if (int(blockIdx.y) >= *num_items) return;
   const int32_t* it = items + 3 * blockIdx.y;
   const int e = it[0], first = it[1], count = it[2];
-  const int64_t N = kGateUp ? t.inter : t.hidden, K = kGateUp ? t.hidden : t.inter;
+  const int64_t K = kGateUp ? t.hidden : t.inter;
   const int64_t n0 = int64_t(blockIdx.x) * (kGateUp ? kBN / 2 : kBN);
   const Slab s = make_slab<kGateUp>(t, e, n0);
 
@@ -209,35 +245,188 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma(ExpertTable t, const
     mma_tile(a_tile(st), Bt, wm, wn, acc);
   }
 
-  // Accumulator element c of (m, j): row 16m + g + 8(c/2) of the warp's 32, column 8j + 2q + (c%2).
-  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  store_tile<kGateUp>(acc, first, count, n0, kGateUp ? t.inter : t.hidden, wm, wn, out);
+}
+
+// ---- FP8 x FP8 ------------------------------------------------------------------------------------------
+// With 128x128 weight blocks the activations are quantized too (e4m3, one scale per row and 128 columns, as
+// the dense FP8 prefill path and DeepGEMM do), so the MMA is mma.sync m16n8k32 e4m3 (twice bf16's rate)
+// and no tile is widened. A pipeline stage is one 128-column scale block: its products are summed in `part`
+// and added to the accumulators times the row's activation scale and the slab's weight scale.
+constexpr int kQBK = 128;               // columns (bytes) per stage = the scale block
+constexpr int kQPitch = kQBK + 16;      // 144 bytes: ldmatrix's 8 rows hit 8 bank groups
+constexpr int kQATile = kBM * kQPitch;  // bytes
+constexpr int kQBTile = kBN * kQPitch;
+constexpr int kQSmem = kStages * (kQATile + kQBTile);
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void load_stage_q(const uint8_t* __restrict__ A, int64_t K, int first, int count,
+                                             const Slab& s, int64_t k0, uint8_t* As, uint8_t* Bs) {
+  constexpr int kPerRow = kQBK / 16;
+#pragma unroll
+  for (int c = threadIdx.x; c < kBM * kPerRow; c += kThreads) {
+    const int r = c / kPerRow, off = (c % kPerRow) * 16;
+    const bool live = r < count;
+    cp_async16(As + r * kQPitch + off, A + (int64_t(first) + (live ? r : 0)) * K + k0 + off, live);
+  }
+#pragma unroll
+  for (int c = threadIdx.x; c < kBN * kPerRow; c += kThreads) {
+    const int r = c / kPerRow, off = (c % kPerRow) * 16;
+    const int64_t row = s.row(r);
+    const bool live = row < s.rows;
+    const uint8_t* src = (s.half(r) ? s.base[1] : s.base[0]) + (live ? row : 0) * s.cols + k0 + off;
+    cp_async16(Bs + r * kQPitch + off, src, live);
+  }
+}
+
+template <bool kGateUp>
+__global__ __launch_bounds__(kThreads) void moe_grouped_mma_fp8(ExpertTable t, const uint8_t* __restrict__ A,
+                                                                const float* __restrict__ a_scales,
+                                                                const int32_t* __restrict__ items,
+                                                                const int32_t* __restrict__ num_items,
+                                                                void* __restrict__ out) {
+  pdl_begin();
+  extern __shared__ __align__(16) uint8_t smem[];
+  if (int(blockIdx.y) >= *num_items) return;
+  const int32_t* it = items + 3 * blockIdx.y;
+  const int e = it[0], first = it[1], count = it[2];
+  const int64_t K = kGateUp ? t.hidden : t.inter, kblocks = K / kQBK;
+  const int64_t n0 = int64_t(blockIdx.x) * (kGateUp ? kBN / 2 : kBN);
+  const Slab s = make_slab<kGateUp>(t, e, n0);
+  // Each half of the slab lies in one 128-row scale block: its scale row.
+  const float* sb0 = s.scale[0] + (n0 / kQBK) * s.scale_cols;
+  const float* sb1 = s.scale[1] + ((kGateUp ? n0 : n0 + kBN / 2) / kQBK) * s.scale_cols;
+
+  auto a_tile = [&](int st) { return smem + st * kQATile; };
+  auto b_tile = [&](int st) { return smem + kStages * kQATile + st * kQBTile; };
+  const int warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
+  const int lane = threadIdx.x & 31, g = lane >> 2;
+  // This thread's four accumulator rows (m tile, half): their activation-scale rows (clamped past the item).
+  const float* sa[2][2];
 #pragma unroll
   for (int m = 0; m < 2; ++m)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const int r = wm * 32 + m * 16 + g + 8 * hr;
-      if (r >= count) continue;
-      const int64_t row = first + r;
-      if constexpr (kGateUp) {
+      const int r = imin(wm * 32 + m * 16 + g + 8 * hr, count - 1);
+      sa[m][hr] = a_scales + (int64_t(first) + r) * kblocks;
+    }
+
+  float acc[2][8][4] = {};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int64_t col = n0 + wn * 32 + 8 * j + 2 * q;
-          if (col >= N) continue;
-          const float* gt = acc[m][j] + 2 * hr;
-          const float* up = acc[m][j + 4] + 2 * hr;
-          *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(out) + row * N + col) =
-              bf16x2_bits(siluf_(gt[0]) * up[0], siluf_(gt[1]) * up[1]);
-        }
-      } else {
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < kblocks) load_stage_q(A, K, first, count, s, int64_t(st) * kQBK, a_tile(st), b_tile(st));
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < kblocks; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int st = kt % kStages;
+    const int next = kt + kStages - 1;
+    if (next < kblocks)
+      load_stage_q(A, K, first, count, s, int64_t(next) * kQBK, a_tile(next % kStages), b_tile(next % kStages));
+    cp_async_commit();
+
+    const uint8_t* As = a_tile(st);
+    const uint8_t* Bs = b_tile(st);
+    const float w_lo = __ldg(sb0 + kt), w_hi = __ldg(sb1 + kt);
+    float sx[2][2];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int64_t col = n0 + wn * 64 + 8 * j + 2 * q;
-          if (col >= N) continue;
-          *reinterpret_cast<float2*>(static_cast<float*>(out) + row * N + col) =
-              make_float2(acc[m][j][2 * hr], acc[m][j][2 * hr + 1]);
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) sx[m][hr] = __ldg(sa[m][hr] + kt);
+    // Half the warp's n8 tiles at a time, so the block's partial sums take 32 registers, not 64.
+#pragma unroll
+    for (int jh = 0; jh < 2; ++jh) {
+      float part[2][4][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kQBK; kk += 32) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+          ldmatrix_x4(a[m], As + (wm * 32 + m * 16 + (lane & 15)) * kQPitch + kk + (lane >> 4) * 16);
+#pragma unroll
+        for (int jp = 0; jp < 2; ++jp) {
+          uint32_t b[4];
+          const int row = wn * 64 + (2 * jh + jp) * 16 + (lane & 7) + (lane >> 4) * 8;
+          ldmatrix_x4(b, Bs + row * kQPitch + kk + ((lane >> 3) & 1) * 16);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            mma_e4m3(part[m][2 * jp], a[m], b[0], b[1]);
+            mma_e4m3(part[m][2 * jp + 1], a[m], b[2], b[3]);
+          }
         }
       }
+      // Gate/up: n8 tiles 0..3 are gate rows, 4..7 up rows; down: warp half wn's tiles lie in slab half wn.
+      const float w = kGateUp ? (jh ? w_hi : w_lo) : (wn ? w_hi : w_lo);
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            acc[m][4 * jh + j][c] = fmaf(part[m][j][c], sx[m][c / 2] * w, acc[m][4 * jh + j][c]);
     }
+  }
+  store_tile<kGateUp>(acc, first, count, n0, kGateUp ? t.inter : t.hidden, wm, wn, out);
+}
+
+// q[row] = e4m3(in[row] / scale) per 128 columns, scale = amax / 448 (1 for zeros), scales [rows][cols / 128].
+// kGather: in is float32 x and row r is token sorted[r] / top_k's (the gate/up input); else in is bf16 h.
+template <bool kGather>
+__global__ void moe_quantize_rows(const void* __restrict__ in, int64_t rows, int64_t cols, int top_k,
+                                  const int32_t* __restrict__ sorted, uint8_t* __restrict__ q,
+                                  float* __restrict__ scales) {
+  pdl_begin();
+  const int64_t blocks = cols / kQBK;
+  const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
+  if (w >= rows * blocks) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t r = w / blocks, b = w % blocks, col = b * kQBK + 4 * lane;
+  float v[4];
+  if constexpr (kGather) {
+    const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(in) +
+                                                      int64_t(sorted[r] / top_k) * cols + col);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+    const uint2 h = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(in) + r * cols + col);
+    v[0] = bf16_lo_f(h.x), v[1] = bf16_hi_f(h.x), v[2] = bf16_lo_f(h.y), v[3] = bf16_hi_f(h.y);
+  }
+  const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+  const float scale = amax > 0.0f ? amax / 448.0f : 1.0f, inv = 1.0f / scale;
+  const __nv_fp8x2_storage_t lo =
+      __nv_cvt_float2_to_fp8x2(make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
+  const __nv_fp8x2_storage_t hi =
+      __nv_cvt_float2_to_fp8x2(make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
+  *reinterpret_cast<uint32_t*>(q + r * cols + col) = uint32_t(lo) | (uint32_t(hi) << 16);
+  if (lane == 0) scales[r * blocks + b] = scale;
+}
+
+bool fp8_activations(const ExpertTable& t) {
+  // 128x128 blocks, whole blocks along K, and room for the quantized h where the gathered x was.
+  return t.type == WType::FP8 && t.block_rows == kQBK && t.block_cols == kQBK && t.hidden % kQBK == 0 &&
+         t.inter % kQBK == 0 && t.inter <= t.hidden;
+}
+
+template <bool kGateUp>
+void launch_grouped_fp8(const ExpertTable& t, const uint8_t* A, const float* a_scales, const MoeScratch& s,
+                        int64_t max_items, void* out, cudaStream_t stream) {
+  static const bool configured = [] {
+    cudaFuncSetAttribute(moe_grouped_mma_fp8<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize, kQSmem);
+    return true;
+  }();
+  (void)configured;
+  const int64_t N = kGateUp ? t.inter : t.hidden;
+  const int per_block = kGateUp ? kBN / 2 : kBN;
+  const dim3 grid(unsigned((N + per_block - 1) / per_block), unsigned(max_items));
+  launch_k(moe_grouped_mma_fp8<kGateUp>, grid, kThreads, size_t(kQSmem), stream, t, A, a_scales, s.items,
+           s.num_items, out);
 }
 
 template <WType T, bool kGateUp>
@@ -281,10 +470,25 @@ bool moe_mma_supported(const ExpertTable& t) {
 void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int top_k, int64_t max_items,
                             const MoeScratch& s, cudaStream_t stream) {
   const int64_t P = n * top_k;
+  auto* h = static_cast<__nv_bfloat16*>(s.h);
+  if (fp8_activations(t)) {
+    // The quantized rows and their scales live in s.xb (2 bytes per gathered input element): x's for gate/up,
+    // then h's for down (inter <= hidden).
+    auto* q = reinterpret_cast<uint8_t*>(s.xb);
+    auto scales_of = [&](int64_t cols) {
+      return reinterpret_cast<float*>(q + (P * cols + 255) / 256 * 256);
+    };
+    launch_k(moe_quantize_rows<true>, blocks_for(P * (t.hidden / kQBK) * 32, 256), 256, 0, stream,
+             static_cast<const void*>(x), P, t.hidden, top_k, s.sorted, q, scales_of(t.hidden));
+    launch_grouped_fp8<true>(t, q, scales_of(t.hidden), s, max_items, h, stream);
+    launch_k(moe_quantize_rows<false>, blocks_for(P * (t.inter / kQBK) * 32, 256), 256, 0, stream,
+             static_cast<const void*>(h), P, t.inter, top_k, s.sorted, q, scales_of(t.inter));
+    launch_grouped_fp8<false>(t, q, scales_of(t.inter), s, max_items, s.y, stream);
+    return;
+  }
   auto* xb = reinterpret_cast<__nv_bfloat16*>(s.xb);
   launch_k(moe_gather_bf16x8, blocks_for(P * t.hidden / 8, 256), 256, 0, stream, x, P, t.hidden, top_k,
            s.sorted, xb);
-  auto* h = static_cast<__nv_bfloat16*>(s.h);
   if (t.type == WType::FP8) {
     launch_grouped<WType::FP8, true>(t, xb, s, max_items, h, stream);
     launch_grouped<WType::FP8, false>(t, h, s, max_items, s.y, stream);
