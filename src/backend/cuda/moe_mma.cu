@@ -22,7 +22,7 @@ namespace {
 constexpr int kBM = kMoeMmaTile;  // rows of a work item
 constexpr int kBN = 128;          // weight rows per block (gate/up: 64 gate + the 64 up rows beside them)
 constexpr int kBK = 64;           // columns per pipeline stage
-constexpr int kStages = 3;
+constexpr int kStages = 4;  // two blocks of 4 stages fit an SM's shared memory
 constexpr int kThreads = 128;     // 4 warps: 2 (M) x 2 (N), 32 x 64 each
 constexpr int kPitch = kBK + 8;   // bf16 per shared row: 144 bytes, so ldmatrix's 8 rows hit 8 bank groups
 constexpr int kRawPitch = kBK + 16;  // FP8 bytes per shared row of a raw weight tile
@@ -137,27 +137,28 @@ __device__ __forceinline__ void widen_stage(const Slab& s, int block_rows, int b
   }
 }
 
-// acc[m][j] += the warp's 32 A rows (two m16 tiles) · its 64 B rows (eight n8 tiles) over one K tile.
+// acc[m][j] += the warp's 32 A rows (two m16 tiles) · its 64 B rows (eight n8 tiles) over one K tile. Each
+// k16 step loads all its fragments before its 16 MMAs, so the loads' latency is paid once per step.
 __device__ __forceinline__ void mma_tile(const __nv_bfloat16* As, const __nv_bfloat16* Bs, int wm, int wn,
                                          float (&acc)[2][8][4]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int kk = 0; kk < kBK; kk += 16) {
-    uint32_t a[2][4];
+    uint32_t a[2][4], b[4][4];  // b[jp]: n8 tiles 2jp and 2jp+1, k halves 0 and 1 each
 #pragma unroll
     for (int m = 0; m < 2; ++m)
       ldmatrix_x4(a[m], As + (wm * 32 + m * 16 + (lane & 15)) * kPitch + kk + (lane >> 4) * 8);
 #pragma unroll
-    for (int jp = 0; jp < 4; ++jp) {
-      uint32_t b[4];  // n8 tiles 2jp and 2jp+1, k halves 0 and 1 each
-      const int row = wn * 64 + jp * 16 + (lane & 7) + (lane >> 4) * 8;
-      ldmatrix_x4(b, Bs + row * kPitch + kk + ((lane >> 3) & 1) * 8);
+    for (int jp = 0; jp < 4; ++jp)
+      ldmatrix_x4(b[jp], Bs + (wn * 64 + jp * 16 + (lane & 7) + (lane >> 4) * 8) * kPitch + kk +
+                             ((lane >> 3) & 1) * 8);
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp)
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
-        mma_bf16(acc[m][2 * jp], a[m][0], a[m][1], a[m][2], a[m][3], b[0], b[1]);
-        mma_bf16(acc[m][2 * jp + 1], a[m][0], a[m][1], a[m][2], a[m][3], b[2], b[3]);
+        mma_bf16(acc[m][2 * jp], a[m][0], a[m][1], a[m][2], a[m][3], b[jp][0], b[jp][1]);
+        mma_bf16(acc[m][2 * jp + 1], a[m][0], a[m][1], a[m][2], a[m][3], b[jp][2], b[jp][3]);
       }
-    }
   }
 }
 
@@ -260,7 +261,7 @@ constexpr int kQBTile = kBN * kQPitch;
 constexpr int kQSmem = kStages * (kQATile + kQBTile);
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -309,14 +310,12 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma_fp8(ExpertTable t, c
   const int warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
   const int lane = threadIdx.x & 31, g = lane >> 2;
   // This thread's four accumulator rows (m tile, half): their activation-scale rows (clamped past the item).
-  const float* sa[2][2];
+  int sa[2][2];  // offsets from a_scales (int: the scratch holds far fewer than 2^31 scales)
 #pragma unroll
   for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int r = imin(wm * 32 + m * 16 + g + 8 * hr, count - 1);
-      sa[m][hr] = a_scales + (int64_t(first) + r) * kblocks;
-    }
+    for (int hr = 0; hr < 2; ++hr)
+      sa[m][hr] = (first + imin(wm * 32 + m * 16 + g + 8 * hr, count - 1)) * int(kblocks);
 
   float acc[2][8][4] = {};
 #pragma unroll
@@ -340,7 +339,7 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma_fp8(ExpertTable t, c
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
-      for (int hr = 0; hr < 2; ++hr) sx[m][hr] = __ldg(sa[m][hr] + kt);
+      for (int hr = 0; hr < 2; ++hr) sx[m][hr] = __ldg(a_scales + sa[m][hr] + kt);
     // Half the warp's n8 tiles at a time, so the block's partial sums take 32 registers, not 64.
 #pragma unroll
     for (int jh = 0; jh < 2; ++jh) {
@@ -351,17 +350,18 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma_fp8(ExpertTable t, c
 #pragma unroll
         for (int m = 0; m < 2; ++m)
           ldmatrix_x4(a[m], As + (wm * 32 + m * 16 + (lane & 15)) * kQPitch + kk + (lane >> 4) * 16);
+        uint32_t b[2][4];
 #pragma unroll
-        for (int jp = 0; jp < 2; ++jp) {
-          uint32_t b[4];
-          const int row = wn * 64 + (2 * jh + jp) * 16 + (lane & 7) + (lane >> 4) * 8;
-          ldmatrix_x4(b, Bs + row * kQPitch + kk + ((lane >> 3) & 1) * 16);
+        for (int jp = 0; jp < 2; ++jp)
+          ldmatrix_x4(b[jp], Bs + (wn * 64 + (2 * jh + jp) * 16 + (lane & 7) + (lane >> 4) * 8) * kQPitch + kk +
+                                 ((lane >> 3) & 1) * 16);
+#pragma unroll
+        for (int jp = 0; jp < 2; ++jp)
 #pragma unroll
           for (int m = 0; m < 2; ++m) {
-            mma_e4m3(part[m][2 * jp], a[m], b[0], b[1]);
-            mma_e4m3(part[m][2 * jp + 1], a[m], b[2], b[3]);
+            mma_e4m3(part[m][2 * jp], a[m], b[jp][0], b[jp][1]);
+            mma_e4m3(part[m][2 * jp + 1], a[m], b[jp][2], b[jp][3]);
           }
-        }
       }
       // Gate/up: n8 tiles 0..3 are gate rows, 4..7 up rows; down: warp half wn's tiles lie in slab half wn.
       const float w = kGateUp ? (jh ? w_hi : w_lo) : (wn ? w_hi : w_lo);
