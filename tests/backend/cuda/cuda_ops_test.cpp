@@ -469,7 +469,7 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
           auto xd = to_device(*be, x), ld = to_device(*be, logits);
           auto out = poisoned(*be, x.size());
           be->moe_experts(experts, ld.get(), c.top_k, true, xd.get(), n, c.hidden, out.get());
-          const bool tensor_cores = be == gpu.get() && n * c.top_k >= 1024;
+          const bool tensor_cores = be == gpu.get() && n * c.top_k >= cuda_tools::moe_tensor_core_min_pairs(dt);
           // FP8 in whole 128x128 blocks: the activations are quantized to e4m3 as well (FP8 x FP8 MMA).
           const bool fp8_activations =
               tensor_cores && dt == DType::F8_E4M3 && c.hidden % 128 == 0 && c.inter % 128 == 0;
