@@ -168,6 +168,10 @@ constexpr int kMoeMmaTile = 64;  // tokens per work item, tensor-core path
 int moe_tile(int64_t n, int top_k, int experts, bool tensor_cores);
 int64_t moe_max_items(int64_t pairs, int experts, int tile);
 bool moe_mma_supported(const ExpertTable& t);
+// The tensor-core experts (moe_mma.cu) over the plan's items: gathers x as bf16 into s.xb, h = silu(gate) *
+// up into s.h (bf16), y into s.y.
+void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int top_k, int64_t max_items,
+                            const MoeScratch& s, cudaStream_t stream);
 // Decode-sized batches (n ≤ 8): routing, every pair's gate/up and the shared expert's in one launch, then
 // the down projections, the weighted combine (ascending expert id) and the shared expert's sigmoid-gated
 // output in another. No shared expert: down.data == nullptr.
