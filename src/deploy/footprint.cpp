@@ -156,7 +156,8 @@ std::vector<TensorGroup> tensor_inventory(const ModelConfig& c) {
 void validate_precision(const Precision& p, const std::string& where) {
   check(p.weights == "bf16" || p.weights == "fp8", "{}: dtype '{}' is not supported (use bf16 or fp8)", where,
         p.weights);
-  check(p.kv == "bf16" || p.kv == "fp8", "{}: kv_dtype '{}' is not supported (use bf16 or fp8)", where, p.kv);
+  check(p.kv == "fp32" || p.kv == "bf16" || p.kv == "fp8",
+        "{}: kv_cache_dtype '{}' is not supported (use auto, bf16, fp8 or fp32)", where, p.kv);
   check(p.state == "fp32" || p.state == "bf16", "{}: state_dtype '{}' is not supported (use fp32 or bf16)",
         where, p.state);
 }

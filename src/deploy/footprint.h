@@ -30,7 +30,7 @@ std::vector<TensorGroup> tensor_inventory(const ModelConfig& config);
 
 struct Precision {
   std::string weights = "bf16";  // bf16 | fp8
-  std::string kv = "bf16";       // bf16 | fp8
+  std::string kv = "bf16";       // fp32 | bf16 | fp8 (what serve's --kv-cache-dtype stores)
   std::string state = "fp32";    // fp32 | bf16 (the GDN recurrent state)
 };
 void validate_precision(const Precision& p, const std::string& where);  // throws with the allowed values

@@ -15,6 +15,7 @@ class TensorSet;
 struct VerifyOptions {
   double tolerance = 1e-3;    // max |Δlogit| allowed
   bool compare_layers = false;  // also compare prompt0.hidden_states layer by layer
+  DType kv_cache_dtype = DType::F32;  // what the genN cases' KV cache stores
 };
 
 struct VerifyCase {

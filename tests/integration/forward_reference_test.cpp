@@ -2,6 +2,7 @@
 // exposes it (moeserve verify / generate).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fmt/format.h>
@@ -41,6 +42,28 @@ TEST_P(ForwardMatchesHuggingFace, LogitsWithin1e3AndGreedyTokensIdentical) {
   const bool has_hidden = reference.find("prompt0.hidden_states") != nullptr;
   EXPECT_EQ(int(report.layers.size()), has_hidden ? weights.config.num_layers + 1 : 0);
   EXPECT_TRUE(report.passed);
+}
+
+// The same references through a bf16 and an FP8 (scale 1.0: the fixtures carry no k_scale/v_scale) KV cache.
+// The prompt cases attend over their own rounded K/V too. Bounds: measured maxima with margin (docs/engine.md).
+TEST_P(ForwardMatchesHuggingFace, Bf16AndFp8KvCachesStayWithinTheirBounds) {
+  auto weights = load_checkpoint(kModels + GetParam().name);
+  weights.config.rope_bf16_inv_freq = GetParam().bf16_rope;
+  auto backend = make_cpu_backend();
+  Qwen35Model model(weights, *backend);
+  auto reference = TensorSet::open_file(kModels + GetParam().name + "/reference.safetensors");
+  for (auto [dtype, bound] : {std::pair{DType::BF16, 3e-2}, std::pair{DType::F8_E4M3, 2e-1}}) {
+    auto report = verify_against_reference(model, reference, {bound, false, dtype});
+    ASSERT_GE(report.cases.size(), 3u);
+    double worst = 0;
+    for (const auto& c : report.cases) {
+      EXPECT_LE(c.max_abs_error, bound) << c.name << " " << dtype_name(dtype);
+      EXPECT_TRUE(c.tokens_match) << c.name << " " << dtype_name(dtype) << " differs from step " << c.first_mismatch;
+      worst = std::max(worst, c.max_abs_error);
+    }
+    std::printf("%s KV %s: max|dlogit| %.3e\n", GetParam().name.c_str(), std::string(dtype_name(dtype)).c_str(),
+                worst);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ForwardMatchesHuggingFace,
