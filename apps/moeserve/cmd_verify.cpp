@@ -47,10 +47,11 @@ int run(const Options& o) {
               std::string(kv_cache_dtype_name(kv)).c_str());
   for (const auto& c : report.cases) {
     bool ok = c.max_abs_error <= o.tolerance && c.tokens_match;
-    std::string tokens =
-        c.generated_tokens == 0 ? "" :
-        c.tokens_match ? fmt::format(", {} greedy tokens match", c.generated_tokens)
-                       : fmt::format(", greedy tokens differ from step {}", c.first_mismatch);
+    std::string tokens = c.generated_tokens == 0 ? ""
+                         : c.tokens_match
+                             ? fmt::format(", {} greedy tokens match", c.generated_tokens)
+                             : fmt::format(", greedy tokens differ at {} of {} steps (first: step {})",
+                                           c.token_mismatches, c.generated_tokens, c.first_mismatch);
     std::printf("%s\n", fmt::format("{:<8} {:>4} prompt tokens  max|Δlogit| {:.3e}{}  {}", c.name, c.prompt_tokens,
                                     c.max_abs_error, tokens, ok ? "ok" : "FAIL")
                             .c_str());
@@ -72,10 +73,12 @@ Registration reg{{"verify", "Check logits and greedy tokens against Hugging Face
                     cmd.add_option("--tp", o->tp, "tensor-parallel ranks (run under mpirun -np N)")
                         ->check(CLI::PositiveNumber)
                         ->capture_default_str();
-                    cmd.add_option("--kv-cache-dtype", o->kv_cache_dtype,
-                                   "KV cache elements: auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 "
-                                   "or fp8_e4m3 (also fp32, bf16, fp8)")
-                        ->check(CLI::IsMember({"auto", "float32", "fp32", "bfloat16", "bf16", "fp8", "fp8_e4m3"}))
+                    cmd.add_option(
+                           "--kv-cache-dtype", o->kv_cache_dtype,
+                           "KV cache elements: auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 "
+                           "or fp8_e4m3 (also fp32, bf16, fp8)")
+                        ->check(
+                            CLI::IsMember({"auto", "float32", "fp32", "bfloat16", "bf16", "fp8", "fp8_e4m3"}))
                         ->capture_default_str();
                     cmd.add_flag("--layers", o->layers, "compare prompt0.hidden_states layer by layer");
                     cmd.add_option("--device", o->device, "backend: cpu or cuda")
