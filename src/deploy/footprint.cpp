@@ -162,6 +162,15 @@ void validate_precision(const Precision& p, const std::string& where) {
         where, p.state);
 }
 
+std::string kv_precision(const std::string& d, bool gpu, const std::string& where) {
+  if (d == "auto") return gpu ? "bf16" : "fp32";
+  if (d == "bfloat16" || d == "bf16") return "bf16";
+  if (d == "fp8" || d == "fp8_e4m3") return "fp8";
+  if (d == "float32" || d == "fp32") return "fp32";
+  fail("{}: kv_cache_dtype '{}' is not one of auto, bf16 (bfloat16), fp8 (fp8_e4m3), fp32 (float32)", where,
+       d);
+}
+
 Footprint footprint(const ModelConfig& c, const Precision& p, int tp, int prefill_chunk, int max_running) {
   check(tp >= 1, "tensor-parallel size must be at least 1");
   Footprint f;
