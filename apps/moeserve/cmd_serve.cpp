@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "backend/backend.h"
+#include "cache/kv_cache.h"
 #include "command.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -605,11 +606,11 @@ int serve(const ServeOptions& o) {
   loading = false;
 
   std::printf(
-      "moeserve ready: model=%s dtype=%s kv_tokens=%lld state_slots=%d (+%d snapshots) max_model_len=%lld "
-      "url=%s\n",
+      "moeserve ready: model=%s dtype=%s kv_tokens=%lld kv_cache_dtype=%s state_slots=%d (+%d snapshots) "
+      "max_model_len=%lld url=%s\n",
       service_options.served_model_name.c_str(), dtype_name(weights.config).c_str(),
-      static_cast<long long>(cap.kv_tokens), cap.live_slots, cap.snapshot_slots,
-      static_cast<long long>(cap.max_model_len), url.c_str());
+      static_cast<long long>(cap.kv_tokens), std::string(kv_cache_dtype_name(cap.kv_dtype)).c_str(),
+      cap.live_slots, cap.snapshot_slots, static_cast<long long>(cap.max_model_len), url.c_str());
   std::fflush(stdout);
 
   signals.wait();
@@ -849,9 +850,10 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
   cmd.add_option("-q,--quantization", o->quantization,
                  "fp8: the checkpoint must be FP8 (moeserve does not quantize at load); none: as it is")
       ->transform(one_of({{"fp8", "fp8"}, {"none", ""}}));
-  cmd.add_option("--kv-cache-dtype", o->kv_cache_dtype,
-                 "KV cache elements: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or fp8_e4m3 "
-                 "(FP8 scaled by the checkpoint's k_scale/v_scale where it has them, else 1.0)")
+  cmd.add_option(
+         "--kv-cache-dtype", o->kv_cache_dtype,
+         "KV cache elements: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or fp8_e4m3 "
+         "(FP8 scaled by the checkpoint's k_scale/v_scale where it has them, else 1.0)")
       ->transform(one_of({{"auto", "auto"},
                           {"float32", "float32"},
                           {"fp32", "float32"},

@@ -50,7 +50,8 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
   registry_.counter("moeserve:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.");
   registry_.gauge("moeserve:kv_cache_usage_perc", "Fraction of KV-cache pages used by running requests (0..1).");
   registry_.gauge("moeserve:kv_cache_cached_perc", "Fraction of KV-cache pages held only by the prefix cache.");
-  registry_.gauge("moeserve:kv_cache_capacity_tokens", "Token positions the KV cache holds (pages x page size).");
+  registry_.gauge("moeserve:kv_cache_capacity_tokens",
+                  "Token positions the KV cache holds (pages x page size).");
   registry_.gauge("moeserve:kv_cache_bytes_per_token",
                   "Bytes of one token's K and V over every attention layer, in the stored dtype.");
   registry_.gauge("moeserve:state_slots_used", "GDN recurrent-state slots held by running requests.");
