@@ -120,10 +120,12 @@ Registration reg{{"generate", "Generate from a prompt of token ids (greedy) and 
                     cmd.add_option("--max-tokens", o->max_tokens, "tokens to generate")
                         ->check(CLI::Range(1, 1 << 20))
                         ->capture_default_str();
-                    cmd.add_option("--kv-cache-dtype", o->kv_cache_dtype,
-                                   "KV cache elements: auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 "
-                                   "or fp8_e4m3 (also fp32, bf16, fp8)")
-                        ->check(CLI::IsMember({"auto", "float32", "fp32", "bfloat16", "bf16", "fp8", "fp8_e4m3"}))
+                    cmd.add_option(
+                           "--kv-cache-dtype", o->kv_cache_dtype,
+                           "KV cache elements: auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 "
+                           "or fp8_e4m3 (also fp32, bf16, fp8)")
+                        ->check(
+                            CLI::IsMember({"auto", "float32", "fp32", "bfloat16", "bf16", "fp8", "fp8_e4m3"}))
                         ->capture_default_str();
                     cmd.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an end-of-sequence token");
                     cmd.add_option("--device", o->device, "backend: cpu or cuda")

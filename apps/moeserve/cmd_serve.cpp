@@ -15,7 +15,6 @@
 #include <thread>
 
 #include "backend/backend.h"
-#include "cache/kv_cache.h"
 #include "command.h"
 #include "common/error.h"
 #include "common/log.h"

@@ -139,17 +139,19 @@ class Assembler {
   }
 
   // An FP8 KV cache scale of an attention layer (NAME = k_scale or v_scale) where the checkpoint has one: a
-  // scalar at self_attn.NAME, or where older exporters put it (self_attn.k_proj.NAME / v_proj, self_attn.attn.
-  // NAME), as vLLM finds them; 0 when absent (the cache then uses 1.0).
+  // scalar at self_attn.NAME, or where older exporters put it (self_attn.k_proj.NAME / v_proj,
+  // self_attn.attn. NAME), as vLLM finds them; 0 when absent (the cache then uses 1.0).
   float kv_scale(const std::string& attn_prefix, const std::string& name) {
     const std::string proj = name == "k_scale" ? "k_proj." : "v_proj.";
-    for (const std::string& full : {attn_prefix + name, attn_prefix + proj + name, attn_prefix + "attn." + name}) {
+    for (const std::string& full :
+         {attn_prefix + name, attn_prefix + proj + name, attn_prefix + "attn." + name}) {
       const TensorInfo* t = take(full);
       if (!t) continue;
       if (!is_vector_dtype(t->dtype) || t->numel() != 1) {
-        problems.push_back(fmt::format("{} is {}, expected one float (a per-tensor KV cache scale; per-head "
-                                       "scales are not supported)",
-                                       full, t->describe()));
+        problems.push_back(
+            fmt::format("{} is {}, expected one float (a per-tensor KV cache scale; per-head "
+                        "scales are not supported)",
+                        full, t->describe()));
         return 0;
       }
       const float v = widen(*t)->front();

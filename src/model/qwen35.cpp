@@ -86,7 +86,8 @@ KvCacheSpec Qwen35Model::kv_cache_spec(int page_size, int64_t num_pages, DType d
   spec.num_pages = num_pages;
   spec.memory = backend_.cache_memory();
   spec.dtype = dtype;
-  // The checkpoint's FP8 KV scales per attention layer, 1.0 where a layer has none (only an FP8 pool uses them).
+  // The checkpoint's FP8 KV scales per attention layer, 1.0 where a layer has none (only an FP8 pool uses
+  // them).
   for (const auto& l : weights_.layers) {
     if (l.type != LayerType::FullAttention) continue;
     spec.k_scales.push_back(l.attn.k_scale > 0 ? l.attn.k_scale : 1.0f);

@@ -41,7 +41,8 @@ KvCache::KvCache(const KvCacheSpec& spec) : spec_(spec) {
   for (const auto* scales : {&spec.k_scales, &spec.v_scales}) {
     check(scales->empty() || int(scales->size()) == spec.num_layers,
           "KV cache: {} scales for {} attention layers", scales->size(), spec.num_layers);
-    for (float s : *scales) check(s > 0 && std::isfinite(s), "KV cache: scale {} is not a positive number", s);
+    for (float s : *scales)
+      check(s > 0 && std::isfinite(s), "KV cache: scale {} is not a positive number", s);
   }
   // Whole floats: layer_page_bytes() is a multiple of 16.
   const size_t n = size_t(spec.num_layers) * size_t(spec.num_pages) * size_t(spec.layer_page_bytes() / 4);
@@ -99,9 +100,12 @@ void KvCache::copy_page(int64_t src, int64_t dst, int rows) {
   // Whole floats, within the page: layer_page_bytes() is a multiple of 16.
   const size_t floats = size_t((int64_t(rows) * spec_.bytes_per_row() + 3) / 4);
   for (int l = 0; l < spec_.num_layers; ++l) {
-    for (auto [s, d] : {std::pair{key_data(l, src), key_data(l, dst)}, std::pair{value_data(l, src), value_data(l, dst)}}) {
-      if (spec_.memory) spec_.memory->copy_cache(static_cast<const float*>(s), static_cast<float*>(d), floats);
-      else std::memcpy(d, s, floats * sizeof(float));
+    for (auto [s, d] :
+         {std::pair{key_data(l, src), key_data(l, dst)}, std::pair{value_data(l, src), value_data(l, dst)}}) {
+      if (spec_.memory)
+        spec_.memory->copy_cache(static_cast<const float*>(s), static_cast<float*>(d), floats);
+      else
+        std::memcpy(d, s, floats * sizeof(float));
     }
   }
 }

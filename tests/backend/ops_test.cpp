@@ -167,15 +167,17 @@ TEST_F(CpuOps, PagedAttentionOverBf16AndFp8PagesIsAttentionOverTheStoredValues) 
     auto ref = naive_attention(q, ks, vs, T, heads, kv_heads, hd);
     const auto unrounded = naive_attention(q, k, v, T, heads, kv_heads, hd);
     double exact_diff = 0;  // how far the rounding moved the output: the test must see it
-    for (size_t i = 0; i < ref.size(); ++i) exact_diff = std::max(exact_diff, std::abs(ref[i] - unrounded[i]));
+    for (size_t i = 0; i < ref.size(); ++i)
+      exact_diff = std::max(exact_diff, std::abs(ref[i] - unrounded[i]));
     EXPECT_GT(exact_diff, 1e-4);
 
     KvCache kv(spec);
     std::vector<float> out(size_t(T * heads * hd), NAN);
     be->paged_attention(q.data(), k.data(), v.data(), 20, heads, kv_heads, hd, 0, pages, kv, 0, out.data());
     for (int t = 20; t < T; ++t)
-      be->paged_attention(q.data() + t * heads * hd, k.data() + t * kv_heads * hd, v.data() + t * kv_heads * hd,
-                          1, heads, kv_heads, hd, t, pages, kv, 0, out.data() + t * heads * hd);
+      be->paged_attention(q.data() + t * heads * hd, k.data() + t * kv_heads * hd,
+                          v.data() + t * kv_heads * hd, 1, heads, kv_heads, hd, t, pages, kv, 0,
+                          out.data() + t * heads * hd);
     for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-5) << i;
   }
 }

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <random>
 
-#include "storage/kv_cache.h"
 #include "common/error.h"
+#include "storage/kv_cache.h"
 
 namespace moeserve {
 namespace {

@@ -67,14 +67,16 @@ class KvRowReader {
       : kv_(kv), layer_(layer), keys_(keys), scale_(keys ? kv.k_scale(layer) : kv.v_scale(layer)) {}
   const float* head(int32_t page, int pos_in_page, int kv_head, float* scratch) const {
     const auto& s = kv_.spec();
-    const auto* base = static_cast<const std::byte*>(keys_ ? kv_.key_data(layer_, page) : kv_.value_data(layer_, page));
+    const auto* base =
+        static_cast<const std::byte*>(keys_ ? kv_.key_data(layer_, page) : kv_.value_data(layer_, page));
     const int64_t element = int64_t(pos_in_page) * s.elements_per_row() + int64_t(kv_head) * s.head_dim;
     switch (s.dtype) {
       case DType::BF16:
         cpu::bf16_to_f32(reinterpret_cast<const uint16_t*>(base) + element, scratch, size_t(s.head_dim));
         return scratch;
       case DType::F8_E4M3:
-        cpu::fp8_e4m3_to_f32(reinterpret_cast<const uint8_t*>(base) + element, scale_, scratch, size_t(s.head_dim));
+        cpu::fp8_e4m3_to_f32(reinterpret_cast<const uint8_t*>(base) + element, scale_, scratch,
+                             size_t(s.head_dim));
         return scratch;
       default:
         return reinterpret_cast<const float*>(base) + element;

@@ -1,8 +1,9 @@
 // Paged causal attention (GQA) in float32 over a cache of float32, bf16 or FP8 E4M3: new K/V rows are
 // rounded into their pages, then a flash-style kernel streams key tiles through shared memory with an online
-// softmax, widening the stored elements to float32 in registers as it loads each tile. A block takes 32 query rows (token ×
-// head of one KV group) and one KV head, so each K/V tile it loads serves the whole group; decode-sized calls
-// split the key range over blocks (split-K) and a second kernel combines the partial results.
+// softmax, widening the stored elements to float32 in registers as it loads each tile. A block takes 32 query
+// rows (token × head of one KV group) and one KV head, so each K/V tile it loads serves the whole group;
+// decode-sized calls split the key range over blocks (split-K) and a second kernel combines the partial
+// results.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
@@ -64,7 +65,8 @@ struct KvElems<__nv_fp8_e4m3> {
     return __nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3);
   }
   static __device__ __forceinline__ void store(void* base, int64_t i, float4 v, float scale) {
-    const uint32_t w = code(v.x, scale) | code(v.y, scale) << 8 | code(v.z, scale) << 16 | code(v.w, scale) << 24;
+    const uint32_t w =
+        code(v.x, scale) | code(v.y, scale) << 8 | code(v.z, scale) << 16 | code(v.w, scale) << 24;
     *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(base) + i) = w;
   }
   static __device__ __forceinline__ void store1(void* base, int64_t i, float v, float scale) {
@@ -427,8 +429,8 @@ void launch_attention_decode_prep(const float* qg, float* q, float* k, const flo
   const dim3 grid(unsigned(a.heads + a.kv_heads), unsigned(n));
   auto launch = [&](auto kernel) {
     launch_k(kernel, grid, 128, 0, s, qg, q, k, v, a.heads, a.kv_heads, a.head_dim, q_norm, k_norm, eps,
-             rotary_dim / 2, inv_freq, a.start_pos, a.pages, a.pages_stride, a.page_size, a.k_cache, a.v_cache,
-             a.k_scale, a.v_scale);
+             rotary_dim / 2, inv_freq, a.start_pos, a.pages, a.pages_stride, a.page_size, a.k_cache,
+             a.v_cache, a.k_scale, a.v_scale);
   };
   switch (a.kv_type) {
     case WType::BF16:

@@ -505,7 +505,8 @@ class CudaBackend final : public Backend, public CacheMemory {
   static void set_cache(cuda::AttentionArgs& a, KvCache& kv, int layer) {
     const auto& spec = kv.spec();
     check(spec.layer_page_bytes() == spec.page_size * spec.bytes_per_row(),
-          "attention: KV pages of {} bytes are padded; CUDA needs pages of whole 16-byte rows", spec.layer_page_bytes());
+          "attention: KV pages of {} bytes are padded; CUDA needs pages of whole 16-byte rows",
+          spec.layer_page_bytes());
     a.k_cache = kv.key_data(layer, 0), a.v_cache = kv.value_data(layer, 0), a.page_size = spec.page_size;
     a.kv_type = spec.dtype == DType::BF16      ? cuda::WType::BF16
                 : spec.dtype == DType::F8_E4M3 ? cuda::WType::FP8
@@ -547,8 +548,8 @@ class CudaBackend final : public Backend, public CacheMemory {
       a.part_out = part_out.get(), a.part_m = part_m.get(), a.part_l = part_l.get();
     }
     if (auto op = start("paged_attention", q, k_new, v_new, T, heads, kv_heads, head_dim, a.start_pos,
-                        a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type, a.k_scale, a.v_scale, out, a.splits,
-                        a.part_out))
+                        a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type, a.k_scale, a.v_scale, out,
+                        a.splits, a.part_out))
       cuda::launch_attention(a, stream_);
   }
 
@@ -605,10 +606,9 @@ class CudaBackend final : public Backend, public CacheMemory {
       part_l = allocate(rows);
       a.part_out = part_out.get(), a.part_m = part_m.get(), a.part_l = part_l.get();
     }
-    if (auto op =
-            start("attention_decode", qg, k, v, n, heads, kv_heads, head_dim, qn, kn, eps, rotary_dim, f,
-                  a.start_pos, a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type, a.k_scale, a.v_scale,
-                  out, a.splits, a.part_out, a.q)) {
+    if (auto op = start("attention_decode", qg, k, v, n, heads, kv_heads, head_dim, qn, kn, eps, rotary_dim,
+                        f, a.start_pos, a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type, a.k_scale,
+                        a.v_scale, out, a.splits, a.part_out, a.q)) {
       cuda::launch_attention_decode_prep(qg, q.get(), k, v, n, qn, kn, eps, rotary_dim, f, a, stream_);
       cuda::launch_attention(a, stream_);
     }

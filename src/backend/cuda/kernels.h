@@ -109,7 +109,7 @@ struct AttentionArgs {
   int64_t num_pages = 0;               // entries in the page table (capacity = num_pages * page_size)
   void* k_cache = nullptr;             // this layer's pages: [page][page_size][kv_heads][head_dim] of kv_type
   void* v_cache = nullptr;
-  WType kv_type = WType::F32;          // F32, BF16 or FP8 (E4M3: stored = value / scale, read = code * scale)
+  WType kv_type = WType::F32;  // F32, BF16 or FP8 (E4M3: stored = value / scale, read = code * scale)
   float k_scale = 1.0f, v_scale = 1.0f;
   int page_size = 0;
   float* out = nullptr;  // [T][heads][head_dim]

@@ -361,7 +361,8 @@ TEST_F(CudaOps, PagedAttentionPrefillDecodeAndSplitK) {
     const size_t floats = size_t(num_pages * cpu_kv.spec().layer_page_bytes() / 4);
     for (bool keys : {true, false}) {
       const auto* want = static_cast<const float*>(keys ? cpu_kv.key_data(0, 0) : cpu_kv.value_data(0, 0));
-      const auto got = to_host(*gpu, static_cast<const float*>(keys ? gpu_kv.key_data(0, 0) : gpu_kv.value_data(0, 0)), floats);
+      const auto* device = static_cast<const float*>(keys ? gpu_kv.key_data(0, 0) : gpu_kv.value_data(0, 0));
+      const auto got = to_host(*gpu, device, floats);
       EXPECT_EQ(std::memcmp(got.data(), want, floats * 4), 0) << (keys ? "K" : "V") << " pages differ";
     }
   }
