@@ -466,42 +466,55 @@ class OpsBench {
     }
   }
 
+  // Per KV cache dtype: decode streams the stored bytes (bandwidth counts them), prefill is compute-bound.
+  // bf16 and FP8 pages stay zero: the kernels' work does not depend on the values.
   void attention() {
     const int heads = 16, kvh = 2, hd = 256, page_size = 16;
-    for (int64_t ctx : {4096, 32768}) {
-      const int64_t pages_n = ctx / page_size + 1;
-      KvCache kv({1, kvh, hd, page_size, pages_n, be_->cache_memory()});
-      const size_t kv_floats = size_t(pages_n * page_size * kvh * hd);
-      cuda_tools::fill_random(*be_, kv.keys(0, 0), DType::F32, int64_t(kv_floats), 40, 1.0f);
-      cuda_tools::fill_random(*be_, kv.values(0, 0), DType::F32, int64_t(kv_floats), 41, 1.0f);
-      std::vector<int32_t> pages(static_cast<size_t>(pages_n));
-      std::iota(pages.begin(), pages.end(), 0);
-      float* q = floats(size_t(heads * hd), 42);
-      float* kn = floats(size_t(kvh * hd), 43);
-      auto out = be_->allocate(size_t(heads * hd));
-      const int reps = 8;
-      double s = time_replays(
-          *be_,
-          [&] {
-            for (int r = 0; r < reps; ++r)
-              be_->paged_attention(q, kn, kn, 1, heads, kvh, hd, ctx - 1, pages, kv, 0, out.get());
-          },
-          reps, key_++);
-      add(fmt::format("attention decode ctx={} (fp32 KV, split-K)", ctx), s,
-          gbs(2.0 * ctx * kvh * hd * 4, s));
-    }
-    for (int64_t T : {1024, 8192}) {
-      const int64_t pages_n = T / page_size + 1;
-      KvCache kv({1, kvh, hd, page_size, pages_n, be_->cache_memory()});
-      std::vector<int32_t> pages(static_cast<size_t>(pages_n));
-      std::iota(pages.begin(), pages.end(), 0);
-      float* q = floats(size_t(T * heads * hd), 44);
-      float* kn = floats(size_t(T * kvh * hd), 45);
-      auto out = be_->allocate(size_t(T * heads * hd));
-      double s = bench::time_direct(
-          *be_, [&] { be_->paged_attention(q, kn, kn, T, heads, kvh, hd, 0, pages, kv, 0, out.get()); });
-      add(fmt::format("attention prefill T={} (fp32 SIMT)", T), s,
-          tflops(4.0 * heads * hd * T * (T + 1) / 2, s));
+    for (DType dtype : {DType::F32, DType::BF16, DType::F8_E4M3}) {
+      const std::string kv_name(kv_cache_dtype_name(dtype));
+      auto spec = [&](int64_t pages_n) {
+        KvCacheSpec s;
+        s.num_layers = 1, s.num_kv_heads = kvh, s.head_dim = hd, s.page_size = page_size;
+        s.num_pages = pages_n, s.memory = be_->cache_memory(), s.dtype = dtype;
+        return s;
+      };
+      for (int64_t ctx : {4096, 32768}) {
+        const int64_t pages_n = ctx / page_size + 1;
+        KvCache kv(spec(pages_n));
+        if (dtype == DType::F32) {
+          const size_t kv_floats = size_t(pages_n * page_size * kvh * hd);
+          cuda_tools::fill_random(*be_, kv.keys(0, 0), DType::F32, int64_t(kv_floats), 40, 1.0f);
+          cuda_tools::fill_random(*be_, kv.values(0, 0), DType::F32, int64_t(kv_floats), 41, 1.0f);
+        }
+        std::vector<int32_t> pages(static_cast<size_t>(pages_n));
+        std::iota(pages.begin(), pages.end(), 0);
+        float* q = floats(size_t(heads * hd), 42);
+        float* kn = floats(size_t(kvh * hd), 43);
+        auto out = be_->allocate(size_t(heads * hd));
+        const int reps = 8;
+        double s = time_replays(
+            *be_,
+            [&] {
+              for (int r = 0; r < reps; ++r)
+                be_->paged_attention(q, kn, kn, 1, heads, kvh, hd, ctx - 1, pages, kv, 0, out.get());
+            },
+            reps, key_++);
+        add(fmt::format("attention decode ctx={} ({} KV, split-K)", ctx, kv_name), s,
+            gbs(double(ctx) * kv.spec().bytes_per_token(), s));
+      }
+      for (int64_t T : {1024, 8192}) {
+        const int64_t pages_n = T / page_size + 1;
+        KvCache kv(spec(pages_n));
+        std::vector<int32_t> pages(static_cast<size_t>(pages_n));
+        std::iota(pages.begin(), pages.end(), 0);
+        float* q = floats(size_t(T * heads * hd), 44);
+        float* kn = floats(size_t(T * kvh * hd), 45);
+        auto out = be_->allocate(size_t(T * heads * hd));
+        double s = bench::time_direct(
+            *be_, [&] { be_->paged_attention(q, kn, kn, T, heads, kvh, hd, 0, pages, kv, 0, out.get()); });
+        add(fmt::format("attention prefill T={} ({} KV, fp32 SIMT)", T, kv_name), s,
+            tflops(4.0 * heads * hd * T * (T + 1) / 2, s));
+      }
     }
   }
 

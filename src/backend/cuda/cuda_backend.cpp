@@ -510,6 +510,19 @@ class CudaBackend final : public Backend, public CacheMemory {
       cuda::launch_rope(x, tokens, heads, head_dim, rotary_dim, pos, f, stream_);
   }
 
+  // A layer's pages and their stored dtype (the kernels read bf16 and FP8 pages as they are).
+  static void set_cache(cuda::AttentionArgs& a, KvCache& kv, int layer) {
+    const auto& spec = kv.spec();
+    check(spec.layer_page_bytes() == spec.page_size * spec.bytes_per_row(),
+          "attention: KV pages of {} bytes are padded; CUDA needs pages of whole 16-byte rows",
+          spec.layer_page_bytes());
+    a.k_cache = kv.key_data(layer, 0), a.v_cache = kv.value_data(layer, 0), a.page_size = spec.page_size;
+    a.kv_type = spec.dtype == DType::BF16      ? cuda::WType::BF16
+                : spec.dtype == DType::F8_E4M3 ? cuda::WType::FP8
+                                               : cuda::WType::F32;
+    a.k_scale = kv.k_scale(layer), a.v_scale = kv.v_scale(layer);
+  }
+
   void paged_attention(const float* q, const float* k_new, const float* v_new, int64_t T, int heads,
                        int kv_heads, int head_dim, int64_t start_pos, std::span<const int32_t> pages,
                        KvCache& kv, int layer, float* out) override {
@@ -532,7 +545,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     a.start_pos = static_cast<const int64_t*>(stage(&start_pos, sizeof start_pos));
     a.pages = static_cast<const int32_t*>(stage(pages.data(), pages.size_bytes()));
     a.num_pages = int64_t(pages.size());
-    a.k_cache = kv.keys(layer, 0), a.v_cache = kv.values(layer, 0), a.page_size = spec.page_size;
+    set_cache(a, kv, layer);
     a.out = out;
     a.splits = cuda::attention_splits(T, heads, kv_heads, capacity);
     Buffer part_out, part_m, part_l;
@@ -544,7 +557,8 @@ class CudaBackend final : public Backend, public CacheMemory {
       a.part_out = part_out.get(), a.part_m = part_m.get(), a.part_l = part_l.get();
     }
     if (auto op = start("paged_attention", q, k_new, v_new, T, heads, kv_heads, head_dim, a.start_pos,
-                        a.pages, a.num_pages, a.k_cache, a.v_cache, out, a.splits, a.part_out))
+                        a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type, a.k_scale, a.v_scale, out,
+                        a.splits, a.part_out))
       cuda::launch_attention(a, stream_);
   }
 
@@ -588,7 +602,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     a.num_pages = int64_t(stride);
     a.pages_stride = int64_t(stride);
     a.batch = true;
-    a.k_cache = kv.keys(layer, 0), a.v_cache = kv.values(layer, 0), a.page_size = spec.page_size;
+    set_cache(a, kv, layer);
     a.out = out;
     a.splits = cuda::attention_decode_splits(n, heads, kv_heads, int64_t(stride) * spec.page_size);
     auto q = allocate(size_t(n * heads * head_dim));
@@ -601,12 +615,10 @@ class CudaBackend final : public Backend, public CacheMemory {
       part_l = allocate(rows);
       a.part_out = part_out.get(), a.part_m = part_m.get(), a.part_l = part_l.get();
     }
-    if (auto op =
-            start("attention_decode", qg, k, v, n, heads, kv_heads, head_dim, qn, kn, eps, rotary_dim, f,
-                  a.start_pos, a.pages, a.num_pages, a.k_cache, a.v_cache, out, a.splits, a.part_out, a.q)) {
-      cuda::launch_attention_decode_prep(qg, q.get(), k, v, n, heads, kv_heads, head_dim, qn, kn, eps,
-                                         rotary_dim, f, a.start_pos, a.pages, a.pages_stride, spec.page_size,
-                                         a.k_cache, a.v_cache, stream_);
+    if (auto op = start("attention_decode", qg, k, v, n, heads, kv_heads, head_dim, qn, kn, eps, rotary_dim,
+                        f, a.start_pos, a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type, a.k_scale,
+                        a.v_scale, out, a.splits, a.part_out, a.q)) {
+      cuda::launch_attention_decode_prep(qg, q.get(), k, v, n, qn, kn, eps, rotary_dim, f, a, stream_);
       cuda::launch_attention(a, stream_);
     }
   }
