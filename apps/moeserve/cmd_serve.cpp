@@ -970,7 +970,7 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
   cmd.add_option("--snapshot-slots", o->snapshot_slots,
                  "GDN state snapshots the prefix cache may keep (default 2 x running requests)");
   cmd.add_option("--gdn-state-dtype,--mamba-ssm-dtype", o->gdn_state_dtype,
-                 "float32, or bfloat16 (half the state memory; CPU only)")
+                 "float32, or bfloat16 (half the state memory)")
       ->transform(one_of(same({"float32", "bfloat16"})))
       ->capture_default_str();
   cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")

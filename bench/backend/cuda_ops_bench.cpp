@@ -518,39 +518,100 @@ class OpsBench {
     }
   }
 
+  // The GDN at the 35B-A3B shape (16 key heads, 32 value heads of 128 x 128). Decode with a float32 and a
+  // bf16 state slot; prefill with the recurrent and the chunked delta rule at each length
+  // (MOESERVE_CUDA_GDN_CHUNKED_MIN picks the form; the default crossover is the backend's).
   void gdn() {
     const DeltaRuleShape sh{16, 32, 128, 128};
     const int64_t C = 8192, key_dim = 2048;
-    float* state = be_->cache_memory()->allocate_cache(size_t(32 * 128 * 128));
+    const size_t state_n = size_t(32 * 128 * 128);
+    float* state = be_->cache_memory()->allocate_cache(state_n);
+    float* state16 = reinterpret_cast<float*>(be_->cache_memory()->allocate_cache_bf16(state_n));
     float* conv_state = be_->cache_memory()->allocate_cache(size_t(C * 3));
     std::vector<float> w(size_t(C * 4), 0.1f);
     be_->prepare(w.data(), w.size());
-    for (int64_t T : {1, 1024, 8192}) {
+    for (int64_t T : {1, 16, 32, 64, 128, 256, 1024, 8192}) {
       float* qkv = floats(size_t(T * C), 50);
       float* g = floats(size_t(T * 32), 51, 0.1f);
       float* beta = floats(size_t(T * 32), 52, 0.5f);
       auto out = be_->allocate(size_t(T * 32 * 128)), conv_out = be_->allocate(size_t(T * C));
       const int reps = T == 1 ? 16 : 1;
-      auto delta = [&] {
-        for (int r = 0; r < reps; ++r)
-          be_->gated_delta_rule(sh, qkv, qkv + key_dim, C, qkv + 2 * key_dim, C, g, beta, T, state,
-                                out.get());
+      auto delta_on = [&](float* st) {
+        return [&, st] {
+          for (int r = 0; r < reps; ++r)
+            be_->gated_delta_rule(sh, qkv, qkv + key_dim, C, qkv + 2 * key_dim, C, g, beta, T, st, out.get());
+        };
       };
       auto conv = [&] {
         for (int r = 0; r < reps; ++r)
           be_->causal_conv1d_silu(qkv, T, C, w.data(), 4, conv_state, conv_out.get());
       };
       if (T == 1) {
-        double s = time_replays(*be_, delta, reps, key_++);
-        add("gated delta rule decode (32 heads, fp32 state)", s, gbs(2.0 * 32 * 128 * 128 * 4, s));
+        double s = time_replays(*be_, delta_on(state), reps, key_++);
+        add("gated delta rule decode (32 heads, fp32 state)", s, gbs(2.0 * state_n * 4, s));
+        s = time_replays(*be_, delta_on(state16), reps, key_++);
+        add("gated delta rule decode (32 heads, bf16 state)", s, gbs(2.0 * state_n * 2, s));
         s = time_replays(*be_, conv, reps, key_++);
         add("causal conv1d decode (8192 channels)", s, gbs(2.0 * T * C * 4, s));
-      } else {
-        double s = bench::time_direct(*be_, delta);
-        add(fmt::format("gated delta rule prefill T={} (recurrent)", T), s,
-            fmt::format("{:7.0f} tok/s", T / s));
-        s = bench::time_direct(*be_, conv);
+        continue;
+      }
+      // The chunked form's products per chunk and value head: K Kᵀ, Q Kᵀ (64x64x128), W and U (64x64x256),
+      // then W S, (γQ) S, Kᵀ δ (64x128x128) and P δ (64x64x128).
+      const double chunked_flops =
+          double((T + 63) / 64) * 32 * 2.0 * 64 * (64 * 128 * 3 + 64 * 256 + 128 * 128 * 3);
+      for (const char* form : {"recurrent", "chunked"}) {
+        const bool chunked = form[0] == 'c';
+        setenv("MOESERVE_CUDA_GDN_CHUNKED_MIN", chunked ? "1" : "1000000000", 1);
+        const double s = bench::time_direct(*be_, delta_on(state));
+        add(fmt::format("gated delta rule prefill T={} ({})", T, form), s,
+            chunked ? fmt::format("{:8.0f} tok/s, {:.1f} TFLOP/s", T / s, chunked_flops / s * 1e-12)
+                    : fmt::format("{:8.0f} tok/s", T / s));
+      }
+      unsetenv("MOESERVE_CUDA_GDN_CHUNKED_MIN");
+      if (T >= 1024) {
+        const double s = bench::time_direct(*be_, conv);
         add(fmt::format("causal conv1d prefill T={}", T), s, gbs(2.0 * T * C * 4, s));
+      }
+    }
+    gdn_decode(sh, C);
+  }
+
+  // The batched decode core (conv + gates + delta rule + gated norm over each sequence's slot), float32 and
+  // bf16 slots; the rate counts the state read and written.
+  void gdn_decode(const DeltaRuleShape& sh, int64_t C) {
+    const int64_t conv_n = C * 3, rec_n = int64_t(sh.v_heads) * sh.k_dim * sh.v_dim;
+    std::deque<std::vector<float>> host;  // weight vectors outlive the backend's copies of them
+    const float* conv_w = host.emplace_back(size_t(C * 4), 0.1f).data();
+    const float* a_log = host.emplace_back(size_t(sh.v_heads), 0.5f).data();
+    const float* dt_bias = host.emplace_back(size_t(sh.v_heads), 0.1f).data();
+    const float* norm_w = host.emplace_back(size_t(sh.v_dim), 1.0f).data();
+    for (int64_t n : {1, 16, 64}) {
+      float* qkv = floats(size_t(n * C), 60);
+      float* z = floats(size_t(n * sh.v_heads * sh.v_dim), 61);
+      float* b = floats(size_t(n * sh.v_heads), 62);
+      float* a = floats(size_t(n * sh.v_heads), 63);
+      auto out = be_->allocate(size_t(n * sh.v_heads * sh.v_dim));
+      for (bool bf16 : {false, true}) {
+        CacheMemory& mem = *be_->cache_memory();
+        const size_t slot = size_t(conv_n + rec_n);
+        float* pool = bf16 ? reinterpret_cast<float*>(mem.allocate_cache_bf16(size_t(n) * slot))
+                           : mem.allocate_cache(size_t(n) * slot);
+        std::vector<float*> convs, recs;
+        for (int64_t i = 0; i < n; ++i) {  // each sequence's slot: conv state, then recurrent state
+          const size_t at = size_t(i) * slot;
+          convs.push_back(bf16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(pool) + at)
+                               : pool + at);
+          recs.push_back(bf16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(pool) + at + conv_n)
+                              : pool + at + conv_n);
+        }
+        auto step = [&] {
+          be_->gdn_decode(sh, qkv, z, b, a, n, conv_w, 4, a_log, dt_bias, norm_w, 1e-6f, convs, recs,
+                          out.get());
+        };
+        const double s = time_replays(*be_, step, 1, key_++);
+        add(fmt::format("gdn_decode batch {} ({} state)", n, bf16 ? "bf16" : "fp32"), s,
+            gbs(2.0 * double(n) * double(slot) * (bf16 ? 2 : 4), s));
+        mem.free_cache(pool);
       }
     }
   }

@@ -123,9 +123,9 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
   be.matmul_n(x, n, in_proj, in_out);
 
   const DeltaRuleShape shape{c.linear_num_key_heads, Hv, c.linear_key_head_dim, c.linear_value_head_dim};
-  // Each sequence's state of this layer: in place in a float32 pool; from a bf16 pool, widened into float32
-  // for this step and rounded back after it.
-  const bool staged = !state.is_f32();
+  // Each sequence's state of this layer: in place in a float32 pool or in a backend's bf16 cache memory; from
+  // a host bf16 pool, widened into float32 for this step and rounded back after it.
+  const bool staged = !state.in_place();
   const int64_t conv_n = state.spec().conv_floats(), rec_n = state.spec().recurrent_floats();
   Buffer staging;
   if (staged) staging = be.allocate(batch.size() * size_t(conv_n + rec_n));

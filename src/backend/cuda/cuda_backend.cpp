@@ -86,6 +86,12 @@ int64_t fp8_mma_max_rows() {
   static const int64_t v = env_rows("MOESERVE_CUDA_FP8_MMA_MAX_ROWS", 64);
   return v;
 }
+// Prefill sequences of at least this many tokens run the chunked delta rule on tensor cores; shorter ones
+// the recurrent kernel (cuda_ops_bench gdn measures both). Read at every call so that the benchmark can
+// compare the two forms in one process (MOESERVE_CUDA_GDN_CHUNKED_MIN=0 takes the chunked form always).
+int64_t gdn_chunked_min_tokens() {
+  return env_rows("MOESERVE_CUDA_GDN_CHUNKED_MIN", 64);
+}
 
 WType wtype(DType t) {
   switch (t) {
@@ -299,7 +305,7 @@ class CudaBackend final : public Backend, public CacheMemory {
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     graphs_.clear();
-    for (auto& [p, size] : caches_) cudaFree(const_cast<char*>(p));
+    for (auto& [p, range] : caches_) cudaFree(const_cast<char*>(p));
     eager_.release();
     cudaFree(cublas_workspace_);
     cublasDestroy(cublas_);
@@ -375,12 +381,18 @@ class CudaBackend final : public Backend, public CacheMemory {
 
   // CacheMemory
   float* allocate_cache(size_t floats) override {
+    return static_cast<float*>(allocate_cache_bytes(std::max<size_t>(floats, 1) * sizeof(float), false));
+  }
+  // The GDN kernels read and write a bf16 range's state in place (cache_state_type finds it by address).
+  uint16_t* allocate_cache_bf16(size_t values) override {
+    return static_cast<uint16_t*>(allocate_cache_bytes(std::max<size_t>(values, 2) * sizeof(uint16_t), true));
+  }
+  void* allocate_cache_bytes(size_t bytes, bool bf16) {
     void* p = nullptr;
-    const size_t bytes = std::max<size_t>(floats, 1) * sizeof(float);
     CUDA_OK(cudaMalloc(&p, bytes));
     CUDA_OK(cudaMemsetAsync(p, 0, bytes, stream_));
-    caches_.emplace(static_cast<char*>(p), bytes);
-    return static_cast<float*>(p);
+    caches_.emplace(static_cast<char*>(p), CacheRange{bytes, bf16});
+    return p;
   }
   void free_cache(float* p) override {
     auto it = caches_.find(reinterpret_cast<char*>(p));
@@ -631,10 +643,10 @@ class CudaBackend final : public Backend, public CacheMemory {
   void causal_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel,
                           float* state, float* out) override {
     check(kernel >= 1 && kernel <= 8, "causal conv: kernel size {} is not supported on CUDA (1..8)", kernel);
-    check_cache_memory(state, "causal conv state");
+    const cuda::StateType st = cache_state_type(state, "causal conv state");
     const float* wd = vec(w, size_t(channels * kernel));
     if (auto op = start("causal_conv1d_silu", x, T, channels, wd, kernel, state, out))
-      cuda::launch_conv1d_silu(x, T, channels, wd, kernel, state, out, stream_);
+      cuda::launch_conv1d_silu(x, T, channels, wd, kernel, state, st, out, stream_);
   }
 
   void gdn_gates(const float* b, const float* a, const float* a_log, const float* dt_bias, int64_t T,
@@ -652,15 +664,24 @@ class CudaBackend final : public Backend, public CacheMemory {
           s.k_dim);
     check(s.k_heads > 0 && s.v_heads % s.k_heads == 0, "gated delta rule: {} value heads over {} key heads",
           s.v_heads, s.k_heads);
-    check_cache_memory(state, "gated delta rule state");
+    const cuda::StateType st = cache_state_type(state, "gated delta rule state");
     const size_t qk = size_t(T) * s.k_heads * s.k_dim;
     auto qn = allocate(qk), kn = allocate(qk);
+    // The chunked form's tensor cores round to bf16: exact mode (fp32_matmul) keeps the recurrence.
+    const bool chunked = !fp32_matmul_ && T > 0 && T >= gdn_chunked_min_tokens() &&
+                         cuda::delta_rule_chunked_supported(s.k_dim, s.v_dim, v, v_stride);
+    Buffer scratch;
+    if (chunked) scratch = allocate(cuda::delta_rule_chunked_scratch_floats(T, s.v_heads));
     if (auto op = start("gated_delta_rule", q, k, qk_stride, v, v_stride, g, beta, T, state, out, qn.get(),
-                        kn.get(), s.k_heads, s.v_heads, s.k_dim, s.v_dim)) {
+                        kn.get(), scratch.get(), s.k_heads, s.v_heads, s.k_dim, s.v_dim)) {
       cuda::launch_l2norm_qk(q, k, qk_stride, T, s.k_heads, s.k_dim, 1.0f / std::sqrt(float(s.k_dim)),
                              qn.get(), kn.get(), stream_);
-      cuda::launch_delta_rule(qn.get(), kn.get(), s.k_heads, s.k_dim, v, v_stride, s.v_heads, s.v_dim, g,
-                              beta, T, state, out, stream_);
+      if (chunked)
+        cuda::launch_delta_rule_chunked(qn.get(), kn.get(), s.k_heads, v, v_stride, s.v_heads, g, beta, T,
+                                        state, st, out, scratch.get(), stream_);
+      else
+        cuda::launch_delta_rule(qn.get(), kn.get(), s.k_heads, s.k_dim, v, v_stride, s.v_heads, s.v_dim, g,
+                                beta, T, state, st, out, stream_);
     }
   }
 
@@ -771,24 +792,25 @@ class CudaBackend final : public Backend, public CacheMemory {
                           states, out);
       return;
     }
-    check(int64_t(conv_states.size()) == n && int64_t(states.size()) == n,
+    check(int64_t(conv_states.size()) == n && int64_t(states.size()) == n && n > 0,
           "gdn_decode: {} sequences, {} states", n, states.size());
-    for (int64_t i = 0; i < n; ++i) {
-      check_cache_memory(conv_states[size_t(i)], "causal conv state");
-      check_cache_memory(states[size_t(i)], "gated delta rule state");
-    }
+    const cuda::StateType st = cache_state_type(states[0], "gated delta rule state");
+    for (int64_t i = 0; i < n; ++i)
+      check(cache_state_type(conv_states[size_t(i)], "causal conv state") == st &&
+                cache_state_type(states[size_t(i)], "gated delta rule state") == st,
+            "gdn_decode: the batch's state slots differ in dtype");
     const int64_t C = 2 * int64_t(s.k_heads) * s.k_dim + int64_t(s.v_heads) * s.v_dim;
     const float* cw = vec(conv_w, size_t(C * kernel));
     const float* al = vec(a_log, size_t(s.v_heads));
     const float* dt = vec(dt_bias, size_t(s.v_heads));
     const float* nw = vec(norm_w, size_t(s.v_dim));
-    const auto* cs = static_cast<float* const*>(stage(conv_states.data(), conv_states.size_bytes()));
-    const auto* rs = static_cast<float* const*>(stage(states.data(), states.size_bytes()));
+    const auto* cs = static_cast<void* const*>(stage(conv_states.data(), conv_states.size_bytes()));
+    const auto* rs = static_cast<void* const*>(stage(states.data(), states.size_bytes()));
     auto conv = allocate(size_t(n * C));
     if (auto op = start("gdn_decode", qkv, z, b, a, n, cw, kernel, al, dt, nw, eps, cs, rs, conv.get(), out,
                         s.k_heads, s.v_heads, s.k_dim, s.v_dim))
       cuda::launch_gdn_decode(qkv, z, b, a, n, s.k_heads, s.k_dim, s.v_heads, s.v_dim, cw, kernel, al, dt, nw,
-                              eps, cs, rs, conv.get(), out, stream_);
+                              eps, cs, rs, st, conv.get(), out, stream_);
   }
 
   // Decode-sized batches: router and shared-expert gate in one GEMV, then routing, the gate/up of every pair
@@ -1247,16 +1269,25 @@ class CudaBackend final : public Backend, public CacheMemory {
     return entry.table;
   }
 
-  void check_cache_memory(const float* p, const char* what) {
-    auto it = caches_.upper_bound(reinterpret_cast<const char*>(p));
+  struct CacheRange {
+    size_t bytes = 0;
+    bool bf16 = false;  // GDN state stored as bf16
+  };
+  // The cache allocation holding p (which must be one); for GDN state, how it stores its values.
+  const CacheRange& cache_range(const void* p, const char* what) {
+    auto it = caches_.upper_bound(static_cast<const char*>(p));
     const bool inside = it != caches_.begin() && [&] {
       --it;
-      return reinterpret_cast<const char*>(p) < it->first + it->second;
+      return static_cast<const char*>(p) < it->first + it->second.bytes;
     }();
     check(inside,
           "{}: not in this GPU's cache memory (size the cache with the model's state_cache_spec(), "
           "which asks the backend for its cache memory)",
           what);
+    return it->second;
+  }
+  cuda::StateType cache_state_type(const float* p, const char* what) {
+    return cache_range(p, what).bf16 ? cuda::StateType::BF16 : cuda::StateType::F32;
   }
 
   struct Deferred {
@@ -1277,7 +1308,7 @@ class CudaBackend final : public Backend, public CacheMemory {
   std::unordered_map<const void*, WeightView> weights_;
   std::unordered_map<const void*, const float*> vectors_;
   std::unordered_map<const void*, ExpertTableEntry> expert_tables_;
-  std::map<const char*, size_t> caches_;  // cache allocations: base -> bytes
+  std::map<const char*, CacheRange> caches_;  // cache allocations by base address
 
   Mode mode_ = Mode::Eager;
   StepGraph* graph_ = nullptr;

@@ -1,8 +1,10 @@
 // Gated DeltaNet kernels: gates, the causal depthwise conv, q/k l2-normalisation and the recurrent delta
-// rule.
+// rule (the chunked form is gdn_chunked.cu). The state kernels take the slot's storage type St (float or
+// bf16, gdn_state.cuh) as a template parameter.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/gdn_state.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -27,9 +29,9 @@ constexpr int kConvTokens = 64;
 constexpr int kMaxKernel = 8;
 
 // kKernel > 0 fixes the kernel size at compile time (the window then lives in registers).
-template <int kKernel>
+template <int kKernel, typename St>
 __global__ void conv1d_silu_kernel(const float* __restrict__ x, int64_t T, int64_t C,
-                                   const float* __restrict__ w, int runtime_kernel, float* state,
+                                   const float* __restrict__ w, int runtime_kernel, St* state,
                                    float* __restrict__ out) {
   pdl_begin();
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -37,8 +39,8 @@ __global__ void conv1d_silu_kernel(const float* __restrict__ x, int64_t T, int64
   const int kernel = kKernel > 0 ? kKernel : runtime_kernel;
   const int hist = kernel - 1;
   const int64_t t0 = int64_t(blockIdx.y) * kConvTokens, t1 = imin(T, t0 + kConvTokens);
-  float* st = state + c * hist;
-  auto input = [&](int64_t tau) { return tau >= 0 ? x[tau * C + c] : st[tau + hist]; };
+  St* st = state + c * hist;
+  auto input = [&](int64_t tau) { return tau >= 0 ? x[tau * C + c] : state_load(st + tau + hist); };
   float wc[kMaxKernel], win[kMaxKernel];
 #pragma unroll
   for (int j = 0; j < (kKernel > 0 ? kKernel : kMaxKernel); ++j)
@@ -60,22 +62,22 @@ __global__ void conv1d_silu_kernel(const float* __restrict__ x, int64_t T, int64
   if (gridDim.y == 1) {
     // New state: inputs at times T-hist .. T-1 (from x, or from the old state when T < hist).
     for (int j = 0; j < hist; ++j) {
-      const int64_t tau = T - hist + j;
-      st[j] = tau >= 0 ? x[tau * C + c] : st[tau + hist];  // tau + hist > j: not yet overwritten
+      const int64_t tau = T - hist + j;  // tau + hist > j: not yet overwritten
+      state_store(st + j, tau >= 0 ? x[tau * C + c] : state_load(st + tau + hist));
     }
   }
 }
 
-__global__ void conv_state_kernel(const float* __restrict__ x, int64_t T, int64_t C, int kernel,
-                                  float* state) {
+template <typename St>
+__global__ void conv_state_kernel(const float* __restrict__ x, int64_t T, int64_t C, int kernel, St* state) {
   pdl_begin();
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= C) return;
   const int hist = kernel - 1;
-  float* st = state + c * hist;
+  St* st = state + c * hist;
   for (int j = 0; j < hist; ++j) {
     const int64_t tau = T - hist + j;
-    st[j] = tau >= 0 ? x[tau * C + c] : st[tau + hist];
+    state_store(st + j, tau >= 0 ? x[tau * C + c] : state_load(st + tau + hist));
   }
 }
 
@@ -108,12 +110,13 @@ constexpr int kDeltaWarps = 4;
 constexpr int kDeltaMaxDim = 128;
 constexpr int kDeltaRows = kDeltaMaxDim / kDeltaWarps;
 
+template <typename St>
 __global__ __launch_bounds__(128) void delta_rule_kernel(const float* __restrict__ qn,
                                                          const float* __restrict__ kn, int k_heads, int dk,
                                                          const float* __restrict__ v, int64_t v_stride,
                                                          int v_heads, int dv, const float* __restrict__ g,
                                                          const float* __restrict__ beta, int64_t T,
-                                                         float* state, float* __restrict__ out) {
+                                                         St* state, float* __restrict__ out) {
   pdl_begin();
   __shared__ float ks[kDeltaMaxDim], qs[kDeltaMaxDim];
   __shared__ float red_kv[kDeltaWarps][32], red_o[kDeltaWarps][32];
@@ -121,13 +124,13 @@ __global__ __launch_bounds__(128) void delta_rule_kernel(const float* __restrict
   const int j = blockIdx.y * 32 + lane;
   const bool col = j < dv;
   const int kh = h / (v_heads / k_heads);
-  float* S = state + int64_t(h) * dk * dv;
+  St* S = state + int64_t(h) * dk * dv;
 
   float s[kDeltaRows];
 #pragma unroll
   for (int m = 0; m < kDeltaRows; ++m) {
     const int i = warp + kDeltaWarps * m;
-    s[m] = (col && i < dk) ? S[int64_t(i) * dv + j] : 0.0f;
+    s[m] = (col && i < dk) ? state_load(S + int64_t(i) * dv + j) : 0.0f;
   }
   for (int64_t t = 0; t < T; ++t) {
     const float* kt = kn + (t * k_heads + kh) * dk;
@@ -167,38 +170,40 @@ __global__ __launch_bounds__(128) void delta_rule_kernel(const float* __restrict
 #pragma unroll
   for (int m = 0; m < kDeltaRows; ++m) {
     const int i = warp + kDeltaWarps * m;
-    if (col && i < dk) S[int64_t(i) * dv + j] = s[m];
+    if (col && i < dk) state_store(S + int64_t(i) * dv + j, s[m]);
   }
 }
 
 // ---- batched decode: n sequences of one token each --------------------------------------------------------
 // Conv: thread = (channel, sequence); it owns its channel's state, shifted in place.
+template <typename St>
 __global__ void gdn_decode_conv_kernel(const float* __restrict__ qkv, int64_t C, const float* __restrict__ w,
-                                       int kernel, float* const* __restrict__ states,
+                                       int kernel, void* const* __restrict__ states,
                                        float* __restrict__ out) {
   pdl_begin();
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t i = blockIdx.y;
   if (c >= C) return;
   const int hist = kernel - 1;
-  float* st = states[i] + c * hist;
+  St* st = static_cast<St*>(states[i]) + c * hist;
   const float x = qkv[i * C + c];
   float acc = 0.0f;
-  for (int j = 0; j < hist; ++j) acc += w[c * kernel + j] * st[j];
+  for (int j = 0; j < hist; ++j) acc += w[c * kernel + j] * state_load(st + j);
   acc += w[c * kernel + hist] * x;
   out[i * C + c] = siluf_(acc);
-  for (int j = 0; j + 1 < hist; ++j) st[j] = st[j + 1];
-  if (hist > 0) st[hist - 1] = x;
+  for (int j = 0; j + 1 < hist; ++j) st[j] = st[j + 1];  // stored values move unchanged
+  if (hist > 0) state_store(st + hist - 1, x);
 }
 
 // Block = (value head, sequence), 4 warps per 32-column slab of the head (the delta_rule_kernel layout, all
 // slabs of the head in one block), so that the gated RMSNorm over the head's columns ends the same block.
 // Gates, q/k l2-normalisation, one delta-rule step, the norm.
 constexpr int kDecodeMaxSlabs = kDeltaMaxDim / 32;
+template <typename St>
 __global__ __launch_bounds__(32 * kDeltaWarps * kDecodeMaxSlabs) void gdn_decode_delta_kernel(
     const float* __restrict__ conv, int64_t C, int k_heads, int dk, int v_heads, int dv,
     const float* __restrict__ b, const float* __restrict__ a, const float* __restrict__ a_log,
-    const float* __restrict__ dt_bias, float* const* __restrict__ states, const float* __restrict__ z,
+    const float* __restrict__ dt_bias, void* const* __restrict__ states, const float* __restrict__ z,
     const float* __restrict__ norm_w, float eps, float* __restrict__ out) {
   __shared__ float ks[kDeltaMaxDim], qs[kDeltaMaxDim], scratch[32];
   __shared__ float red_kv[kDeltaWarps * kDecodeMaxSlabs][32], red_o[kDeltaWarps * kDecodeMaxSlabs][32];
@@ -216,12 +221,12 @@ __global__ __launch_bounds__(32 * kDeltaWarps * kDecodeMaxSlabs) void gdn_decode
   const float xg = a[gi] + dt_bias[h];
   const float softplus = xg > 20.0f ? xg : log1pf(expf(xg));
   const float decay = expf(-expf(a_log[h]) * softplus);
-  float* S = states[i] + int64_t(h) * dk * dv;
+  St* S = static_cast<St*>(states[i]) + int64_t(h) * dk * dv;
   float s[kDeltaRows];
 #pragma unroll
   for (int m = 0; m < kDeltaRows; ++m) {
     const int r = wr + kDeltaWarps * m;
-    s[m] = (col && r < dk) ? S[int64_t(r) * dv + j] : 0.0f;
+    s[m] = (col && r < dk) ? state_load(S + int64_t(r) * dv + j) : 0.0f;
   }
   pdl_begin();
   const float* row = conv + i * C;
@@ -267,7 +272,7 @@ __global__ __launch_bounds__(32 * kDeltaWarps * kDecodeMaxSlabs) void gdn_decode
 #pragma unroll
   for (int m = 0; m < kDeltaRows; ++m) {
     const int r = wr + kDeltaWarps * m;
-    if (col && r < dk) S[int64_t(r) * dv + j] = s[m];
+    if (col && r < dk) state_store(S + int64_t(r) * dv + j, s[m]);
   }
   __syncthreads();
   float oj = 0.0f;
@@ -291,17 +296,26 @@ void launch_gdn_gates(const float* b, const float* a, const float* a_log, const 
   launch_k(gdn_gates_kernel, blocks_for(n, 256), 256, 0, s, b, a, a_log, dt_bias, n, v_heads, beta, g);
 }
 
-void launch_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel, float* state,
-                        float* out, cudaStream_t s) {
-  if (T == 0) return;
+template <typename St>
+void conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel, St* state, float* out,
+                 cudaStream_t s) {
   const unsigned token_blocks = unsigned((T + kConvTokens - 1) / kConvTokens);
   const dim3 grid(blocks_for(channels, 128), token_blocks);
   if (kernel == 4)
-    launch_k(conv1d_silu_kernel<4>, grid, 128, 0, s, x, T, channels, w, kernel, state, out);
+    launch_k(conv1d_silu_kernel<4, St>, grid, 128, 0, s, x, T, channels, w, kernel, state, out);
   else
-    launch_k(conv1d_silu_kernel<0>, grid, 128, 0, s, x, T, channels, w, kernel, state, out);
+    launch_k(conv1d_silu_kernel<0, St>, grid, 128, 0, s, x, T, channels, w, kernel, state, out);
   if (token_blocks > 1)
-    launch_k(conv_state_kernel, blocks_for(channels, 128), 128, 0, s, x, T, channels, kernel, state);
+    launch_k(conv_state_kernel<St>, blocks_for(channels, 128), 128, 0, s, x, T, channels, kernel, state);
+}
+
+void launch_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel, void* state,
+                        StateType state_type, float* out, cudaStream_t s) {
+  if (T == 0) return;
+  if (state_type == StateType::BF16)
+    conv1d_silu(x, T, channels, w, kernel, static_cast<__nv_bfloat16*>(state), out, s);
+  else
+    conv1d_silu(x, T, channels, w, kernel, static_cast<float*>(state), out, s);
 }
 
 void launch_l2norm_qk(const float* q, const float* k, int64_t stride, int64_t T, int k_heads, int dim,
@@ -314,10 +328,14 @@ void launch_l2norm_qk(const float* q, const float* k, int64_t stride, int64_t T,
 
 void launch_delta_rule(const float* qn, const float* kn, int k_heads, int k_dim, const float* v,
                        int64_t v_stride, int v_heads, int v_dim, const float* g, const float* beta, int64_t T,
-                       float* state, float* out, cudaStream_t s) {
+                       void* state, StateType state_type, float* out, cudaStream_t s) {
   const dim3 grid(unsigned(v_heads), unsigned((v_dim + 31) / 32));
-  launch_k(delta_rule_kernel, grid, 32 * kDeltaWarps, 0, s, qn, kn, k_heads, k_dim, v, v_stride, v_heads,
-           v_dim, g, beta, T, state, out);
+  if (state_type == StateType::BF16)
+    launch_k(delta_rule_kernel<__nv_bfloat16>, grid, 32 * kDeltaWarps, 0, s, qn, kn, k_heads, k_dim, v,
+             v_stride, v_heads, v_dim, g, beta, T, static_cast<__nv_bfloat16*>(state), out);
+  else
+    launch_k(delta_rule_kernel<float>, grid, 32 * kDeltaWarps, 0, s, qn, kn, k_heads, k_dim, v, v_stride,
+             v_heads, v_dim, g, beta, T, static_cast<float*>(state), out);
 }
 
 bool gdn_decode_supported(int k_dim, int v_dim, int kernel) {
@@ -327,15 +345,22 @@ bool gdn_decode_supported(int k_dim, int v_dim, int kernel) {
 void launch_gdn_decode(const float* qkv, const float* z, const float* b, const float* a, int64_t n,
                        int k_heads, int k_dim, int v_heads, int v_dim, const float* conv_w, int kernel,
                        const float* a_log, const float* dt_bias, const float* norm_w, float eps,
-                       float* const* conv_states, float* const* states, float* conv, float* out,
-                       cudaStream_t s) {
+                       void* const* conv_states, void* const* states, StateType state_type, float* conv,
+                       float* out, cudaStream_t s) {
   if (n == 0) return;
   const int64_t C = 2 * int64_t(k_heads) * k_dim + int64_t(v_heads) * v_dim;
-  launch_k(gdn_decode_conv_kernel, dim3(blocks_for(C, 128), unsigned(n)), 128, 0, s, qkv, C, conv_w, kernel,
-           conv_states, conv);
-  const int slabs = (v_dim + 31) / 32;
-  launch_k(gdn_decode_delta_kernel, dim3(unsigned(v_heads), unsigned(n)), 32 * kDeltaWarps * slabs, 0, s,
-           conv, C, k_heads, k_dim, v_heads, v_dim, b, a, a_log, dt_bias, states, z, norm_w, eps, out);
+  const dim3 conv_grid{blocks_for(C, 128), unsigned(n)}, delta_grid{unsigned(v_heads), unsigned(n)};
+  const int threads = 32 * kDeltaWarps * ((v_dim + 31) / 32);
+  if (state_type == StateType::BF16) {
+    launch_k(gdn_decode_conv_kernel<__nv_bfloat16>, conv_grid, 128, 0, s, qkv, C, conv_w, kernel, conv_states,
+             conv);
+    launch_k(gdn_decode_delta_kernel<__nv_bfloat16>, delta_grid, threads, 0, s, conv, C, k_heads, k_dim,
+             v_heads, v_dim, b, a, a_log, dt_bias, states, z, norm_w, eps, out);
+  } else {
+    launch_k(gdn_decode_conv_kernel<float>, conv_grid, 128, 0, s, qkv, C, conv_w, kernel, conv_states, conv);
+    launch_k(gdn_decode_delta_kernel<float>, delta_grid, threads, 0, s, conv, C, k_heads, k_dim, v_heads,
+             v_dim, b, a, a_log, dt_bias, states, z, norm_w, eps, out);
+  }
 }
 
 }  // namespace moeserve::cuda

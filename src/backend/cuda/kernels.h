@@ -51,30 +51,40 @@ void launch_logits_topk(const float* x, int64_t rows, int64_t cols, const float*
 // Fills n elements of `type` with reproducible pseudo-random values uniform in [-scale, scale) (benchmarks).
 void launch_fill_random(void* data, WType type, int64_t n, uint64_t seed, float scale, cudaStream_t s);
 
-// ---- Gated DeltaNet (gdn.cu) -----------------------------------------------------------------------------
+// ---- Gated DeltaNet (gdn.cu, gdn_chunked.cu) -------------------------------------------------------------
+// How a state slot stores its values (conv and recurrent state alike): float32, or bf16 (widened into float32
+// registers, rounded to nearest even when written back).
+enum class StateType : int32_t { F32, BF16 };
 void launch_gdn_gates(const float* b, const float* a, const float* a_log, const float* dt_bias, int64_t T,
                       int v_heads, float* beta, float* g, cudaStream_t s);
-void launch_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel, float* state,
-                        float* out, cudaStream_t s);
+void launch_conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel, void* state,
+                        StateType state_type, float* out, cudaStream_t s);
 // q, k: rows of [k_heads][dim] every stride floats -> qn, kn [T][k_heads][dim], l2-normalised, qn scaled.
 void launch_l2norm_qk(const float* q, const float* k, int64_t stride, int64_t T, int k_heads, int dim,
                       float q_scale, float* qn, float* kn, cudaStream_t s);
-// qn, kn [T][k_heads][k_dim] normalised; v rows of [v_heads][v_dim] every v_stride floats; state
-// [v_heads][k_dim][v_dim]; out [T][v_heads][v_dim].
+// The recurrent form: qn, kn [T][k_heads][k_dim] normalised; v rows of [v_heads][v_dim] every v_stride
+// floats; state [v_heads][k_dim][v_dim]; out [T][v_heads][v_dim].
 void launch_delta_rule(const float* qn, const float* kn, int k_heads, int k_dim, const float* v,
                        int64_t v_stride, int v_heads, int v_dim, const float* g, const float* beta, int64_t T,
-                       float* state, float* out, cudaStream_t s);
+                       void* state, StateType state_type, float* out, cudaStream_t s);
+// The chunked (WY) form on tensor cores, same arguments (k_dim = v_dim = 128 only; v rows 16-byte aligned);
+// scratch (device) holds delta_rule_chunked_scratch_floats(T, v_heads).
+bool delta_rule_chunked_supported(int k_dim, int v_dim, const float* v, int64_t v_stride);
+size_t delta_rule_chunked_scratch_floats(int64_t T, int v_heads);
+void launch_delta_rule_chunked(const float* qn, const float* kn, int k_heads, const float* v,
+                               int64_t v_stride, int v_heads, const float* g, const float* beta, int64_t T,
+                               void* state, StateType state_type, float* out, float* scratch, cudaStream_t s);
 
 // Batched decode (n sequences of one token): causal conv + SiLU of qkv [n][C] over conv_states[i] (advanced)
 // into conv [n][C]; then per (value head, sequence) the gates from b/a [n][v_heads], q/k l2-normalisation,
 // one delta-rule step over states[i] and the gated RMSNorm with z into out [n][v_heads*v_dim]. The state
-// pointer arrays are device arrays of device pointers.
+// pointer arrays are device arrays of device pointers to values of state_type.
 bool gdn_decode_supported(int k_dim, int v_dim, int kernel);
 void launch_gdn_decode(const float* qkv, const float* z, const float* b, const float* a, int64_t n,
                        int k_heads, int k_dim, int v_heads, int v_dim, const float* conv_w, int kernel,
                        const float* a_log, const float* dt_bias, const float* norm_w, float eps,
-                       float* const* conv_states, float* const* states, float* conv, float* out,
-                       cudaStream_t s);
+                       void* const* conv_states, void* const* states, StateType state_type, float* conv,
+                       float* out, cudaStream_t s);
 
 // ---- matmul (gemm.cu) ------------------------------------------------------------------------------------
 // Small batches (n ≤ 8 per pass): weight-streaming GEMV with float32 activations.

@@ -1,0 +1,389 @@
+// The chunked (WY) form of the gated delta rule for prefill, on bf16 tensor cores (WMMA 16x16x16 tiles, which
+// compile to mma.sync m16n8k16) with float32 accumulation; the state is carried in float32.
+//
+// Per chunk of 64 tokens, with G the in-chunk cumulative log-decay, γ_i = e^{G_i} and D_ij = e^{G_i − G_j}
+// (j ≤ i), the recurrence S = S e^g; δ = (v − Sᵀk)β; S += k ⊗ δ; o = Sᵀq (S [dk][dv]) sums to
+//   L = strictly_lower(β_i D_ij k_i·k_j),  T = (I + L)⁻¹,  W = T (β γ K),  U = T (β V)
+//   δ = U − W S,  O = (γ Q) S + (D ⊙ Q Kᵀ) δ,  S ← γ_last S + (e^{G_last − G} K)ᵀ δ
+// (cpu/delta_rule.cpp's delta_rule_chunked, the fla kernels' chunk_gated_delta_rule). Everything on the first
+// line is independent of the state: the prep kernel computes it for all chunks and heads at once. The state
+// kernel then walks the chunks in order, one block per (value head, 32 value columns): the columns of S are
+// independent, so 4 blocks share a head and each keeps its 128x32 slice of S in shared memory.
+#include <mma.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/gdn_state.cuh"
+
+namespace moeserve::cuda {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+using bf16 = __nv_bfloat16;
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
+using FragAt = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
+using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+constexpr int kChunk = 64;     // tokens per chunk
+constexpr int kDim = 128;      // key and value head dim of this path
+constexpr int kSlab = 32;      // value columns per state block
+constexpr int kThreads = 128;  // 4 warps; warp w owns row tile w (16 rows) of every 64-row product
+// Shared-memory row strides (elements), padded so rows start in different banks; all keep tiles 32-byte
+// aligned as WMMA requires.
+constexpr int kLdH = kDim + 8;     // bf16 rows of 128
+constexpr int kLdCH = kChunk + 8;  // bf16 rows of 64
+constexpr int kLdSH = kSlab + 8;   // bf16 rows of 32
+constexpr int kLdF = kDim + 4;     // float rows of 128
+constexpr int kLdC = kChunk + 4;   // float rows of 64
+constexpr int kLdS = kSlab + 4;    // float rows of 32
+
+// Per (chunk, value head), what the prep kernel leaves for the state kernel.
+constexpr int64_t kPrepW = int64_t(kChunk) * kDim;    // W, bf16
+constexpr int64_t kPrepU = int64_t(kChunk) * kDim;    // U, float
+constexpr int64_t kPrepP = int64_t(kChunk) * kChunk;  // D ⊙ Q Kᵀ, bf16
+constexpr int64_t kPrepQ = int64_t(kChunk) * kDim;    // γ Q, bf16
+constexpr int64_t kPrepK = int64_t(kChunk) * kDim;    // e^{G_last − G} K, bf16
+
+__device__ __forceinline__ void store_bf16x4(bf16* dst, float4 x) {
+  auto* d = reinterpret_cast<__nv_bfloat162*>(dst);
+  d[0] = __floats2bfloat162_rn(x.x, x.y);
+  d[1] = __floats2bfloat162_rn(x.z, x.w);
+}
+
+// dst row i (stride ld) = bf16(scale(i) · src row i) for i < len, zeros past it; 64 rows of 128 floats, src
+// rows every `stride` floats (16-byte aligned), spread over `threads` threads from `tid`.
+template <typename Scale>
+__device__ void rows_to_bf16(const float* __restrict__ src, int64_t stride, int len, Scale scale, bf16* dst,
+                             int ld, int tid, int threads) {
+  for (int e = tid; e < kChunk * kDim / 4; e += threads) {
+    const int i = e / (kDim / 4), c = (e % (kDim / 4)) * 4;
+    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (i < len) {
+      x = *reinterpret_cast<const float4*>(src + i * stride + c);
+      const float s = scale(i);
+      x.x *= s, x.y *= s, x.z *= s, x.w *= s;
+    }
+    store_bf16x4(dst + i * ld + c, x);
+  }
+}
+
+// Row tile `warp` of out (16 x 16·col_tiles, float, stride ldo) = A (row-major, stride lda) · B (row-major,
+// stride ldb) over k tiles [0, k_tiles).
+__device__ void warp_product(const bf16* a, int lda, const bf16* b, int ldb, int k_tiles, int col_tiles,
+                             float* out, int ldo, int warp) {
+  for (int ct = 0; ct < col_tiles; ++ct) {
+    FragC acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int s = 0; s < k_tiles; ++s) {
+      FragA fa;
+      FragB fb;
+      wmma::load_matrix_sync(fa, a + warp * 16 * lda + s * 16, lda);
+      wmma::load_matrix_sync(fb, b + s * 16 * ldb + ct * 16, ldb);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out + warp * 16 * ldo + ct * 16, acc, ldo, wmma::mem_row_major);
+  }
+}
+
+constexpr size_t kPrepSmem = 2 * size_t(kChunk) * kLdH * sizeof(bf16)     // keys, queries (then the products)
+                             + 2 * size_t(kChunk) * kLdC * sizeof(float)  // K Kᵀ → L, Q Kᵀ
+                             + size_t(kChunk) * kLdCH * sizeof(bf16)      // T
+                             + size_t(kChunk) * kLdH * sizeof(bf16);      // right-hand sides
+
+// Block = (chunk, value head).
+__global__ __launch_bounds__(kThreads) void gdn_chunk_prep_kernel(
+    const float* __restrict__ qn, const float* __restrict__ kn, int k_heads, const float* __restrict__ v,
+    int64_t v_stride, int v_heads, const float* __restrict__ g, const float* __restrict__ beta, int64_t T,
+    bf16* __restrict__ w_out, float* __restrict__ u_out, bf16* __restrict__ p_out, bf16* __restrict__ q_out,
+    bf16* __restrict__ k_out, float* __restrict__ gamma_out) {
+  pdl_begin();
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* kb = reinterpret_cast<bf16*>(smem);                     // [64][kLdH]
+  bf16* qb = kb + kChunk * kLdH;                                // [64][kLdH]
+  float* prod = reinterpret_cast<float*>(smem);                 // [64][kLdF] over kb, qb once they are read
+  float* lower = reinterpret_cast<float*>(qb + kChunk * kLdH);  // [64][kLdC]
+  float* qk = lower + kChunk * kLdC;                            // [64][kLdC]
+  bf16* inv = reinterpret_cast<bf16*>(qk + kChunk * kLdC);      // [64][kLdCH]
+  bf16* rhs = inv + kChunk * kLdCH;                             // [64][kLdH]
+  __shared__ float gamma[kChunk], bs[kChunk];
+
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int c = blockIdx.x, h = blockIdx.y, kh = h / (v_heads / k_heads);
+  const int64_t t0 = int64_t(c) * kChunk;
+  const int len = int(imin<int64_t>(kChunk, T - t0));
+  const int64_t qk_stride = int64_t(k_heads) * kDim;
+  const float* kr = kn + t0 * qk_stride + int64_t(kh) * kDim;
+  const float* qr = qn + t0 * qk_stride + int64_t(kh) * kDim;
+  const int64_t item = int64_t(c) * v_heads + h;
+
+  if (tid == 0) {  // summed in token order, as the CPU does; padded rows keep the last token's value
+    float run = 0.0f;
+    for (int i = 0; i < kChunk; ++i) {
+      if (i < len) run += g[(t0 + i) * v_heads + h];
+      gamma[i] = run;
+    }
+  }
+  if (tid < kChunk) bs[tid] = tid < len ? beta[(t0 + tid) * v_heads + h] : 0.0f;
+  const auto one = [](int) { return 1.0f; };
+  rows_to_bf16(kr, qk_stride, len, one, kb, kLdH, tid, kThreads);
+  rows_to_bf16(qr, qk_stride, len, one, qb, kLdH, tid, kThreads);
+  __syncthreads();
+  if (tid < kChunk) gamma_out[item * kChunk + tid] = gamma[tid];
+
+  // K Kᵀ and Q Kᵀ, the tiles on and below the diagonal only (the rest is masked away).
+  for (int ct = 0; ct <= warp; ++ct) {
+    FragC kk, qq;
+    wmma::fill_fragment(kk, 0.0f);
+    wmma::fill_fragment(qq, 0.0f);
+    for (int s = 0; s < kDim / 16; ++s) {
+      FragA ak, aq;
+      FragBt bk;  // Kᵀ: column n of the operand is key row n
+      wmma::load_matrix_sync(ak, kb + warp * 16 * kLdH + s * 16, kLdH);
+      wmma::load_matrix_sync(aq, qb + warp * 16 * kLdH + s * 16, kLdH);
+      wmma::load_matrix_sync(bk, kb + ct * 16 * kLdH + s * 16, kLdH);
+      wmma::mma_sync(kk, ak, bk, kk);
+      wmma::mma_sync(qq, aq, bk, qq);
+    }
+    wmma::store_matrix_sync(lower + warp * 16 * kLdC + ct * 16, kk, kLdC, wmma::mem_row_major);
+    wmma::store_matrix_sync(qk + warp * 16 * kLdC + ct * 16, qq, kLdC, wmma::mem_row_major);
+  }
+  __syncthreads();
+
+  bf16* p = p_out + item * kPrepP;
+  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
+    const int i = e / kChunk, j = e % kChunk;
+    const float d = j <= i ? expf(gamma[i] - gamma[j]) : 0.0f;
+    const float kk = lower[i * kLdC + j], qq = qk[i * kLdC + j];
+    lower[i * kLdC + j] = j < i ? bs[i] * d * kk : 0.0f;  // selects: the unwritten tiles never leak in
+    p[e] = __float2bfloat16_rn(j <= i ? d * qq : 0.0f);
+  }
+  __syncthreads();
+
+  if (warp < 2) {
+    // T = (I + L)⁻¹ by forward substitution, column j per thread: x_i = [i = j] − Σ_{k<i} L_ik x_k (x_k = 0
+    // for k < j falls out by itself). Fully unrolled so x stays in registers; L rows are broadcast reads.
+    const int j = tid;
+    float x[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int k = 0; k < i; ++k) acc[k % 4] += lower[i * kLdC + k] * x[k];
+      x[i] = (i == j ? 1.0f : 0.0f) - ((acc[0] + acc[1]) + (acc[2] + acc[3]));
+      inv[i * kLdCH + j] = __float2bfloat16_rn(x[i]);
+    }
+  } else {
+    // Meanwhile: β γ K (the right-hand side of W), and the state kernel's γ Q and e^{G_last − G} K.
+    const int t = tid - 64;
+    rows_to_bf16(
+        kr, qk_stride, len, [&](int i) { return bs[i] * expf(gamma[i]); }, rhs, kLdH, t, 64);
+    rows_to_bf16(
+        qr, qk_stride, len, [&](int i) { return expf(gamma[i]); }, q_out + item * kPrepQ, kDim, t, 64);
+    rows_to_bf16(
+        kr, qk_stride, len, [&](int i) { return expf(gamma[kChunk - 1] - gamma[i]); }, k_out + item * kPrepK,
+        kDim, t, 64);
+  }
+  __syncthreads();
+
+  // W = T (β γ K), then U = T (β V). T is lower triangular: row tile w needs k tiles ≤ w.
+  warp_product(inv, kLdCH, rhs, kLdH, warp + 1, kDim / 16, prod, kLdF, warp);
+  __syncthreads();
+  bf16* w = w_out + item * kPrepW;
+  for (int e = tid; e < kChunk * kDim / 4; e += kThreads) {
+    const int i = e / (kDim / 4), col = (e % (kDim / 4)) * 4;
+    store_bf16x4(w + i * kDim + col, *reinterpret_cast<const float4*>(prod + i * kLdF + col));
+  }
+  rows_to_bf16(
+      v + t0 * v_stride + int64_t(h) * kDim, v_stride, len, [&](int i) { return bs[i]; }, rhs, kLdH, tid,
+      kThreads);
+  __syncthreads();
+  warp_product(inv, kLdCH, rhs, kLdH, warp + 1, kDim / 16, prod, kLdF, warp);
+  __syncthreads();
+  float* u = u_out + item * kPrepU;
+  for (int e = tid; e < kChunk * kDim / 4; e += kThreads) {
+    const int i = e / (kDim / 4), col = (e % (kDim / 4)) * 4;
+    *reinterpret_cast<float4*>(u + i * kDim + col) = *reinterpret_cast<const float4*>(prod + i * kLdF + col);
+  }
+}
+
+constexpr size_t kStateSmem = size_t(kDim) * kLdS * sizeof(float)          // S (float32)
+                              + size_t(kDim) * kLdSH * sizeof(bf16)        // S (bf16 operand)
+                              + 3 * size_t(kChunk) * kLdH * sizeof(bf16)   // W, γ Q, e^{G_last − G} K
+                              + size_t(kChunk) * kLdCH * sizeof(bf16)      // D ⊙ Q Kᵀ
+                              + 2 * size_t(kChunk) * kLdS * sizeof(float)  // δ (float32), O
+                              + size_t(kChunk) * kLdSH * sizeof(bf16);     // δ (bf16 operand)
+
+// 16-byte copies of a [64][cols] bf16 matrix into shared rows of stride ld.
+template <int kCols>
+__device__ void copy_bf16_rows(const bf16* __restrict__ src, bf16* dst, int ld, int tid) {
+  constexpr int kVecs = kCols / 8;
+  for (int e = tid; e < kChunk * kVecs; e += kThreads) {
+    const int i = e / kVecs, c = (e % kVecs) * 8;
+    *reinterpret_cast<uint4*>(dst + i * ld + c) = *reinterpret_cast<const uint4*>(src + i * kCols + c);
+  }
+}
+
+// Block = (value head, slab of 32 value columns); chunks in order.
+template <typename St>
+__global__ __launch_bounds__(kThreads) void gdn_chunk_state_kernel(
+    int v_heads, int64_t T, const bf16* __restrict__ w_in, const float* __restrict__ u_in,
+    const bf16* __restrict__ p_in, const bf16* __restrict__ q_in, const bf16* __restrict__ k_in,
+    const float* __restrict__ gamma_in, St* state, float* __restrict__ out) {
+  pdl_begin();
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* s32 = reinterpret_cast<float*>(smem);                 // [128][kLdS]
+  bf16* sb = reinterpret_cast<bf16*>(s32 + kDim * kLdS);       // [128][kLdSH]
+  bf16* wb = sb + kDim * kLdSH;                                // [64][kLdH]
+  bf16* qb = wb + kChunk * kLdH;                               // [64][kLdH]
+  bf16* kt = qb + kChunk * kLdH;                               // [64][kLdH]
+  bf16* pb = kt + kChunk * kLdH;                               // [64][kLdCH]
+  float* d32 = reinterpret_cast<float*>(pb + kChunk * kLdCH);  // [64][kLdS]
+  float* o32 = d32 + kChunk * kLdS;                            // [64][kLdS]
+  bf16* db = reinterpret_cast<bf16*>(o32 + kChunk * kLdS);     // [64][kLdSH]
+
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int h = blockIdx.x, c0 = blockIdx.y * kSlab;
+  St* S = state + int64_t(h) * kDim * kDim;
+  for (int e = tid; e < kDim * kSlab; e += kThreads) {
+    const int r = e / kSlab, j = e % kSlab;
+    s32[r * kLdS + j] = state_load(S + r * kDim + c0 + j);
+  }
+  const int64_t chunks = (T + kChunk - 1) / kChunk;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t t0 = c * kChunk, item = c * v_heads + h;
+    const int len = int(imin<int64_t>(kChunk, T - t0));
+    __syncthreads();  // S written; the previous chunk's operands are read
+    for (int e = tid; e < kDim * kSlab; e += kThreads) {
+      const int r = e / kSlab, j = e % kSlab;
+      sb[r * kLdSH + j] = __float2bfloat16_rn(s32[r * kLdS + j]);
+    }
+    copy_bf16_rows<kDim>(w_in + item * kPrepW, wb, kLdH, tid);
+    copy_bf16_rows<kDim>(q_in + item * kPrepQ, qb, kLdH, tid);
+    copy_bf16_rows<kDim>(k_in + item * kPrepK, kt, kLdH, tid);
+    copy_bf16_rows<kChunk>(p_in + item * kPrepP, pb, kLdCH, tid);
+    const float* u = u_in + item * kPrepU + c0;
+    for (int e = tid; e < kChunk * kSlab / 4; e += kThreads) {
+      const int i = e / (kSlab / 4), j = (e % (kSlab / 4)) * 4;
+      *reinterpret_cast<float4*>(d32 + i * kLdS + j) = *reinterpret_cast<const float4*>(u + i * kDim + j);
+    }
+    const float decay_all = expf(gamma_in[item * kChunk + kChunk - 1]);
+    __syncthreads();
+
+    // δ = U − W S (row tile = warp), rounded once more as the next products' operand.
+    for (int ct = 0; ct < kSlab / 16; ++ct) {
+      FragC ws, d;
+      wmma::fill_fragment(ws, 0.0f);
+      for (int s = 0; s < kDim / 16; ++s) {
+        FragA fa;
+        FragB fb;
+        wmma::load_matrix_sync(fa, wb + warp * 16 * kLdH + s * 16, kLdH);
+        wmma::load_matrix_sync(fb, sb + s * 16 * kLdSH + ct * 16, kLdSH);
+        wmma::mma_sync(ws, fa, fb, ws);
+      }
+      wmma::load_matrix_sync(d, d32 + warp * 16 * kLdS + ct * 16, kLdS, wmma::mem_row_major);
+      for (int x = 0; x < d.num_elements; ++x) d.x[x] -= ws.x[x];
+      wmma::store_matrix_sync(d32 + warp * 16 * kLdS + ct * 16, d, kLdS, wmma::mem_row_major);
+    }
+    __syncwarp();
+    for (int e = threadIdx.x & 31; e < 16 * kSlab; e += 32) {
+      const int i = warp * 16 + e / kSlab, j = e % kSlab;
+      db[i * kLdSH + j] = __float2bfloat16_rn(d32[i * kLdS + j]);
+    }
+    __syncthreads();
+
+    // O = (γ Q) S + (D ⊙ Q Kᵀ) δ; the second term is causal, so row tile w takes δ's tiles ≤ w.
+    for (int ct = 0; ct < kSlab / 16; ++ct) {
+      FragC o;
+      wmma::fill_fragment(o, 0.0f);
+      for (int s = 0; s < kDim / 16; ++s) {
+        FragA fa;
+        FragB fb;
+        wmma::load_matrix_sync(fa, qb + warp * 16 * kLdH + s * 16, kLdH);
+        wmma::load_matrix_sync(fb, sb + s * 16 * kLdSH + ct * 16, kLdSH);
+        wmma::mma_sync(o, fa, fb, o);
+      }
+      for (int s = 0; s <= warp; ++s) {
+        FragA fa;
+        FragB fb;
+        wmma::load_matrix_sync(fa, pb + warp * 16 * kLdCH + s * 16, kLdCH);
+        wmma::load_matrix_sync(fb, db + s * 16 * kLdSH + ct * 16, kLdSH);
+        wmma::mma_sync(o, fa, fb, o);
+      }
+      wmma::store_matrix_sync(o32 + warp * 16 * kLdS + ct * 16, o, kLdS, wmma::mem_row_major);
+    }
+    // S ← γ_last S + (e^{G_last − G} K)ᵀ δ: 8 row tiles of S, two per warp; S in float32 throughout.
+    for (int rt = 2 * warp; rt < 2 * warp + 2; ++rt)
+      for (int ct = 0; ct < kSlab / 16; ++ct) {
+        FragC acc;
+        wmma::load_matrix_sync(acc, s32 + rt * 16 * kLdS + ct * 16, kLdS, wmma::mem_row_major);
+        for (int x = 0; x < acc.num_elements; ++x) acc.x[x] *= decay_all;
+        for (int s = 0; s < kChunk / 16; ++s) {
+          FragAt fa;  // (e^{G_last − G} K)ᵀ: column-major view of the key rows
+          FragB fb;
+          wmma::load_matrix_sync(fa, kt + s * 16 * kLdH + rt * 16, kLdH);
+          wmma::load_matrix_sync(fb, db + s * 16 * kLdSH + ct * 16, kLdSH);
+          wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(s32 + rt * 16 * kLdS + ct * 16, acc, kLdS, wmma::mem_row_major);
+      }
+    __syncthreads();
+    for (int e = tid; e < len * kSlab / 4; e += kThreads) {
+      const int i = e / (kSlab / 4), j = (e % (kSlab / 4)) * 4;
+      *reinterpret_cast<float4*>(out + ((t0 + i) * v_heads + h) * kDim + c0 + j) =
+          *reinterpret_cast<const float4*>(o32 + i * kLdS + j);
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < kDim * kSlab; e += kThreads) {
+    const int r = e / kSlab, j = e % kSlab;
+    state_store(S + r * kDim + c0 + j, s32[r * kLdS + j]);
+  }
+}
+
+}  // namespace
+
+bool delta_rule_chunked_supported(int k_dim, int v_dim, const float* v, int64_t v_stride) {
+  return k_dim == kDim && v_dim == kDim && v_stride % 4 == 0 && reinterpret_cast<uintptr_t>(v) % 16 == 0;
+}
+
+size_t delta_rule_chunked_scratch_floats(int64_t T, int v_heads) {
+  const int64_t items = (T + kChunk - 1) / kChunk * v_heads;
+  const int64_t halves = kPrepW + kPrepP + kPrepQ + kPrepK;  // bf16 parts, a multiple of 8 each
+  return size_t(items * (halves / 2 + kPrepU + kChunk));
+}
+
+void launch_delta_rule_chunked(const float* qn, const float* kn, int k_heads, const float* v,
+                               int64_t v_stride, int v_heads, const float* g, const float* beta, int64_t T,
+                               void* state, StateType state_type, float* out, float* scratch,
+                               cudaStream_t s) {
+  if (T == 0) return;
+  static const bool configured = [] {
+    cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPrepSmem));
+    cudaFuncSetAttribute(gdn_chunk_state_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         int(kStateSmem));
+    cudaFuncSetAttribute(gdn_chunk_state_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         int(kStateSmem));
+    return true;
+  }();
+  (void)configured;
+  const int64_t chunks = (T + kChunk - 1) / kChunk, items = chunks * v_heads;
+  // Scratch, each part 16-byte aligned: the float parts first, then the bf16 ones.
+  float* u = scratch;
+  float* gamma = u + items * kPrepU;
+  bf16* w = reinterpret_cast<bf16*>(gamma + items * kChunk);
+  bf16* p = w + items * kPrepW;
+  bf16* q = p + items * kPrepP;
+  bf16* k = q + items * kPrepQ;
+  launch_k(gdn_chunk_prep_kernel, dim3(unsigned(chunks), unsigned(v_heads)), kThreads, kPrepSmem, s, qn, kn,
+           k_heads, v, v_stride, v_heads, g, beta, T, w, u, p, q, k, gamma);
+  const dim3 grid(unsigned(v_heads), unsigned(kDim / kSlab));
+  if (state_type == StateType::BF16)
+    launch_k(gdn_chunk_state_kernel<bf16>, grid, kThreads, kStateSmem, s, v_heads, T, w, u, p, q, k, gamma,
+             static_cast<bf16*>(state), out);
+  else
+    launch_k(gdn_chunk_state_kernel<float>, grid, kThreads, kStateSmem, s, v_heads, T, w, u, p, q, k, gamma,
+             static_cast<float*>(state), out);
+}
+
+}  // namespace moeserve::cuda
