@@ -45,6 +45,7 @@ struct Options {
   bool ignore_eos = false;
   std::string device = "cpu";
   std::string matmul = "bf16";
+  std::string kv_cache_dtype = "auto";
 };
 
 ModelWeights load_weights(const Options& o) {
@@ -71,7 +72,8 @@ int run(const Options& o) {
   for (int32_t id : prompt)
     check(id < model.config().vocab_size, "--prompt-ids: token {} is outside the vocabulary (size {})", id,
           model.config().vocab_size);
-  SequenceRunner runner(model, int64_t(prompt.size()) + o.max_tokens);
+  const DType kv = resolve_kv_cache_dtype(parse_kv_cache_dtype(o.kv_cache_dtype), backend->cache_memory());
+  SequenceRunner runner(model, int64_t(prompt.size()) + o.max_tokens, 16, kv);
 
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
@@ -117,6 +119,13 @@ Registration reg{{"generate", "Generate from a prompt of token ids (greedy) and 
                     ids->excludes(len);
                     cmd.add_option("--max-tokens", o->max_tokens, "tokens to generate")
                         ->check(CLI::Range(1, 1 << 20))
+                        ->capture_default_str();
+                    cmd.add_option(
+                           "--kv-cache-dtype", o->kv_cache_dtype,
+                           "KV cache elements: auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 "
+                           "or fp8_e4m3 (also fp32, bf16, fp8)")
+                        ->check(
+                            CLI::IsMember({"auto", "float32", "fp32", "bfloat16", "bf16", "fp8", "fp8_e4m3"}))
                         ->capture_default_str();
                     cmd.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an end-of-sequence token");
                     cmd.add_option("--device", o->device, "backend: cpu or cuda")

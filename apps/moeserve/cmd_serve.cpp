@@ -31,6 +31,7 @@
 #include "server/memory_monitor.h"
 #include "server/openai_service.h"
 #include "server/server_metrics.h"
+#include "storage/kv_cache.h"
 #include "text/chat_template.h"
 #include "text/model_text.h"
 #include "text/output_parser.h"
@@ -96,6 +97,7 @@ struct ServeOptions {
   bool priority_larger_first = false;
   int snapshot_slots = -1;
   std::string gdn_state_dtype = "float32";
+  std::string kv_cache_dtype = "auto";
   uint64_t seed = 0;
   std::string quantization;       // "fp8": the checkpoint must be FP8 (nothing is quantized at load)
   std::string system_root = "/";  // where /proc and /sys are read (tests play a machine)
@@ -324,6 +326,7 @@ EngineOptions engine_options_of(const ServeOptions& o) {
   engine_options.policy = o.schedule_policy == "lpm" ? SchedulePolicy::Lpm : SchedulePolicy::Fcfs;
   engine_options.snapshot_slots = o.snapshot_slots;
   engine_options.state_dtype = o.gdn_state_dtype == "bfloat16" ? StateDtype::BF16 : StateDtype::F32;
+  engine_options.kv_cache_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
   return engine_options;
 }
 
@@ -601,11 +604,11 @@ int serve(const ServeOptions& o) {
   loading = false;
 
   std::printf(
-      "moeserve ready: model=%s dtype=%s kv_tokens=%lld state_slots=%d (+%d snapshots) max_model_len=%lld "
-      "url=%s\n",
+      "moeserve ready: model=%s dtype=%s kv_tokens=%lld kv_cache_dtype=%s state_slots=%d (+%d snapshots) "
+      "max_model_len=%lld url=%s\n",
       service_options.served_model_name.c_str(), dtype_name(weights.config).c_str(),
-      static_cast<long long>(cap.kv_tokens), cap.live_slots, cap.snapshot_slots,
-      static_cast<long long>(cap.max_model_len), url.c_str());
+      static_cast<long long>(cap.kv_tokens), std::string(kv_cache_dtype_name(cap.kv_dtype)).c_str(),
+      cap.live_slots, cap.snapshot_slots, static_cast<long long>(cap.max_model_len), url.c_str());
   std::fflush(stdout);
 
   signals.wait();
@@ -845,14 +848,19 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
   cmd.add_option("-q,--quantization", o->quantization,
                  "fp8: the checkpoint must be FP8 (moeserve does not quantize at load); none: as it is")
       ->transform(one_of({{"fp8", "fp8"}, {"none", ""}}));
-  const std::string no_fp8_kv = "there is no FP8 KV cache yet (use auto)";
-  cmd.add_option("--kv-cache-dtype", "auto (the only KV cache dtype so far)")
+  cmd.add_option(
+         "--kv-cache-dtype", o->kv_cache_dtype,
+         "KV cache elements: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or fp8_e4m3 "
+         "(FP8 scaled by the checkpoint's k_scale/v_scale where it has them, else 1.0)")
       ->transform(one_of({{"auto", "auto"},
-                          {"fp8", "", no_fp8_kv},
-                          {"fp8_e4m3", "", no_fp8_kv},
-                          {"fp8_e5m2", "", no_fp8_kv},
-                          {"bf16", "", "the KV cache dtype is not selectable yet (use auto)"},
-                          {"bfloat16", "", "the KV cache dtype is not selectable yet (use auto)"}}));
+                          {"float32", "float32"},
+                          {"fp32", "float32"},
+                          {"bfloat16", "bfloat16"},
+                          {"bf16", "bfloat16"},
+                          {"fp8", "fp8_e4m3"},
+                          {"fp8_e4m3", "fp8_e4m3"},
+                          {"fp8_e5m2", "", "only the e4m3 FP8 KV cache is supported (use fp8_e4m3)"}}))
+      ->capture_default_str();
   cmd.add_option("--host", o->host, "address to listen on")->capture_default_str();
   cmd.add_option("--port", o->port, "port to listen on (0: any free port)")->capture_default_str();
   cmd.add_option("--served-model-name", o->served_model_name,

@@ -23,6 +23,7 @@ struct Options {
   std::string rope_inv_freq = "auto";
   std::string device = "cpu";
   std::string matmul = "fp32";
+  std::string kv_cache_dtype = "auto";
   int tp = 1;
   int64_t chunk = 16;
 };
@@ -68,17 +69,20 @@ int run(const Options& o) {
   auto comm = dist::open_group({.tp = o.tp, .device = o.device});
   if (o.tp > 1) weights = shard_weights(weights, comm->rank(), comm->size());
   Qwen35Model model(weights, *backend, comm.get());
-  auto report = verify_against_reference(model, reference, {o.tolerance, o.layers});
+  const DType kv = resolve_kv_cache_dtype(parse_kv_cache_dtype(o.kv_cache_dtype), backend->cache_memory());
+  auto report = verify_against_reference(model, reference, {o.tolerance, o.layers, kv});
   if (comm->rank() != 0) return report.passed ? 0 : 1;
 
-  std::printf("%s%s\n", weights.config.summary().c_str(),
-              o.tp > 1 ? fmt::format(", tensor-parallel over {}", comm->describe()).c_str() : "");
+  std::printf("%s%s, KV cache %s\n", weights.config.summary().c_str(),
+              o.tp > 1 ? fmt::format(", tensor-parallel over {}", comm->describe()).c_str() : "",
+              std::string(kv_cache_dtype_name(kv)).c_str());
   for (const auto& c : report.cases) {
     bool ok = c.max_abs_error <= o.tolerance && c.tokens_match;
-    std::string tokens =
-        c.generated_tokens == 0 ? "" :
-        c.tokens_match ? fmt::format(", {} greedy tokens match", c.generated_tokens)
-                       : fmt::format(", greedy tokens differ from step {}", c.first_mismatch);
+    std::string tokens = c.generated_tokens == 0 ? ""
+                         : c.tokens_match
+                             ? fmt::format(", {} greedy tokens match", c.generated_tokens)
+                             : fmt::format(", greedy tokens differ at {} of {} steps (first: step {})",
+                                           c.token_mismatches, c.generated_tokens, c.first_mismatch);
     std::printf("%s\n", fmt::format("{:<8} {:>4} prompt tokens  max|Δlogit| {:.3e}{}  {}", c.name, c.prompt_tokens,
                                     c.max_abs_error, tokens, ok ? "ok" : "FAIL")
                             .c_str());
@@ -99,6 +103,13 @@ Registration reg{{"verify", "Check logits and greedy tokens against Hugging Face
                     cmd.add_option("--tolerance", o->tolerance, "max |Δlogit|")->capture_default_str();
                     cmd.add_option("--tp", o->tp, "tensor-parallel ranks (run under mpirun -np N)")
                         ->check(CLI::PositiveNumber)
+                        ->capture_default_str();
+                    cmd.add_option(
+                           "--kv-cache-dtype", o->kv_cache_dtype,
+                           "KV cache elements: auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 "
+                           "or fp8_e4m3 (also fp32, bf16, fp8)")
+                        ->check(
+                            CLI::IsMember({"auto", "float32", "fp32", "bfloat16", "bf16", "fp8", "fp8_e4m3"}))
                         ->capture_default_str();
                     cmd.add_flag("--layers", o->layers, "compare prompt0.hidden_states layer by layer");
                     cmd.add_option("--chunk", o->chunk,

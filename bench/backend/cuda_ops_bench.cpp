@@ -2,8 +2,9 @@
 // ceilings (a device-to-device copy for bandwidth, a large bf16 GEMM for tensor-core rate; both measured here
 // first). Each figure is the median over replays of a CUDA graph holding many calls, with inputs rotated so
 // that repeated calls do not run out of L2. Prints one table. Arguments name the sections to run (all by
-// default): gemv moe moe_block fp8_probe attention gdn; `once` runs each FP8 decode op once, for a profiler.
+// default): gemv moe moe_block fp8_probe grouped_probe attention gdn; `once` runs each FP8 decode op once, for a profiler.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -38,7 +39,7 @@ class OpsBench {
  public:
   OpsBench() : be_(make_backend("cuda")) {}
 
-  // `sections` names the groups to run (gemv moe moe_block fp8_probe attention gdn); empty: all. The
+  // `sections` names the groups to run (gemv moe moe_block fp8_probe grouped_probe attention gdn); empty: all. The
   // ceilings always run: the rates are given against them.
   void run(const std::vector<std::string>& sections) {
     auto on = [&](const char* name) {
@@ -50,6 +51,7 @@ class OpsBench {
     if (on("moe")) moe();
     if (on("moe_block")) moe_block();
     if (on("fp8_probe")) fp8_blockscaled_probe();
+    if (on("grouped_probe")) cublas_grouped_probe();
     if (!sections.empty() && on("once")) once();  // not part of the default run
     if (on("attention")) attention();
     if (on("gdn")) gdn();
@@ -147,8 +149,7 @@ class OpsBench {
         experts.push_back(
             {matrix(dt, I, H, 100 + 3 * e), matrix(dt, I, H, 101 + 3 * e), matrix(dt, H, I, 102 + 3 * e)});
       const double expert_bytes = 3.0 * H * I * dtype_size(dt);
-      for (int64_t n : {1, 4, 16, 64, 256, 2048, 8192}) {
-        if (dt == DType::F8_E4M3 && n > 64 && n < 2048) continue;
+      for (int64_t n : {1, 4, 16, 32, 64, 128, 256, 2048, 8192}) {
         const int variants = n <= 64 ? 8 : 1;  // fresh routing per call
         std::vector<float*> logits;
         for (int v = 0; v < variants; ++v) logits.push_back(floats(size_t(n * E), 200 + v, 3.0f));
@@ -165,7 +166,7 @@ class OpsBench {
         // Distinct experts a call reads, in expectation for uniform routing.
         const double touched = E * (1.0 - std::pow(1.0 - double(k) / E, double(n)));
         const double flops = 2.0 * double(n) * k * 3 * H * I;
-        const std::string path = n * k >= 1024 ? "mma" : "simt";
+        const std::string path = n * k >= cuda_tools::moe_tensor_core_min_pairs(dt) ? "mma" : "simt";
         add(fmt::format("moe E=256 top8 {} n={} ({})", dtype_name(dt), n, path), s,
             n <= 256 ? gbs(touched * expert_bytes, s) + fmt::format(" {:.0f} experts", touched)
                      : tflops(flops, s));
@@ -207,6 +208,104 @@ class OpsBench {
                 fmt::format(" {:.0f} experts", touched));
       }
     }
+  }
+
+  // The experts of a prefill as cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx, bf16, one group per
+  // expert), the alternative issue 19 names to the backend's own grouped kernel (moe_mma.cu): gate and up as
+  // one [2I][H] matrix per expert, then down. cuBLAS needs every expert's row count on the host, so this
+  // path would cost the MoE a device-to-host sync per layer; measured here without it, routing uniform.
+  void cublas_grouped_probe() {
+    const int E = 256, k = 8;
+    const int64_t H = 2048, I = 512;
+    cublasHandle_t handle = nullptr;
+    if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+      std::printf("cublas grouped probe: no handle\n");
+      return;
+    }
+    auto bf16 = [&](int64_t n, uint64_t seed) {
+      void* p = cuda_tools::allocate_device(*be_, size_t(n) * 2);
+      cuda_tools::fill_random(*be_, p, DType::BF16, n, seed, 0.02f);
+      return static_cast<char*>(p);
+    };
+    char* gate_up = bf16(int64_t(E) * 2 * I * H, 900);
+    char* down = bf16(int64_t(E) * H * I, 901);
+    for (int64_t n : {int64_t(1024), int64_t(8192)}) {
+      // Uniform routing: k distinct experts per token.
+      std::vector<int> rows(E, 0);
+      uint64_t st = 0x9e3779b97f4a7c15ull + uint64_t(n);
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<int> chosen;
+        while (int(chosen.size()) < k) {
+          st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+          const int e = int(st % uint64_t(E));
+          if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+        }
+        for (int e : chosen) ++rows[size_t(e)];
+      }
+      const int64_t P = n * k;
+      char* x = bf16(P * H, 902);
+      char* h = bf16(P * 2 * I, 903);
+      auto* y = static_cast<char*>(cuda_tools::allocate_device(*be_, size_t(P * H) * 4));
+      std::vector<int> m1, n1, k1, lda1, ldb1, ldc1, m2, n2, k2, lda2, ldb2, ldc2, sizes;
+      std::vector<const void*> a1, b1, a2, b2;
+      std::vector<void*> c1, c2;
+      std::vector<cublasOperation_t> ta, tb;
+      std::vector<float> alpha, beta;
+      int64_t row = 0;
+      for (int e = 0; e < E; ++e) {
+        const int r = rows[size_t(e)];
+        if (r == 0) continue;
+        // Column-major: C [N x r] = W [K x N]ᵀ · X [K x r], i.e. row-major y[r][N] = x[r][K] · W[N][K]ᵀ.
+        m1.push_back(int(2 * I)), n1.push_back(r), k1.push_back(int(H));
+        lda1.push_back(int(H)), ldb1.push_back(int(H)), ldc1.push_back(int(2 * I));
+        a1.push_back(gate_up + int64_t(e) * 2 * I * H * 2), b1.push_back(x + row * H * 2);
+        c1.push_back(h + row * 2 * I * 2);
+        m2.push_back(int(H)), n2.push_back(r), k2.push_back(int(I));
+        lda2.push_back(int(I)), ldb2.push_back(int(2 * I)), ldc2.push_back(int(H));
+        a2.push_back(down + int64_t(e) * H * I * 2), b2.push_back(h + row * 2 * I * 2);
+        c2.push_back(y + row * H * 4);
+        ta.push_back(CUBLAS_OP_T), tb.push_back(CUBLAS_OP_N), alpha.push_back(1.0f), beta.push_back(0.0f);
+        sizes.push_back(1);
+        row += r;
+      }
+      const int groups = int(sizes.size());
+      auto device_ptrs = [&](const auto& v) {
+        void* d = cuda_tools::allocate_device(*be_, v.size() * sizeof(void*));
+        cudaMemcpy(d, v.data(), v.size() * sizeof(void*), cudaMemcpyHostToDevice);
+        return d;
+      };
+      auto* da1 = static_cast<const void* const*>(device_ptrs(a1));
+      auto* db1 = static_cast<const void* const*>(device_ptrs(b1));
+      auto* dc1 = static_cast<void* const*>(device_ptrs(c1));
+      auto* da2 = static_cast<const void* const*>(device_ptrs(a2));
+      auto* db2 = static_cast<const void* const*>(device_ptrs(b2));
+      auto* dc2 = static_cast<void* const*>(device_ptrs(c2));
+      auto run = [&] {
+        cublasStatus_t s1 = cublasGemmGroupedBatchedEx(
+            handle, ta.data(), tb.data(), m1.data(), n1.data(), k1.data(), alpha.data(), da1, CUDA_R_16BF,
+            lda1.data(), db1, CUDA_R_16BF, ldb1.data(), beta.data(), dc1, CUDA_R_16BF, ldc1.data(), groups,
+            sizes.data(), CUBLAS_COMPUTE_32F);
+        cublasStatus_t s2 = cublasGemmGroupedBatchedEx(
+            handle, ta.data(), tb.data(), m2.data(), n2.data(), k2.data(), alpha.data(), da2, CUDA_R_16BF,
+            lda2.data(), db2, CUDA_R_16BF, ldb2.data(), beta.data(), dc2, CUDA_R_32F, ldc2.data(), groups,
+            sizes.data(), CUBLAS_COMPUTE_32F);
+        return s1 == CUBLAS_STATUS_SUCCESS && s2 == CUBLAS_STATUS_SUCCESS;
+      };
+      cuda_tools::synchronize(*be_);
+      if (!run()) {
+        std::printf("cublasGemmGroupedBatchedEx n=%lld: failed\n", (long long)n);
+        continue;
+      }
+      cudaDeviceSynchronize();
+      const int iters = 10;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) run();
+      cudaDeviceSynchronize();
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+      add(fmt::format("cublas grouped bf16 experts E=256 top8 n={} (gate_up + down, no silu)", n), sec,
+          tflops(2.0 * double(P) * 3 * H * I, sec));
+    }
+    cublasDestroy(handle);
   }
 
   // Does cuBLASLt's block-scaled FP8 GEMM (CUDA 12.9+: activations 1x128 VEC128_32F, weights 128x128
@@ -367,42 +466,55 @@ class OpsBench {
     }
   }
 
+  // Per KV cache dtype: decode streams the stored bytes (bandwidth counts them), prefill is compute-bound.
+  // bf16 and FP8 pages stay zero: the kernels' work does not depend on the values.
   void attention() {
     const int heads = 16, kvh = 2, hd = 256, page_size = 16;
-    for (int64_t ctx : {4096, 32768}) {
-      const int64_t pages_n = ctx / page_size + 1;
-      KvCache kv({1, kvh, hd, page_size, pages_n, be_->cache_memory()});
-      const size_t kv_floats = size_t(pages_n * page_size * kvh * hd);
-      cuda_tools::fill_random(*be_, kv.keys(0, 0), DType::F32, int64_t(kv_floats), 40, 1.0f);
-      cuda_tools::fill_random(*be_, kv.values(0, 0), DType::F32, int64_t(kv_floats), 41, 1.0f);
-      std::vector<int32_t> pages(static_cast<size_t>(pages_n));
-      std::iota(pages.begin(), pages.end(), 0);
-      float* q = floats(size_t(heads * hd), 42);
-      float* kn = floats(size_t(kvh * hd), 43);
-      auto out = be_->allocate(size_t(heads * hd));
-      const int reps = 8;
-      double s = time_replays(
-          *be_,
-          [&] {
-            for (int r = 0; r < reps; ++r)
-              be_->paged_attention(q, kn, kn, 1, heads, kvh, hd, ctx - 1, pages, kv, 0, out.get());
-          },
-          reps, key_++);
-      add(fmt::format("attention decode ctx={} (fp32 KV, split-K)", ctx), s,
-          gbs(2.0 * ctx * kvh * hd * 4, s));
-    }
-    for (int64_t T : {1024, 8192}) {
-      const int64_t pages_n = T / page_size + 1;
-      KvCache kv({1, kvh, hd, page_size, pages_n, be_->cache_memory()});
-      std::vector<int32_t> pages(static_cast<size_t>(pages_n));
-      std::iota(pages.begin(), pages.end(), 0);
-      float* q = floats(size_t(T * heads * hd), 44);
-      float* kn = floats(size_t(T * kvh * hd), 45);
-      auto out = be_->allocate(size_t(T * heads * hd));
-      double s = bench::time_direct(
-          *be_, [&] { be_->paged_attention(q, kn, kn, T, heads, kvh, hd, 0, pages, kv, 0, out.get()); });
-      add(fmt::format("attention prefill T={} (fp32 SIMT)", T), s,
-          tflops(4.0 * heads * hd * T * (T + 1) / 2, s));
+    for (DType dtype : {DType::F32, DType::BF16, DType::F8_E4M3}) {
+      const std::string kv_name(kv_cache_dtype_name(dtype));
+      auto spec = [&](int64_t pages_n) {
+        KvCacheSpec s;
+        s.num_layers = 1, s.num_kv_heads = kvh, s.head_dim = hd, s.page_size = page_size;
+        s.num_pages = pages_n, s.memory = be_->cache_memory(), s.dtype = dtype;
+        return s;
+      };
+      for (int64_t ctx : {4096, 32768}) {
+        const int64_t pages_n = ctx / page_size + 1;
+        KvCache kv(spec(pages_n));
+        if (dtype == DType::F32) {
+          const size_t kv_floats = size_t(pages_n * page_size * kvh * hd);
+          cuda_tools::fill_random(*be_, kv.keys(0, 0), DType::F32, int64_t(kv_floats), 40, 1.0f);
+          cuda_tools::fill_random(*be_, kv.values(0, 0), DType::F32, int64_t(kv_floats), 41, 1.0f);
+        }
+        std::vector<int32_t> pages(static_cast<size_t>(pages_n));
+        std::iota(pages.begin(), pages.end(), 0);
+        float* q = floats(size_t(heads * hd), 42);
+        float* kn = floats(size_t(kvh * hd), 43);
+        auto out = be_->allocate(size_t(heads * hd));
+        const int reps = 8;
+        double s = time_replays(
+            *be_,
+            [&] {
+              for (int r = 0; r < reps; ++r)
+                be_->paged_attention(q, kn, kn, 1, heads, kvh, hd, ctx - 1, pages, kv, 0, out.get());
+            },
+            reps, key_++);
+        add(fmt::format("attention decode ctx={} ({} KV, split-K)", ctx, kv_name), s,
+            gbs(double(ctx) * kv.spec().bytes_per_token(), s));
+      }
+      for (int64_t T : {1024, 8192}) {
+        const int64_t pages_n = T / page_size + 1;
+        KvCache kv(spec(pages_n));
+        std::vector<int32_t> pages(static_cast<size_t>(pages_n));
+        std::iota(pages.begin(), pages.end(), 0);
+        float* q = floats(size_t(T * heads * hd), 44);
+        float* kn = floats(size_t(T * kvh * hd), 45);
+        auto out = be_->allocate(size_t(T * heads * hd));
+        double s = bench::time_direct(
+            *be_, [&] { be_->paged_attention(q, kn, kn, T, heads, kvh, hd, 0, pages, kv, 0, out.get()); });
+        add(fmt::format("attention prefill T={} ({} KV, fp32 SIMT)", T, kv_name), s,
+            tflops(4.0 * heads * hd * T * (T + 1) / 2, s));
+      }
     }
   }
 

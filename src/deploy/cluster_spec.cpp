@@ -263,6 +263,8 @@ ClusterSpec ClusterSpec::parse(const json& root, const std::string& source, cons
     m.config = s.str("config");
     m.preset = s.str("preset");
     m.precision.weights = s.str("dtype", "bf16");
+    // auto is serve's choice on a GPU (bf16); plan passes what it sized for to serve explicitly.
+    m.precision.kv = kv_precision(s.str("kv_cache_dtype", "auto"), true, s.where());
     validate_precision(m.precision, s.where());
     m.max_model_len = s.integer("max_model_len", 32768, 1, int64_t(1) << 30);
     m.max_running_requests = int(s.integer("max_running_requests", 16, 1, 1 << 20));

@@ -34,7 +34,7 @@ struct ModelSpec {
   std::string path;     // checkpoint directory on the nodes
   std::string config;   // a config.json readable here, or "" (then path/config.json, then the preset)
   std::string preset;   // one of known_model_presets()
-  Precision precision;  // weights from dtype; the server keeps KV in bf16 and GDN state in fp32
+  Precision precision;  // weights from dtype, KV from kv_cache_dtype (auto: bf16); GDN state fp32
   int64_t max_model_len = 32768;
   int max_running_requests = 16;
   double mem_fraction = 0.85;

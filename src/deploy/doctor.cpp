@@ -735,6 +735,7 @@ std::vector<DoctorCheck> check_model(const std::string& dir, const HostFacts& f,
     q.config = cfg;
     q.model_name = dir;
     q.precision.weights = cfg.fp8 || dtypes.count("F8_E4M3") ? "fp8" : "bf16";
+    q.precision.kv = kv_precision(o.kv_cache_dtype, !f.gpus.empty(), "--kv-cache-dtype");
     q.tp = o.tp;
     q.context = ctx;
     q.concurrency = o.max_running_requests;

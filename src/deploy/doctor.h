@@ -22,6 +22,7 @@ struct DoctorOptions {
   int max_running_requests = 16;
   double mem_fraction = 0.85;
   int tp = 1;
+  std::string kv_cache_dtype = "auto";  // serve's --kv-cache-dtype (auto: bf16 with a GPU, fp32 without)
   std::string cuda_visible_devices = "<unset>";  // the environment's value (tests inject)
 };
 

@@ -156,9 +156,19 @@ std::vector<TensorGroup> tensor_inventory(const ModelConfig& c) {
 void validate_precision(const Precision& p, const std::string& where) {
   check(p.weights == "bf16" || p.weights == "fp8", "{}: dtype '{}' is not supported (use bf16 or fp8)", where,
         p.weights);
-  check(p.kv == "bf16" || p.kv == "fp8", "{}: kv_dtype '{}' is not supported (use bf16 or fp8)", where, p.kv);
+  check(p.kv == "fp32" || p.kv == "bf16" || p.kv == "fp8",
+        "{}: kv_cache_dtype '{}' is not supported (use auto, bf16, fp8 or fp32)", where, p.kv);
   check(p.state == "fp32" || p.state == "bf16", "{}: state_dtype '{}' is not supported (use fp32 or bf16)",
         where, p.state);
+}
+
+std::string kv_precision(const std::string& d, bool gpu, const std::string& where) {
+  if (d == "auto") return gpu ? "bf16" : "fp32";
+  if (d == "bfloat16" || d == "bf16") return "bf16";
+  if (d == "fp8" || d == "fp8_e4m3") return "fp8";
+  if (d == "float32" || d == "fp32") return "fp32";
+  fail("{}: kv_cache_dtype '{}' is not one of auto, bf16 (bfloat16), fp8 (fp8_e4m3), fp32 (float32)", where,
+       d);
 }
 
 Footprint footprint(const ModelConfig& c, const Precision& p, int tp, int prefill_chunk, int max_running) {

@@ -30,10 +30,13 @@ std::vector<TensorGroup> tensor_inventory(const ModelConfig& config);
 
 struct Precision {
   std::string weights = "bf16";  // bf16 | fp8
-  std::string kv = "bf16";       // bf16 | fp8
+  std::string kv = "bf16";       // fp32 | bf16 | fp8 (what serve's --kv-cache-dtype stores)
   std::string state = "fp32";    // fp32 | bf16 (the GDN recurrent state)
 };
 void validate_precision(const Precision& p, const std::string& where);  // throws with the allowed values
+// Precision::kv for a --kv-cache-dtype spelling (auto, float32/fp32, bfloat16/bf16, fp8/fp8_e4m3): auto is
+// what serve picks, bf16 with a GPU and fp32 without; anything else throws.
+std::string kv_precision(const std::string& kv_cache_dtype, bool gpu, const std::string& where);
 
 struct Footprint {          // per rank
   double weights = 0;       // bytes

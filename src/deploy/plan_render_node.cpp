@@ -42,6 +42,7 @@ std::vector<std::string> serve_argv(const ClusterSpec& c, const Assignment& a) {
   // take mem_fraction of it (on GB10 the OS shares the same 128 GB), so serve's default 0.86 would refuse
   // every request at a 0.85 cap: the threshold sits a margin above the static share instead.
   v.insert(v.end(), {"--memory-pressure-threshold", fmt::format("{:.2f}", pressure_threshold(m))});
+  v.insert(v.end(), {"--kv-cache-dtype", m.precision.kv});
   if (m.prefill_chunk != 8192) v.insert(v.end(), {"--chunked-prefill-size", std::to_string(m.prefill_chunk)});
   v.insert(v.end(), m.extra_args.begin(), m.extra_args.end());
   return v;

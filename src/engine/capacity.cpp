@@ -40,12 +40,15 @@ EngineCapacity size_caches(const KvCacheSpec& kv, const StateCacheSpec& state, c
   cap.page_size = options.page_size;
   cap.live_slots = options.max_running_requests;
   cap.state_dtype = options.state_dtype;
+  cap.kv_dtype = kv.dtype;
   int snapshots = options.snapshot_slots < 0 ? 2 * cap.live_slots : options.snapshot_slots;
   int64_t max_len = options.max_model_len > 0 ? options.max_model_len : model_max_len;
   check(max_len > 1, "max model length must be at least 2 tokens, got {}", max_len);
 
   const int64_t slot_bytes = state.bytes_per_slot();
-  const int64_t page_bytes = std::max<int64_t>(kv.bytes_per_token() * options.page_size, 1);
+  KvCacheSpec paged = kv;
+  paged.page_size = options.page_size;
+  const int64_t page_bytes = std::max<int64_t>(paged.bytes_per_page(), 1);
   auto pages_for = [&](int64_t tokens) { return (tokens + options.page_size - 1) / options.page_size; };
 
   int64_t budget;

@@ -19,8 +19,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
+
+#include "common/dtype.h"
 
 namespace moeserve {
 
@@ -141,6 +144,9 @@ struct EngineOptions {
   int max_running_requests = 32;  // = live GDN state slots
   int snapshot_slots = -1;  // GDN state snapshots the prefix cache may hold; -1 = 2 x max_running_requests
   StateDtype state_dtype = StateDtype::F32;  // live and snapshot slots alike
+  // KV cache elements: F32, BF16 or F8_E4M3; unset = auto (BF16 where the backend keeps the caches in its own
+  // memory, a GPU; float32 in host memory, the CPU reference).
+  std::optional<DType> kv_cache_dtype;
   int chunked_prefill_size = 2048;           // prompt tokens of one request per step
   int max_prefill_tokens = 8192;             // prompt tokens of all requests per step
   int64_t max_model_len = 0;                 // prompt + output limit; 0 = the model's max_position_embeddings
@@ -167,6 +173,7 @@ struct EngineCapacity {
   int live_slots = 0;
   int snapshot_slots = 0;
   int64_t kv_bytes = 0;
+  DType kv_dtype = DType::F32;
   int64_t state_bytes = 0;  // live + snapshot slots
   StateDtype state_dtype = StateDtype::F32;
   int64_t max_model_len = 0;
@@ -186,6 +193,9 @@ struct EngineStats {
   int64_t kv_pages_used = 0;    // referenced by running requests
   int64_t kv_pages_cached = 0;  // held only by the prefix cache (evictable)
   int64_t kv_pages_free = 0;
+  int64_t kv_tokens_total = 0;     // positions the KV cache holds (pages x page size)
+  int64_t kv_bytes_per_token = 0;  // K and V of every attention layer, in the stored dtype
+  std::string_view kv_dtype = "float32";  // what the pages store: "float32", "bfloat16" or "fp8_e4m3"
   int live_slots_total = 0;
   int live_slots_used = 0;
   int snapshot_slots_total = 0;

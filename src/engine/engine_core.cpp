@@ -84,9 +84,14 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
     spec.dtype = options_.state_dtype == StateDtype::BF16 ? DType::BF16 : DType::F32;
     return spec;
   };
-  capacity_ = size_caches(model_->kv_cache_spec(options_.page_size, 0), state_spec(0), options_,
+  auto kv_spec = [&](int page_size, int64_t pages) {
+    KvCacheSpec spec = model_->kv_cache_spec(page_size, pages);
+    spec.dtype = resolve_kv_cache_dtype(options_.kv_cache_dtype, spec.memory);
+    return spec;
+  };
+  capacity_ = size_caches(kv_spec(options_.page_size, 0), state_spec(0), options_,
                           model_->max_position_embeddings(), model_->cache_memory_available());
-  cache_ = std::make_unique<CacheManager>(model_->kv_cache_spec(capacity_.page_size, capacity_.kv_pages),
+  cache_ = std::make_unique<CacheManager>(kv_spec(capacity_.page_size, capacity_.kv_pages),
                                           state_spec(capacity_.live_slots + capacity_.snapshot_slots),
                                           capacity_.live_slots, capacity_.snapshot_slots,
                                           options_.enable_prefix_cache);
@@ -332,6 +337,9 @@ EngineStats EngineCore::stats() const {
   s.kv_pages_used = cache_->pages_in_sequences();
   s.kv_pages_cached = cache_->pages_cached_only();
   s.kv_pages_free = cache_->pages_free();
+  s.kv_tokens_total = capacity_.kv_tokens;
+  s.kv_bytes_per_token = cache_->kv().spec().bytes_per_token();
+  s.kv_dtype = kv_cache_dtype_name(capacity_.kv_dtype);
   s.live_slots_total = cache_->slots().live_total();
   s.live_slots_used = cache_->slots().live_used();
   s.snapshot_slots_total = cache_->slots().snapshot_total();

@@ -95,6 +95,7 @@ class TpLeaderRunner final : public ModelRunner {
     w.put(int32_t(num_slots_));
     w.put(int64_t(num_pages_));
     w.put(uint8_t(state.spec().dtype == DType::BF16));
+    w.put(uint8_t(kv.spec().dtype));
     w.put(uint32_t(batch.size()));
     for (const auto& s : batch) {
       w.put(s.start_pos);
@@ -129,7 +130,7 @@ int64_t run_tp_follower(const ModelWeights& shard, Backend& backend, dist::Commu
   std::optional<StateCache> state;
   int32_t page_size = 0, num_slots = 0;
   int64_t num_pages = 0, steps = 0;
-  DType state_dtype = DType::F32;
+  DType state_dtype = DType::F32, kv_dtype = DType::F32;
   for (std::vector<uint8_t> bytes;; ++steps) {
     comm.broadcast(bytes);
     if (bytes.empty()) return steps;
@@ -137,11 +138,13 @@ int64_t run_tp_follower(const ModelWeights& shard, Backend& backend, dist::Commu
     const auto ps = r.get<int32_t>(), slots = r.get<int32_t>();
     const auto pages = r.get<int64_t>();
     const DType dtype = r.get<uint8_t>() != 0 ? DType::BF16 : DType::F32;
-    if (!kv || ps != page_size || pages != num_pages || slots != num_slots || dtype != state_dtype) {
-      page_size = ps, num_pages = pages, num_slots = slots, state_dtype = dtype;
+    const auto kv_type = DType(r.get<uint8_t>());
+    if (!kv || ps != page_size || pages != num_pages || slots != num_slots || dtype != state_dtype ||
+        kv_type != kv_dtype) {
+      page_size = ps, num_pages = pages, num_slots = slots, state_dtype = dtype, kv_dtype = kv_type;
       kv.reset();
       state.reset();
-      kv.emplace(model.kv_cache_spec(page_size, num_pages));
+      kv.emplace(model.kv_cache_spec(page_size, num_pages, kv_dtype));
       StateCacheSpec spec = model.state_cache_spec(num_slots);
       spec.dtype = state_dtype;
       state.emplace(spec);

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -135,6 +136,32 @@ class Assembler {
       return {};
     }
     return *widen(*t);
+  }
+
+  // An FP8 KV cache scale of an attention layer (NAME = k_scale or v_scale) where the checkpoint has one: a
+  // scalar at self_attn.NAME, or where older exporters put it (self_attn.k_proj.NAME / v_proj,
+  // self_attn.attn. NAME), as vLLM finds them; 0 when absent (the cache then uses 1.0).
+  float kv_scale(const std::string& attn_prefix, const std::string& name) {
+    const std::string proj = name == "k_scale" ? "k_proj." : "v_proj.";
+    for (const std::string& full :
+         {attn_prefix + name, attn_prefix + proj + name, attn_prefix + "attn." + name}) {
+      const TensorInfo* t = take(full);
+      if (!t) continue;
+      if (!is_vector_dtype(t->dtype) || t->numel() != 1) {
+        problems.push_back(
+            fmt::format("{} is {}, expected one float (a per-tensor KV cache scale; per-head "
+                        "scales are not supported)",
+                        full, t->describe()));
+        return 0;
+      }
+      const float v = widen(*t)->front();
+      if (!(v > 0) || !std::isfinite(v)) {
+        problems.push_back(fmt::format("{} is {}, expected a positive finite scale", full, v));
+        return 0;
+      }
+      return v;
+    }
+    return 0;
   }
 
   void mlp(SwiGlu& w, const std::string& prefix, int64_t intermediate) {
@@ -298,6 +325,8 @@ Checkpoint assemble_checkpoint(ModelConfig config, std::shared_ptr<const TensorS
       l.attn.o_proj = a.matrix(s + "o_proj.weight", h, c.num_heads * hd);
       l.attn.q_norm = a.vector(s + "q_norm.weight", {hd});
       l.attn.k_norm = a.vector(s + "k_norm.weight", {hd});
+      l.attn.k_scale = a.kv_scale(s, "k_scale");
+      l.attn.v_scale = a.kv_scale(s, "v_scale");
     }
     if (c.is_moe) {
       l.moe.router = a.matrix(p + "mlp.gate.weight", c.num_experts, h);

@@ -77,14 +77,24 @@ Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend, dist::Co
   }
 }
 
-KvCacheSpec Qwen35Model::kv_cache_spec(int page_size, int64_t num_pages) const {
+KvCacheSpec Qwen35Model::kv_cache_spec(int page_size, int64_t num_pages, DType dtype) const {
   const auto& c = local_;
-  return {c.count_layers(LayerType::FullAttention),
-          c.num_kv_heads,
-          c.head_dim,
-          page_size,
-          num_pages,
-          backend_.cache_memory()};
+  KvCacheSpec spec;
+  spec.num_layers = c.count_layers(LayerType::FullAttention);
+  spec.num_kv_heads = c.num_kv_heads;
+  spec.head_dim = c.head_dim;
+  spec.page_size = page_size;
+  spec.num_pages = num_pages;
+  spec.memory = backend_.cache_memory();
+  spec.dtype = dtype;
+  // The checkpoint's FP8 KV scales per attention layer, 1.0 where a layer has none (only an FP8 pool uses
+  // them).
+  for (const auto& l : weights_.layers) {
+    if (l.type != LayerType::FullAttention) continue;
+    spec.k_scales.push_back(l.attn.k_scale > 0 ? l.attn.k_scale : 1.0f);
+    spec.v_scales.push_back(l.attn.v_scale > 0 ? l.attn.v_scale : 1.0f);
+  }
+  return spec;
 }
 
 StateCacheSpec Qwen35Model::state_cache_spec(int num_slots) const {

@@ -69,7 +69,7 @@ class Qwen35Model {
   Backend& backend() const { return backend_; }
 
   // Cache shapes this model needs (page/slot counts are the caller's choice).
-  KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const;
+  KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages, DType dtype = DType::F32) const;
   StateCacheSpec state_cache_spec(int num_slots) const;
 
   ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state,

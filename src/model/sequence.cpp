@@ -11,10 +11,10 @@ int32_t argmax(std::span<const float> logits) {
   return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-SequenceRunner::SequenceRunner(const Qwen35Model& model, int64_t max_tokens, int page_size)
+SequenceRunner::SequenceRunner(const Qwen35Model& model, int64_t max_tokens, int page_size, DType kv_dtype)
     : model_(model),
       max_tokens_(max_tokens),
-      kv_(model.kv_cache_spec(page_size, (max_tokens + page_size - 1) / page_size)),
+      kv_(model.kv_cache_spec(page_size, (max_tokens + page_size - 1) / page_size, kv_dtype)),
       state_(model.state_cache_spec(1)),
       pages_(size_t(kv_.spec().num_pages)) {
   std::iota(pages_.begin(), pages_.end(), 0);

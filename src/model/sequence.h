@@ -12,8 +12,9 @@ namespace moeserve {
 
 class SequenceRunner {
  public:
-  // Caches sized for max_tokens positions of one sequence.
-  SequenceRunner(const Qwen35Model& model, int64_t max_tokens, int page_size = 16);
+  // Caches sized for max_tokens positions of one sequence, the KV cache storing kv_dtype.
+  SequenceRunner(const Qwen35Model& model, int64_t max_tokens, int page_size = 16,
+                 DType kv_dtype = DType::F32);
 
   // Starts the sequence over with `tokens`; returns the logits of every token (all_logits) or of the last.
   ForwardOutput prefill(std::span<const int32_t> tokens, bool all_logits = false, bool capture_hidden = false);

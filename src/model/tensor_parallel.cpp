@@ -239,6 +239,7 @@ ModelWeights shard_weights(const ModelWeights& full, int rank, int size) {
       l.attn.o_proj = slice_cols(in.attn.o_proj, s.heads_begin * hd, s.heads * hd, st);
       l.attn.q_norm = in.attn.q_norm;
       l.attn.k_norm = in.attn.k_norm;
+      l.attn.k_scale = in.attn.k_scale, l.attn.v_scale = in.attn.v_scale;
     }
     if (c.is_moe) {
       // Every rank routes (the router is small and its input is the same everywhere) and runs its slice

@@ -1,7 +1,8 @@
 #pragma once
 // Verification of the forward pass against Hugging Face reference outputs (reference.safetensors, format in
-// tests/fixtures/README.md): promptN cases compare the logits of every position (no cache); genN cases run
-// greedy generation through the caches (the decode path) and compare each step's logits and token.
+// tests/fixtures/README.md): promptN cases compare the logits of every position (no cache); genN cases decode
+// the reference's tokens through the caches (the decode path) and compare each step's logits and greedy
+// token.
 
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@ class TensorSet;
 struct VerifyOptions {
   double tolerance = 1e-3;    // max |Δlogit| allowed
   bool compare_layers = false;  // also compare prompt0.hidden_states layer by layer
+  DType kv_cache_dtype = DType::F32;  // what the genN cases' KV cache stores
 };
 
 struct VerifyCase {
@@ -24,6 +26,7 @@ struct VerifyCase {
   double max_abs_error = 0;
   bool tokens_match = true;      // gen cases: every greedy token equal to the reference
   int64_t first_mismatch = -1;   // step of the first differing token
+  int64_t token_mismatches = 0;  // steps whose greedy token differs from the reference's
 };
 
 struct LayerDiff {

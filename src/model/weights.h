@@ -31,6 +31,8 @@ struct AttentionWeights {
   Matrix k_proj, v_proj;  // [kv_heads * head_dim, hidden]
   Matrix o_proj;          // [hidden, heads * head_dim]
   std::vector<float> q_norm, k_norm;  // [head_dim], zero-centred
+  // The checkpoint's FP8 KV cache scales (a stored code times the scale is the value); 0 = none given.
+  float k_scale = 0, v_scale = 0;
 };
 
 struct MoeWeights {

@@ -50,6 +50,10 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
   registry_.counter("moeserve:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.");
   registry_.gauge("moeserve:kv_cache_usage_perc", "Fraction of KV-cache pages used by running requests (0..1).");
   registry_.gauge("moeserve:kv_cache_cached_perc", "Fraction of KV-cache pages held only by the prefix cache.");
+  registry_.gauge("moeserve:kv_cache_capacity_tokens",
+                  "Token positions the KV cache holds (pages x page size).");
+  registry_.gauge("moeserve:kv_cache_bytes_per_token",
+                  "Bytes of one token's K and V over every attention layer, in the stored dtype.");
   registry_.gauge("moeserve:state_slots_used", "GDN recurrent-state slots held by running requests.");
   registry_.gauge("moeserve:state_slots_capacity", "GDN recurrent-state slots.");
   registry_.gauge("moeserve:state_snapshots_used", "GDN state snapshots held by the prefix cache.");
@@ -117,6 +121,11 @@ void ServerMetrics::collect() {
     double pages = static_cast<double>(std::max<int64_t>(engine->kv_pages_total, 1));
     reg.gauge("moeserve:kv_cache_usage_perc", "").set(engine->kv_pages_used / pages);
     reg.gauge("moeserve:kv_cache_cached_perc", "").set(engine->kv_pages_cached / pages);
+    reg.gauge("moeserve:kv_cache_capacity_tokens", "").set(static_cast<double>(engine->kv_tokens_total));
+    reg.gauge("moeserve:kv_cache_bytes_per_token", "").set(static_cast<double>(engine->kv_bytes_per_token));
+    reg.gauge("moeserve:kv_cache_dtype_info", "KV cache element type of this server (value 1).",
+              {{"dtype", std::string(engine->kv_dtype)}})
+        .set(1);
     reg.gauge("moeserve:state_slots_used", "").set(engine->live_slots_used);
     reg.gauge("moeserve:state_slots_capacity", "").set(engine->live_slots_total);
     reg.gauge("moeserve:state_snapshots_used", "").set(engine->snapshot_slots_used);

@@ -141,6 +141,47 @@ TEST_F(CpuOps, PagedAttentionOverScatteredPagesMatchesDenseCausalAttention) {
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-5) << i;
 }
 
+// A bf16 or FP8 cache is attention over the rounded K and V: exactly (to float32 summation order) the dense
+// attention of the values the cache holds, prefill and decode alike, FP8 scales applied.
+TEST_F(CpuOps, PagedAttentionOverBf16AndFp8PagesIsAttentionOverTheStoredValues) {
+  const int T = 37, heads = 4, kv_heads = 2, hd = 16, page_size = 4;
+  auto q = random_vector(size_t(T * heads * hd), 18), k = random_vector(size_t(T * kv_heads * hd), 19),
+       v = random_vector(size_t(T * kv_heads * hd), 20);
+  std::vector<int32_t> pages(10);
+  std::iota(pages.begin(), pages.end(), 0);
+  std::reverse(pages.begin(), pages.end());
+  for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    KvCacheSpec spec{1, kv_heads, hd, page_size, 16};
+    spec.dtype = dtype;
+    const float k_scale = 0.01f, v_scale = 0.02f;  // FP8: codes spread over the range, not the 2^-9 end
+    if (dtype == DType::F8_E4M3) spec.k_scales = {k_scale}, spec.v_scales = {v_scale};
+    auto stored = [&](const std::vector<float>& x, float scale) {
+      std::vector<float> r(x.size());
+      for (size_t i = 0; i < x.size(); ++i)
+        r[i] = dtype == DType::BF16 ? bf16_to_f32(f32_to_bf16(x[i]))
+                                    : fp8_e4m3_to_f32(f32_to_fp8_e4m3(x[i] / scale)) * scale;
+      return r;
+    };
+    const auto ks = stored(k, k_scale), vs = stored(v, v_scale);
+    auto ref = naive_attention(q, ks, vs, T, heads, kv_heads, hd);
+    const auto unrounded = naive_attention(q, k, v, T, heads, kv_heads, hd);
+    double exact_diff = 0;  // how far the rounding moved the output: the test must see it
+    for (size_t i = 0; i < ref.size(); ++i)
+      exact_diff = std::max(exact_diff, std::abs(ref[i] - unrounded[i]));
+    EXPECT_GT(exact_diff, 1e-4);
+
+    KvCache kv(spec);
+    std::vector<float> out(size_t(T * heads * hd), NAN);
+    be->paged_attention(q.data(), k.data(), v.data(), 20, heads, kv_heads, hd, 0, pages, kv, 0, out.data());
+    for (int t = 20; t < T; ++t)
+      be->paged_attention(q.data() + t * heads * hd, k.data() + t * kv_heads * hd,
+                          v.data() + t * kv_heads * hd, 1, heads, kv_heads, hd, t, pages, kv, 0,
+                          out.data() + t * heads * hd);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-5) << i;
+  }
+}
+
 TEST_F(CpuOps, CausalConvCarriesStateAcrossCalls) {
   const int64_t C = 5, T = 9;
   const int K = 4;

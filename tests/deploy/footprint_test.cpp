@@ -59,6 +59,19 @@ TEST(Footprint, Qwen35_35B_MatchesThePublishedShape) {
   EXPECT_NEAR(fp8.weights / 1e9, 35.8, 0.3);
 }
 
+// The KV bytes per token are what the cache stores: fp32 (the CPU's auto), bf16 (a GPU's) or fp8.
+TEST(Footprint, KvBytesPerTokenFollowTheKvCacheDtype) {
+  auto cfg = *model_preset("qwen3.5-35b-a3b");
+  const double bf16 = footprint(cfg, Precision{"fp8", "bf16", "fp32"}, 1, 8192, 16).kv_per_token;
+  EXPECT_DOUBLE_EQ(footprint(cfg, Precision{"fp8", "fp32", "fp32"}, 1, 8192, 16).kv_per_token, 2 * bf16);
+  EXPECT_DOUBLE_EQ(footprint(cfg, Precision{"fp8", "fp8", "fp32"}, 1, 8192, 16).kv_per_token, bf16 / 2);
+  EXPECT_EQ(kv_precision("auto", true, "x"), "bf16");
+  EXPECT_EQ(kv_precision("auto", false, "x"), "fp32");
+  EXPECT_EQ(kv_precision("fp8_e4m3", false, "x"), "fp8");
+  EXPECT_EQ(kv_precision("bfloat16", false, "x"), "bf16");
+  EXPECT_THROW(kv_precision("fp16", true, "x"), Error);
+}
+
 TEST(Footprint, TensorParallelSplitsWeightsAndReplicatesScarceKvHeads) {
   auto cfg = *model_preset("qwen3.5-122b-a10b");
   Footprint one = footprint(cfg, Precision{"fp8", "bf16", "fp32"}, 1, 8192, 16);

@@ -68,6 +68,24 @@ TEST(Plan, TpPairLaunchLines) {
 }
 
 // serve's default device is the CPU: GPU nodes must ask for cuda in every launch file; CPU nodes must not.
+// kv_cache_dtype sizes the KV cache by the bytes serve will store and is passed to serve, so the two agree.
+TEST(Plan, KvCacheDtypeSizesTheCacheAndReachesServe) {
+  auto with_kv = [](const std::string& kv) {
+    std::string yaml = kPair;
+    const std::string at = "dtype: fp8";
+    yaml.replace(yaml.find(at), at.size(), at + (kv.empty() ? "" : ", kv_cache_dtype: " + kv));
+    return yaml;
+  };
+  Plan bf16 = make_plan(parse(with_kv(""))), fp8 = make_plan(parse(with_kv("fp8_e4m3")));
+  const double per_token_bf16 = bf16.assignments[0].fit.per_rank.kv_per_token;
+  EXPECT_DOUBLE_EQ(fp8.assignments[0].fit.per_rank.kv_per_token, per_token_bf16 / 2);
+  EXPECT_DOUBLE_EQ(make_plan(parse(with_kv("float32"))).assignments[0].fit.per_rank.kv_per_token,
+                   2 * per_token_bf16);
+  EXPECT_NE(find_file(bf16, "nodes/s1/serve.sh")->content.find("--kv-cache-dtype bf16"), std::string::npos);
+  EXPECT_NE(find_file(fp8, "nodes/s1/serve.sh")->content.find("--kv-cache-dtype fp8"), std::string::npos);
+  EXPECT_NE(refusal(with_kv("fp8_e5m2")).find("kv_cache_dtype 'fp8_e5m2' is not one of"), std::string::npos);
+}
+
 TEST(Plan, GpuNodesServeOnCudaCpuNodesOnTheCpu) {
   Plan p = make_plan(parse(R"(
 nodes:

@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 
+#include "common/error.h"
+#include "engine/capacity.h"
 #include "engine/engine.h"
 #include "engine/engine_core.h"
 #include "engine/json_constraint.h"
@@ -29,8 +32,12 @@ std::vector<int32_t> int_tensor(const TensorSet& set, const std::string& name) {
   return out;
 }
 
-EngineOptions options(int page_size = 16, bool prefix_cache = true, int max_running = 16) {
+constexpr DType kKvDtypes[] = {DType::F32, DType::BF16, DType::F8_E4M3};
+
+EngineOptions options(int page_size = 16, bool prefix_cache = true, int max_running = 16,
+                      DType kv = DType::F32) {
   EngineOptions o;
+  o.kv_cache_dtype = kv;
   o.page_size = page_size;
   o.cache_memory_bytes = 16 << 20;
   o.max_running_requests = max_running;
@@ -76,14 +83,14 @@ std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& 
 }
 
 // Same tokens, and the same logprobs of each step's top alternatives up to float noise.
-void expect_same_generation(const GenerateOutput& got, const GenerateOutput& want) {
+void expect_same_generation(const GenerateOutput& got, const GenerateOutput& want, double tolerance = 2e-4) {
   ASSERT_EQ(got.tokens, want.tokens);
   ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
   for (size_t i = 0; i < got.logprobs.size(); ++i) {
     ASSERT_EQ(got.logprobs[i].top.size(), want.logprobs[i].top.size());
     for (size_t k = 0; k < got.logprobs[i].top.size(); ++k) {
       EXPECT_EQ(got.logprobs[i].top[k].token, want.logprobs[i].top[k].token) << "step " << i;
-      EXPECT_NEAR(got.logprobs[i].top[k].logprob, want.logprobs[i].top[k].logprob, 2e-4) << "step " << i;
+      EXPECT_NEAR(got.logprobs[i].top[k].logprob, want.logprobs[i].top[k].logprob, tolerance) << "step " << i;
     }
   }
 }
@@ -106,6 +113,7 @@ TEST(EngineOnModel, GreedyTokensAreTheReferenceGenerationsEvenWhenBatched) {
   }
 }
 
+// For every KV cache dtype: a sequence's pages hold the same rounded K/V whatever else shares the step.
 TEST(EngineOnModel, SixteenBatchedRequestsEqualEachAlone) {
   ModelWeights weights = load_checkpoint(kModels + "tiny-moe");
   std::mt19937 rng(21);
@@ -113,16 +121,20 @@ TEST(EngineOnModel, SixteenBatchedRequestsEqualEachAlone) {
   for (int i = 0; i < 16; ++i)
     prompts.push_back(random_prompt(rng, std::uniform_int_distribution<int>(1, 70)(rng), 512));
 
-  auto batched = Engine::create(weights, options());
-  std::vector<std::shared_ptr<OutputStream>> streams;
-  for (int i = 0; i < 16; ++i)
-    streams.push_back(submit(*batched, "b" + std::to_string(i), prompts[size_t(i)], greedy(10, 3)));
+  for (DType kv : kKvDtypes) {
+    SCOPED_TRACE(std::string(dtype_name(kv)));
+    auto batched = Engine::create(weights, options(16, true, 16, kv));
+    EXPECT_EQ(batched->capacity().kv_dtype, kv);
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    for (int i = 0; i < 16; ++i)
+      streams.push_back(submit(*batched, "b" + std::to_string(i), prompts[size_t(i)], greedy(10, 3)));
 
-  auto alone = Engine::create(weights, options(16, /*prefix_cache=*/false, /*max_running=*/1));
-  for (int i = 0; i < 16; ++i) {
-    SCOPED_TRACE(i);
-    expect_same_generation(streams[size_t(i)]->collect(),
-                           generate(*alone, "a" + std::to_string(i), prompts[size_t(i)], greedy(10, 3)));
+    auto alone = Engine::create(weights, options(16, /*prefix_cache=*/false, /*max_running=*/1, kv));
+    for (int i = 0; i < 16; ++i) {
+      SCOPED_TRACE(i);
+      expect_same_generation(streams[size_t(i)]->collect(),
+                             generate(*alone, "a" + std::to_string(i), prompts[size_t(i)], greedy(10, 3)));
+    }
   }
 }
 
@@ -294,23 +306,25 @@ TEST(EngineOnModel, LogitCandidatesGiveTheFullRowTokensUnderJson) {
 // The proof that the GDN snapshot is right: a prompt served mostly from the cache (KV pages and the recurrent
 // state at the hit) gives the same tokens and logits as computing it from scratch. Page size 4 with odd
 // lengths makes the hit end inside a page (copy-on-write).
+// A hit reads the pages a previous request rounded; a cold run rounds the same K/V again. For every KV dtype.
 TEST(EngineOnModel, PrefixHitGivesTheSameLogitsAsAColdRun) {
-  for (std::string model : {"tiny-moe", "small-moe-realdims"}) {
-    SCOPED_TRACE(model);
-    ModelWeights weights = load_checkpoint(kModels + model);
-    const int vocab = int(weights.config.vocab_size);
-    auto warm = Engine::create(weights, options(4));
-    auto cold = Engine::create(weights, options(4, /*prefix_cache=*/false));
-    std::mt19937 rng(22);
-    auto first_prompt = random_prompt(rng, 41, vocab);
-    auto first = generate(*warm, "first", first_prompt, greedy(7, 5));
-    auto prompt = concat(concat(first_prompt, first.tokens), random_prompt(rng, 9, vocab));
-    auto hit = generate(*warm, "second", prompt, greedy(8, 5));
-    EXPECT_EQ(hit.usage.cached_tokens, 41 + 7 - 1);
-    auto miss = generate(*cold, "second", prompt, greedy(8, 5));
-    EXPECT_EQ(miss.usage.cached_tokens, 0);
-    expect_same_generation(hit, miss);
-  }
+  for (DType kv : kKvDtypes)
+    for (std::string model : {"tiny-moe", "small-moe-realdims"}) {
+      SCOPED_TRACE(model + " " + std::string(dtype_name(kv)));
+      ModelWeights weights = load_checkpoint(kModels + model);
+      const int vocab = int(weights.config.vocab_size);
+      auto warm = Engine::create(weights, options(4, true, 16, kv));
+      auto cold = Engine::create(weights, options(4, /*prefix_cache=*/false, 16, kv));
+      std::mt19937 rng(22);
+      auto first_prompt = random_prompt(rng, 41, vocab);
+      auto first = generate(*warm, "first", first_prompt, greedy(7, 5));
+      auto prompt = concat(concat(first_prompt, first.tokens), random_prompt(rng, 9, vocab));
+      auto hit = generate(*warm, "second", prompt, greedy(8, 5));
+      EXPECT_EQ(hit.usage.cached_tokens, 41 + 7 - 1);
+      auto miss = generate(*cold, "second", prompt, greedy(8, 5));
+      EXPECT_EQ(miss.usage.cached_tokens, 0);
+      expect_same_generation(hit, miss);
+    }
 }
 
 TEST(EngineOnModel, MultiTurnConversationResumesFromThePreviousTurnsEnd) {
@@ -390,36 +404,85 @@ TEST(EngineOnModel, PreemptionOnASmallPoolChangesNoTokenAndLeaksNothing) {
     return outs;
   };
 
-  EngineOptions roomy = options(4);
-  const auto want = run(roomy, nullptr);
+  // bf16 and FP8 pages too: preempted requests recompute or resume over pages rounded the same way.
+  for (DType kv : kKvDtypes) {
+    SCOPED_TRACE(std::string(dtype_name(kv)));
+    EngineOptions roomy = options(4, true, 16, kv);
+    const auto want = run(roomy, nullptr);
 
-  auto probe = make_qwen35_runner(weights, nullptr);
-  EngineOptions small = options(4);
-  small.max_running_requests = 8;
-  small.snapshot_slots = 4;
-  small.max_model_len = 100;
-  small.cache_memory_bytes = 12 * probe->state_cache_spec(1).bytes_per_slot() +
-                             40 * 4 * probe->kv_cache_spec(4, 1).bytes_per_token();  // 40 pages of 4
-  {
-    EngineCore sized(make_qwen35_runner(weights, nullptr), small);
-    ASSERT_EQ(sized.capacity().kv_tokens, 160);
-    ASSERT_EQ(sized.capacity().snapshot_slots, 4);
+    auto probe = make_qwen35_runner(weights, nullptr);
+    EngineOptions small = options(4, true, 16, kv);
+    // Snapshots may take at most half of what the live slots leave: narrower pages leave room for fewer.
+    const int snapshots = kv == DType::F32 ? 4 : kv == DType::BF16 ? 2 : 1;
+    small.max_running_requests = 8;
+    small.snapshot_slots = snapshots;
+    small.max_model_len = 100;
+    KvCacheSpec page = probe->kv_cache_spec(4, 1);
+    page.dtype = kv;
+    small.cache_memory_bytes = (8 + snapshots) * probe->state_cache_spec(1).bytes_per_slot() +
+                               40 * page.bytes_per_page();  // 40 pages of 4
+    {
+      EngineCore sized(make_qwen35_runner(weights, nullptr), small);
+      ASSERT_EQ(sized.capacity().kv_tokens, 160);
+      ASSERT_EQ(sized.capacity().snapshot_slots, snapshots);
+    }
+    EngineStats stats;
+    const auto got = run(small, &stats);
+    ASSERT_EQ(got.size(), size_t(n));
+    for (int i = 0; i < n; ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_EQ(got[size_t(i)].finish_reason, FinishReason::Length);
+      EXPECT_EQ(int(got[size_t(i)].tokens.size()), *params[size_t(i)].max_tokens);
+      expect_same_generation(got[size_t(i)], want[size_t(i)]);
+    }
+    EXPECT_GT(stats.preemptions, 0u);
+    EXPECT_GT(stats.prefix_cache_hits, 0u);
+    EXPECT_EQ(stats.kv_pages_free, stats.kv_pages_total);
+    EXPECT_EQ(stats.kv_pages_cached, 0);
+    EXPECT_EQ(stats.snapshot_slots_used, 0);
+    EXPECT_EQ(stats.live_slots_used, 0);
   }
-  EngineStats stats;
-  const auto got = run(small, &stats);
-  ASSERT_EQ(got.size(), size_t(n));
-  for (int i = 0; i < n; ++i) {
-    SCOPED_TRACE(i);
-    EXPECT_EQ(got[size_t(i)].finish_reason, FinishReason::Length);
-    EXPECT_EQ(int(got[size_t(i)].tokens.size()), *params[size_t(i)].max_tokens);
-    expect_same_generation(got[size_t(i)], want[size_t(i)]);
+}
+
+// The real accounting (size_caches over the caches' own byte counts) at the Qwen3.5-35B-A3B shape: 10
+// attention layers of 2 KV heads x 256, 30 GDN layers (8192 conv channels, 32 x 128 x 128 fp32 state). In one
+// 64 GiB cache budget with the same live slots, a bf16 cache holds twice the float32 tokens and FP8 four
+// times; and how many 8K-context sequences fit at once (each a live slot and 512 pages, no snapshots).
+TEST(EngineCapacity, Bf16KvHoldsTwiceTheFloat32TokensAtThe35bShape) {
+  KvCacheSpec kv;
+  kv.num_layers = 10, kv.num_kv_heads = 2, kv.head_dim = 256;
+  StateCacheSpec state{30, 8192, 4, 32, 128, 128, 0};
+  const int64_t budget = int64_t(64) << 30, context = 8192;
+  auto sized = [&](DType dtype, int live) {
+    kv.dtype = dtype;
+    EngineOptions o;
+    o.cache_memory_bytes = budget;
+    o.max_running_requests = live;
+    o.snapshot_slots = 0;
+    o.max_model_len = context;
+    return size_caches(kv, state, o, 262144, 0);
+  };
+  const int64_t f32 = sized(DType::F32, 16).kv_tokens, bf16 = sized(DType::BF16, 16).kv_tokens,
+                fp8 = sized(DType::F8_E4M3, 16).kv_tokens;
+  EXPECT_GE(bf16, 2 * f32);
+  EXPECT_GE(fp8, 2 * bf16);
+  for (DType dtype : kKvDtypes) {
+    int most = 0;  // the most live slots whose 8K contexts all fit in the pages that remain
+    for (int n = 1; n < 4000; ++n) {
+      try {
+        if (sized(dtype, n).kv_pages < n * (context / 16)) break;
+      } catch (const Error&) {  // not even one context fits beside n slots
+        break;
+      }
+      most = n;
+    }
+    std::printf(
+        "35B-A3B, 64 GiB cache budget, KV %s: %.0f KiB/token, %lld tokens at 16 running, "
+        "%d concurrent 8K-context sequences\n",
+        std::string(kv_cache_dtype_name(dtype)).c_str(), double(kv.bytes_per_token()) / 1024,
+        static_cast<long long>(sized(dtype, 16).kv_tokens), most);
+    EXPECT_GT(most, 0);
   }
-  EXPECT_GT(stats.preemptions, 0u);
-  EXPECT_GT(stats.prefix_cache_hits, 0u);
-  EXPECT_EQ(stats.kv_pages_free, stats.kv_pages_total);
-  EXPECT_EQ(stats.kv_pages_cached, 0);
-  EXPECT_EQ(stats.snapshot_slots_used, 0);
-  EXPECT_EQ(stats.live_slots_used, 0);
 }
 
 // EngineOptions::state_dtype = BF16: a budget holds the same slots in half the bytes (the rest becomes KV

@@ -311,6 +311,35 @@ TEST(Checkpoint, Fp8WeightWithoutScalesOrQuantizationConfigIsReported) {
               HasSubstr("is F8_E4M3 but config.json has no fp8 quantization_config"));
 }
 
+// FP8 KV cache scales as vLLM finds them: self_attn.k_scale / v_scale scalars, or under k_proj / v_proj
+// (older exporters); absent ones are 0 (the cache uses 1.0); per-head or non-positive ones are refused.
+TEST(Checkpoint, KvCacheScalesAreReadWhereTheCheckpointHasThem) {
+  auto scalar = [](const std::string& name, float v, std::vector<int64_t> shape = {}) {
+    std::vector<uint8_t> bytes(4);
+    std::memcpy(bytes.data(), &v, 4);
+    return TensorWrite::copy_of(name, DType::F32, std::move(shape), bytes);
+  };
+  TempDir out;
+  rewrite_checkpoint(kFixtures + "tiny-moe", out.path(), [&](std::vector<TensorWrite>& tensors) {
+    tensors.push_back(scalar("model.layers.3.self_attn.k_scale", 0.125f));
+    tensors.push_back(scalar("model.layers.3.self_attn.v_proj.v_scale", 2.5f, {1}));
+  });
+  ModelWeights w = load_checkpoint(out.path());
+  ASSERT_EQ(w.layers[3].type, LayerType::FullAttention);
+  EXPECT_EQ(w.layers[3].attn.k_scale, 0.125f);
+  EXPECT_EQ(w.layers[3].attn.v_scale, 2.5f);
+  EXPECT_EQ(load_checkpoint(kFixtures + "tiny-moe").layers[3].attn.k_scale, 0.0f);
+
+  rewrite_checkpoint(kFixtures + "tiny-moe", out.path(), [&](std::vector<TensorWrite>& tensors) {
+    std::vector<uint8_t> two(8);
+    tensors.push_back(TensorWrite::copy_of("model.layers.3.self_attn.k_scale", DType::F32, {2}, two));
+    tensors.push_back(scalar("model.layers.3.self_attn.v_scale", -1.0f));
+  });
+  const std::string message = error_of([&] { load_checkpoint(out.path()); });
+  EXPECT_THAT(message, HasSubstr("model.layers.3.self_attn.k_scale is F32 [2], expected one float"));
+  EXPECT_THAT(message, HasSubstr("model.layers.3.self_attn.v_scale is -1, expected a positive finite scale"));
+}
+
 TEST(Checkpoint, MissingDirectoryOrConfigIsAnError) {
   EXPECT_THAT(error_of([] { load_checkpoint("tests/fixtures/models/nope"); }),
               HasSubstr("is not a checkpoint directory"));

@@ -483,6 +483,18 @@ TEST(Generation, DisconnectMidStreamCancelsAndFreesTheEngine) {
             std::string::npos)
       << m;
   EXPECT_NE(m.find("moeserve:num_requests_running{model_name=\"scripted\"} 0"), std::string::npos);
+  // The KV cache as the engine built it: its positions, the stored bytes of one, its dtype (float32 here).
+  auto sample = [&](const std::string& series) {
+    const std::string head = series + "{model_name=\"scripted\"} ";
+    const size_t at = m.find(head);
+    return at == std::string::npos ? -1.0 : std::stod(m.substr(at + head.size()));
+  };
+  EXPECT_GT(st.kv_tokens_total, 0);
+  EXPECT_EQ(sample("moeserve:kv_cache_capacity_tokens"), double(st.kv_tokens_total)) << m;
+  EXPECT_EQ(sample("moeserve:kv_cache_bytes_per_token"), double(st.kv_bytes_per_token)) << m;
+  EXPECT_NE(m.find("moeserve:kv_cache_dtype_info{model_name=\"scripted\",dtype=\"float32\"} 1"),
+            std::string::npos)
+      << m;
 }
 
 TEST(Generation, LogitBiasBansAndForcesTokens) {

@@ -227,12 +227,14 @@ TEST(ServeTinyMoe, QueueFullIs429) {
 // with a message naming the flag.
 TEST(ServeTinyMoe, CacheFlagsReachTheEngineAndBadValuesAreRefused) {
   auto p = start({"--model", kTinyMoe, "--snapshot-slots", "5", "--gdn-state-dtype", "bfloat16",
-                  "--enable-priority-scheduling", "--schedule-policy", "lpm"});
+                  "--enable-priority-scheduling", "--schedule-policy", "lpm", "--kv-cache-dtype", "fp8"});
   EXPECT_NE(p->banner().find("(+5 snapshots)"), std::string::npos) << p->banner();
+  EXPECT_NE(p->banner().find("kv_cache_dtype=fp8_e4m3"), std::string::npos) << p->banner();
   json r = post_json(p->port(), "/v1/completions",
                      {{"prompt", {1, 2, 3}}, {"max_tokens", 4}, {"ignore_eos", true}, {"priority", -1}});
   EXPECT_EQ(r["usage"]["completion_tokens"], 4) << r.dump();
-  for (auto [flag, value] : {std::pair{"--gdn-state-dtype", "bf16"}, std::pair{"--schedule-policy", "lifo"}}) {
+  for (auto [flag, value] : {std::pair{"--gdn-state-dtype", "bf16"}, std::pair{"--schedule-policy", "lifo"},
+                             std::pair{"--kv-cache-dtype", "fp16"}}) {
     ServeProcess bad({"--model", kTinyMoe, flag, value});
     EXPECT_FALSE(bad.wait_ready(std::chrono::seconds(60)));
     EXPECT_NE(bad.wait_exit(std::chrono::seconds(30)), 0);

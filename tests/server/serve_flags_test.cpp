@@ -154,7 +154,8 @@ TEST_F(ServeFlags, TypoedChoiceFailsFastNamingTheFlag) {
                  {"--tool-call-parser", "'qwen3-coder' is not one of", "qwen3_coder"});
   expect_refused({"demo", "--reasoning-parser", "qwen"}, {"--reasoning-parser", "'qwen' is not one of"});
   expect_refused({"demo", "--device", "gpu"}, {"--device", "'gpu' is not one of auto, cpu, cuda"});
-  expect_refused({"demo", "--kv-cache-dtype", "fp8"}, {"--kv-cache-dtype", "no FP8 KV cache"});
+  expect_refused({"demo", "--kv-cache-dtype", "fp8_e5m2"},
+                 {"--kv-cache-dtype", "only the e4m3 FP8 KV cache"});
   expect_refused({"demo", "--scheduling-policy", "lifo"}, {"--scheduling-policy", "'lifo'"});
   expect_refused({"demo", "--quantization", "awq"}, {"--quantization", "'awq' is not one of fp8, none"});
 }

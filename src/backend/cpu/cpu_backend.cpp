@@ -58,6 +58,38 @@ class RowReader {
   const Matrix& w_;
 };
 
+// One KV head's row of a layer's K or V pages as float32: used in place for a float32 pool, widened into the
+// caller's head_dim scratch floats for bf16 and FP8 (the FP8 scale applied), so attention reads the stored
+// bytes and never a widened copy of the cache.
+class KvRowReader {
+ public:
+  KvRowReader(const KvCache& kv, int layer, bool keys)
+      : kv_(kv), layer_(layer), keys_(keys), scale_(keys ? kv.k_scale(layer) : kv.v_scale(layer)) {}
+  const float* head(int32_t page, int pos_in_page, int kv_head, float* scratch) const {
+    const auto& s = kv_.spec();
+    const auto* base =
+        static_cast<const std::byte*>(keys_ ? kv_.key_data(layer_, page) : kv_.value_data(layer_, page));
+    const int64_t element = int64_t(pos_in_page) * s.elements_per_row() + int64_t(kv_head) * s.head_dim;
+    switch (s.dtype) {
+      case DType::BF16:
+        cpu::bf16_to_f32(reinterpret_cast<const uint16_t*>(base) + element, scratch, size_t(s.head_dim));
+        return scratch;
+      case DType::F8_E4M3:
+        cpu::fp8_e4m3_to_f32(reinterpret_cast<const uint8_t*>(base) + element, scale_, scratch,
+                             size_t(s.head_dim));
+        return scratch;
+      default:
+        return reinterpret_cast<const float*>(base) + element;
+    }
+  }
+
+ private:
+  const KvCache& kv_;
+  int layer_;
+  bool keys_;
+  float scale_;
+};
+
 class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
@@ -178,19 +210,22 @@ class CpuBackend final : public Backend {
                        int layer, float* out) override {
     const int page_size = kv.spec().page_size;
     const int64_t row_floats = int64_t(kv_heads) * head_dim;
+    check(kv_heads == kv.spec().num_kv_heads && head_dim == kv.spec().head_dim,
+          "attention: {} KV heads of {} on a cache of {} of {}", kv_heads, head_dim, kv.spec().num_kv_heads,
+          kv.spec().head_dim);
     check(int64_t(pages.size()) * page_size >= start_pos + T, "attention: page table covers {} positions, need {}",
           pages.size() * page_size, start_pos + T);
     for (int64_t t = 0; t < T; ++t) {
       int64_t pos = start_pos + t;
       int32_t page = pages[size_t(pos / page_size)];
-      int64_t offset = (pos % page_size) * row_floats;
-      std::copy_n(k_new + t * row_floats, row_floats, kv.keys(layer, page) + offset);
-      std::copy_n(v_new + t * row_floats, row_floats, kv.values(layer, page) + offset);
+      kv.write_key_row(layer, page, int(pos % page_size), k_new + t * row_floats);
+      kv.write_value_row(layer, page, int(pos % page_size), v_new + t * row_floats);
     }
     const int group = heads / kv_heads;
     const float scale = 1.0f / std::sqrt(float(head_dim));
+    const KvRowReader keys(kv, layer, true), values(kv, layer, false);
     parallel_for(size_t(T * heads), [&](size_t i0, size_t i1) {
-      std::vector<float> scores;
+      std::vector<float> scores, widened(static_cast<size_t>(head_dim));
       for (size_t i = i0; i < i1; ++i) {
         const int64_t t = int64_t(i) / heads;
         const int h = int(i % heads), kvh = h / group;
@@ -199,8 +234,7 @@ class CpuBackend final : public Backend {
         scores.resize(size_t(positions));
         float max_score = -INFINITY;
         for (int64_t p = 0; p < positions; ++p) {
-          const float* key = kv.keys(layer, pages[size_t(p / page_size)]) + (p % page_size) * row_floats +
-                             int64_t(kvh) * head_dim;
+          const float* key = keys.head(pages[size_t(p / page_size)], int(p % page_size), kvh, widened.data());
           scores[p] = cpu::dot(qv, key, size_t(head_dim)) * scale;
           max_score = std::max(max_score, scores[p]);
         }
@@ -209,8 +243,8 @@ class CpuBackend final : public Backend {
         float* o = out + (t * heads + h) * head_dim;
         std::fill_n(o, head_dim, 0.0f);
         for (int64_t p = 0; p < positions; ++p) {
-          const float* value = kv.values(layer, pages[size_t(p / page_size)]) + (p % page_size) * row_floats +
-                               int64_t(kvh) * head_dim;
+          const float* value =
+              values.head(pages[size_t(p / page_size)], int(p % page_size), kvh, widened.data());
           cpu::axpy(scores[p] / total, value, o, size_t(head_dim));
         }
       }

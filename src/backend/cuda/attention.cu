@@ -1,7 +1,9 @@
-// Paged causal attention (GQA) in float32: new K/V rows are written into their pages, then a flash-style
-// kernel streams key tiles through shared memory with an online softmax. A block takes 32 query rows (token ×
-// head of one KV group) and one KV head, so each K/V tile it loads serves the whole group; decode-sized calls
-// split the key range over blocks (split-K) and a second kernel combines the partial results.
+// Paged causal attention (GQA) in float32 over a cache of float32, bf16 or FP8 E4M3: new K/V rows are
+// rounded into their pages, then a flash-style kernel streams key tiles through shared memory with an online
+// softmax, widening the stored elements to float32 in registers as it loads each tile. A block takes 32 query
+// rows (token × head of one KV group) and one KV head, so each K/V tile it loads serves the whole group;
+// decode-sized calls split the key range over blocks (split-K) and a second kernel combines the partial
+// results.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
@@ -19,22 +21,76 @@ constexpr size_t attention_smem_floats() {
   return size_t(kRows + 2 * kKeys) * (D + 4) + size_t(kKeys) * kPtLd + 3 * kRows;
 }
 
+// Four consecutive cache elements of type T: widened to float32 (times the FP8 scale), or rounded from it
+// (FP8: value / scale, nearest even, saturated to ±448, as the CPU's f32_to_fp8_e4m3).
+template <typename T>
+struct KvElems;
+template <>
+struct KvElems<float> {
+  static __device__ __forceinline__ float4 load(const void* base, int64_t i, float) {
+    return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(base) + i));
+  }
+  static __device__ __forceinline__ void store(void* base, int64_t i, float4 v, float) {
+    *reinterpret_cast<float4*>(static_cast<float*>(base) + i) = v;
+  }
+  static __device__ __forceinline__ void store1(void* base, int64_t i, float v, float) {
+    static_cast<float*>(base)[i] = v;
+  }
+};
+template <>
+struct KvElems<__nv_bfloat16> {
+  static __device__ __forceinline__ float4 load(const void* base, int64_t i, float) {
+    const uint2 w = __ldg(reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(base) + i));
+    return make_float4(bf16_lo(w.x), bf16_hi(w.x), bf16_lo(w.y), bf16_hi(w.y));
+  }
+  static __device__ __forceinline__ void store(void* base, int64_t i, float4 v, float) {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    uint2 w;
+    w.x = *reinterpret_cast<const uint32_t*>(&a);
+    w.y = *reinterpret_cast<const uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(base) + i) = w;
+  }
+  static __device__ __forceinline__ void store1(void* base, int64_t i, float v, float) {
+    static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
+  }
+};
+template <>
+struct KvElems<__nv_fp8_e4m3> {
+  static __device__ __forceinline__ float4 load(const void* base, int64_t i, float scale) {
+    const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(base) + i));
+    const float2 a = fp8x2_to_float2(w), b = fp8x2_to_float2(w >> 16);
+    return make_float4(a.x * scale, a.y * scale, b.x * scale, b.y * scale);
+  }
+  static __device__ __forceinline__ uint32_t code(float v, float scale) {
+    return __nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3);
+  }
+  static __device__ __forceinline__ void store(void* base, int64_t i, float4 v, float scale) {
+    const uint32_t w =
+        code(v.x, scale) | code(v.y, scale) << 8 | code(v.z, scale) << 16 | code(v.w, scale) << 24;
+    *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(base) + i) = w;
+  }
+  static __device__ __forceinline__ void store1(void* base, int64_t i, float v, float scale) {
+    static_cast<uint8_t*>(base)[i] = uint8_t(code(v, scale));
+  }
+};
+
+template <typename KV>
 __global__ void kv_write_kernel(const float* __restrict__ k_new, const float* __restrict__ v_new, int64_t T,
-                                int row_floats, const int64_t* __restrict__ start_pos,
-                                const int32_t* __restrict__ pages, int page_size, float* k_cache,
-                                float* v_cache) {
+                                int row_elems, const int64_t* __restrict__ start_pos,
+                                const int32_t* __restrict__ pages, int page_size, void* k_cache,
+                                void* v_cache, float k_scale, float v_scale) {
   pdl_begin();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // float4 index
-  const int per_row = row_floats / 4;
+  const int per_row = row_elems / 4;
   if (i >= T * per_row) return;
   const int64_t t = i / per_row, c = i % per_row;
   const int64_t pos = *start_pos + t;
-  const int64_t dst = (int64_t(pages[pos / page_size]) * page_size + pos % page_size) * row_floats + c * 4;
-  *reinterpret_cast<float4*>(k_cache + dst) = reinterpret_cast<const float4*>(k_new)[i];
-  *reinterpret_cast<float4*>(v_cache + dst) = reinterpret_cast<const float4*>(v_new)[i];
+  const int64_t dst = (int64_t(pages[pos / page_size]) * page_size + pos % page_size) * row_elems + c * 4;
+  KvElems<KV>::store(k_cache, dst, reinterpret_cast<const float4*>(k_new)[i], k_scale);
+  KvElems<KV>::store(v_cache, dst, reinterpret_cast<const float4*>(v_new)[i], v_scale);
 }
 
-template <int D>
+template <int D, typename KV>
 __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
   pdl_begin();
   extern __shared__ float4 smem4[];
@@ -112,9 +168,9 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
       float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
       if (kp < kv_len) {
         const int64_t off = (int64_t(pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_floats +
-                            int64_t(kvh) * D;
-        kv = __ldg(reinterpret_cast<const float4*>(a.k_cache + off) + c4);
-        vv = __ldg(reinterpret_cast<const float4*>(a.v_cache + off) + c4);
+                            int64_t(kvh) * D + c4 * 4;
+        kv = KvElems<KV>::load(a.k_cache, off, a.k_scale);
+        vv = KvElems<KV>::load(a.v_cache, off, a.v_scale);
       }
       *reinterpret_cast<float4*>(Ks + j * LD + c4 * 4) = kv;
       *reinterpret_cast<float4*>(Vs + j * LD + c4 * 4) = vv;
@@ -248,11 +304,13 @@ __global__ void attention_combine_kernel(AttentionArgs a) {
 // sequence: zero-centred RMSNorm, RoPE at the sequence's position; K rows (and their V rows) go into the
 // cache.
 constexpr int kMaxHeadDim = 256;
+template <typename KV>
 __global__ void attention_decode_prep_kernel(
     const float* __restrict__ qg, float* __restrict__ q, float* k, const float* __restrict__ v, int heads,
     int kv_heads, int D, const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
     int half, const float* __restrict__ inv_freq, const int64_t* __restrict__ positions,
-    const int32_t* __restrict__ pages, int64_t pages_stride, int page_size, float* k_cache, float* v_cache) {
+    const int32_t* __restrict__ pages, int64_t pages_stride, int page_size, void* k_cache, void* v_cache,
+    float k_scale, float v_scale) {
   pdl_begin();
   __shared__ float scratch[32], row[kMaxHeadDim];
   const int hh = blockIdx.x;
@@ -285,24 +343,47 @@ __global__ void attention_decode_prep_kernel(
     }
     dst[i] = o;
     if (!is_q) {
-      k_cache[at + i] = o;
-      v_cache[at + i] = v[(seq * kv_heads + kh) * D + i];
+      KvElems<KV>::store1(k_cache, at + i, o, k_scale);
+      KvElems<KV>::store1(v_cache, at + i, v[(seq * kv_heads + kh) * D + i], v_scale);
     }
   }
 }
 
-template <int D>
+template <int D, typename KV>
 void launch_for(const AttentionArgs& a, cudaStream_t s) {
   constexpr size_t bytes = attention_smem_floats<D>() * sizeof(float);
   static bool configured = false;  // the attribute is per kernel and process
   if (!configured) {
-    cudaFuncSetAttribute(attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    cudaFuncSetAttribute(attention_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
     configured = true;
   }
   const int G = a.heads / a.kv_heads;
   const unsigned row_blocks = a.batch ? unsigned(a.T) * blocks_for(G, kRows) : blocks_for(a.T * G, kRows);
   const dim3 grid(row_blocks, unsigned(a.kv_heads), unsigned(a.splits));
-  launch_k(attention_kernel<D>, grid, kThreads, bytes, s, a);
+  launch_k(attention_kernel<D, KV>, grid, kThreads, bytes, s, a);
+}
+
+template <typename KV>
+void launch_typed(const AttentionArgs& a, cudaStream_t s) {
+  const int row_elems = a.kv_heads * a.head_dim;
+  const int64_t writes = a.T * row_elems / 4;
+  if (a.k_new)
+    launch_k(kv_write_kernel<KV>, blocks_for(writes, 256), 256, 0, s, a.k_new, a.v_new, a.T, row_elems,
+             a.start_pos, a.pages, a.page_size, a.k_cache, a.v_cache, a.k_scale, a.v_scale);
+  switch (a.head_dim) {
+    case 32:
+      launch_for<32, KV>(a, s);
+      break;
+    case 64:
+      launch_for<64, KV>(a, s);
+      break;
+    case 128:
+      launch_for<128, KV>(a, s);
+      break;
+    default:
+      launch_for<256, KV>(a, s);
+      break;
+  }
 }
 
 }  // namespace
@@ -327,37 +408,41 @@ int attention_decode_splits(int64_t n, int heads, int kv_heads, int64_t capacity
 
 void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
-  const int row_floats = a.kv_heads * a.head_dim;
-  const int64_t writes = a.T * row_floats / 4;
-  if (a.k_new)
-    launch_k(kv_write_kernel, blocks_for(writes, 256), 256, 0, s, a.k_new, a.v_new, a.T, row_floats,
-             a.start_pos, a.pages, a.page_size, a.k_cache, a.v_cache);
-  switch (a.head_dim) {
-    case 32:
-      launch_for<32>(a, s);
+  switch (a.kv_type) {
+    case WType::BF16:
+      launch_typed<__nv_bfloat16>(a, s);
       break;
-    case 64:
-      launch_for<64>(a, s);
-      break;
-    case 128:
-      launch_for<128>(a, s);
+    case WType::FP8:
+      launch_typed<__nv_fp8_e4m3>(a, s);
       break;
     default:
-      launch_for<256>(a, s);
+      launch_typed<float>(a, s);
       break;
   }
   if (a.splits > 1) launch_k(attention_combine_kernel, unsigned(a.T * a.heads), 128, 0, s, a);
 }
 
-void launch_attention_decode_prep(const float* qg, float* q, float* k, const float* v, int64_t n, int heads,
-                                  int kv_heads, int head_dim, const float* q_norm, const float* k_norm,
-                                  float eps, int rotary_dim, const float* inv_freq, const int64_t* positions,
-                                  const int32_t* pages, int64_t pages_stride, int page_size, float* k_cache,
-                                  float* v_cache, cudaStream_t s) {
+void launch_attention_decode_prep(const float* qg, float* q, float* k, const float* v, int64_t n,
+                                  const float* q_norm, const float* k_norm, float eps, int rotary_dim,
+                                  const float* inv_freq, const AttentionArgs& a, cudaStream_t s) {
   if (n == 0) return;
-  launch_k(attention_decode_prep_kernel, dim3(unsigned(heads + kv_heads), unsigned(n)), 128, 0, s, qg, q, k,
-           v, heads, kv_heads, head_dim, q_norm, k_norm, eps, rotary_dim / 2, inv_freq, positions, pages,
-           pages_stride, page_size, k_cache, v_cache);
+  const dim3 grid(unsigned(a.heads + a.kv_heads), unsigned(n));
+  auto launch = [&](auto kernel) {
+    launch_k(kernel, grid, 128, 0, s, qg, q, k, v, a.heads, a.kv_heads, a.head_dim, q_norm, k_norm, eps,
+             rotary_dim / 2, inv_freq, a.start_pos, a.pages, a.pages_stride, a.page_size, a.k_cache,
+             a.v_cache, a.k_scale, a.v_scale);
+  };
+  switch (a.kv_type) {
+    case WType::BF16:
+      launch(attention_decode_prep_kernel<__nv_bfloat16>);
+      break;
+    case WType::FP8:
+      launch(attention_decode_prep_kernel<__nv_fp8_e4m3>);
+      break;
+    default:
+      launch(attention_decode_prep_kernel<float>);
+      break;
+  }
 }
 
 }  // namespace moeserve::cuda

@@ -26,9 +26,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
+#include "backend/cuda/fp8_lt.h"
 #include "backend/cuda/kernels.h"
 #include "common/error.h"
 
@@ -61,14 +63,6 @@ size_t align_up(size_t n, size_t a = kAlign) {
 constexpr int64_t kGemvMaxRows = 8;
 // Matrices with fewer rows than this keep float32 activations at every batch size.
 constexpr int64_t kTensorCoreMinRows = 512;
-// Routed (token, expert) pairs from which the MoE uses tensor-core tiles instead of the GEMV-style kernels.
-int64_t moe_mma_min_pairs() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("MOESERVE_CUDA_MOE_MMA_MIN_PAIRS");  // for measuring
-    return e ? std::atoll(e) : int64_t(1024);
-  }();
-  return v;
-}
 
 // FP8 matmuls of fp8_mma_min_rows()..fp8_mma_max_rows() rows run on tensor cores over the FP8 bytes
 // (launch_gemm_fp8_mma): up to 8 rows instead of the GEMV (whose float32 FMAs are bound by loading x), above
@@ -77,6 +71,12 @@ int64_t moe_mma_min_pairs() {
 int64_t env_rows(const char* name, int64_t fallback) {
   const char* e = std::getenv(name);
   return e ? std::atoll(e) : fallback;
+}
+// FP8 prefill matmuls on cuBLASLt's block-scaled FP8 GEMM (fp8_lt.h); MOESERVE_CUDA_FP8_LT=0 widens the
+// weights to bf16 for cuBLAS instead (for measuring, and for bf16-activation numerics).
+bool fp8_lt_enabled() {
+  static const bool v = env_rows("MOESERVE_CUDA_FP8_LT", 1) != 0;
+  return v;
 }
 int64_t fp8_mma_min_rows() {
   static const int64_t v = env_rows("MOESERVE_CUDA_FP8_MMA_MIN_ROWS", 2);
@@ -295,6 +295,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     CUBLAS_OK(cublasSetStream(cublas_, stream_));
     CUDA_OK(cudaMalloc(&cublas_workspace_, kCublasWorkspace));
     CUBLAS_OK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
+    fp8_lt_ = std::make_unique<cuda::Fp8LtGemm>(cublas_workspace_, kCublasWorkspace);
     eager_.reserve(size_t(8) << 20);
     CUDA_OK(cudaEventCreate(&ev_start_));
     CUDA_OK(cudaEventCreate(&ev_stop_));
@@ -452,6 +453,14 @@ class CudaBackend final : public Backend, public CacheMemory {
       if (auto op = start(label, x, n, v.data, y)) cuda::launch_gemm_simt(x, n, v, y, stream_);
       return;
     }
+    // FP8 above the MMA kernel's rows (prefill): FP8 tensor cores, activations quantized per 1x128 block.
+    if (v.type == WType::FP8 && fp8_lt_enabled() && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+        fp8_lt_->supports(v, n)) {
+      auto scratch = allocate((cuda::Fp8LtGemm::scratch_bytes(n, v.cols) + 3) / 4);
+      if (auto op = start(label, x, n, v.data, v.scale_inv, y, scratch.get()))
+        CUBLAS_OK(fp8_lt_->run(x, n, v, y, scratch.get(), stream_));
+      return;
+    }
     // bf16 tensor cores through cuBLAS: activations rounded to bf16, FP8 weights widened to bf16 first.
     auto xb = allocate(size_t((n * v.cols + 1) / 2));
     Buffer wb;
@@ -513,6 +522,19 @@ class CudaBackend final : public Backend, public CacheMemory {
       cuda::launch_rope(x, tokens, heads, head_dim, rotary_dim, pos, f, stream_);
   }
 
+  // A layer's pages and their stored dtype (the kernels read bf16 and FP8 pages as they are).
+  static void set_cache(cuda::AttentionArgs& a, KvCache& kv, int layer) {
+    const auto& spec = kv.spec();
+    check(spec.layer_page_bytes() == spec.page_size * spec.bytes_per_row(),
+          "attention: KV pages of {} bytes are padded; CUDA needs pages of whole 16-byte rows",
+          spec.layer_page_bytes());
+    a.k_cache = kv.key_data(layer, 0), a.v_cache = kv.value_data(layer, 0), a.page_size = spec.page_size;
+    a.kv_type = spec.dtype == DType::BF16      ? cuda::WType::BF16
+                : spec.dtype == DType::F8_E4M3 ? cuda::WType::FP8
+                                               : cuda::WType::F32;
+    a.k_scale = kv.k_scale(layer), a.v_scale = kv.v_scale(layer);
+  }
+
   void paged_attention(const float* q, const float* k_new, const float* v_new, int64_t T, int heads,
                        int kv_heads, int head_dim, int64_t start_pos, std::span<const int32_t> pages,
                        KvCache& kv, int layer, float* out) override {
@@ -535,7 +557,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     a.start_pos = static_cast<const int64_t*>(stage(&start_pos, sizeof start_pos));
     a.pages = static_cast<const int32_t*>(stage(pages.data(), pages.size_bytes()));
     a.num_pages = int64_t(pages.size());
-    a.k_cache = kv.keys(layer, 0), a.v_cache = kv.values(layer, 0), a.page_size = spec.page_size;
+    set_cache(a, kv, layer);
     a.out = out;
     a.splits = cuda::attention_splits(T, heads, kv_heads, capacity);
     Buffer part_out, part_m, part_l;
@@ -547,7 +569,8 @@ class CudaBackend final : public Backend, public CacheMemory {
       a.part_out = part_out.get(), a.part_m = part_m.get(), a.part_l = part_l.get();
     }
     if (auto op = start("paged_attention", q, k_new, v_new, T, heads, kv_heads, head_dim, a.start_pos,
-                        a.pages, a.num_pages, a.k_cache, a.v_cache, out, a.splits, a.part_out))
+                        a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type, a.k_scale, a.v_scale, out,
+                        a.splits, a.part_out))
       cuda::launch_attention(a, stream_);
   }
 
@@ -591,7 +614,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     a.num_pages = int64_t(stride);
     a.pages_stride = int64_t(stride);
     a.batch = true;
-    a.k_cache = kv.keys(layer, 0), a.v_cache = kv.values(layer, 0), a.page_size = spec.page_size;
+    set_cache(a, kv, layer);
     a.out = out;
     a.splits = cuda::attention_decode_splits(n, heads, kv_heads, int64_t(stride) * spec.page_size);
     auto q = allocate(size_t(n * heads * head_dim));
@@ -604,12 +627,10 @@ class CudaBackend final : public Backend, public CacheMemory {
       part_l = allocate(rows);
       a.part_out = part_out.get(), a.part_m = part_m.get(), a.part_l = part_l.get();
     }
-    if (auto op =
-            start("attention_decode", qg, k, v, n, heads, kv_heads, head_dim, qn, kn, eps, rotary_dim, f,
-                  a.start_pos, a.pages, a.num_pages, a.k_cache, a.v_cache, out, a.splits, a.part_out, a.q)) {
-      cuda::launch_attention_decode_prep(qg, q.get(), k, v, n, heads, kv_heads, head_dim, qn, kn, eps,
-                                         rotary_dim, f, a.start_pos, a.pages, a.pages_stride, spec.page_size,
-                                         a.k_cache, a.v_cache, stream_);
+    if (auto op = start("attention_decode", qg, k, v, n, heads, kv_heads, head_dim, qn, kn, eps, rotary_dim,
+                        f, a.start_pos, a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type, a.k_scale,
+                        a.v_scale, out, a.splits, a.part_out, a.q)) {
+      cuda::launch_attention_decode_prep(qg, q.get(), k, v, n, qn, kn, eps, rotary_dim, f, a, stream_);
       cuda::launch_attention(a, stream_);
     }
   }
@@ -693,7 +714,8 @@ class CudaBackend final : public Backend, public CacheMemory {
     check(top_k >= 1 && top_k <= 16 && top_k <= table.experts,
           "moe: top-k {} is not supported on CUDA (1..16)", top_k);
     const int64_t P = n * top_k;
-    const bool tc = !fp32_matmul_ && P >= moe_mma_min_pairs() && cuda::moe_mma_supported(table);
+    const bool tc = !fp32_matmul_ && P >= cuda_tools::moe_tensor_core_min_pairs(experts[0].gate.dtype) &&
+                    cuda::moe_mma_supported(table);
     const int tile = cuda::moe_tile(n, top_k, table.experts, tc);
     const int64_t max_items = cuda::moe_max_items(P, table.experts, tile);
     auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
@@ -1279,6 +1301,7 @@ class CudaBackend final : public Backend, public CacheMemory {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   void* cublas_workspace_ = nullptr;
+  std::unique_ptr<cuda::Fp8LtGemm> fp8_lt_;  // shares cuBLAS's workspace (one stream)
   DevicePool pool_;
   DeviceArena weights_arena_;
   StagingArena eager_;
@@ -1348,6 +1371,15 @@ std::string profile_report(Backend& b) {
 void reset_profile(Backend& b) {
   cuda_of(b).reset_profile();
 }
+// bf16: the grouped GEMM streams the experts faster than the GEMV-style kernels from 512 pairs on (batch 64:
+// 496 vs 657 us per layer on the H200) and ties at 128. FP8: the mid-size MMA kernels (mma_fp8.cuh) stay up
+// to 1024 pairs. MOESERVE_CUDA_MOE_MMA_MIN_PAIRS overrides both (for measuring).
+int64_t moe_tensor_core_min_pairs(DType weights) {
+  static const char* env = std::getenv("MOESERVE_CUDA_MOE_MMA_MIN_PAIRS");
+  if (env) return std::atoll(env);
+  return weights == DType::F8_E4M3 ? 1024 : 256;
+}
+
 void set_graphs(Backend& b, bool on) {
   cuda_of(b).set_graphs(on);
 }

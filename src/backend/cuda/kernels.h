@@ -117,8 +117,10 @@ struct AttentionArgs {
   const int64_t* start_pos = nullptr;  // device scalar
   const int32_t* pages = nullptr;      // device page table
   int64_t num_pages = 0;               // entries in the page table (capacity = num_pages * page_size)
-  float* k_cache = nullptr;            // this layer's pages: [page][page_size][kv_heads][head_dim]
-  float* v_cache = nullptr;
+  void* k_cache = nullptr;             // this layer's pages: [page][page_size][kv_heads][head_dim] of kv_type
+  void* v_cache = nullptr;
+  WType kv_type = WType::F32;  // F32, BF16 or FP8 (E4M3: stored = value / scale, read = code * scale)
+  float k_scale = 1.0f, v_scale = 1.0f;
   int page_size = 0;
   float* out = nullptr;  // [T][heads][head_dim]
   // Split-K scratch (splits > 1): partial outputs [splits][T*heads][head_dim] and row stats
@@ -140,12 +142,10 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s);
 // Batched decode prologue for n sequences of one token: q heads (every 2*head_dim floats of qg)
 // RMS-normalised (zero-centred q_norm) and RoPE'd into q [n][heads][head_dim]; k [n][kv_heads][head_dim]
 // likewise in place (k_norm), then written with v into the cache at positions[i] of page table i (pages
-// [n][pages_stride]).
-void launch_attention_decode_prep(const float* qg, float* q, float* k, const float* v, int64_t n, int heads,
-                                  int kv_heads, int head_dim, const float* q_norm, const float* k_norm,
-                                  float eps, int rotary_dim, const float* inv_freq, const int64_t* positions,
-                                  const int32_t* pages, int64_t pages_stride, int page_size, float* k_cache,
-                                  float* v_cache, cudaStream_t s);
+// [n][pages_stride]) of a's kv_type and scales.
+void launch_attention_decode_prep(const float* qg, float* q, float* k, const float* v, int64_t n,
+                                  const float* q_norm, const float* k_norm, float eps, int rotary_dim,
+                                  const float* inv_freq, const AttentionArgs& a, cudaStream_t s);
 
 // ---- mixture of experts (moe.cu) -------------------------------------------------------------------------
 // Device tables of per-expert weights (uniform dtype and shape).
@@ -178,6 +178,10 @@ constexpr int kMoeMmaTile = 64;  // tokens per work item, tensor-core path
 int moe_tile(int64_t n, int top_k, int experts, bool tensor_cores);
 int64_t moe_max_items(int64_t pairs, int experts, int tile);
 bool moe_mma_supported(const ExpertTable& t);
+// The tensor-core experts (moe_mma.cu) over the plan's items: gathers x as bf16 into s.xb, h = silu(gate) *
+// up into s.h (bf16), y into s.y.
+void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int top_k, int64_t max_items,
+                            const MoeScratch& s, cudaStream_t stream);
 // Decode-sized batches (n ≤ 8): routing, every pair's gate/up and the shared expert's in one launch, then
 // the down projections, the weighted combine (ascending expert id) and the shared expert's sigmoid-gated
 // output in another. No shared expert: down.data == nullptr.

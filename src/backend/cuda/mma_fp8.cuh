@@ -44,9 +44,11 @@ __device__ __forceinline__ uint32_t fp8_pair(const uint4& v, int p) {
   return (p & 1) ? w >> 16 : w & 0xffffu;
 }
 
+// Not volatile: the MMA is a pure function of its registers, so the compiler may schedule it among the
+// fragment loads instead of stalling on each in program order.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])

@@ -4,10 +4,8 @@
 //             items of at most `tile` rows; the item count stays on the device
 //   experts — gate/up then down over every item: a grid sized for the most items there can be, whose extra
 //             blocks exit. SIMT GEMV-style kernels with float32 activations for small batches (and exact
-//             mode), bf16 tensor-core (WMMA) tiles of 64 rows for large ones
+//             mode), a grouped bf16 tensor-core GEMM over 64-row items for large ones (moe_mma.cu)
 //   combine — per token, Σ_k w_k · y_k in ascending expert id, as the CPU (and HF) accumulate.
-#include <mma.h>
-
 #include <algorithm>
 #include <type_traits>
 
@@ -478,138 +476,6 @@ bool moe_mid_enabled() {
   return on;
 }
 
-// ---- tensor-core path ----------------------------------------------------------------------------------
-namespace wmma = nvcuda::wmma;
-constexpr int kMmaN = 64, kMmaK = 32, kMmaLd = kMmaK + 8, kMmaThreads = 128, kCLd = kMmaN + 4;
-
-__global__ void moe_gather_bf16(const float* __restrict__ x, int64_t P, int64_t H, int top_k,
-                                const int32_t* __restrict__ sorted, __nv_bfloat16* __restrict__ xb) {
-  pdl_begin();
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= P * H) return;
-  const int64_t row = i / H, c = i % H;
-  xb[i] = __float2bfloat16_rn(x[int64_t(sorted[row] / top_k) * H + c]);
-}
-
-// 16 bytes of weight row `row`, columns [k, k+8) as bf16 (zeros outside the matrix). FP8 is widened with its
-// block scale; bf16 is copied.
-template <WType T>
-__device__ __forceinline__ uint4 weight_bf16x8(const WeightView& w, int64_t row, int64_t k) {
-  if (row >= w.rows || k >= w.cols) return make_uint4(0, 0, 0, 0);
-  if constexpr (T == WType::BF16) {
-    return __ldg(
-        reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w.data) + row * w.cols + k));
-  } else {
-    const uint2 raw =
-        __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w.data) + row * w.cols + k));
-    const float sc = fp8_scale_row(w, row)[int(k) / w.block_cols];
-    const uint32_t b[2] = {raw.x, raw.y};
-    uint32_t v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = fp8x2_to_float2(b[i / 2] >> (16 * (i % 2)));
-      const __nv_bfloat162 p = __floats2bfloat162_rn(f.x * sc, f.y * sc);
-      v[i] = *reinterpret_cast<const uint32_t*>(&p);
-    }
-    return make_uint4(v[0], v[1], v[2], v[3]);
-  }
-}
-
-// C[64 rows of the item][64 columns from n0] = A[rows][K] · B[n0..n0+63][K]ᵀ for one or two B (gate and up);
-// 4 warps of 32×32. kGateUp writes bf16 silu(C_gate) * C_up, else float32 C.
-template <WType T, bool kGateUp>
-__global__ __launch_bounds__(kMmaThreads) void moe_mma_kernel(ExpertTable t,
-                                                              const __nv_bfloat16* __restrict__ A,
-                                                              const int32_t* __restrict__ items,
-                                                              const int32_t* __restrict__ num_items,
-                                                              void* __restrict__ out) {
-  pdl_begin();
-  constexpr int NB = kGateUp ? 2 : 1;
-  __shared__ __align__(32) __nv_bfloat16 As[kMoeMmaTile][kMmaLd];
-  __shared__ __align__(32) __nv_bfloat16 Bs[NB][kMmaN][kMmaLd];
-  __shared__ __align__(32) float Cs[kMoeMmaTile][kCLd];
-  if (int(blockIdx.y) >= *num_items) return;
-  const int32_t* it = items + 3 * blockIdx.y;
-  const int e = it[0], first = it[1], count = it[2];
-  const int64_t N = kGateUp ? t.inter : t.hidden, K = kGateUp ? t.hidden : t.inter;
-  const int64_t n0 = int64_t(blockIdx.x) * kMmaN;
-  WeightView B[NB];
-  if constexpr (kGateUp) {
-    B[0] = expert_view(t, t.gate, t.gate_scale, e, t.inter, t.hidden);
-    B[NB - 1] = expert_view(t, t.up, t.up_scale, e, t.inter, t.hidden);
-  } else {
-    B[0] = expert_view(t, t.down, t.down_scale, e, t.hidden, t.inter);
-  }
-  const int warp = threadIdx.x >> 5, wm = warp / 2, wn = warp % 2;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NB][2][2];
-#pragma unroll
-  for (int b = 0; b < NB; ++b)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[b][i][j], 0.0f);
-
-  for (int64_t k0 = 0; k0 < K; k0 += kMmaK) {
-    // 64 rows × 4 vectors of 8 columns, for A and each B: 2 per thread.
-#pragma unroll
-    for (int l = threadIdx.x; l < kMoeMmaTile * 4; l += kMmaThreads) {
-      const int r = l / 4, c = (l % 4) * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < count && k0 + c < K)
-        v = __ldg(reinterpret_cast<const uint4*>(A + int64_t(first + r) * K + k0 + c));
-      *reinterpret_cast<uint4*>(&As[r][c]) = v;
-#pragma unroll
-      for (int b = 0; b < NB; ++b)
-        *reinterpret_cast<uint4*>(&Bs[b][r][c]) = weight_bf16x8<T>(B[b], n0 + r, k0 + c);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kMmaK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &As[wm * 32 + i * 16][kk], kMmaLd);
-#pragma unroll
-      for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
-          wmma::load_matrix_sync(fb, &Bs[b][wn * 32 + j * 16][kk], kMmaLd);
-#pragma unroll
-          for (int i = 0; i < 2; ++i) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
-        }
-    }
-    __syncthreads();
-  }
-
-  constexpr int kPer = kMoeMmaTile * kMmaN / kMmaThreads;
-  float first_pass[kPer];
-#pragma unroll
-  for (int b = 0; b < NB; ++b) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-        wmma::store_matrix_sync(&Cs[wm * 32 + i * 16][wn * 32 + j * 16], acc[b][i][j], kCLd,
-                                wmma::mem_row_major);
-    __syncthreads();
-#pragma unroll
-    for (int q = 0; q < kPer; ++q) {
-      const int idx = threadIdx.x + q * kMmaThreads, r = idx / kMmaN, c = idx % kMmaN;
-      const float v = Cs[r][c];
-      if (kGateUp && b == 0) {
-        first_pass[q] = siluf_(v);
-      } else if (r < count && n0 + c < N) {
-        if constexpr (kGateUp)
-          static_cast<__nv_bfloat16*>(out)[int64_t(first + r) * N + n0 + c] =
-              __float2bfloat16_rn(first_pass[q] * v);
-        else
-          static_cast<float*>(out)[int64_t(first + r) * N + n0 + c] = v;
-      }
-    }
-    __syncthreads();
-  }
-}
-
 // out[t] = Σ_j w_j y[row_j], j in ascending expert id.
 __global__ void moe_combine_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights,
                                    const int32_t* __restrict__ pair_row, int k, const float* __restrict__ y,
@@ -641,16 +507,7 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
                  int64_t max_items, const MoeScratch& s, cudaStream_t stream) {
   const int64_t P = n * top_k;
   if (tensor_cores) {
-    if constexpr (T == WType::BF16 || T == WType::FP8) {
-      launch_k(moe_gather_bf16, blocks_for(P * t.hidden, 256), 256, 0, stream, x, P, t.hidden, top_k,
-               s.sorted, reinterpret_cast<__nv_bfloat16*>(s.xb));
-      const dim3 g1(blocks_for(t.inter, kMmaN), unsigned(max_items)),
-          g2(blocks_for(t.hidden, kMmaN), unsigned(max_items));
-      launch_k(moe_mma_kernel<T, true>, g1, kMmaThreads, 0, stream, t,
-               reinterpret_cast<const __nv_bfloat16*>(s.xb), s.items, s.num_items, s.h);
-      launch_k(moe_mma_kernel<T, false>, g2, kMmaThreads, 0, stream, t,
-               static_cast<const __nv_bfloat16*>(s.h), s.items, s.num_items, s.y);
-    }
+    launch_moe_grouped_mma(t, x, n, top_k, max_items, s, stream);
     return;
   }
   const bool vec = (t.hidden % W<T>::kVec == 0) && (t.inter % W<T>::kVec == 0) &&
@@ -932,12 +789,6 @@ int moe_tile(int64_t n, int top_k, int experts, bool tensor_cores) {
 
 int64_t moe_max_items(int64_t pairs, int experts, int tile) {
   return std::min<int64_t>(pairs, (pairs + tile - 1) / tile + std::min<int64_t>(experts, pairs));
-}
-
-bool moe_mma_supported(const ExpertTable& t) {
-  if (t.type != WType::BF16 && t.type != WType::FP8) return false;
-  if (t.type == WType::FP8 && t.block_cols % 8 != 0) return false;
-  return t.hidden % 8 == 0 && t.inter % 8 == 0;
 }
 
 void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize, const float* x,

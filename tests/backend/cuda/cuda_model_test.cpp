@@ -74,6 +74,28 @@ TEST_F(CudaModel, PrefillAndGreedyDecodeMatchCpu) {
   }
 }
 
+// A bf16 or FP8 KV cache on the GPU against the CPU's of the same dtype (fp32 matmuls): the pages round the
+// same values, so only last-bit differences upstream that round an element the other way separate them.
+TEST_F(CudaModel, Bf16AndFp8KvCachesMatchTheCpusOfTheSameDtype) {
+  auto cpu = make_cpu_backend();
+  Qwen35Model cpu_model(weights, *cpu);
+  auto gpu = make_backend("cuda", {.fp32_matmul = true});
+  Qwen35Model gpu_model(weights, *gpu);
+  for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    SequenceRunner cr(cpu_model, 128, 16, dtype), gr(gpu_model, 128, 16, dtype);
+    auto ids = prompt(50, 2);
+    auto cl = cr.prefill(ids).logits, gl = gr.prefill(ids).logits;
+    EXPECT_LT(rel_error(gl, cl), 1e-2) << "prefill";
+    for (int step = 0; step < 12; ++step) {
+      const int32_t next = argmax(cl);
+      auto cd = cr.decode(next), gd = gr.decode(next);
+      EXPECT_LT(rel_error(gd, cd), 2e-2) << "decode step " << step;
+      cl = cd;
+    }
+  }
+}
+
 TEST_F(CudaModel, BatchedEqualsAloneAndResumeEqualsFullPrefill) {
   auto gpu = make_backend("cuda", {.fp32_matmul = true});
   Qwen35Model model(weights, *gpu);
