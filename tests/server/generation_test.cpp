@@ -327,6 +327,64 @@ TEST(Generation, ChatToolCalls) {
   EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "tool_calls");
 }
 
+// The stream of a tool call with several parameters, chunk by chunk, as OpenAI sends it: the call's first
+// piece carries its id and name, each later piece one more part of the arguments, and no chunk carries two
+// entries for one call, also when the length limit cuts the call and the parser completes it at the end.
+TEST(Generation, ToolCallStreamIsOneEntryPerCallPerChunk) {
+  Server s(kNoThinkingTail, kToolCallText);
+  auto stream_choices = [&](json extra) {
+    json body = chat_body("Weather in Paris?", {{"tools", {kWeatherTool}},
+                                                {"chat_template_kwargs", {{"enable_thinking", false}}}});
+    body.update(extra);
+    auto [chunks, done] = s.stream("/v1/chat/completions", body);
+    EXPECT_TRUE(done);
+    std::vector<json> choices;
+    for (auto& c : chunks) choices.push_back(c["choices"][0]);
+    return choices;
+  };
+  auto call_piece = [](json function) {
+    return json{{"tool_calls", {{{"function", function}, {"index", 0}}}}};
+  };
+  auto expected = [&](const std::string& id, const std::string& last_arguments, json finish, json stop_reason) {
+    auto choice = [](json delta) {
+      return json{{"delta", delta}, {"finish_reason", nullptr}, {"index", 0}, {"logprobs", nullptr}};
+    };
+    json first_piece = {{"tool_calls",
+                         {{{"function", {{"arguments", ""}, {"name", "get_weather"}}},
+                           {"id", id},
+                           {"index", 0},
+                           {"type", "function"}}}}};
+    json end = choice(json::object());
+    end["finish_reason"] = finish;
+    end["stop_reason"] = stop_reason;
+    return std::vector<json>{choice({{"content", ""}, {"role", "assistant"}}), choice(first_piece),
+                             choice(call_piece({{"arguments", "{\"city\": \"Paris\""}})),
+                             choice(call_piece({{"arguments", last_arguments}})), end};
+  };
+  auto id_of = [](const std::vector<json>& choices) {
+    return choices.size() > 1 ? choices[1]["delta"]["tool_calls"][0].value("id", "") : "";
+  };
+  const int32_t eos = *qwen3_text().tokenizer.token_id("<|im_end|>");
+
+  // The model closes the call: "days" arrives with its </parameter>, the closing brace with </function>.
+  auto whole = stream_choices(json::object());
+  EXPECT_EQ(id_of(whole).rfind("call_", 0), 0u);
+  auto full = expected(id_of(whole), ", \"days\": 3", "tool_calls", eos);
+  full.insert(full.end() - 1, json{{"delta", call_piece({{"arguments", "}"}})},
+                                   {"finish_reason", nullptr},
+                                   {"index", 0},
+                                   {"logprobs", nullptr}});
+  EXPECT_EQ(json(whole), json(full));
+
+  // Cut by max_tokens right after the second </parameter>: that token's piece and the brace finish() adds
+  // make one entry of the last content chunk.
+  const std::string through_days = kToolCallText.substr(0, kToolCallText.find("</function>"));
+  const size_t cut = ids(through_days).size();
+  ASSERT_EQ(ids(kToolCallText).size(), cut + ids("</function>\n</tool_call>").size());
+  auto truncated = stream_choices({{"max_tokens", cut}});
+  EXPECT_EQ(json(truncated), json(expected(id_of(truncated), ", \"days\": 3}", "length", nullptr)));
+}
+
 TEST(Generation, NamedToolChoiceForcesTheCall) {
   // The server writes "<tool_call>\n<function=get_weather>\n" into the assistant turn; the model continues.
   Server s(kNoThinkingTail + "<tool_call>\n<function=get_weather>\n",
