@@ -3,11 +3,12 @@
 namespace moeserve::server {
 
 ChoiceOutput::ChoiceOutput(int index, int prompt_index, const text::Tokenizer* tokenizer,
-                           text::StreamingOptions options)
+                           text::StreamingOptions options, bool first_call_only)
     : index_(index),
       prompt_index_(prompt_index),
       output_(tokenizer, options),
-      has_tool_parser_(options.parser && !options.parser->tool_parser.empty()) {}
+      has_tool_parser_(options.parser && !options.parser->tool_parser.empty()),
+      first_call_only_(first_call_only) {}
 
 ChoiceDelta ChoiceOutput::push(const GenerateOutput& out) {
   ChoiceDelta d;
@@ -23,9 +24,22 @@ ChoiceDelta ChoiceOutput::push(const GenerateOutput& out) {
   for (size_t k = 0; k < taken && k < out.logprobs.size(); ++k) logprobs_.push_back(out.logprobs[k]);
   d.tokens_to = tokens_.size();
 
-  if (!output_.stopped() && !out.finished) return d;
-  text::append(d.text, output_.finish());
-  finished_ = d.finished = true;
+  if (output_.stopped() || out.finished) {
+    text::append(d.text, output_.finish());
+    finished_ = d.finished = true;
+    settle(out);
+  }
+  if (first_call_only_) {
+    std::erase_if(d.text.tool_calls, [](const text::ToolCallDelta& t) { return t.index > 0; });
+  }
+  return d;
+}
+
+void ChoiceOutput::settle(const GenerateOutput& out) {
+  if (first_call_only_) {
+    first_call_message_ = output_.message();
+    if (first_call_message_.tool_calls.size() > 1) first_call_message_.tool_calls.resize(1);
+  }
   if (output_.stopped()) {
     finish_reason_ = "stop";
     stop_reason_ = output_.matched_stop();
@@ -39,7 +53,6 @@ ChoiceDelta ChoiceOutput::push(const GenerateOutput& out) {
   // "length", as in vLLM).
   if (finish_reason_ == "stop" && has_tool_parser_ && !message().tool_calls.empty())
     finish_reason_ = "tool_calls";
-  return d;
 }
 
 }  // namespace moeserve::server

@@ -25,7 +25,9 @@ struct ChoiceDelta {
 
 class ChoiceOutput {
  public:
-  ChoiceOutput(int index, int prompt_index, const text::Tokenizer* tokenizer, text::StreamingOptions options);
+  // first_call_only: parallel_tool_calls false, so later calls are dropped.
+  ChoiceOutput(int index, int prompt_index, const text::Tokenizer* tokenizer, text::StreamingOptions options,
+               bool first_call_only = false);
 
   // Takes one engine event. Events after the choice finished (the engine's abort after a stop string) are
   // ignored and return an empty delta.
@@ -46,14 +48,21 @@ class ChoiceOutput {
   const std::vector<LogprobEntry>& prompt_logprobs() const { return prompt_logprobs_; }
   int64_t cached_tokens() const { return cached_tokens_; }
   // The whole output: parsed message (chat) and the text after stop strings (completions).
-  const text::ParsedOutput& message() const { return output_.message(); }
+  const text::ParsedOutput& message() const {
+    return first_call_only_ ? first_call_message_ : output_.message();
+  }
   const std::string& text() const { return output_.text(); }
 
  private:
+  // The choice ended: its finish reason, stop reason and final message.
+  void settle(const GenerateOutput& out);
+
   int index_;
   int prompt_index_;
   text::StreamingOutput output_;
   bool has_tool_parser_;
+  bool first_call_only_;
+  text::ParsedOutput first_call_message_;  // first_call_only: the message with its first call alone
   std::vector<int32_t> tokens_;
   std::vector<LogprobEntry> logprobs_;
   std::vector<LogprobEntry> prompt_logprobs_;

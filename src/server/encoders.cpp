@@ -44,6 +44,12 @@ json usage_json(const JobSpec& spec, const std::vector<ChoiceOutput>& choices) {
 
 namespace {
 
+// vLLM renamed reasoning_content to reasoning; clients read either, so both are sent.
+json with_reasoning_alias(json j) {
+  if (auto it = j.find("reasoning_content"); it != j.end()) j["reasoning"] = *it;
+  return j;
+}
+
 // The parts both OpenAI formats share: the chunk envelope and the end of the stream.
 class OpenAiEncoder : public ResponseEncoder {
  public:
@@ -203,7 +209,7 @@ class ChatEncoder : public OpenAiEncoder {
       started_[size_t(c.index())] = true;
       out += choice_chunk(c, json{{"role", "assistant"}, {"content", ""}}, false, 0, 0);
     }
-    json delta = d.text.to_openai();
+    json delta = with_reasoning_alias(d.text.to_openai());
     if (!delta.empty() || (shows_tokens() && d.new_tokens())) {
       out += choice_chunk(c, std::move(delta), false, d.tokens_from, d.tokens_to);
     }
@@ -216,7 +222,7 @@ class ChatEncoder : public OpenAiEncoder {
     json choices = json::array();
     for (const auto& c : ctx_.choices) {
       json choice = {{"index", c.index()}};
-      choice["message"] = c.message().to_openai();
+      choice["message"] = with_reasoning_alias(c.message().to_openai());
       choice["logprobs"] = spec.logprobs ? logprobs_json(c, 0, c.tokens().size()) : json(nullptr);
       choice["finish_reason"] = c.finish_reason();
       choice["stop_reason"] = c.stop_reason();

@@ -53,7 +53,7 @@ GenerationJob::GenerationJob(GenerationContext& ctx, JobSpec spec) : ctx_(ctx), 
     text.skip_special_tokens = spec_.skip_special_tokens;
     text.parser = spec_.parser;
     text.assistant_prefix = spec_.assistant_prefix;
-    choices_.emplace_back(i, i / spec_.n, ctx_.tokenizer, std::move(text));
+    choices_.emplace_back(i, i / spec_.n, ctx_.tokenizer, std::move(text), !spec_.parallel_tool_calls);
     slots_.emplace_back().id = fmt::format("{}-{}", spec_.id, i);
   }
   encoder_ = make_encoder({spec_, ctx_.model_name, ctx_.tokenizer, choices_});

@@ -38,6 +38,7 @@ struct JobSpec {
   std::optional<int> logprobs;
   // Chat: how each choice's text splits into reasoning, content and tool calls (null: all content).
   std::optional<text::OutputParserOptions> parser;
+  bool parallel_tool_calls = true;  // false: a choice shows its first tool call only
   // Chat: text appended to the rendered prompt to force a tool call; it is part of the assistant's output
   // as the client sees it, so it goes through the parser before the generated text.
   std::string assistant_prefix;

@@ -38,8 +38,12 @@ bool same_secret(std::string_view a, std::string_view b) {
 // and Prometheus.
 bool needs_key(std::string_view path) {
   if (path == "/v1/health") return false;
-  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize" ||
+         path == "/reset_prefix_cache" || path == "/flush_cache";
 }
+
+// An X-Request-Id worth echoing: what tracing proxies send (a UUID, a hex id), not a header-sized blob.
+constexpr size_t kMaxRequestIdBytes = 256;
 
 SamplingParams to_engine(const SamplingSettings& s) {
   SamplingParams p;
@@ -96,6 +100,26 @@ std::string api_key_from_environment(const std::string& flag, std::string* sourc
   return from("", "");
 }
 
+std::vector<std::string> parse_allowed_origins(const std::string& flag) {
+  std::vector<std::string> out;
+  if (flag.empty()) return out;
+  if (flag.front() == '[') {
+    json list = json::parse(flag, nullptr, false);
+    check(list.is_array(), "--allowed-origins: '{}' is not a JSON list of strings", flag);
+    for (auto& v : list) {
+      check(v.is_string(), "--allowed-origins: '{}' is not a JSON list of strings", flag);
+      out.push_back(v.get<std::string>());
+    }
+    return out;
+  }
+  for (size_t at = 0; at <= flag.size();) {
+    size_t end = std::min(flag.find(',', at), flag.size());
+    if (end > at) out.push_back(flag.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
 void OpenAiService::configure(HttpServerOptions& http) {
   http.on_head = [this](const HttpRequest& head) {
     auto denied = check_head(head);
@@ -107,6 +131,8 @@ void OpenAiService::configure(HttpServerOptions& http) {
 
 std::optional<HttpResponse> OpenAiService::check_head(const HttpRequest& req) const {
   if (options_.api_key.empty() || !needs_key(req.path)) return std::nullopt;
+  // Browsers send a CORS preflight without credentials; it reveals nothing and runs nothing.
+  if (req.method == "OPTIONS" && !options_.allowed_origins.empty()) return std::nullopt;
   std::string_view auth = req.header("authorization");
   // The scheme is case-insensitive (RFC 9110 section 11.1), the key is not.
   constexpr std::string_view kBearer = "bearer ";
@@ -127,7 +153,9 @@ Reply OpenAiService::handle(HttpRequest& request) {
   try {
     // Already checked from the head when configure() installed the hook; checked here too, so a server
     // wired without it is never open.
-    if (auto denied = check_head(request)) {
+    if (auto answer = preflight(request)) {
+      reply.response = std::move(*answer);
+    } else if (auto denied = check_head(request)) {
       reply.response = std::move(*denied);
     } else {
       reply = route(request);
@@ -143,6 +171,10 @@ Reply OpenAiService::handle(HttpRequest& request) {
     reply.response = error_response(500, std::string("internal error: ") + e.what());
   }
   if (!reply.body && reply.response.status >= 400) metrics_.request_error(reply.response.status);
+  if (auto id = request.header("x-request-id"); !id.empty() && id.size() <= kMaxRequestIdBytes) {
+    reply.headers.emplace_back("X-Request-Id", std::string(id));
+  }
+  for (auto& h : cors_headers(request)) reply.headers.push_back(std::move(h));
   spdlog::debug("{} {} {} -> {} ({:.2f} ms{})", request.remote, request.method, request.path,
                 reply.body ? 200 : reply.response.status,
                 std::chrono::duration<double, std::milli>(Clock::now() - t0).count(),
@@ -161,6 +193,22 @@ Reply OpenAiService::route(HttpRequest& req) {
   if (p == "/health" || p == "/v1/health") {
     method_is("GET");
     r.response = health();
+  } else if (p == "/ping") {
+    // SageMaker's health probe, which vLLM and SGLang serve: GET or POST.
+    if (req.method != "POST") method_is("GET");
+    r.response = health();
+  } else if (p == "/health_generate") {
+    method_is("GET");
+    return health_generate();
+  } else if (p == "/get_model_info") {
+    method_is("GET");
+    r.response = model_info();
+  } else if (p == "/reset_prefix_cache" || p == "/flush_cache") {
+    // vLLM's and SGLang's names; behind the API key, since a flush costs every client its cache hits.
+    if (req.method != "GET") method_is("POST");
+    check_generation_ready();
+    engine_.load()->flush_cache();
+    r.response = json_response({{"status", "ok"}});
   } else if (p == "/metrics") {
     method_is("GET");
     r.response.content_type = "text/plain; version=0.0.4; charset=utf-8";
@@ -242,6 +290,74 @@ HttpResponse OpenAiService::health() const {
   HttpResponse r;
   r.content_type = "application/json";
   r.body = "{\"status\":\"ok\"}";
+  return r;
+}
+
+HttpResponse OpenAiService::model_info() const {
+  json preferred = nullptr;
+  const SamplingDefaults& d = options_.sampling_defaults;
+  if (!d.empty()) {
+    preferred = json::object();
+    if (d.temperature) preferred["temperature"] = *d.temperature;
+    if (d.top_p) preferred["top_p"] = *d.top_p;
+    if (d.top_k) preferred["top_k"] = *d.top_k;
+    if (d.min_p) preferred["min_p"] = *d.min_p;
+    if (d.repetition_penalty) preferred["repetition_penalty"] = *d.repetition_penalty;
+  }
+  // SGLang's fields, which its router and clients read.
+  return json_response({{"model_path", options_.model_path},
+                        {"tokenizer_path", options_.tokenizer_path.empty() ? options_.model_path : options_.tokenizer_path},
+                        {"is_generation", true},
+                        {"served_model_name", options_.served_model_name},
+                        {"max_model_len", max_model_len_.load()},
+                        {"preferred_sampling_params", preferred}});
+}
+
+// One real engine step: a one-token greedy completion of token 0 through admission and the engine, so a
+// wedged engine thread or a broken backend fails this probe where /health still answers.
+Reply OpenAiService::health_generate() {
+  check_generation_ready();
+  JobSpec spec;
+  spec.kind = JobSpec::Kind::kCompletion;
+  spec.id = random_id("health-");
+  spec.created = static_cast<int64_t>(std::time(nullptr));
+  spec.arrival = Clock::now();
+  spec.queue_timeout = options_.queue_timeout;
+  spec.prompts = {{0}};
+  spec.prompt_texts = {""};
+  spec.params.temperature = 0;
+  spec.params.max_tokens = 1;
+  return start_job(std::move(spec));
+}
+
+Headers OpenAiService::cors_headers(const HttpRequest& req) const {
+  std::string_view origin = req.header("origin");
+  if (options_.allowed_origins.empty() || origin.empty()) return {};
+  const auto& allowed = options_.allowed_origins;
+  bool any = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+  if (!any && std::find(allowed.begin(), allowed.end(), origin) == allowed.end()) return {};
+  // Credentials are never allowed (vLLM's default), so "*" may be sent as it is.
+  return {{"Access-Control-Allow-Origin", any ? "*" : std::string(origin)}, {"Vary", "Origin"}};
+}
+
+std::optional<HttpResponse> OpenAiService::preflight(const HttpRequest& req) const {
+  if (req.method != "OPTIONS" || options_.allowed_origins.empty() ||
+      req.header("access-control-request-method").empty()) {
+    return std::nullopt;
+  }
+  HttpResponse r;
+  r.content_type = "text/plain; charset=utf-8";
+  if (cors_headers(req).empty()) {
+    r.status = 400;
+    r.body = "Disallowed CORS origin";
+    return r;
+  }
+  r.body = "OK";
+  r.headers = {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"}, {"Access-Control-Max-Age", "600"}};
+  // Any header may be sent (vLLM allows "*"), so the ones the browser asks for are granted.
+  if (auto asked = req.header("access-control-request-headers"); !asked.empty()) {
+    r.headers.emplace_back("Access-Control-Allow-Headers", std::string(asked));
+  }
   return r;
 }
 
@@ -403,6 +519,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
     }
   }
   bool explicit_max_tokens = cr.sampling.max_tokens.has_value();
+  options_.sampling_defaults.apply(cr.sampling);
   spec.params = to_engine(cr.sampling);
   if (!explicit_max_tokens) {
     // The OpenAI default of 16, clipped to the room the longest prompt leaves (an explicit max_tokens over
@@ -460,6 +577,7 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
   spec.snapshot_hint = turn_boundary(spec.prompts[0]);
   spec.prompt_texts.push_back(prompt + forced_prefix);
   spec.assistant_prefix = forced_prefix;
+  options_.sampling_defaults.apply(cr.sampling);
   spec.params = to_engine(cr.sampling);
   if (cr.logprobs) {
     spec.params.logprobs = true;
@@ -480,6 +598,7 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
   parser.tool_parser = tools_on ? options_.tool_call_parser : "";
   parser.starts_in_reasoning = !options_.reasoning_parser.empty() && text::prompt_opens_reasoning(prompt);
   if (tools_on) parser.tools = cr.tools;
+  spec.parallel_tool_calls = cr.parallel_tool_calls;
   if (!parser.reasoning_parser.empty() || !parser.tool_parser.empty()) spec.parser = parser;
   if (cr.response_format.schema) {
     if (!forced_prefix.empty()) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <set>
 #include <thread>
 
 #include "harness.h"
@@ -214,6 +215,7 @@ TEST(Generation, ChatReasoningAndContent) {
   EXPECT_EQ(m["role"], "assistant");
   EXPECT_EQ(m["content"], "Hello there!");
   EXPECT_EQ(m["reasoning_content"], "The user greets me.");
+  EXPECT_EQ(m["reasoning"], m["reasoning_content"]);  // vLLM's newer name, for clients that read it
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
 
   auto [chunks, done] = s.stream("/v1/chat/completions", chat_body("Hi!"));
@@ -226,6 +228,7 @@ TEST(Generation, ChatReasoningAndContent) {
     const json& d = c["choices"][0]["delta"];
     if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
     if (d.contains("content")) content += d["content"].get<std::string>();
+    EXPECT_EQ(d.value("reasoning", ""), d.value("reasoning_content", ""));
   }
   EXPECT_EQ(reasoning, "The user greets me.");
   EXPECT_EQ(content, "Hello there!");
@@ -383,6 +386,103 @@ TEST(Generation, ToolCallStreamIsOneEntryPerCallPerChunk) {
   ASSERT_EQ(ids(kToolCallText).size(), cut + ids("</function>\n</tool_call>").size());
   auto truncated = stream_choices({{"max_tokens", cut}});
   EXPECT_EQ(json(truncated), json(expected(id_of(truncated), ", \"days\": 3}", "length", nullptr)));
+}
+
+TEST(Generation, ParallelToolCallsFalseKeepsTheFirstCall) {
+  const std::string second =
+      "\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
+  Server s(kNoThinkingTail, kToolCallText + second);
+  json body = chat_body("Weather in Paris and Oslo?",
+                        {{"tools", {kWeatherTool}}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  json both = s.post("/v1/chat/completions", body);
+  ASSERT_EQ(both["choices"][0]["message"]["tool_calls"].size(), 2u) << both.dump();
+  body["parallel_tool_calls"] = false;
+  json one = s.post("/v1/chat/completions", body);
+  const json& calls = one["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 1u) << one.dump();
+  EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}, {"days", 3}}));
+  EXPECT_EQ(one["choices"][0]["finish_reason"], "tool_calls");
+  auto [chunks, done] = s.stream("/v1/chat/completions", body);
+  EXPECT_TRUE(done);
+  std::set<int> indexes;
+  for (auto& c : chunks) {
+    for (auto& t : c["choices"][0]["delta"].value("tool_calls", json::array())) indexes.insert(t["index"].get<int>());
+  }
+  EXPECT_EQ(indexes, std::set<int>{0});
+}
+
+// The operational endpoints of vLLM and SGLang, the request id echo and CORS.
+TEST(Generation, PingModelInfoHealthGenerateAndPrefixCacheReset) {
+  ServiceOptions options;
+  options.api_key = "sesame";
+  options.model_path = "/models/scripted";
+  options.sampling_defaults.temperature = 0.6;
+  Server s(kPrompt, " ok", {.memory_pressure_threshold = 0}, options);
+  const std::vector<std::string> key = {"Authorization: Bearer sesame"};
+  EXPECT_EQ(s.harness->get("/ping").status, 200);
+  EXPECT_EQ(s.harness->post("/ping", "").status, 200);
+  auto info = s.harness->get("/get_model_info");
+  ASSERT_EQ(info.status, 200) << info.body;
+  json i = json::parse(info.body);
+  EXPECT_EQ(i["model_path"], "/models/scripted");
+  EXPECT_EQ(i["is_generation"], true);
+  EXPECT_EQ(i["preferred_sampling_params"], json({{"temperature", 0.6}}));
+
+  // A real engine step: one generated token.
+  auto health = s.harness->get("/health_generate");
+  ASSERT_EQ(health.status, 200) << health.body;
+  EXPECT_EQ(json::parse(health.body)["usage"]["completion_tokens"], 1);
+
+  std::string prompt;
+  for (int k = 0; k < 6; ++k) prompt += kPrompt + " ";
+  const std::string body = json{{"prompt", prompt}, {"max_tokens", 2}}.dump();
+  auto cached = [&] {
+    auto r = s.harness->post("/v1/completions", body, key);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  cached();
+  EXPECT_GT(cached(), 0);
+  EXPECT_EQ(s.harness->post("/reset_prefix_cache", "").status, 401);  // costs every client its hits
+  EXPECT_EQ(s.harness->post("/reset_prefix_cache", "", key).status, 200);
+  EXPECT_EQ(cached(), 0);
+}
+
+TEST(Generation, RequestIdIsEchoedAndCorsFollowsAllowedOrigins) {
+  ServiceOptions options;
+  options.api_key = "sesame";
+  options.allowed_origins = parse_allowed_origins("[\"https://app.example\"]");
+  Server s(kPrompt, " ok", {.memory_pressure_threshold = 0}, options);
+  const std::string key = "Authorization: Bearer sesame";
+  const std::string body = json{{"prompt", kPrompt}, {"max_tokens", 2}}.dump();
+  auto r = s.harness->post("/v1/completions", body, {key, "X-Request-Id: trace-42", "Origin: https://app.example"});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers["x-request-id"], "trace-42");
+  EXPECT_EQ(r.headers["access-control-allow-origin"], "https://app.example");
+  json streamed = json{{"prompt", kPrompt}, {"max_tokens", 2}, {"stream", true}};
+  r = s.harness->post("/v1/completions", streamed.dump(), {key, "X-Request-Id: trace-43"});
+  EXPECT_EQ(r.headers["x-request-id"], "trace-43");  // streamed answers too
+  EXPECT_EQ(r.headers.count("access-control-allow-origin"), 0u);
+
+  // A preflight carries no key; an origin not on the list gets neither a grant nor CORS headers.
+  testing_http::Connection c(s.harness->port());
+  auto pre = c.roundtrip("OPTIONS", "/v1/chat/completions", "",
+                         {"Origin: https://app.example", "Access-Control-Request-Method: POST",
+                          "Access-Control-Request-Headers: authorization, content-type"});
+  EXPECT_EQ(pre.status, 200) << pre.body;
+  EXPECT_EQ(pre.headers["access-control-allow-origin"], "https://app.example");
+  EXPECT_EQ(pre.headers["access-control-allow-headers"], "authorization, content-type");
+  testing_http::Connection c2(s.harness->port());
+  auto other = c2.roundtrip("OPTIONS", "/v1/chat/completions", "",
+                            {"Origin: https://evil.example", "Access-Control-Request-Method: POST"});
+  EXPECT_EQ(other.status, 400);
+  EXPECT_EQ(other.headers.count("access-control-allow-origin"), 0u);
+  r = s.harness->post("/v1/completions", body, {key, "Origin: https://evil.example"});
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers.count("access-control-allow-origin"), 0u);
+  EXPECT_EQ(parse_allowed_origins("*"), std::vector<std::string>{"*"});
+  EXPECT_EQ(parse_allowed_origins("https://a,https://b"), (std::vector<std::string>{"https://a", "https://b"}));
+  EXPECT_THROW(parse_allowed_origins("[1]"), Error);
 }
 
 TEST(Generation, NamedToolChoiceForcesTheCall) {
