@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "server/api_error.h"
+#include "server/responses_api.h"
 #include "text/tokenizer.h"
 
 namespace moeserve::server {
@@ -281,6 +282,8 @@ std::unique_ptr<ResponseEncoder> make_encoder(const EncoderContext& ctx) {
       return std::make_unique<CompletionEncoder>(ctx);
     case JobSpec::Kind::kChat:
       return std::make_unique<ChatEncoder>(ctx);
+    case JobSpec::Kind::kResponses:
+      return make_responses_encoder(ctx);
   }
   return nullptr;
 }

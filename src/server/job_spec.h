@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,9 +16,12 @@
 
 namespace moeserve::server {
 
+struct ResponsesRequest;
+class ResponseStore;
+
 struct JobSpec {
-  enum class Kind { kCompletion, kChat } kind = Kind::kCompletion;
-  std::string id;  // cmpl-... / chatcmpl-...
+  enum class Kind { kCompletion, kChat, kResponses } kind = Kind::kCompletion;
+  std::string id;  // cmpl-... / chatcmpl-... / resp_...
   int64_t created = 0;
   Clock::time_point arrival;
   std::chrono::milliseconds queue_timeout{0};
@@ -42,6 +46,9 @@ struct JobSpec {
   // Chat: text appended to the rendered prompt to force a tool call; it is part of the assistant's output
   // as the client sees it, so it goes through the parser before the generated text.
   std::string assistant_prefix;
+  // Responses API: the request's echoed fields and conversation, and where the answer is kept.
+  std::shared_ptr<const ResponsesRequest> responses;
+  ResponseStore* response_store = nullptr;
 };
 
 }  // namespace moeserve::server

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "engine/json_constraint.h"
 #include "server/api_error.h"
+#include "server/responses_api.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -225,6 +226,9 @@ Reply OpenAiService::route(HttpRequest& req) {
   } else if (p == "/v1/chat/completions") {
     method_is("POST");
     return chat_completions(req);
+  } else if (p == "/v1/responses") {
+    method_is("POST");
+    return responses(req);
   } else if (p == "/tokenize" || p == "/v1/tokenize") {
     method_is("POST");
     r.response = tokenize(req);
@@ -555,6 +559,19 @@ Reply OpenAiService::completions(HttpRequest& req) {
 
 Reply OpenAiService::chat_completions(HttpRequest& req) {
   ChatRequest cr = parse_chat_request(req.body);
+  return start_job(chat_job(cr, "chatcmpl-"));
+}
+
+Reply OpenAiService::responses(HttpRequest& req) {
+  auto rr = std::make_shared<ResponsesRequest>(parse_responses_request(req.body, response_store_));
+  JobSpec spec = chat_job(rr->chat, "resp_");
+  spec.kind = JobSpec::Kind::kResponses;
+  spec.responses = rr;
+  spec.response_store = &response_store_;
+  return start_job(std::move(spec));
+}
+
+JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
   note_ignored(cr.ignored);
   check_model(cr.model);
   if (!options_.chat_template || !tokenizer_) {
@@ -569,7 +586,7 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
   std::string prompt = render_chat(cr, &forced_prefix);
   JobSpec spec;
   spec.kind = JobSpec::Kind::kChat;
-  spec.id = random_id("chatcmpl-");
+  spec.id = random_id(id_prefix);
   spec.created = static_cast<int64_t>(std::time(nullptr));
   spec.arrival = Clock::now();
   spec.queue_timeout = options_.queue_timeout;
@@ -613,7 +630,7 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
     }
     spec.params.json = json_constraint(cr.response_format, after);
   }
-  return start_job(std::move(spec));
+  return spec;
 }
 
 std::string OpenAiService::render_chat(const ChatRequest& cr, std::string* forced_prefix) const {

@@ -18,6 +18,7 @@
 #include "server/generation.h"
 #include "server/http.h"
 #include "server/openai_request.h"
+#include "server/responses_api.h"
 #include "server/sampling_defaults.h"
 #include "server/server_metrics.h"
 
@@ -96,6 +97,9 @@ class OpenAiService {
   void check_generation_ready() const;
   Reply completions(HttpRequest& request);
   Reply chat_completions(HttpRequest& request);
+  Reply responses(HttpRequest& request);
+  // A chat request's job (tokenized prompt, parameters, parsers, constraint); its id starts with id_prefix.
+  JobSpec chat_job(ChatRequest& request, const char* id_prefix);
   HttpResponse health() const;
   HttpResponse model_info() const;
   Reply health_generate();
@@ -132,6 +136,8 @@ class OpenAiService {
 
   std::mutex token_bytes_mutex_;
   std::shared_ptr<const TokenBytes> token_bytes_;
+
+  ResponseStore response_store_;  // previous_response_id
 
   std::mutex jobs_mutex_;
   std::vector<std::weak_ptr<GenerationJob>> jobs_;

@@ -642,5 +642,23 @@ TEST_F(ServeDemo, OfficialOpenAiSdk) {
   EXPECT_NE(out.find("all SDK checks passed"), std::string::npos) << out;
 }
 
+TEST_F(ServeDemo, OpenAiSdkResponsesApi) {
+  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0) << "node is missing: run scripts/install-deps.sh";
+  ASSERT_TRUE(std::filesystem::exists("tests/server/js/node_modules/openai/package.json"))
+      << "the openai npm SDK is missing: run tests/server/js/install.sh (scripts/fetch-test-data.sh does)";
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk", "--chat-template",
+                  kQwen35Template});
+  std::string cmd = "node tests/server/js/responses_test.mjs http://127.0.0.1:" + std::to_string(p->port()) +
+                    " moeserve-demo sk-sdk 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[1024];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  int status = pclose(f);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << "\nserver:\n" << p->output();
+  EXPECT_NE(out.find("all Responses checks passed"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace moeserve::server
