@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "server/api_error.h"
+#include "server/messages_api.h"
 #include "server/responses_api.h"
 #include "text/tokenizer.h"
 
@@ -284,6 +285,8 @@ std::unique_ptr<ResponseEncoder> make_encoder(const EncoderContext& ctx) {
       return std::make_unique<ChatEncoder>(ctx);
     case JobSpec::Kind::kResponses:
       return make_responses_encoder(ctx);
+    case JobSpec::Kind::kMessages:
+      return make_messages_encoder(ctx);
   }
   return nullptr;
 }

@@ -20,8 +20,8 @@ struct ResponsesRequest;
 class ResponseStore;
 
 struct JobSpec {
-  enum class Kind { kCompletion, kChat, kResponses } kind = Kind::kCompletion;
-  std::string id;  // cmpl-... / chatcmpl-... / resp_...
+  enum class Kind { kCompletion, kChat, kResponses, kMessages } kind = Kind::kCompletion;
+  std::string id;  // cmpl-... / chatcmpl-... / resp_... / msg_...
   int64_t created = 0;
   Clock::time_point arrival;
   std::chrono::milliseconds queue_timeout{0};

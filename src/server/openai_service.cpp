@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "engine/json_constraint.h"
 #include "server/api_error.h"
+#include "server/messages_api.h"
 #include "server/responses_api.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -142,9 +143,13 @@ std::optional<HttpResponse> OpenAiService::check_head(const HttpRequest& req) co
     bearer = std::tolower(static_cast<unsigned char>(auth[i])) == kBearer[i];
   }
   if (bearer && same_secret(auth.substr(kBearer.size()), options_.api_key)) return std::nullopt;
+  // Anthropic's SDKs send the key as x-api-key.
+  if (std::string_view key = req.header("x-api-key"); !key.empty() && same_secret(key, options_.api_key)) {
+    return std::nullopt;
+  }
   return error_response(ApiError(
       401,
-      auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key provided",
+      auth.empty() && req.header("x-api-key").empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key provided",
       "authentication_error", std::nullopt, "invalid_api_key"));
 }
 
@@ -229,6 +234,9 @@ Reply OpenAiService::route(HttpRequest& req) {
   } else if (p == "/v1/responses") {
     method_is("POST");
     return responses(req);
+  } else if (p == "/v1/messages") {
+    method_is("POST");
+    return messages(req);
   } else if (p == "/tokenize" || p == "/v1/tokenize") {
     method_is("POST");
     r.response = tokenize(req);
@@ -560,6 +568,13 @@ Reply OpenAiService::completions(HttpRequest& req) {
 Reply OpenAiService::chat_completions(HttpRequest& req) {
   ChatRequest cr = parse_chat_request(req.body);
   return start_job(chat_job(cr, "chatcmpl-"));
+}
+
+Reply OpenAiService::messages(HttpRequest& req) {
+  ChatRequest cr = parse_messages_request(req.body);
+  JobSpec spec = chat_job(cr, "msg_");
+  spec.kind = JobSpec::Kind::kMessages;
+  return start_job(std::move(spec));
 }
 
 Reply OpenAiService::responses(HttpRequest& req) {

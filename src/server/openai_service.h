@@ -98,6 +98,7 @@ class OpenAiService {
   Reply completions(HttpRequest& request);
   Reply chat_completions(HttpRequest& request);
   Reply responses(HttpRequest& request);
+  Reply messages(HttpRequest& request);
   // A chat request's job (tokenized prompt, parameters, parsers, constraint); its id starts with id_prefix.
   JobSpec chat_job(ChatRequest& request, const char* id_prefix);
   HttpResponse health() const;

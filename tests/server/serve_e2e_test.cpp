@@ -642,13 +642,13 @@ TEST_F(ServeDemo, OfficialOpenAiSdk) {
   EXPECT_NE(out.find("all SDK checks passed"), std::string::npos) << out;
 }
 
-TEST_F(ServeDemo, OpenAiSdkResponsesApi) {
+// Runs one of the SDK scripts in tests/server/js against a demo server; returns its output, having checked
+// that it exited 0 and printed `passed`.
+void run_sdk_script(ServeProcess& p, const std::string& script, const std::string& passed) {
   ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0) << "node is missing: run scripts/install-deps.sh";
-  ASSERT_TRUE(std::filesystem::exists("tests/server/js/node_modules/openai/package.json"))
-      << "the openai npm SDK is missing: run tests/server/js/install.sh (scripts/fetch-test-data.sh does)";
-  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk", "--chat-template",
-                  kQwen35Template});
-  std::string cmd = "node tests/server/js/responses_test.mjs http://127.0.0.1:" + std::to_string(p->port()) +
+  ASSERT_TRUE(std::filesystem::exists("tests/server/js/node_modules/@anthropic-ai/sdk/package.json"))
+      << "the npm SDKs are missing: run tests/server/js/install.sh (scripts/fetch-test-data.sh does)";
+  std::string cmd = "node tests/server/js/" + script + " http://127.0.0.1:" + std::to_string(p.port()) +
                     " moeserve-demo sk-sdk 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   ASSERT_NE(f, nullptr);
@@ -656,8 +656,20 @@ TEST_F(ServeDemo, OpenAiSdkResponsesApi) {
   char buf[1024];
   while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
   int status = pclose(f);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << "\nserver:\n" << p->output();
-  EXPECT_NE(out.find("all Responses checks passed"), std::string::npos) << out;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << "\nserver:\n" << p.output();
+  EXPECT_NE(out.find(passed), std::string::npos) << out;
+}
+
+TEST_F(ServeDemo, OpenAiSdkResponsesApi) {
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk", "--chat-template",
+                  kQwen35Template});
+  run_sdk_script(*p, "responses_test.mjs", "all Responses checks passed");
+}
+
+TEST_F(ServeDemo, AnthropicSdkMessagesApi) {
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk", "--chat-template",
+                  kQwen35Template});
+  run_sdk_script(*p, "messages_test.mjs", "all Messages checks passed");
 }
 
 }  // namespace
