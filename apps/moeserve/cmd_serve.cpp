@@ -52,6 +52,7 @@ struct ServeOptions {
   std::string served_model_name;
   std::string api_key;
   std::string allowed_origins;
+  bool vllm_metrics = false;
   int max_running_requests = 16;
   int max_queued_requests = 256;
   int max_concurrency = 0;
@@ -418,6 +419,7 @@ server::ServiceOptions service_options_of(const ServeOptions& o,
   service_options.priority_larger_first = o.priority_larger_first;
   service_options.allowed_origins = server::parse_allowed_origins(o.allowed_origins);
   service_options.tokenizer_path = o.tokenizer;
+  service_options.vllm_metrics = o.vllm_metrics;
   if (!demo && !o.model.empty()) {
     service_options.sampling_defaults = server::SamplingDefaults::load(o.model);
     if (!service_options.sampling_defaults.empty()) {
@@ -873,6 +875,8 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
       "require 'Authorization: Bearer KEY' on the API (else env MOESERVE_API_KEY, then VLLM_API_KEY)");
   cmd.add_option("--allowed-origins", o->allowed_origins,
                  "CORS: origins allowed to call the API, as vLLM takes them ('[\"*\"]', or a comma-separated list)");
+  cmd.add_flag("--vllm-metrics", o->vllm_metrics,
+               "also export /metrics under vLLM's names (vllm:num_requests_running, ...) for vLLM dashboards");
   cmd.add_option("--max-running-requests,--max-num-seqs", o->max_running_requests,
                  "sequences the engine runs at once (GDN state slots)")
       ->capture_default_str();

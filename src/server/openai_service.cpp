@@ -10,6 +10,7 @@
 #include "server/api_error.h"
 #include "server/messages_api.h"
 #include "server/responses_api.h"
+#include "server/vllm_metrics.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -219,6 +220,7 @@ Reply OpenAiService::route(HttpRequest& req) {
     method_is("GET");
     r.response.content_type = "text/plain; version=0.0.4; charset=utf-8";
     r.response.body = metrics_.registry().render();
+    if (options_.vllm_metrics) r.response.body += vllm_metric_families(r.response.body);
   } else if (p == "/version") {
     method_is("GET");
     r.response = json_response({{"version", options_.version}});

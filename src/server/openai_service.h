@@ -53,6 +53,7 @@ struct ServiceOptions {
   // headers, and browsers keep other origins out.
   std::vector<std::string> allowed_origins;
   std::string tokenizer_path;  // /get_model_info
+  bool vllm_metrics = false;   // /metrics also under vLLM's names (server/vllm_metrics.h)
 };
 
 // serve's API key: the --api-key flag when given, else $MOESERVE_API_KEY, else $VLLM_API_KEY (so a vLLM

@@ -598,6 +598,37 @@ TEST(Generation, MetricsAfterTrafficPassPromtool) {
   EXPECT_TRUE(problems.empty()) << testing::PrintToString(problems);
 }
 
+// serve --vllm-metrics: the series vLLM dashboards query, under vLLM's names, beside moeserve's.
+TEST(Generation, VllmMetricNamesMirrorTheSeriesAndPassPromtool) {
+  ServiceOptions options;
+  options.vllm_metrics = true;
+  Server s(kPrompt, " it was", {.memory_pressure_threshold = 0}, options);
+  s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 5}});
+  s.stream("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 5}});
+  std::string m = s.metrics();
+  const std::string labels = "{model_name=\"scripted\"}";
+  for (const char* name : {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
+                           "generation_tokens_total", "time_to_first_token_seconds_count",
+                           "inter_token_latency_seconds_count", "e2e_request_latency_seconds_count"}) {
+    double mine = sample_value(m, std::string("moeserve:") + name + labels);
+    EXPECT_GE(mine, 0) << name;
+    EXPECT_EQ(sample_value(m, std::string("vllm:") + name + labels), mine) << name;
+  }
+  EXPECT_EQ(sample_value(m, "vllm:generation_tokens_total" + labels), 6);
+  EXPECT_EQ(sample_value(m, "vllm:time_to_first_token_seconds_count" + labels), 2);
+  EXPECT_EQ(sample_value(m, "vllm:gpu_cache_usage_perc" + labels), sample_value(m, "vllm:kv_cache_usage_perc" + labels));
+  EXPECT_EQ(sample_value(m, "vllm:time_per_output_token_seconds_count" + labels),
+            sample_value(m, "vllm:inter_token_latency_seconds_count" + labels));
+  EXPECT_NE(m.find("vllm:request_success_total{model_name=\"scripted\",finished_reason=\"stop\"} 2"),
+            std::string::npos);
+  EXPECT_EQ(m.find("vllm:state_slots_used"), std::string::npos);  // moeserve's own series stay moeserve's
+  ASSERT_TRUE(have_promtool());
+  auto problems = promtool_problems(m);
+  EXPECT_TRUE(problems.empty()) << testing::PrintToString(problems);
+  Server plain(kPrompt, " it was");
+  EXPECT_EQ(plain.metrics().find("vllm:"), std::string::npos);  // off unless asked for
+}
+
 TEST(Generation, RepeatedPromptReportsCachedTokens) {
   std::string prompt;
   for (int i = 0; i < 6; ++i) prompt += kPrompt + " ";
