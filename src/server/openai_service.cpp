@@ -279,15 +279,23 @@ void OpenAiService::note_ignored(const std::vector<std::string>& names) {
   }
 }
 
-void OpenAiService::check_logit_bias(const SamplingParams& params) const {
-  Engine* engine = engine_.load();
-  if (!engine) return;  // loading: the request is refused with 503 right after
-  const int64_t vocab = engine->vocab_size();
-  for (auto [token, bias] : params.logit_bias) {
-    if (token >= vocab) {
-      throw invalid_param("logit_bias", "token id {} is outside the vocabulary ({} tokens)", token, vocab);
-    }
+// One rule and one message for every token id a request names (prompt ids, stop_token_ids, logit_bias keys):
+// within the model's vocabulary and, when there is a tokenizer, within what it can decode. Negative ids are
+// refused while parsing.
+void OpenAiService::check_token_ids(const char* param, const std::vector<int32_t>& ids) const {
+  int64_t vocab = std::numeric_limits<int64_t>::max();
+  if (Engine* engine = engine_.load()) vocab = engine->vocab_size();
+  if (tokenizer_) vocab = std::min<int64_t>(vocab, int64_t(tokenizer_->vocab_size()));
+  for (int32_t id : ids) {
+    if (id >= vocab) throw invalid_param(param, "token id {} is outside the vocabulary ({} tokens)", id, vocab);
   }
+}
+
+void OpenAiService::check_sampling_token_ids(const SamplingParams& params) const {
+  check_token_ids("stop_token_ids", params.stop_token_ids);
+  std::vector<int32_t> biased;
+  for (auto [token, bias] : params.logit_bias) biased.push_back(token);
+  check_token_ids("logit_bias", biased);
 }
 
 int OpenAiService::engine_priority(int request_priority) const {
@@ -520,14 +528,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
       spec.prompt_texts.push_back(*text);
     } else {
       auto& ids = std::get<std::vector<int32_t>>(prompt);
-      if (tokenizer_) {
-        for (int32_t id : ids) {
-          if (id >= static_cast<int32_t>(tokenizer_->vocab_size())) {
-            throw invalid_param("prompt", "token id {} is outside the vocabulary ({} tokens)", id,
-                                tokenizer_->vocab_size());
-          }
-        }
-      }
+      check_token_ids("prompt", ids);
       spec.prompt_texts.push_back(tokenizer_ ? tokenizer_->decode(ids, false) : "");
       spec.prompts.push_back(ids);
     }
@@ -554,7 +555,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
   if (cr.prompt_logprobs) spec.params.prompt_logprobs = *cr.prompt_logprobs;
   spec.params.json = json_constraint(cr.response_format, std::nullopt);
   for (auto& p : spec.prompts) check_context_length(p, spec.params, max_model_len_.load(), "prompt");
-  check_logit_bias(spec.params);
+  check_sampling_token_ids(spec.params);
   spec.priority = engine_priority(cr.priority);
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
@@ -619,7 +620,7 @@ JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
     spec.logprobs = cr.top_logprobs;
   }
   check_context_length(spec.prompts[0], spec.params, max_model_len_.load(), "messages");
-  check_logit_bias(spec.params);
+  check_sampling_token_ids(spec.params);
   spec.priority = engine_priority(cr.priority);
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;

@@ -116,7 +116,8 @@ class OpenAiService {
   int64_t turn_boundary(const std::vector<int32_t>& prompt) const;
   // Logs each unknown request parameter's name once, at debug level.
   void note_ignored(const std::vector<std::string>& names);
-  void check_logit_bias(const SamplingParams& params) const;
+  void check_token_ids(const char* param, const std::vector<int32_t>& ids) const;
+  void check_sampling_token_ids(const SamplingParams& params) const;  // stop_token_ids, logit_bias
   int engine_priority(int request_priority) const;
   // The prompt text of a chat request; forced_prefix (if given) receives the text appended to force a tool
   // call (tool_choice "required" or a named function).

@@ -629,6 +629,25 @@ TEST(Generation, VllmMetricNamesMirrorTheSeriesAndPassPromtool) {
   EXPECT_EQ(plain.metrics().find("vllm:"), std::string::npos);  // off unless asked for
 }
 
+// Every token id a request names is held to one rule with one message naming its parameter (the stop ids used
+// to reach the engine and come back as its own message, without a param).
+TEST(Generation, TokenIdsOutsideTheVocabularyAreOne400NamingTheParameter) {
+  Server s(kPrompt, " ok");
+  const int64_t vocab = int64_t(qwen3_text().tokenizer.vocab_size());
+  const int32_t past = int32_t(vocab) + 7;
+  for (auto [param, body] : std::vector<std::pair<std::string, json>>{
+           {"prompt", {{"prompt", {1, past}}}},
+           {"stop_token_ids", {{"prompt", kPrompt}, {"stop_token_ids", {past}}}},
+           {"logit_bias", {{"prompt", kPrompt}, {"logit_bias", {{std::to_string(past), 5}}}}}}) {
+    auto r = s.harness->post("/v1/completions", body.dump());
+    ASSERT_EQ(r.status, 400) << r.body;
+    json e = json::parse(r.body)["error"];
+    EXPECT_EQ(e["param"], param);
+    EXPECT_EQ(e["message"], fmt::format("'{}': token id {} is outside the vocabulary ({} tokens)", param, past, vocab))
+        << r.body;
+  }
+}
+
 TEST(Generation, RepeatedPromptReportsCachedTokens) {
   std::string prompt;
   for (int i = 0; i < 6; ++i) prompt += kPrompt + " ";
