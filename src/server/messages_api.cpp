@@ -4,23 +4,13 @@
 
 #include "common/bounded_json.h"
 #include "server/api_error.h"
+#include "server/body_fields.h"
 
 namespace moeserve::server {
 
 using json = nlohmann::ordered_json;
 
 namespace {
-
-const json* field(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it == j.end() || it->is_null() ? nullptr : &*it;
-}
-
-std::string text_field(const json& j, const char* key, const std::string& param) {
-  const json* v = field(j, key);
-  if (!v || !v->is_string()) throw invalid_param(param, "must be a string");
-  return v->get<std::string>();
-}
 
 // A string, or text blocks joined (system prompts, tool results).
 std::string plain_text(const json& v, const std::string& param) {
@@ -31,7 +21,7 @@ std::string plain_text(const json& v, const std::string& param) {
     std::string p = fmt::format("{}[{}]", param, i);
     if (!v[i].is_object() || v[i].value("type", "") != "text")
       throw invalid_param(p + ".type", "must be 'text'");
-    text += text_field(v[i], "text", p + ".text");
+    text += required_string(v[i], "text", p + ".text");
   }
   return text;
 }
@@ -39,9 +29,9 @@ std::string plain_text(const json& v, const std::string& param) {
 // One Anthropic message -> chat messages (a user turn's tool results become tool messages first).
 void append_message(const json& m, const std::string& p, json& out) {
   if (!m.is_object()) throw invalid_param(p, "must be an object");
-  std::string role = text_field(m, "role", p + ".role");
+  std::string role = required_string(m, "role", p + ".role");
   if (role != "user" && role != "assistant") throw invalid_param(p + ".role", "must be user or assistant");
-  const json* content = field(m, "content");
+  const json* content = present(m, "content");
   if (!content) throw invalid_param(p + ".content", "is required");
   if (content->is_string()) {
     out.push_back({{"role", role}, {"content", *content}});
@@ -54,24 +44,25 @@ void append_message(const json& m, const std::string& p, json& out) {
   for (size_t i = 0; i < content->size(); ++i) {
     const json& b = (*content)[i];
     std::string bp = fmt::format("{}.content[{}]", p, i);
-    const json* type = b.is_object() ? field(b, "type") : nullptr;
+    const json* type = b.is_object() ? present(b, "type") : nullptr;
     if (!type || !type->is_string()) throw invalid_param(bp, "must be an object with a string 'type'");
     const std::string t = type->get<std::string>();
     if (t == "text") {
-      text += text_field(b, "text", bp + ".text");
+      text += required_string(b, "text", bp + ".text");
     } else if (t == "tool_result" && role == "user") {
-      const json* result = field(b, "content");
+      const json* result = present(b, "content");
       out.push_back({{"role", "tool"},
-                     {"tool_call_id", text_field(b, "tool_use_id", bp + ".tool_use_id")},
+                     {"tool_call_id", required_string(b, "tool_use_id", bp + ".tool_use_id")},
                      {"content", result ? plain_text(*result, bp + ".content") : ""}});
     } else if (t == "tool_use" && role == "assistant") {
-      const json* input = field(b, "input");
+      const json* input = present(b, "input");
       if (!input || !input->is_object()) throw invalid_param(bp + ".input", "must be an object");
-      calls.push_back({{"id", text_field(b, "id", bp + ".id")},
-                       {"type", "function"},
-                       {"function", {{"name", text_field(b, "name", bp + ".name")}, {"arguments", *input}}}});
+      calls.push_back(
+          {{"id", required_string(b, "id", bp + ".id")},
+           {"type", "function"},
+           {"function", {{"name", required_string(b, "name", bp + ".name")}, {"arguments", *input}}}});
     } else if ((t == "thinking" || t == "redacted_thinking") && role == "assistant") {
-      if (t == "thinking") thinking += text_field(b, "thinking", bp + ".thinking");
+      if (t == "thinking") thinking += required_string(b, "thinking", bp + ".thinking");
     } else {
       throw invalid_param(bp + ".type", "a {} message cannot carry a {} block here", role, brief(*type));
     }
@@ -89,41 +80,41 @@ ChatRequest parse_messages_request(std::string_view body) {
   json j = parse_json_object(body);
   json chat = json::object();
   json messages = json::array();
-  if (const json* system = field(j, "system")) {
+  if (const json* system = present(j, "system")) {
     messages.push_back({{"role", "system"}, {"content", plain_text(*system, "system")}});
   }
-  const json* list = field(j, "messages");
+  const json* list = present(j, "messages");
   if (!list || !list->is_array() || list->empty())
     throw invalid_param("messages", "must be a non-empty array");
   for (size_t i = 0; i < list->size(); ++i)
     append_message((*list)[i], fmt::format("messages[{}]", i), messages);
   chat["messages"] = std::move(messages);
   // Anthropic requires max_tokens; a request without one is answered as the API would.
-  if (!field(j, "max_tokens")) throw invalid_param("max_tokens", "is required");
+  if (!present(j, "max_tokens")) throw invalid_param("max_tokens", "is required");
   chat["max_tokens"] = j["max_tokens"];
   for (const char* key : {"model", "temperature", "top_p", "top_k", "stream"}) {
-    if (const json* v = field(j, key)) chat[key] = *v;
+    if (const json* v = present(j, key)) chat[key] = *v;
   }
-  if (const json* v = field(j, "stop_sequences")) chat["stop"] = *v;
-  if (const json* v = field(j, "tools")) {
+  if (const json* v = present(j, "stop_sequences")) chat["stop"] = *v;
+  if (const json* v = present(j, "tools")) {
     if (!v->is_array()) throw invalid_param("tools", "must be an array");
     json tools = json::array();
     for (size_t i = 0; i < v->size(); ++i) {
       const json& t = (*v)[i];
       std::string p = fmt::format("tools[{}]", i);
       if (!t.is_object()) throw invalid_param(p, "must be an object");
-      if (const json* type = field(t, "type"); type && *type != "custom") {
+      if (const json* type = present(t, "type"); type && *type != "custom") {
         throw invalid_param(p + ".type", "only client tools (name, input_schema) are supported, got {}",
                             brief(*type));
       }
       json fn = {{"name", t.contains("name") ? t["name"] : json(nullptr)}};
-      if (const json* d = field(t, "description")) fn["description"] = *d;
-      if (const json* s = field(t, "input_schema")) fn["parameters"] = *s;
+      if (const json* d = present(t, "description")) fn["description"] = *d;
+      if (const json* s = present(t, "input_schema")) fn["parameters"] = *s;
       tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
     }
     chat["tools"] = std::move(tools);
   }
-  if (const json* v = field(j, "tool_choice")) {
+  if (const json* v = present(j, "tool_choice")) {
     if (!v->is_object() || !v->contains("type"))
       throw invalid_param("tool_choice", "must be an object with a type");
     const json& type = (*v)["type"];
@@ -138,8 +129,8 @@ ChatRequest parse_messages_request(std::string_view body) {
     }
     if (v->value("disable_parallel_tool_use", false)) chat["parallel_tool_calls"] = false;
   }
-  if (const json* v = field(j, "thinking")) {
-    const json* type = v->is_object() ? field(*v, "type") : nullptr;
+  if (const json* v = present(j, "thinking")) {
+    const json* type = v->is_object() ? present(*v, "type") : nullptr;
     if (!type || (*type != "enabled" && *type != "disabled")) {
       throw invalid_param("thinking", "must be {{\"type\": \"enabled\"}} or {{\"type\": \"disabled\"}}");
     }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "server/api_error.h"
+#include "server/body_fields.h"
 
 namespace moeserve::server {
 
@@ -37,17 +38,6 @@ size_t ResponseStore::size() const {
 
 namespace {
 
-const json* field(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it == j.end() || it->is_null() ? nullptr : &*it;
-}
-
-std::string string_field(const json& j, const char* key, const std::string& param) {
-  const json* v = field(j, key);
-  if (!v || !v->is_string()) throw invalid_param(param, "must be a string");
-  return v->get<std::string>();
-}
-
 // An input message's content: a string, or parts whose text is joined (input_text, output_text).
 std::string content_text(const json& content, const std::string& param) {
   if (content.is_string()) return content.get<std::string>();
@@ -56,14 +46,14 @@ std::string content_text(const json& content, const std::string& param) {
   for (size_t i = 0; i < content.size(); ++i) {
     const json& part = content[i];
     std::string p = fmt::format("{}[{}]", param, i);
-    const json* type = part.is_object() ? field(part, "type") : nullptr;
+    const json* type = part.is_object() ? present(part, "type") : nullptr;
     if (!type || !type->is_string()) throw invalid_param(p, "must be an object with a string 'type'");
     const std::string t = type->get<std::string>();
     if (t != "input_text" && t != "output_text" && t != "text") {
       throw invalid_param(p + ".type", "content part '{}' is not supported: this model takes text only",
                           brief(*type));
     }
-    text += string_field(part, "text", p + ".text");
+    text += required_string(part, "text", p + ".text");
   }
   return text;
 }
@@ -79,22 +69,22 @@ void append_input(const json& input, json& messages) {
     const json& item = input[i];
     std::string p = fmt::format("input[{}]", i);
     if (!item.is_object()) throw invalid_param(p, "must be an object");
-    const json* type = field(item, "type");
+    const json* type = present(item, "type");
     std::string t = type && type->is_string() ? type->get<std::string>() : "message";
     if (t == "message") {
-      std::string role = string_field(item, "role", p + ".role");
+      std::string role = required_string(item, "role", p + ".role");
       if (role != "user" && role != "system" && role != "developer" && role != "assistant") {
         throw invalid_param(p + ".role", "must be user, system, developer or assistant; got {}", brief(role));
       }
-      const json* content = field(item, "content");
+      const json* content = present(item, "content");
       if (!content) throw invalid_param(p + ".content", "is required");
       messages.push_back({{"role", role}, {"content", content_text(*content, p + ".content")}});
     } else if (t == "function_call") {
-      json call = {{"id", string_field(item, "call_id", p + ".call_id")},
+      json call = {{"id", required_string(item, "call_id", p + ".call_id")},
                    {"type", "function"},
                    {"function",
-                    {{"name", string_field(item, "name", p + ".name")},
-                     {"arguments", string_field(item, "arguments", p + ".arguments")}}}};
+                    {{"name", required_string(item, "name", p + ".name")},
+                     {"arguments", required_string(item, "arguments", p + ".arguments")}}}};
       // Calls of one turn follow each other: they join the assistant message before them.
       if (messages.empty() || messages.back()["role"] != "assistant") {
         messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array()}});
@@ -103,10 +93,10 @@ void append_input(const json& input, json& messages) {
       if (!last.contains("tool_calls")) last["tool_calls"] = json::array();
       last["tool_calls"].push_back(std::move(call));
     } else if (t == "function_call_output") {
-      const json* output = field(item, "output");
+      const json* output = present(item, "output");
       if (!output) throw invalid_param(p + ".output", "is required");
       messages.push_back({{"role", "tool"},
-                          {"tool_call_id", string_field(item, "call_id", p + ".call_id")},
+                          {"tool_call_id", required_string(item, "call_id", p + ".call_id")},
                           {"content", content_text(*output, p + ".output")}});
     } else if (t == "reasoning") {
       // Past reasoning: Qwen3.5's template drops it from earlier turns, so it changes nothing.
@@ -122,14 +112,14 @@ json chat_tools(const json& tools) {
   for (size_t i = 0; i < tools.size(); ++i) {
     const json& t = tools[i];
     std::string p = fmt::format("tools[{}]", i);
-    const json* type = t.is_object() ? field(t, "type") : nullptr;
+    const json* type = t.is_object() ? present(t, "type") : nullptr;
     if (!type || *type != "function") {
       throw invalid_param(p + ".type", "only function tools are supported, got {}",
                           type ? brief(*type) : "none");
     }
     json fn = {{"name", t.contains("name") ? t["name"] : json(nullptr)}};
-    if (const json* d = field(t, "description")) fn["description"] = *d;
-    if (const json* params = field(t, "parameters")) fn["parameters"] = *params;
+    if (const json* d = present(t, "description")) fn["description"] = *d;
+    if (const json* params = present(t, "parameters")) fn["parameters"] = *params;
     out.push_back({{"type", "function"}, {"function", std::move(fn)}});
   }
   return out;
@@ -141,7 +131,7 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
   json j = parse_json_object(body);
   ResponsesRequest r;
   json conversation = json::array();
-  if (const json* prev = field(j, "previous_response_id")) {
+  if (const json* prev = present(j, "previous_response_id")) {
     if (!prev->is_string()) throw invalid_param("previous_response_id", "must be a string");
     auto stored = store.get(prev->get<std::string>());
     if (!stored) {
@@ -155,14 +145,14 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
     conversation = std::move(*stored);
     r.previous_response_id = prev->get<std::string>();
   }
-  const json* input = field(j, "input");
+  const json* input = present(j, "input");
   if (!input) throw invalid_param("input", "is required");
   append_input(*input, conversation);
-  if (const json* s = field(j, "store")) {
+  if (const json* s = present(j, "store")) {
     if (!s->is_boolean()) throw invalid_param("store", "must be a boolean");
     r.store = s->get<bool>();
   }
-  if (const json* b = field(j, "background"); b && *b != false) {
+  if (const json* b = present(j, "background"); b && *b != false) {
     throw invalid_param("background", "background responses are not supported");
   }
 
@@ -170,21 +160,21 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
   json chat = json::object();
   json messages = json::array();
   json instructions = nullptr;
-  if (const json* v = field(j, "instructions")) {
+  if (const json* v = present(j, "instructions")) {
     if (!v->is_string()) throw invalid_param("instructions", "must be a string");
     instructions = *v;
     messages.push_back({{"role", "system"}, {"content", *v}});  // this turn only, as OpenAI does
   }
   for (auto& m : conversation) messages.push_back(m);
   chat["messages"] = std::move(messages);
-  if (const json* model = field(j, "model")) chat["model"] = *model;
+  if (const json* model = present(j, "model")) chat["model"] = *model;
   json tools = json::array();
-  if (const json* v = field(j, "tools")) {
+  if (const json* v = present(j, "tools")) {
     tools = *v;
     chat["tools"] = chat_tools(*v);
   }
   json tool_choice = "auto";
-  if (const json* v = field(j, "tool_choice")) {
+  if (const json* v = present(j, "tool_choice")) {
     tool_choice = *v;
     if (v->is_object() && v->contains("name")) {
       chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", (*v)["name"]}}}};
@@ -192,21 +182,21 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
       chat["tool_choice"] = *v;
     }
   }
-  if (const json* v = field(j, "max_output_tokens")) chat["max_tokens"] = *v;
+  if (const json* v = present(j, "max_output_tokens")) chat["max_tokens"] = *v;
   for (const char* key : {"temperature", "top_p", "top_k", "min_p", "seed", "parallel_tool_calls", "stream",
                           "user", "presence_penalty", "frequency_penalty", "repetition_penalty"}) {
-    if (const json* v = field(j, key)) chat[key] = *v;
+    if (const json* v = present(j, key)) chat[key] = *v;
   }
   json text = {{"format", {{"type", "text"}}}};
-  if (const json* v = field(j, "text")) {
+  if (const json* v = present(j, "text")) {
     if (!v->is_object()) throw invalid_param("text", "must be an object");
-    if (const json* format = field(*v, "format")) {
+    if (const json* format = present(*v, "format")) {
       text = *v;
-      const json* type = format->is_object() ? field(*format, "type") : nullptr;
+      const json* type = format->is_object() ? present(*format, "type") : nullptr;
       if (type && *type == "json_schema") {
         json schema = {{"name", format->value("name", "response")}};
-        if (const json* s = field(*format, "schema")) schema["schema"] = *s;
-        if (const json* s = field(*format, "strict")) schema["strict"] = *s;
+        if (const json* s = present(*format, "schema")) schema["schema"] = *s;
+        if (const json* s = present(*format, "strict")) schema["strict"] = *s;
         chat["response_format"] = {{"type", "json_schema"}, {"json_schema", std::move(schema)}};
       } else if (type && (*type == "json_object" || *type == "text")) {
         chat["response_format"] = {{"type", *type}};
@@ -215,34 +205,34 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
       }
     }
   }
-  if (const json* v = field(j, "chat_template_kwargs"))
+  if (const json* v = present(j, "chat_template_kwargs"))
     chat["chat_template_kwargs"] = *v;  // vLLM's extension
-  if (const json* v = field(j, "reasoning")) {
+  if (const json* v = present(j, "reasoning")) {
     if (!v->is_object()) throw invalid_param("reasoning", "must be an object");
     // Effort "none" (OpenAI's no-reasoning setting) is the template's thinking switch; other efforts think.
-    if (const json* effort = field(*v, "effort"); effort && *effort == "none") {
+    if (const json* effort = present(*v, "effort"); effort && *effort == "none") {
       chat["chat_template_kwargs"]["enable_thinking"] = false;
     }
   }
   r.chat = parse_chat_request(chat.dump(-1, ' ', false, json::error_handler_t::replace));
 
   r.conversation = std::move(conversation);
-  const json* metadata = field(j, "metadata");
-  r.echo = {
-      {"instructions", instructions},
-      {"max_output_tokens", field(j, "max_output_tokens") ? j["max_output_tokens"] : json(nullptr)},
-      {"metadata", metadata ? *metadata : json::object()},
-      {"parallel_tool_calls", r.chat.parallel_tool_calls},
-      {"previous_response_id", r.previous_response_id ? json(*r.previous_response_id) : json(nullptr)},
-      {"reasoning", field(j, "reasoning") ? j["reasoning"] : json{{"effort", nullptr}, {"summary", nullptr}}},
-      {"store", r.store},
-      {"temperature", field(j, "temperature") ? j["temperature"] : json(1.0)},
-      {"text", text},
-      {"tool_choice", tool_choice},
-      {"tools", tools},
-      {"top_p", field(j, "top_p") ? j["top_p"] : json(1.0)},
-      {"truncation", "disabled"},
-      {"user", field(j, "user") ? j["user"] : json(nullptr)}};
+  const json* metadata = present(j, "metadata");
+  r.echo = {{"instructions", instructions},
+            {"max_output_tokens", present(j, "max_output_tokens") ? j["max_output_tokens"] : json(nullptr)},
+            {"metadata", metadata ? *metadata : json::object()},
+            {"parallel_tool_calls", r.chat.parallel_tool_calls},
+            {"previous_response_id", r.previous_response_id ? json(*r.previous_response_id) : json(nullptr)},
+            {"reasoning",
+             present(j, "reasoning") ? j["reasoning"] : json{{"effort", nullptr}, {"summary", nullptr}}},
+            {"store", r.store},
+            {"temperature", present(j, "temperature") ? j["temperature"] : json(1.0)},
+            {"text", text},
+            {"tool_choice", tool_choice},
+            {"tools", tools},
+            {"top_p", present(j, "top_p") ? j["top_p"] : json(1.0)},
+            {"truncation", "disabled"},
+            {"user", present(j, "user") ? j["user"] : json(nullptr)}};
   return r;
 }
 
