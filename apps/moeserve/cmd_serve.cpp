@@ -52,6 +52,8 @@ struct ServeOptions {
   uint16_t port = 30000;
   std::string served_model_name;
   std::string api_key;
+  std::string allowed_origins;
+  bool vllm_metrics = false;
   int max_running_requests = 16;
   int max_queued_requests = 256;
   int max_concurrency = 0;
@@ -342,6 +344,7 @@ void check_flags(const ServeOptions& o) {
   check(o.memory_pressure_threshold >= 0 && o.memory_pressure_threshold <= 1,
         "--memory-pressure-threshold {}: expected a fraction in [0, 1] (0 turns it off)",
         o.memory_pressure_threshold);
+  server::parse_allowed_origins(o.allowed_origins);  // a malformed list fails here, before loading
   if (o.quantization == "fp8") {
     // vLLM and SGLang quantize a BF16 checkpoint at load with --quantization fp8; moeserve serves FP8
     // checkpoints as they are and converts nothing, so a BF16 one would silently take twice the memory.
@@ -417,6 +420,15 @@ server::ServiceOptions service_options_of(const ServeOptions& o,
   service_options.tool_call_parser = o.tool_call_parser;
   service_options.enable_priority = o.enable_priority;
   service_options.priority_larger_first = o.priority_larger_first;
+  service_options.allowed_origins = server::parse_allowed_origins(o.allowed_origins);
+  service_options.tokenizer_path = o.tokenizer;
+  service_options.vllm_metrics = o.vllm_metrics;
+  if (!demo && !o.model.empty()) {
+    service_options.sampling_defaults = server::SamplingDefaults::load(o.model);
+    if (!service_options.sampling_defaults.empty()) {
+      spdlog::info("sampling defaults from generation_config.json: {}", service_options.sampling_defaults.summary());
+    }
+  }
   return service_options;
 }
 
@@ -869,6 +881,10 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
   cmd.add_option(
       "--api-key", o->api_key,
       "require 'Authorization: Bearer KEY' on the API (else env MOESERVE_API_KEY, then VLLM_API_KEY)");
+  cmd.add_option("--allowed-origins", o->allowed_origins,
+                 "CORS: origins allowed to call the API, as vLLM takes them ('[\"*\"]', or a comma-separated list)");
+  cmd.add_flag("--vllm-metrics", o->vllm_metrics,
+               "also export /metrics under vLLM's names (vllm:num_requests_running, ...) for vLLM dashboards");
   cmd.add_option("--max-running-requests,--max-num-seqs", o->max_running_requests,
                  "sequences the engine runs at once (GDN state slots)")
       ->capture_default_str();

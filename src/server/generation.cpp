@@ -18,13 +18,6 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-std::string sse(const json& j) {
-  std::string out = "data: ";
-  out += j.dump(-1, ' ', false, json::error_handler_t::replace);
-  out += "\n\n";
-  return out;
-}
-
 }  // namespace
 
 std::string random_id(const char* prefix) {
@@ -50,47 +43,20 @@ void check_context_length(const std::vector<int32_t>& prompt, const SamplingPara
   }
 }
 
-struct GenerationJob::Choice {
-  int index = 0;
-  int prompt_index = 0;
-  std::string engine_id;
-  std::optional<text::IncrementalDetokenizer> detok;
-  std::optional<text::StopStringFilter> stops;
-  std::optional<text::OutputParser> parser;
-  bool prefix_fed = false;
-
-  std::vector<int32_t> tokens;
-  std::vector<LogprobEntry> logprobs;
-  std::vector<LogprobEntry> prompt_logprobs;
-  size_t text_offset = 0;  // completions logprobs: offset of the next token's text
-
-  std::string text;  // completions: everything emitted, echo included
-  std::string content;  // chat without an output parser
-
-  bool finished = false;
-  std::atomic<bool> engine_done{false};  // read by cancel_engine_requests from other threads
-  bool started = false;  // stream: first chunk (role / echo) sent
-  std::string finish_reason;
-  json stop_reason;  // null, a stop string, or a stop token id (vLLM's stop_reason)
-  std::string error;
-  int64_t cached_tokens = 0;
-  std::optional<Clock::time_point> last_token_at;
-};
-
 GenerationJob::GenerationJob(GenerationContext& ctx, JobSpec spec) : ctx_(ctx), spec_(std::move(spec)) {
   int total = static_cast<int>(spec_.prompts.size()) * spec_.n;
+  choices_.reserve(size_t(total));
   for (int i = 0; i < total; ++i) {
-    auto c = std::make_unique<Choice>();
-    c->index = i;
-    c->prompt_index = i / spec_.n;
-    c->engine_id = fmt::format("{}-{}", spec_.id, i);
-    if (ctx_.tokenizer) {
-      c->detok.emplace(*ctx_.tokenizer, spec_.skip_special_tokens);
-      if (!spec_.stop.empty()) c->stops.emplace(spec_.stop);
-    }
-    if (spec_.kind == JobSpec::Kind::kChat && spec_.parser) c->parser.emplace(*spec_.parser);
-    choices_.push_back(std::move(c));
+    text::StreamingOptions text;
+    text.stops = spec_.stop;
+    text.include_stop_str_in_output = spec_.include_stop_str_in_output;
+    text.skip_special_tokens = spec_.skip_special_tokens;
+    text.parser = spec_.parser;
+    text.assistant_prefix = spec_.assistant_prefix;
+    choices_.emplace_back(i, i / spec_.n, ctx_.tokenizer, std::move(text), !spec_.parallel_tool_calls);
+    slots_.emplace_back().id = fmt::format("{}-{}", spec_.id, i);
   }
+  encoder_ = make_encoder({spec_, ctx_.model_name, ctx_.tokenizer, choices_});
 }
 
 GenerationJob::~GenerationJob() {
@@ -112,16 +78,16 @@ void GenerationJob::on_admitted() {
   std::string error;
   for (auto& c : choices_) {
     GenerateRequest r;
-    r.id = c->engine_id;
-    r.prompt = spec_.prompts[c->prompt_index];
+    r.id = slots_[size_t(c.index())].id;
+    r.prompt = spec_.prompts[size_t(c.prompt_index())];
     // Completions: a snapshot before the last prompt token, so the same prompt again is a hit (the engine
     // alone would file one on the second run, for the third).
     r.snapshot_hint = spec_.kind == JobSpec::Kind::kChat ? spec_.snapshot_hint
                                                          : static_cast<int64_t>(r.prompt.size()) - 1;
     r.params = spec_.params;
     r.priority = spec_.priority;
-    if (r.params.seed) r.params.seed = *r.params.seed + static_cast<uint64_t>(c->index);
-    int index = c->index;
+    if (r.params.seed) r.params.seed = *r.params.seed + static_cast<uint64_t>(c.index());
+    int index = c.index();
     r.on_output = [weak, index](const GenerateOutput& out) {
       if (auto job = weak.lock()) job->deliver(index, out);
     };
@@ -170,8 +136,8 @@ void GenerationJob::start(std::function<void()> wake) {
 
 void GenerationJob::cancel_engine_requests() {
   if (!ctx_.engine) return;
-  for (auto& c : choices_) {
-    if (!c->engine_done) ctx_.engine->cancel(c->engine_id);
+  for (auto& slot : slots_) {
+    if (!slot.done) ctx_.engine->cancel(slot.id);
   }
 }
 
@@ -185,7 +151,7 @@ void GenerationJob::cancel() {
   cancel_engine_requests();
   release();
   for (auto& c : choices_) {
-    if (!c->finished) ctx_.metrics->request_finished("abort");
+    if (!c.finished()) ctx_.metrics->request_finished("abort");
   }
   done_ = true;
 }
@@ -203,291 +169,29 @@ void GenerationJob::abort() {
   if (wake) wake();
 }
 
-std::string GenerationJob::token_text(int32_t id) const {
-  if (!ctx_.tokenizer) return fmt::format("token_id:{}", id);
-  try {
-    return ctx_.tokenizer->token_bytes(id);
-  } catch (const std::exception&) {
-    return fmt::format("token_id:{}", id);
+// Metrics: tokens as the engine produced them.
+void GenerationJob::observe_tokens(EngineSlot& slot, const Event& ev) {
+  if (ev.out.tokens.empty()) return;
+  auto k = static_cast<double>(ev.out.tokens.size());
+  if (!slot.last_token_at) {
+    ctx_.metrics->ttft.observe(seconds(ev.at - spec_.arrival));
+  } else {
+    double gap = seconds(ev.at - *slot.last_token_at) / k;
+    for (size_t i = 0; i < ev.out.tokens.size(); ++i) ctx_.metrics->itl.observe(gap);
   }
-}
-
-json GenerationJob::chat_logprobs_json(const Choice& c, size_t from, size_t to) const {
-  auto bytes_of = [](const std::string& s) {
-    json b = json::array();
-    for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
-    return b;
-  };
-  json content = json::array();
-  for (size_t i = from; i < to && i < c.logprobs.size(); ++i) {
-    const auto& e = c.logprobs[i];
-    std::string tok = token_text(e.token);
-    json top = json::array();
-    for (auto& t : e.top) {
-      std::string s = token_text(t.token);
-      top.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}});
-    }
-    content.push_back({{"token", tok}, {"logprob", e.logprob}, {"bytes", bytes_of(tok)}, {"top_logprobs", top}});
-  }
-  return json{{"content", content}};
-}
-
-// Appends the legacy (completions) logprobs of entries [from, to) to `lp`, advancing the text offset.
-static void append_completion_logprobs(json& lp, const std::vector<LogprobEntry>& entries, size_t from, size_t to,
-                                       size_t& offset, const std::function<std::string(int32_t)>& text_of) {
-  for (size_t i = from; i < to && i < entries.size(); ++i) {
-    const auto& e = entries[i];
-    std::string tok = text_of(e.token);
-    lp["tokens"].push_back(tok);
-    lp["text_offset"].push_back(offset);
-    offset += tok.size();
-    lp["token_logprobs"].push_back(e.logprob);
-    json top = json::object();
-    if (e.top.empty()) top[tok] = e.logprob;
-    for (auto& t : e.top) top[text_of(t.token)] = t.logprob;
-    lp["top_logprobs"].push_back(top);
-  }
-}
-
-// echo + logprobs: every prompt token, the first with null logprobs (nothing predicts it), the rest from the
-// engine's prompt logprobs (positions 1..n-1).
-static void append_prompt_logprobs(json& lp, const std::vector<int32_t>& prompt, const std::vector<LogprobEntry>& entries,
-                                   size_t& offset, const std::function<std::string(int32_t)>& text_of) {
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    std::string tok = text_of(prompt[i]);
-    lp["tokens"].push_back(tok);
-    lp["text_offset"].push_back(offset);
-    offset += tok.size();
-    if (i == 0 || i - 1 >= entries.size()) {
-      lp["token_logprobs"].push_back(nullptr);
-      lp["top_logprobs"].push_back(nullptr);
-      continue;
-    }
-    const auto& e = entries[i - 1];
-    lp["token_logprobs"].push_back(e.logprob);
-    json top = json::object();
-    top[tok] = e.logprob;
-    for (auto& t : e.top) top[text_of(t.token)] = t.logprob;
-    lp["top_logprobs"].push_back(top);
-  }
-}
-
-std::string GenerationJob::chunk_json(json choice_json) {
-  json j = {{"id", spec_.id},
-            {"object", spec_.kind == JobSpec::Kind::kChat ? "chat.completion.chunk" : "text_completion"},
-            {"created", spec_.created},
-            {"model", ctx_.model_name},
-            {"choices", json::array({std::move(choice_json)})}};
-  if (spec_.stream.continuous_usage_stats) j["usage"] = usage_json();
-  return sse(j);
-}
-
-json GenerationJob::usage_json() const {
-  int64_t prompt = 0, completion = 0, cached = 0;
-  for (size_t p = 0; p < spec_.prompts.size(); ++p) {
-    prompt += static_cast<int64_t>(spec_.prompts[p].size());
-    int64_t prompt_cached = 0;
-    for (auto& c : choices_) {
-      if (c->prompt_index == static_cast<int>(p)) prompt_cached = std::max(prompt_cached, c->cached_tokens);
-    }
-    cached += prompt_cached;
-  }
-  for (auto& c : choices_) completion += static_cast<int64_t>(c->tokens.size());
-  return json{{"prompt_tokens", prompt},
-              {"completion_tokens", completion},
-              {"total_tokens", prompt + completion},
-              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  slot.last_token_at = ev.at;
+  ctx_.metrics->generation_tokens.inc(k);
 }
 
 void GenerationJob::process(Event& ev, std::string& sse_out) {
-  Choice& c = *choices_[ev.choice];
-  const GenerateOutput& out = ev.out;
-  if (out.finished) c.engine_done = true;
-  if (c.finished) return;  // already ended by a stop string; the engine's abort event is expected
-
-  c.cached_tokens = std::max<int64_t>(c.cached_tokens, out.usage.cached_tokens);
-  if (!out.prompt_logprobs.empty()) c.prompt_logprobs = out.prompt_logprobs;
-
-  // Metrics: tokens as the engine produced them.
-  if (!out.tokens.empty()) {
-    auto k = static_cast<double>(out.tokens.size());
-    if (!c.last_token_at) {
-      ctx_.metrics->ttft.observe(seconds(ev.at - spec_.arrival));
-    } else {
-      double gap = seconds(ev.at - *c.last_token_at) / k;
-      for (size_t i = 0; i < out.tokens.size(); ++i) ctx_.metrics->itl.observe(gap);
-    }
-    c.last_token_at = ev.at;
-    ctx_.metrics->generation_tokens.inc(k);
-  }
-
-  size_t logprobs_from = c.tokens.size();
-  std::string new_text;
-  bool stopped = false;
-  for (size_t k = 0; k < out.tokens.size(); ++k) {
-    int32_t t = out.tokens[k];
-    c.tokens.push_back(t);
-    if (k < out.logprobs.size()) c.logprobs.push_back(out.logprobs[k]);
-    if (!c.detok) continue;
-    std::string piece = c.detok->push(t);
-    if (c.stops) {
-      new_text += c.stops->push(piece);
-      if (c.stops->stopped()) {
-        stopped = true;
-        break;
-      }
-    } else {
-      new_text += piece;
-    }
-  }
-  if (!stopped && out.finished && c.detok) {
-    std::string tail = c.detok->finish();
-    if (c.stops) {
-      new_text += c.stops->push(tail);
-      if (!c.stops->stopped()) new_text += c.stops->finish();
-      stopped = c.stops->stopped();
-    } else {
-      new_text += tail;
-    }
-  }
-  if (stopped) {
-    c.finish_reason = "stop";
-    c.stop_reason = c.stops->matched();
-    if (spec_.include_stop_str_in_output) new_text += c.stops->matched();
-    c.finished = true;
-    if (!c.engine_done) ctx_.engine->cancel(c.engine_id);
-  } else if (out.finished) {
-    c.finished = true;
-    c.finish_reason = to_string(out.finish_reason);
-    if (out.stop_token) c.stop_reason = *out.stop_token;
-    if (out.finish_reason == FinishReason::Error) c.error = out.error.empty() ? "generation failed" : out.error;
-  }
-
-  bool chat = spec_.kind == JobSpec::Kind::kChat;
-  bool stream = spec_.stream.stream;
-  bool want_logprobs = spec_.logprobs.has_value();
-  size_t logprobs_to = c.tokens.size();
-
-  if (!chat) {
-    std::string delta;
-    json lp = nullptr;
-    if (want_logprobs) {
-      lp = json{{"tokens", json::array()},
-                {"token_logprobs", json::array()},
-                {"top_logprobs", json::array()},
-                {"text_offset", json::array()}};
-    }
-    auto text_of = [this](int32_t id) { return token_text(id); };
-    if (spec_.echo && !c.started) {
-      delta = spec_.prompt_texts[c.prompt_index];
-      if (want_logprobs) append_prompt_logprobs(lp, spec_.prompts[c.prompt_index], c.prompt_logprobs, c.text_offset, text_of);
-    }
-    c.started = true;
-    delta += new_text;
-    if (want_logprobs) {
-      append_completion_logprobs(lp, c.logprobs, logprobs_from, logprobs_to, c.text_offset, text_of);
-    }
-    c.text += delta;
-    // Tokens whose text is not out yet (no tokenizer, a partial UTF-8 character) still make a chunk when the
-    // client asked for their ids or logprobs, or those would be lost from the stream.
-    bool new_tokens = (want_logprobs || spec_.return_token_ids) && logprobs_to > logprobs_from;
-    if (stream && (!delta.empty() || c.finished || new_tokens)) {
-      json choice = {{"index", c.index},
-                     {"text", delta},
-                     {"logprobs", lp},
-                     {"finish_reason", c.finished ? json(c.finish_reason) : json(nullptr)}};
-      if (c.finished) choice["stop_reason"] = c.stop_reason;
-      if (spec_.return_token_ids) {
-        choice["token_ids"] = std::vector<int32_t>(c.tokens.begin() + logprobs_from, c.tokens.end());
-      }
-      sse_out += chunk_json(std::move(choice));
-    }
-    return;
-  }
-
-  if (!c.prefix_fed) {
-    new_text = spec_.assistant_prefix + new_text;
-    c.prefix_fed = true;
-  }
-  text::OutputDelta d;
-  if (c.parser) {
-    d = c.parser->push(new_text);
-    if (c.finished) {
-      auto tail = c.parser->finish();
-      d.reasoning_content += tail.reasoning_content;
-      d.content += tail.content;
-      for (auto& t : tail.tool_calls) d.tool_calls.push_back(std::move(t));
-    }
-  } else {
-    d.content = std::move(new_text);
-  }
-  if (c.finished && c.finish_reason == "stop" && c.parser && !c.parser->result().tool_calls.empty()) {
-    c.finish_reason = "tool_calls";
-  }
-  if (!c.parser) c.content += d.content;
-  if (!stream) return;
-
-  auto chunk = [&](json delta, bool finish, size_t lp_from, size_t lp_to) {
-    json choice = {{"index", c.index}, {"delta", std::move(delta)}, {"logprobs", nullptr},
-                   {"finish_reason", finish ? json(c.finish_reason) : json(nullptr)}};
-    if (want_logprobs && lp_to > lp_from) choice["logprobs"] = chat_logprobs_json(c, lp_from, lp_to);
-    if (finish) choice["stop_reason"] = c.stop_reason;
-    if (spec_.return_token_ids && lp_to > lp_from) {
-      choice["token_ids"] = std::vector<int32_t>(c.tokens.begin() + lp_from, c.tokens.begin() + lp_to);
-    }
-    sse_out += chunk_json(std::move(choice));
-  };
-  if (!c.started) {
-    c.started = true;
-    chunk(json{{"role", "assistant"}, {"content", ""}}, false, 0, 0);
-  }
-  json delta = d.to_openai();
-  bool has_delta = !delta.empty() || ((want_logprobs || spec_.return_token_ids) && logprobs_to > logprobs_from);
-  if (has_delta) chunk(std::move(delta), false, logprobs_from, logprobs_to);
-  if (c.finished) chunk(json::object(), true, 0, 0);
-}
-
-std::string GenerationJob::whole_response() {
-  bool chat = spec_.kind == JobSpec::Kind::kChat;
-  json choices = json::array();
-  for (auto& cp : choices_) {
-    Choice& c = *cp;
-    json choice = {{"index", c.index}};
-    if (chat) {
-      json message = c.parser ? c.parser->result().to_openai() : json{{"role", "assistant"}, {"content", c.content}};
-      choice["message"] = std::move(message);
-      choice["logprobs"] = spec_.logprobs ? chat_logprobs_json(c, 0, c.tokens.size()) : json(nullptr);
-    } else {
-      choice["text"] = c.text;
-      json lp = nullptr;
-      if (spec_.logprobs) {
-        lp = json{{"tokens", json::array()},
-                  {"token_logprobs", json::array()},
-                  {"top_logprobs", json::array()},
-                  {"text_offset", json::array()}};
-        size_t offset = 0;
-        auto text_of = [this](int32_t id) { return token_text(id); };
-        if (spec_.echo) append_prompt_logprobs(lp, spec_.prompts[c.prompt_index], c.prompt_logprobs, offset, text_of);
-        append_completion_logprobs(lp, c.logprobs, 0, c.logprobs.size(), offset, text_of);
-      }
-      choice["logprobs"] = std::move(lp);
-    }
-    choice["finish_reason"] = c.finish_reason;
-    choice["stop_reason"] = c.stop_reason;
-    if (spec_.return_token_ids) {
-      choice["token_ids"] = c.tokens;
-      if (!chat) choice["prompt_token_ids"] = spec_.prompts[c.prompt_index];
-    }
-    choices.push_back(std::move(choice));
-  }
-  json j = {{"id", spec_.id},
-            {"object", chat ? "chat.completion" : "text_completion"},
-            {"created", spec_.created},
-            {"model", ctx_.model_name},
-            {"choices", std::move(choices)},
-            {"usage", usage_json()}};
-  if (chat && spec_.return_token_ids) j["prompt_token_ids"] = spec_.prompts[0];
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  ChoiceOutput& c = choices_[size_t(ev.choice)];
+  EngineSlot& slot = slots_[size_t(ev.choice)];
+  if (ev.out.finished) slot.done = true;
+  if (c.finished()) return;  // already ended by a stop string; the engine's abort event is expected
+  observe_tokens(slot, ev);
+  ChoiceDelta d = c.push(ev.out);
+  if (c.cut_by_stop_string() && !slot.done) ctx_.engine->cancel(slot.id);
+  if (spec_.stream.stream) sse_out += encoder_->delta(c, d);
 }
 
 void GenerationJob::complete(Step& step) {
@@ -496,24 +200,12 @@ void GenerationJob::complete(Step& step) {
   for (auto& p : spec_.prompts) ctx_.metrics->prompt_tokens_per_request.observe(static_cast<double>(p.size()));
   std::string error;
   for (auto& c : choices_) {
-    ctx_.metrics->generation_tokens_per_request.observe(static_cast<double>(c->tokens.size()));
-    ctx_.metrics->request_finished(c->finish_reason);
-    if (!c->error.empty()) error = c->error;
+    ctx_.metrics->generation_tokens_per_request.observe(static_cast<double>(c.tokens().size()));
+    ctx_.metrics->request_finished(c.finish_reason());
+    if (!c.error().empty()) error = c.error();
   }
   if (spec_.stream.stream) {
-    if (!error.empty()) {
-      step.data += sse(json::parse(error_json(ApiError(500, error, "server_error"))));
-    }
-    if (spec_.stream.include_usage) {
-      json j = {{"id", spec_.id},
-                {"object", spec_.kind == JobSpec::Kind::kChat ? "chat.completion.chunk" : "text_completion"},
-                {"created", spec_.created},
-                {"model", ctx_.model_name},
-                {"choices", json::array()},
-                {"usage", usage_json()}};
-      step.data += sse(j);
-    }
-    step.data += "data: [DONE]\n\n";
+    step.data += encoder_->stream_end(error);
   } else if (!error.empty()) {
     HttpResponse r = error_response(500, error);
     ctx_.metrics->request_error(500);
@@ -521,7 +213,7 @@ void GenerationJob::complete(Step& step) {
     step.data = std::move(r.body);
   } else {
     step.head = Head{200, "application/json", {}, false};
-    step.data = whole_response();
+    step.data = encoder_->whole();
   }
   step.done = true;
   done_ = true;
@@ -583,7 +275,7 @@ AsyncBody::Step GenerationJob::poll(Clock::time_point now) {
   }
   for (auto& ev : events) process(ev, step.data);
   bool all = true;
-  for (auto& c : choices_) all = all && c->finished;
+  for (auto& c : choices_) all = all && c.finished();
   if (all) complete(step);
   return step;
 }

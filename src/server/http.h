@@ -71,6 +71,7 @@ class AsyncBody {
 struct Reply {
   HttpResponse response;            // used when body is null
   std::shared_ptr<AsyncBody> body;  // deferred response
+  Headers headers;                  // added to either (X-Request-Id, CORS)
 };
 
 using Handler = std::function<Reply(HttpRequest&)>;

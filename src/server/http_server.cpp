@@ -108,7 +108,7 @@ struct HttpServer::Impl {
   // ended by closing the connection.
   net::awaitable<bool> write_response(beast::tcp_stream& stream, HttpResponse&& r, bool keep_alive,
                                       unsigned version);
-  net::awaitable<bool> write_deferred(beast::tcp_stream& stream, std::shared_ptr<AsyncBody> body,
+  net::awaitable<bool> write_deferred(beast::tcp_stream& stream, std::shared_ptr<AsyncBody> body, Headers extra,
                                       bool keep_alive, unsigned version);
   net::awaitable<void> lingering_close(beast::tcp_stream& stream);
   // An error the HTTP layer answers itself; the connection closes after it, without reading what is left.
@@ -282,7 +282,7 @@ net::awaitable<bool> HttpServer::Impl::write_response(beast::tcp_stream& stream,
 }
 
 net::awaitable<bool> HttpServer::Impl::write_deferred(beast::tcp_stream& stream,
-                                                      std::shared_ptr<AsyncBody> body, bool keep_alive,
+                                                      std::shared_ptr<AsyncBody> body, Headers extra, bool keep_alive,
                                                       unsigned version) {
   Counted in_progress(active);
   auto ex = co_await net::this_coro::executor;
@@ -334,6 +334,7 @@ net::awaitable<bool> HttpServer::Impl::write_deferred(beast::tcp_stream& stream,
     AsyncBody::Step step = body->poll(Clock::now());
     if (step.head && !head_sent) {
       head = std::move(*step.head);
+      head.headers.insert(head.headers.end(), extra.begin(), extra.end());
       streaming = head.chunked;
       close_delimited = streaming && version < 11;
       if (streaming) {
@@ -469,8 +470,14 @@ net::awaitable<void> HttpServer::Impl::session(tcp::socket socket) {
     const bool keep_alive = msg.keep_alive() && !stopping.load();
     request.body = std::move(msg.body());
     Reply reply = co_await dispatch(std::move(request), std::move(charge));
-    bool ok = reply.body ? co_await write_deferred(stream, std::move(reply.body), keep_alive, version)
-                         : co_await write_response(stream, std::move(reply.response), keep_alive, version);
+    bool ok;
+    if (reply.body) {
+      ok = co_await write_deferred(stream, std::move(reply.body), std::move(reply.headers), keep_alive, version);
+    } else {
+      auto& h = reply.response.headers;
+      h.insert(h.end(), reply.headers.begin(), reply.headers.end());
+      ok = co_await write_response(stream, std::move(reply.response), keep_alive, version);
+    }
     if (!ok || !keep_alive) break;
   }
   beast::error_code ec;

@@ -168,13 +168,16 @@ std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v) {
 }
 
 void parse_sampling(Fields& f, SamplingSettings& s, bool chat) {
-  if (auto v = f.number("temperature", 0, 2)) s.temperature = *v;
-  if (auto v = f.number("top_p", 0, 1, /*lo_open=*/true)) s.top_p = *v;
-  if (auto v = f.integer("top_k", -1, INT32_MAX)) s.top_k = *v < 0 ? 0 : static_cast<int>(*v);
-  if (auto v = f.number("min_p", 0, 1)) s.min_p = *v;
+  if (auto v = f.number("temperature", 0, 2)) s.temperature = *v, s.given.temperature = true;
+  if (auto v = f.number("top_p", 0, 1, /*lo_open=*/true)) s.top_p = *v, s.given.top_p = true;
+  if (auto v = f.integer("top_k", -1, INT32_MAX)) s.top_k = *v < 0 ? 0 : static_cast<int>(*v), s.given.top_k = true;
+  if (auto v = f.number("min_p", 0, 1)) s.min_p = *v, s.given.min_p = true;
   if (auto v = f.number("presence_penalty", -2, 2)) s.presence_penalty = *v;
   if (auto v = f.number("frequency_penalty", -2, 2)) s.frequency_penalty = *v;
-  if (auto v = f.number("repetition_penalty", 0, 10, /*lo_open=*/true)) s.repetition_penalty = *v;
+  if (auto v = f.number("repetition_penalty", 0, 10, /*lo_open=*/true)) {
+    s.repetition_penalty = *v;
+    s.given.repetition_penalty = true;
+  }
   if (auto v = f.integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max())) {
     s.seed = static_cast<uint64_t>(*v);
   }
@@ -237,7 +240,6 @@ void parse_harmless(Fields& f) {
   f.ignore_typed("store", T::boolean);
   f.ignore_typed("metadata", T::object);
   f.ignore_typed("service_tier", T::string);
-  f.ignore_typed("parallel_tool_calls", T::boolean);
   f.ignore_typed("reasoning_effort", T::string);
   f.ignore_typed("prediction", T::object);  // predicted outputs only make generation faster
   f.ignore_typed("audio", T::object);       // output audio settings: with modalities ["text"], unused
@@ -293,11 +295,23 @@ ResponseFormat parse_response_format(Fields& f) {
       throw invalid_param("response_format", "type must be 'text', 'json_object' or 'json_schema', got '{}'", type);
     }
   }
-  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+  // Constraints of other servers that this one does not apply: answering without them would hand the client
+  // output it did not ask for. Structured outputs (regex, choice) take their names off this list as they land.
+  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                          "regex", "ebnf", "structural_tag", "json_schema"}) {
     if (f.has(key)) {
       throw invalid_param(key, "is not supported; for JSON output use response_format (json_object or json_schema)");
     }
     f.ignore(key);
+  }
+  // Decoding controls of vLLM and SGLang that this server does not implement; their no-op values (false, [],
+  // a length_penalty of 1) are what clients send by default and pass.
+  for (std::string key : {"use_beam_search", "length_penalty", "bad_words", "allowed_token_ids", "logits_processors",
+                          "truncate_prompt_tokens", "custom_logit_processor", "lora_path"}) {
+    const json* v = f.get(key);
+    bool noop = !v || (v->is_boolean() && !v->get<bool>()) || (v->is_array() && v->empty()) ||
+                (key == "length_penalty" && v->is_number() && v->get<double>() == 1.0);
+    if (!noop) throw invalid_param(key, "is not supported by this server, got {}", brief(*v));
   }
   return out;
 }
@@ -520,6 +534,7 @@ ChatRequest parse_chat_request(std::string_view body) {
   parse_tool_choice(f.get("tool_choice"), r);
   if (auto v = f.integer("n", 1, kMaxN)) r.n = static_cast<int>(*v);
   check_best_of(f, r.n);
+  if (auto v = f.boolean("parallel_tool_calls")) r.parallel_tool_calls = *v;
   if (auto v = f.boolean("logprobs")) r.logprobs = *v;
   if (auto v = f.integer("top_logprobs", 0, kMaxTopLogprobs)) {
     if (!r.logprobs) throw invalid_param("top_logprobs", "requires logprobs to be true");

@@ -41,7 +41,12 @@ struct SamplingSettings {
   bool ignore_eos = false;
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
+  // The fields the request set itself; generation_config.json's defaults (server/sampling_defaults.h) fill the others.
+  struct {
+    bool temperature = false, top_p = false, top_k = false, min_p = false, repetition_penalty = false;
+  } given;
 };
+
 
 // response_format: free text, any JSON object, or JSON that validates against a schema (compiled here, so a
 // schema outside the supported subset is a 400 naming the keyword).
@@ -87,6 +92,7 @@ struct ChatRequest {
   int n = 1;
   bool logprobs = false;
   int top_logprobs = 0;
+  bool parallel_tool_calls = true;  // false: at most one tool call per choice
   bool add_generation_prompt = true;
   bool continue_final_message = false;
   bool return_token_ids = false;

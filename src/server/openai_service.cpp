@@ -8,6 +8,9 @@
 #include "common/log.h"
 #include "engine/json_constraint.h"
 #include "server/api_error.h"
+#include "server/messages_api.h"
+#include "server/responses_api.h"
+#include "server/vllm_metrics.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -38,8 +41,12 @@ bool same_secret(std::string_view a, std::string_view b) {
 // and Prometheus.
 bool needs_key(std::string_view path) {
   if (path == "/v1/health") return false;
-  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize" ||
+         path == "/reset_prefix_cache" || path == "/flush_cache";
 }
+
+// An X-Request-Id worth echoing: what tracing proxies send (a UUID, a hex id), not a header-sized blob.
+constexpr size_t kMaxRequestIdBytes = 256;
 
 SamplingParams to_engine(const SamplingSettings& s) {
   SamplingParams p;
@@ -96,6 +103,26 @@ std::string api_key_from_environment(const std::string& flag, std::string* sourc
   return from("", "");
 }
 
+std::vector<std::string> parse_allowed_origins(const std::string& flag) {
+  std::vector<std::string> out;
+  if (flag.empty()) return out;
+  if (flag.front() == '[') {
+    json list = json::parse(flag, nullptr, false);
+    check(list.is_array(), "--allowed-origins: '{}' is not a JSON list of strings", flag);
+    for (auto& v : list) {
+      check(v.is_string(), "--allowed-origins: '{}' is not a JSON list of strings", flag);
+      out.push_back(v.get<std::string>());
+    }
+    return out;
+  }
+  for (size_t at = 0; at <= flag.size();) {
+    size_t end = std::min(flag.find(',', at), flag.size());
+    if (end > at) out.push_back(flag.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
 void OpenAiService::configure(HttpServerOptions& http) {
   http.on_head = [this](const HttpRequest& head) {
     auto denied = check_head(head);
@@ -107,6 +134,8 @@ void OpenAiService::configure(HttpServerOptions& http) {
 
 std::optional<HttpResponse> OpenAiService::check_head(const HttpRequest& req) const {
   if (options_.api_key.empty() || !needs_key(req.path)) return std::nullopt;
+  // Browsers send a CORS preflight without credentials; it reveals nothing and runs nothing.
+  if (req.method == "OPTIONS" && !options_.allowed_origins.empty()) return std::nullopt;
   std::string_view auth = req.header("authorization");
   // The scheme is case-insensitive (RFC 9110 section 11.1), the key is not.
   constexpr std::string_view kBearer = "bearer ";
@@ -115,9 +144,13 @@ std::optional<HttpResponse> OpenAiService::check_head(const HttpRequest& req) co
     bearer = std::tolower(static_cast<unsigned char>(auth[i])) == kBearer[i];
   }
   if (bearer && same_secret(auth.substr(kBearer.size()), options_.api_key)) return std::nullopt;
+  // Anthropic's SDKs send the key as x-api-key.
+  if (std::string_view key = req.header("x-api-key"); !key.empty() && same_secret(key, options_.api_key)) {
+    return std::nullopt;
+  }
   return error_response(ApiError(
       401,
-      auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key provided",
+      auth.empty() && req.header("x-api-key").empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key provided",
       "authentication_error", std::nullopt, "invalid_api_key"));
 }
 
@@ -127,7 +160,9 @@ Reply OpenAiService::handle(HttpRequest& request) {
   try {
     // Already checked from the head when configure() installed the hook; checked here too, so a server
     // wired without it is never open.
-    if (auto denied = check_head(request)) {
+    if (auto answer = preflight(request)) {
+      reply.response = std::move(*answer);
+    } else if (auto denied = check_head(request)) {
       reply.response = std::move(*denied);
     } else {
       reply = route(request);
@@ -143,6 +178,10 @@ Reply OpenAiService::handle(HttpRequest& request) {
     reply.response = error_response(500, std::string("internal error: ") + e.what());
   }
   if (!reply.body && reply.response.status >= 400) metrics_.request_error(reply.response.status);
+  if (auto id = request.header("x-request-id"); !id.empty() && id.size() <= kMaxRequestIdBytes) {
+    reply.headers.emplace_back("X-Request-Id", std::string(id));
+  }
+  for (auto& h : cors_headers(request)) reply.headers.push_back(std::move(h));
   spdlog::debug("{} {} {} -> {} ({:.2f} ms{})", request.remote, request.method, request.path,
                 reply.body ? 200 : reply.response.status,
                 std::chrono::duration<double, std::milli>(Clock::now() - t0).count(),
@@ -161,10 +200,27 @@ Reply OpenAiService::route(HttpRequest& req) {
   if (p == "/health" || p == "/v1/health") {
     method_is("GET");
     r.response = health();
+  } else if (p == "/ping") {
+    // SageMaker's health probe, which vLLM and SGLang serve: GET or POST.
+    if (req.method != "POST") method_is("GET");
+    r.response = health();
+  } else if (p == "/health_generate") {
+    method_is("GET");
+    return health_generate();
+  } else if (p == "/get_model_info") {
+    method_is("GET");
+    r.response = model_info();
+  } else if (p == "/reset_prefix_cache" || p == "/flush_cache") {
+    // vLLM's and SGLang's names; behind the API key, since a flush costs every client its cache hits.
+    if (req.method != "GET") method_is("POST");
+    check_generation_ready();
+    engine_.load()->flush_cache();
+    r.response = json_response({{"status", "ok"}});
   } else if (p == "/metrics") {
     method_is("GET");
     r.response.content_type = "text/plain; version=0.0.4; charset=utf-8";
     r.response.body = metrics_.registry().render();
+    if (options_.vllm_metrics) r.response.body += vllm_metric_families(r.response.body);
   } else if (p == "/version") {
     method_is("GET");
     r.response = json_response({{"version", options_.version}});
@@ -177,6 +233,12 @@ Reply OpenAiService::route(HttpRequest& req) {
   } else if (p == "/v1/chat/completions") {
     method_is("POST");
     return chat_completions(req);
+  } else if (p == "/v1/responses") {
+    method_is("POST");
+    return responses(req);
+  } else if (p == "/v1/messages") {
+    method_is("POST");
+    return messages(req);
   } else if (p == "/tokenize" || p == "/v1/tokenize") {
     method_is("POST");
     r.response = tokenize(req);
@@ -217,15 +279,23 @@ void OpenAiService::note_ignored(const std::vector<std::string>& names) {
   }
 }
 
-void OpenAiService::check_logit_bias(const SamplingParams& params) const {
-  Engine* engine = engine_.load();
-  if (!engine) return;  // loading: the request is refused with 503 right after
-  const int64_t vocab = engine->vocab_size();
-  for (auto [token, bias] : params.logit_bias) {
-    if (token >= vocab) {
-      throw invalid_param("logit_bias", "token id {} is outside the vocabulary ({} tokens)", token, vocab);
-    }
+// One rule and one message for every token id a request names (prompt ids, stop_token_ids, logit_bias keys):
+// within the model's vocabulary and, when there is a tokenizer, within what it can decode. Negative ids are
+// refused while parsing.
+void OpenAiService::check_token_ids(const char* param, const std::vector<int32_t>& ids) const {
+  int64_t vocab = std::numeric_limits<int64_t>::max();
+  if (Engine* engine = engine_.load()) vocab = engine->vocab_size();
+  if (tokenizer_) vocab = std::min<int64_t>(vocab, int64_t(tokenizer_->vocab_size()));
+  for (int32_t id : ids) {
+    if (id >= vocab) throw invalid_param(param, "token id {} is outside the vocabulary ({} tokens)", id, vocab);
   }
+}
+
+void OpenAiService::check_sampling_token_ids(const SamplingParams& params) const {
+  check_token_ids("stop_token_ids", params.stop_token_ids);
+  std::vector<int32_t> biased;
+  for (auto [token, bias] : params.logit_bias) biased.push_back(token);
+  check_token_ids("logit_bias", biased);
 }
 
 int OpenAiService::engine_priority(int request_priority) const {
@@ -242,6 +312,74 @@ HttpResponse OpenAiService::health() const {
   HttpResponse r;
   r.content_type = "application/json";
   r.body = "{\"status\":\"ok\"}";
+  return r;
+}
+
+HttpResponse OpenAiService::model_info() const {
+  json preferred = nullptr;
+  const SamplingDefaults& d = options_.sampling_defaults;
+  if (!d.empty()) {
+    preferred = json::object();
+    if (d.temperature) preferred["temperature"] = *d.temperature;
+    if (d.top_p) preferred["top_p"] = *d.top_p;
+    if (d.top_k) preferred["top_k"] = *d.top_k;
+    if (d.min_p) preferred["min_p"] = *d.min_p;
+    if (d.repetition_penalty) preferred["repetition_penalty"] = *d.repetition_penalty;
+  }
+  // SGLang's fields, which its router and clients read.
+  return json_response({{"model_path", options_.model_path},
+                        {"tokenizer_path", options_.tokenizer_path.empty() ? options_.model_path : options_.tokenizer_path},
+                        {"is_generation", true},
+                        {"served_model_name", options_.served_model_name},
+                        {"max_model_len", max_model_len_.load()},
+                        {"preferred_sampling_params", preferred}});
+}
+
+// One real engine step: a one-token greedy completion of token 0 through admission and the engine, so a
+// wedged engine thread or a broken backend fails this probe where /health still answers.
+Reply OpenAiService::health_generate() {
+  check_generation_ready();
+  JobSpec spec;
+  spec.kind = JobSpec::Kind::kCompletion;
+  spec.id = random_id("health-");
+  spec.created = static_cast<int64_t>(std::time(nullptr));
+  spec.arrival = Clock::now();
+  spec.queue_timeout = options_.queue_timeout;
+  spec.prompts = {{0}};
+  spec.prompt_texts = {""};
+  spec.params.temperature = 0;
+  spec.params.max_tokens = 1;
+  return start_job(std::move(spec));
+}
+
+Headers OpenAiService::cors_headers(const HttpRequest& req) const {
+  std::string_view origin = req.header("origin");
+  if (options_.allowed_origins.empty() || origin.empty()) return {};
+  const auto& allowed = options_.allowed_origins;
+  bool any = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+  if (!any && std::find(allowed.begin(), allowed.end(), origin) == allowed.end()) return {};
+  // Credentials are never allowed (vLLM's default), so "*" may be sent as it is.
+  return {{"Access-Control-Allow-Origin", any ? "*" : std::string(origin)}, {"Vary", "Origin"}};
+}
+
+std::optional<HttpResponse> OpenAiService::preflight(const HttpRequest& req) const {
+  if (req.method != "OPTIONS" || options_.allowed_origins.empty() ||
+      req.header("access-control-request-method").empty()) {
+    return std::nullopt;
+  }
+  HttpResponse r;
+  r.content_type = "text/plain; charset=utf-8";
+  if (cors_headers(req).empty()) {
+    r.status = 400;
+    r.body = "Disallowed CORS origin";
+    return r;
+  }
+  r.body = "OK";
+  r.headers = {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"}, {"Access-Control-Max-Age", "600"}};
+  // Any header may be sent (vLLM allows "*"), so the ones the browser asks for are granted.
+  if (auto asked = req.header("access-control-request-headers"); !asked.empty()) {
+    r.headers.emplace_back("Access-Control-Allow-Headers", std::string(asked));
+  }
   return r;
 }
 
@@ -390,19 +528,13 @@ Reply OpenAiService::completions(HttpRequest& req) {
       spec.prompt_texts.push_back(*text);
     } else {
       auto& ids = std::get<std::vector<int32_t>>(prompt);
-      if (tokenizer_) {
-        for (int32_t id : ids) {
-          if (id >= static_cast<int32_t>(tokenizer_->vocab_size())) {
-            throw invalid_param("prompt", "token id {} is outside the vocabulary ({} tokens)", id,
-                                tokenizer_->vocab_size());
-          }
-        }
-      }
+      check_token_ids("prompt", ids);
       spec.prompt_texts.push_back(tokenizer_ ? tokenizer_->decode(ids, false) : "");
       spec.prompts.push_back(ids);
     }
   }
   bool explicit_max_tokens = cr.sampling.max_tokens.has_value();
+  options_.sampling_defaults.apply(cr.sampling);
   spec.params = to_engine(cr.sampling);
   if (!explicit_max_tokens) {
     // The OpenAI default of 16, clipped to the room the longest prompt leaves (an explicit max_tokens over
@@ -423,7 +555,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
   if (cr.prompt_logprobs) spec.params.prompt_logprobs = *cr.prompt_logprobs;
   spec.params.json = json_constraint(cr.response_format, std::nullopt);
   for (auto& p : spec.prompts) check_context_length(p, spec.params, max_model_len_.load(), "prompt");
-  check_logit_bias(spec.params);
+  check_sampling_token_ids(spec.params);
   spec.priority = engine_priority(cr.priority);
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
@@ -438,6 +570,26 @@ Reply OpenAiService::completions(HttpRequest& req) {
 
 Reply OpenAiService::chat_completions(HttpRequest& req) {
   ChatRequest cr = parse_chat_request(req.body);
+  return start_job(chat_job(cr, "chatcmpl-"));
+}
+
+Reply OpenAiService::messages(HttpRequest& req) {
+  ChatRequest cr = parse_messages_request(req.body);
+  JobSpec spec = chat_job(cr, "msg_");
+  spec.kind = JobSpec::Kind::kMessages;
+  return start_job(std::move(spec));
+}
+
+Reply OpenAiService::responses(HttpRequest& req) {
+  auto rr = std::make_shared<ResponsesRequest>(parse_responses_request(req.body, response_store_));
+  JobSpec spec = chat_job(rr->chat, "resp_");
+  spec.kind = JobSpec::Kind::kResponses;
+  spec.responses = rr;
+  spec.response_store = &response_store_;
+  return start_job(std::move(spec));
+}
+
+JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
   note_ignored(cr.ignored);
   check_model(cr.model);
   if (!options_.chat_template || !tokenizer_) {
@@ -452,7 +604,7 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
   std::string prompt = render_chat(cr, &forced_prefix);
   JobSpec spec;
   spec.kind = JobSpec::Kind::kChat;
-  spec.id = random_id("chatcmpl-");
+  spec.id = random_id(id_prefix);
   spec.created = static_cast<int64_t>(std::time(nullptr));
   spec.arrival = Clock::now();
   spec.queue_timeout = options_.queue_timeout;
@@ -460,6 +612,7 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
   spec.snapshot_hint = turn_boundary(spec.prompts[0]);
   spec.prompt_texts.push_back(prompt + forced_prefix);
   spec.assistant_prefix = forced_prefix;
+  options_.sampling_defaults.apply(cr.sampling);
   spec.params = to_engine(cr.sampling);
   if (cr.logprobs) {
     spec.params.logprobs = true;
@@ -467,7 +620,7 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
     spec.logprobs = cr.top_logprobs;
   }
   check_context_length(spec.prompts[0], spec.params, max_model_len_.load(), "messages");
-  check_logit_bias(spec.params);
+  check_sampling_token_ids(spec.params);
   spec.priority = engine_priority(cr.priority);
   spec.n = cr.n;
   spec.stop = cr.sampling.stop;
@@ -480,6 +633,7 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
   parser.tool_parser = tools_on ? options_.tool_call_parser : "";
   parser.starts_in_reasoning = !options_.reasoning_parser.empty() && text::prompt_opens_reasoning(prompt);
   if (tools_on) parser.tools = cr.tools;
+  spec.parallel_tool_calls = cr.parallel_tool_calls;
   if (!parser.reasoning_parser.empty() || !parser.tool_parser.empty()) spec.parser = parser;
   if (cr.response_format.schema) {
     if (!forced_prefix.empty()) {
@@ -494,7 +648,7 @@ Reply OpenAiService::chat_completions(HttpRequest& req) {
     }
     spec.params.json = json_constraint(cr.response_format, after);
   }
-  return start_job(std::move(spec));
+  return spec;
 }
 
 std::string OpenAiService::render_chat(const ChatRequest& cr, std::string* forced_prefix) const {

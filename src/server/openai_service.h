@@ -1,7 +1,8 @@
 #pragma once
-// The OpenAI-compatible API over one engine: routing, API-key auth, readiness and draining, the simple
-// endpoints (/health, /v1/models, /metrics, /version, /tokenize, /detokenize), and generation requests
-// (/v1/completions, /v1/chat/completions) handed to GenerationJob.
+// The OpenAI-compatible API over one engine: routing, API-key auth, CORS, readiness and draining, the simple
+// endpoints (/health, /ping, /v1/models, /get_model_info, /metrics, /version, /tokenize, /detokenize,
+// /reset_prefix_cache), and generation requests (/v1/completions, /v1/chat/completions, /health_generate)
+// handed to GenerationJob.
 
 #include <atomic>
 #include <chrono>
@@ -17,6 +18,8 @@
 #include "server/generation.h"
 #include "server/http.h"
 #include "server/openai_request.h"
+#include "server/responses_api.h"
+#include "server/sampling_defaults.h"
 #include "server/server_metrics.h"
 
 namespace moeserve::text {
@@ -44,11 +47,22 @@ struct ServiceOptions {
   // SGLang's direction (--enable-priority-scheduling without --schedule-low-priority-values-first): larger
   // values first. The engine serves smaller first, so the value is negated on the way in.
   bool priority_larger_first = false;
+  // generation_config.json's sampling, for the fields a request leaves unset.
+  SamplingDefaults sampling_defaults;
+  // CORS (vLLM's --allowed-origins): browser origins allowed to call the API; "*" for any. Empty: no CORS
+  // headers, and browsers keep other origins out.
+  std::vector<std::string> allowed_origins;
+  std::string tokenizer_path;  // /get_model_info
+  bool vllm_metrics = false;   // /metrics also under vLLM's names (server/vllm_metrics.h)
 };
 
 // serve's API key: the --api-key flag when given, else $MOESERVE_API_KEY, else $VLLM_API_KEY (so a vLLM
 // deployment's environment works unchanged); `source` (optional) names where it came from, for the log.
 std::string api_key_from_environment(const std::string& flag, std::string* source = nullptr);
+
+// --allowed-origins as vLLM takes it (a JSON list, '["*"]') or a comma-separated list; "" gives none. Throws
+// moeserve::Error on a malformed list.
+std::vector<std::string> parse_allowed_origins(const std::string& flag);
 
 class OpenAiService {
  public:
@@ -62,8 +76,9 @@ class OpenAiService {
   void configure(HttpServerOptions& http);
   // A 401 for a request without the right key on a path that needs it; nullopt when it may go on.
   std::optional<HttpResponse> check_head(const HttpRequest& head) const;
-  // GETs (/health, /metrics, /v1/models, /version) read no body and do no parsing: they run inline.
-  static bool runs_inline(const HttpRequest& head) { return head.method == "GET"; }
+  // GETs (/health, /metrics, /v1/models, /version) and CORS preflights read no body and do no parsing: they
+  // run inline.
+  static bool runs_inline(const HttpRequest& head) { return head.method == "GET" || head.method == "OPTIONS"; }
 
   void set_ready(bool ready) { ready_ = ready; }
   // Once loading finishes (before set_ready): the engine and the context length it settled on.
@@ -83,7 +98,16 @@ class OpenAiService {
   void check_generation_ready() const;
   Reply completions(HttpRequest& request);
   Reply chat_completions(HttpRequest& request);
+  Reply responses(HttpRequest& request);
+  Reply messages(HttpRequest& request);
+  // A chat request's job (tokenized prompt, parameters, parsers, constraint); its id starts with id_prefix.
+  JobSpec chat_job(ChatRequest& request, const char* id_prefix);
   HttpResponse health() const;
+  HttpResponse model_info() const;
+  Reply health_generate();
+  // CORS: the headers every answer to an allowed Origin carries, and the answer to a preflight.
+  Headers cors_headers(const HttpRequest& request) const;
+  std::optional<HttpResponse> preflight(const HttpRequest& request) const;
   HttpResponse models(const std::string& id) const;
   HttpResponse tokenize(const HttpRequest& request);
   HttpResponse detokenize(const HttpRequest& request);
@@ -92,7 +116,8 @@ class OpenAiService {
   int64_t turn_boundary(const std::vector<int32_t>& prompt) const;
   // Logs each unknown request parameter's name once, at debug level.
   void note_ignored(const std::vector<std::string>& names);
-  void check_logit_bias(const SamplingParams& params) const;
+  void check_token_ids(const char* param, const std::vector<int32_t>& ids) const;
+  void check_sampling_token_ids(const SamplingParams& params) const;  // stop_token_ids, logit_bias
   int engine_priority(int request_priority) const;
   // The prompt text of a chat request; forced_prefix (if given) receives the text appended to force a tool
   // call (tool_choice "required" or a named function).
@@ -114,6 +139,8 @@ class OpenAiService {
 
   std::mutex token_bytes_mutex_;
   std::shared_ptr<const TokenBytes> token_bytes_;
+
+  ResponseStore response_store_;  // previous_response_id
 
   std::mutex jobs_mutex_;
   std::vector<std::weak_ptr<GenerationJob>> jobs_;

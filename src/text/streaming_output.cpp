@@ -2,39 +2,92 @@
 
 namespace moeserve::text {
 
-StreamingOutput::StreamingOutput(const Tokenizer& tokenizer, std::vector<std::string> stops,
-                                 const OutputParserOptions& parser, bool skip_special_tokens)
-    : detok_(tokenizer, skip_special_tokens), stop_(std::move(stops)), parser_(parser) {}
+void append(OutputDelta& into, OutputDelta more) {
+  into.reasoning_content += more.reasoning_content;
+  into.content += more.content;
+  for (auto& c : more.tool_calls) {
+    if (!into.tool_calls.empty() && into.tool_calls.back().index == c.index && c.id.empty()) {
+      into.tool_calls.back().arguments += c.arguments;
+    } else {
+      into.tool_calls.push_back(std::move(c));
+    }
+  }
+}
 
-OutputDelta StreamingOutput::feed(const std::string& text) {
+StreamingOutput::StreamingOutput(const Tokenizer* tokenizer, StreamingOptions options)
+    : prefix_(std::move(options.assistant_prefix)), include_stop_(options.include_stop_str_in_output) {
+  if (tokenizer) {
+    detok_.emplace(*tokenizer, options.skip_special_tokens);
+    if (!options.stops.empty()) stop_.emplace(std::move(options.stops));
+  }
+  if (options.parser) parser_.emplace(*options.parser);
+}
+
+const std::string& StreamingOutput::matched_stop() const {
+  static const std::string kNone;
+  return stop_ ? stop_->matched() : kNone;
+}
+
+const ParsedOutput& StreamingOutput::message() const {
+  return parser_ ? parser_->result() : unparsed_;
+}
+
+OutputDelta StreamingOutput::feed(std::string text) {
   text_ += text;
-  return parser_.push(text);
+  if (!prefix_.empty()) {
+    text.insert(0, prefix_);
+    prefix_.clear();
+  }
+  if (parser_) return parser_->push(text);
+  unparsed_.content += text;
+  OutputDelta d;
+  d.content = std::move(text);
+  return d;
 }
 
 OutputDelta StreamingOutput::push(int32_t id) {
-  if (finished_ || stop_.stopped()) return {};
-  return feed(stop_.push(detok_.push(id)));
+  size_t taken = 0;
+  return push(std::span<const int32_t>(&id, 1), taken);
+}
+
+OutputDelta StreamingOutput::push(std::span<const int32_t> ids, size_t& taken) {
+  taken = 0;
+  if (finished_ || stopped()) return {};
+  std::string text;
+  for (int32_t id : ids) {
+    ++taken;
+    if (!detok_) continue;
+    std::string piece = detok_->push(id);
+    if (!stop_) {
+      text += piece;
+      continue;
+    }
+    text += stop_->push(piece);
+    if (stop_->stopped()) {
+      if (include_stop_) text += stop_->matched();
+      break;
+    }
+  }
+  return feed(std::move(text));
 }
 
 OutputDelta StreamingOutput::finish() {
   if (finished_) return {};
   finished_ = true;
   std::string tail;
-  if (!stop_.stopped()) {
-    tail = stop_.push(detok_.finish());
-    tail += stop_.finish();
-  }
-  OutputDelta d = feed(tail);
-  OutputDelta last = parser_.finish();
-  d.reasoning_content += last.reasoning_content;
-  d.content += last.content;
-  for (auto& c : last.tool_calls) {
-    if (!d.tool_calls.empty() && d.tool_calls.back().index == c.index && c.id.empty()) {
-      d.tool_calls.back().arguments += c.arguments;
-    } else {
-      d.tool_calls.push_back(std::move(c));
+  if (detok_ && !stopped()) {
+    tail = detok_->finish();
+    if (stop_) {
+      tail = stop_->push(tail);
+      if (stop_->stopped()) {
+        if (include_stop_) tail += stop_->matched();
+      } else {
+        tail += stop_->finish();
+      }
     }
   }
+  OutputDelta d = feed(std::move(tail));
+  if (parser_) append(d, parser_->finish());
   return d;
 }
 

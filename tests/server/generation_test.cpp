@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <set>
 #include <thread>
 
 #include "harness.h"
@@ -214,6 +215,7 @@ TEST(Generation, ChatReasoningAndContent) {
   EXPECT_EQ(m["role"], "assistant");
   EXPECT_EQ(m["content"], "Hello there!");
   EXPECT_EQ(m["reasoning_content"], "The user greets me.");
+  EXPECT_EQ(m["reasoning"], m["reasoning_content"]);  // vLLM's newer name, for clients that read it
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
 
   auto [chunks, done] = s.stream("/v1/chat/completions", chat_body("Hi!"));
@@ -226,6 +228,7 @@ TEST(Generation, ChatReasoningAndContent) {
     const json& d = c["choices"][0]["delta"];
     if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
     if (d.contains("content")) content += d["content"].get<std::string>();
+    EXPECT_EQ(d.value("reasoning", ""), d.value("reasoning_content", ""));
   }
   EXPECT_EQ(reasoning, "The user greets me.");
   EXPECT_EQ(content, "Hello there!");
@@ -325,6 +328,161 @@ TEST(Generation, ChatToolCalls) {
   EXPECT_EQ(name, "get_weather");
   EXPECT_EQ(json::parse(arguments), json({{"city", "Paris"}, {"days", 3}}));
   EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "tool_calls");
+}
+
+// The stream of a tool call with several parameters, chunk by chunk, as OpenAI sends it: the call's first
+// piece carries its id and name, each later piece one more part of the arguments, and no chunk carries two
+// entries for one call, also when the length limit cuts the call and the parser completes it at the end.
+TEST(Generation, ToolCallStreamIsOneEntryPerCallPerChunk) {
+  Server s(kNoThinkingTail, kToolCallText);
+  auto stream_choices = [&](json extra) {
+    json body = chat_body("Weather in Paris?", {{"tools", {kWeatherTool}},
+                                                {"chat_template_kwargs", {{"enable_thinking", false}}}});
+    body.update(extra);
+    auto [chunks, done] = s.stream("/v1/chat/completions", body);
+    EXPECT_TRUE(done);
+    std::vector<json> choices;
+    for (auto& c : chunks) choices.push_back(c["choices"][0]);
+    return choices;
+  };
+  auto call_piece = [](json function) {
+    return json{{"tool_calls", {{{"function", function}, {"index", 0}}}}};
+  };
+  auto expected = [&](const std::string& id, const std::string& last_arguments, json finish, json stop_reason) {
+    auto choice = [](json delta) {
+      return json{{"delta", delta}, {"finish_reason", nullptr}, {"index", 0}, {"logprobs", nullptr}};
+    };
+    json first_piece = {{"tool_calls",
+                         {{{"function", {{"arguments", ""}, {"name", "get_weather"}}},
+                           {"id", id},
+                           {"index", 0},
+                           {"type", "function"}}}}};
+    json end = choice(json::object());
+    end["finish_reason"] = finish;
+    end["stop_reason"] = stop_reason;
+    return std::vector<json>{choice({{"content", ""}, {"role", "assistant"}}), choice(first_piece),
+                             choice(call_piece({{"arguments", "{\"city\": \"Paris\""}})),
+                             choice(call_piece({{"arguments", last_arguments}})), end};
+  };
+  auto id_of = [](const std::vector<json>& choices) {
+    return choices.size() > 1 ? choices[1]["delta"]["tool_calls"][0].value("id", "") : "";
+  };
+  const int32_t eos = *qwen3_text().tokenizer.token_id("<|im_end|>");
+
+  // The model closes the call: "days" arrives with its </parameter>, the closing brace with </function>.
+  auto whole = stream_choices(json::object());
+  EXPECT_EQ(id_of(whole).rfind("call_", 0), 0u);
+  auto full = expected(id_of(whole), ", \"days\": 3", "tool_calls", eos);
+  full.insert(full.end() - 1, json{{"delta", call_piece({{"arguments", "}"}})},
+                                   {"finish_reason", nullptr},
+                                   {"index", 0},
+                                   {"logprobs", nullptr}});
+  EXPECT_EQ(json(whole), json(full));
+
+  // Cut by max_tokens right after the second </parameter>: that token's piece and the brace finish() adds
+  // make one entry of the last content chunk.
+  const std::string through_days = kToolCallText.substr(0, kToolCallText.find("</function>"));
+  const size_t cut = ids(through_days).size();
+  ASSERT_EQ(ids(kToolCallText).size(), cut + ids("</function>\n</tool_call>").size());
+  auto truncated = stream_choices({{"max_tokens", cut}});
+  EXPECT_EQ(json(truncated), json(expected(id_of(truncated), ", \"days\": 3}", "length", nullptr)));
+}
+
+TEST(Generation, ParallelToolCallsFalseKeepsTheFirstCall) {
+  const std::string second =
+      "\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
+  Server s(kNoThinkingTail, kToolCallText + second);
+  json body = chat_body("Weather in Paris and Oslo?",
+                        {{"tools", {kWeatherTool}}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  json both = s.post("/v1/chat/completions", body);
+  ASSERT_EQ(both["choices"][0]["message"]["tool_calls"].size(), 2u) << both.dump();
+  body["parallel_tool_calls"] = false;
+  json one = s.post("/v1/chat/completions", body);
+  const json& calls = one["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 1u) << one.dump();
+  EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}, {"days", 3}}));
+  EXPECT_EQ(one["choices"][0]["finish_reason"], "tool_calls");
+  auto [chunks, done] = s.stream("/v1/chat/completions", body);
+  EXPECT_TRUE(done);
+  std::set<int> indexes;
+  for (auto& c : chunks) {
+    for (auto& t : c["choices"][0]["delta"].value("tool_calls", json::array())) indexes.insert(t["index"].get<int>());
+  }
+  EXPECT_EQ(indexes, std::set<int>{0});
+}
+
+// The operational endpoints of vLLM and SGLang, the request id echo and CORS.
+TEST(Generation, PingModelInfoHealthGenerateAndPrefixCacheReset) {
+  ServiceOptions options;
+  options.api_key = "sesame";
+  options.model_path = "/models/scripted";
+  options.sampling_defaults.temperature = 0.6;
+  Server s(kPrompt, " ok", {.memory_pressure_threshold = 0}, options);
+  const std::vector<std::string> key = {"Authorization: Bearer sesame"};
+  EXPECT_EQ(s.harness->get("/ping").status, 200);
+  EXPECT_EQ(s.harness->post("/ping", "").status, 200);
+  auto info = s.harness->get("/get_model_info");
+  ASSERT_EQ(info.status, 200) << info.body;
+  json i = json::parse(info.body);
+  EXPECT_EQ(i["model_path"], "/models/scripted");
+  EXPECT_EQ(i["is_generation"], true);
+  EXPECT_EQ(i["preferred_sampling_params"], json({{"temperature", 0.6}}));
+
+  // A real engine step: one generated token.
+  auto health = s.harness->get("/health_generate");
+  ASSERT_EQ(health.status, 200) << health.body;
+  EXPECT_EQ(json::parse(health.body)["usage"]["completion_tokens"], 1);
+
+  std::string prompt;
+  for (int k = 0; k < 6; ++k) prompt += kPrompt + " ";
+  const std::string body = json{{"prompt", prompt}, {"max_tokens", 2}}.dump();
+  auto cached = [&] {
+    auto r = s.harness->post("/v1/completions", body, key);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  cached();
+  EXPECT_GT(cached(), 0);
+  EXPECT_EQ(s.harness->post("/reset_prefix_cache", "").status, 401);  // costs every client its hits
+  EXPECT_EQ(s.harness->post("/reset_prefix_cache", "", key).status, 200);
+  EXPECT_EQ(cached(), 0);
+}
+
+TEST(Generation, RequestIdIsEchoedAndCorsFollowsAllowedOrigins) {
+  ServiceOptions options;
+  options.api_key = "sesame";
+  options.allowed_origins = parse_allowed_origins("[\"https://app.example\"]");
+  Server s(kPrompt, " ok", {.memory_pressure_threshold = 0}, options);
+  const std::string key = "Authorization: Bearer sesame";
+  const std::string body = json{{"prompt", kPrompt}, {"max_tokens", 2}}.dump();
+  auto r = s.harness->post("/v1/completions", body, {key, "X-Request-Id: trace-42", "Origin: https://app.example"});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers["x-request-id"], "trace-42");
+  EXPECT_EQ(r.headers["access-control-allow-origin"], "https://app.example");
+  json streamed = json{{"prompt", kPrompt}, {"max_tokens", 2}, {"stream", true}};
+  r = s.harness->post("/v1/completions", streamed.dump(), {key, "X-Request-Id: trace-43"});
+  EXPECT_EQ(r.headers["x-request-id"], "trace-43");  // streamed answers too
+  EXPECT_EQ(r.headers.count("access-control-allow-origin"), 0u);
+
+  // A preflight carries no key; an origin not on the list gets neither a grant nor CORS headers.
+  testing_http::Connection c(s.harness->port());
+  auto pre = c.roundtrip("OPTIONS", "/v1/chat/completions", "",
+                         {"Origin: https://app.example", "Access-Control-Request-Method: POST",
+                          "Access-Control-Request-Headers: authorization, content-type"});
+  EXPECT_EQ(pre.status, 200) << pre.body;
+  EXPECT_EQ(pre.headers["access-control-allow-origin"], "https://app.example");
+  EXPECT_EQ(pre.headers["access-control-allow-headers"], "authorization, content-type");
+  testing_http::Connection c2(s.harness->port());
+  auto other = c2.roundtrip("OPTIONS", "/v1/chat/completions", "",
+                            {"Origin: https://evil.example", "Access-Control-Request-Method: POST"});
+  EXPECT_EQ(other.status, 400);
+  EXPECT_EQ(other.headers.count("access-control-allow-origin"), 0u);
+  r = s.harness->post("/v1/completions", body, {key, "Origin: https://evil.example"});
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers.count("access-control-allow-origin"), 0u);
+  EXPECT_EQ(parse_allowed_origins("*"), std::vector<std::string>{"*"});
+  EXPECT_EQ(parse_allowed_origins("https://a,https://b"), (std::vector<std::string>{"https://a", "https://b"}));
+  EXPECT_THROW(parse_allowed_origins("[1]"), Error);
 }
 
 TEST(Generation, NamedToolChoiceForcesTheCall) {
@@ -438,6 +596,56 @@ TEST(Generation, MetricsAfterTrafficPassPromtool) {
   ASSERT_TRUE(have_promtool());
   auto problems = promtool_problems(m);
   EXPECT_TRUE(problems.empty()) << testing::PrintToString(problems);
+}
+
+// serve --vllm-metrics: the series vLLM dashboards query, under vLLM's names, beside moeserve's.
+TEST(Generation, VllmMetricNamesMirrorTheSeriesAndPassPromtool) {
+  ServiceOptions options;
+  options.vllm_metrics = true;
+  Server s(kPrompt, " it was", {.memory_pressure_threshold = 0}, options);
+  s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 5}});
+  s.stream("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 5}});
+  std::string m = s.metrics();
+  const std::string labels = "{model_name=\"scripted\"}";
+  for (const char* name : {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
+                           "generation_tokens_total", "time_to_first_token_seconds_count",
+                           "inter_token_latency_seconds_count", "e2e_request_latency_seconds_count"}) {
+    double mine = sample_value(m, std::string("moeserve:") + name + labels);
+    EXPECT_GE(mine, 0) << name;
+    EXPECT_EQ(sample_value(m, std::string("vllm:") + name + labels), mine) << name;
+  }
+  EXPECT_EQ(sample_value(m, "vllm:generation_tokens_total" + labels), 6);
+  EXPECT_EQ(sample_value(m, "vllm:time_to_first_token_seconds_count" + labels), 2);
+  EXPECT_EQ(sample_value(m, "vllm:gpu_cache_usage_perc" + labels), sample_value(m, "vllm:kv_cache_usage_perc" + labels));
+  EXPECT_EQ(sample_value(m, "vllm:time_per_output_token_seconds_count" + labels),
+            sample_value(m, "vllm:inter_token_latency_seconds_count" + labels));
+  EXPECT_NE(m.find("vllm:request_success_total{model_name=\"scripted\",finished_reason=\"stop\"} 2"),
+            std::string::npos);
+  EXPECT_EQ(m.find("vllm:state_slots_used"), std::string::npos);  // moeserve's own series stay moeserve's
+  ASSERT_TRUE(have_promtool());
+  auto problems = promtool_problems(m);
+  EXPECT_TRUE(problems.empty()) << testing::PrintToString(problems);
+  Server plain(kPrompt, " it was");
+  EXPECT_EQ(plain.metrics().find("vllm:"), std::string::npos);  // off unless asked for
+}
+
+// Every token id a request names is held to one rule with one message naming its parameter (the stop ids used
+// to reach the engine and come back as its own message, without a param).
+TEST(Generation, TokenIdsOutsideTheVocabularyAreOne400NamingTheParameter) {
+  Server s(kPrompt, " ok");
+  const int64_t vocab = int64_t(qwen3_text().tokenizer.vocab_size());
+  const int32_t past = int32_t(vocab) + 7;
+  for (auto [param, body] : std::vector<std::pair<std::string, json>>{
+           {"prompt", {{"prompt", {1, past}}}},
+           {"stop_token_ids", {{"prompt", kPrompt}, {"stop_token_ids", {past}}}},
+           {"logit_bias", {{"prompt", kPrompt}, {"logit_bias", {{std::to_string(past), 5}}}}}}) {
+    auto r = s.harness->post("/v1/completions", body.dump());
+    ASSERT_EQ(r.status, 400) << r.body;
+    json e = json::parse(r.body)["error"];
+    EXPECT_EQ(e["param"], param);
+    EXPECT_EQ(e["message"], fmt::format("'{}': token id {} is outside the vocabulary ({} tokens)", param, past, vocab))
+        << r.body;
+  }
 }
 
 TEST(Generation, RepeatedPromptReportsCachedTokens) {

@@ -1,10 +1,16 @@
 // Request parsing and validation: every field of the issue, and the 400s that name the parameter.
 #include <gtest/gtest.h>
 
-#include <algorithm>
+#include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
 #include "server/api_error.h"
 #include "server/openai_request.h"
+#include "server/sampling_defaults.h"
 
 namespace moeserve::server {
 namespace {
@@ -127,6 +133,12 @@ TEST(CompletionRequest, InvalidValuesNameTheParameter) {
            {R"({"prompt":"x","modalities":["text","audio"]})", "modalities"},
            {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{}}})", "response_format"},
            {R"({"prompt":"x","guided_json":{"type":"object"}})", "guided_json"},
+           {R"({"prompt":"x","regex":"[a-z]+"})", "regex"},
+           {R"({"prompt":"x","ebnf":"root ::= \"a\""})", "ebnf"},
+           {R"({"prompt":"x","structural_tag":"{}"})", "structural_tag"},
+           {R"({"prompt":"x","use_beam_search":true})", "use_beam_search"},
+           {R"({"prompt":"x","bad_words":["no"]})", "bad_words"},
+           {R"({"prompt":"x","length_penalty":0.5})", "length_penalty"},
            {R"({"prompt":"x","min_tokens":5,"max_tokens":2})", "min_tokens"},
            {R"({"prompt":"x","model":7})", "model"},
            {R"({"prompt":""})", "prompt"},
@@ -204,6 +216,35 @@ TEST(ChatRequest, AcceptsParametersItDoesNotUseAndNamesTheUnknownOnes) {
 
   auto c = parse_completion_request(R"({"prompt":"x","response_format":{"type":"text"},"best_of":1,"x":1})");
   EXPECT_EQ(c.ignored, std::vector<std::string>{"x"});
+}
+
+TEST(ChatRequest, NoOpValuesOfUnsupportedControlsPassAndGivenSamplingIsRecorded) {
+  auto r = parse_chat_request(R"({"messages":[{"role":"user","content":"x"}],"use_beam_search":false,
+      "length_penalty":1.0,"bad_words":[],"temperature":0.2,"top_k":5})");
+  EXPECT_TRUE(r.ignored.empty()) << testing::PrintToString(r.ignored);
+  EXPECT_TRUE(r.sampling.given.temperature);
+  EXPECT_TRUE(r.sampling.given.top_k);
+  EXPECT_FALSE(r.sampling.given.top_p);
+  EXPECT_TRUE(r.parallel_tool_calls);
+}
+
+TEST(SamplingDefaults, GenerationConfigFillsOnlyWhatTheRequestLeftUnset) {
+  auto dir = std::filesystem::temp_directory_path() / ("moeserve-gencfg-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "generation_config.json") << R"({"do_sample":true,"temperature":0.6,"top_p":0.95,"top_k":20,
+      "eos_token_id":[1,2]})";
+  SamplingDefaults d = SamplingDefaults::load(dir.string());
+  EXPECT_EQ(d.summary(), "temperature=0.6 top_p=0.95 top_k=20");
+  auto r = parse_chat_request(R"({"messages":[{"role":"user","content":"x"}],"temperature":0})");
+  d.apply(r.sampling);
+  EXPECT_EQ(r.sampling.temperature, 0.0);  // the request's own value wins
+  EXPECT_EQ(r.sampling.top_p, 0.95);
+  EXPECT_EQ(r.sampling.top_k, 20);
+  EXPECT_EQ(r.sampling.min_p, 0.0);  // not in the file: the API default
+  std::ofstream(dir / "generation_config.json") << R"({"temperature":7})";
+  EXPECT_THROW(SamplingDefaults::load(dir.string()), Error);
+  EXPECT_TRUE(SamplingDefaults::load((dir / "absent").string()).empty());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(RequestBody, MalformedJsonIs400WithoutParam) {

@@ -624,15 +624,14 @@ TEST_F(ServeDemo, ResponseFormatJsonSchemaAndJsonObject) {
   EXPECT_NE(error["error"]["message"].get<std::string>().find("pattern"), std::string::npos) << error.dump();
 }
 
-TEST_F(ServeDemo, OfficialOpenAiSdk) {
-  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0)
-      << "node is missing: run scripts/install-deps.sh (Node.js + npm run the official openai SDK)";
-  ASSERT_TRUE(std::filesystem::exists("tests/server/js/node_modules/openai/package.json"))
-      << "the openai npm SDK is missing: run tests/server/js/install.sh (scripts/fetch-test-data.sh does)";
-  // The limits sdk_test.mjs checks 413, 429 and 503 against.
-  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk", "--max-concurrency", "2",
-                  "--max-queued-requests", "1", "--queue-timeout", "1", "--max-request-body-mb", "1"});
-  std::string cmd = "node tests/server/js/sdk_test.mjs http://127.0.0.1:" + std::to_string(p->port()) +
+// Runs one of the SDK scripts in tests/server/js against a server and checks that it exited 0 and printed
+// `passed` (each script prints one line per check, so a failure shows which).
+void run_sdk_script(ServeProcess& p, const std::string& script, const std::string& passed) {
+  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0) << "node is missing: run scripts/install-deps.sh";
+  ASSERT_TRUE(std::filesystem::exists("tests/server/js/node_modules/openai/package.json") &&
+              std::filesystem::exists("tests/server/js/node_modules/@anthropic-ai/sdk/package.json"))
+      << "the npm SDKs are missing: run tests/server/js/install.sh (scripts/fetch-test-data.sh does)";
+  std::string cmd = "node tests/server/js/" + script + " http://127.0.0.1:" + std::to_string(p.port()) +
                     " moeserve-demo sk-sdk 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   ASSERT_NE(f, nullptr);
@@ -640,8 +639,27 @@ TEST_F(ServeDemo, OfficialOpenAiSdk) {
   char buf[1024];
   while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
   int status = pclose(f);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << "\nserver:\n" << p->output();
-  EXPECT_NE(out.find("all SDK checks passed"), std::string::npos) << out;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << "\nserver:\n" << p.output();
+  EXPECT_NE(out.find(passed), std::string::npos) << out;
+}
+
+TEST_F(ServeDemo, OfficialOpenAiSdk) {
+  // The limits sdk_test.mjs checks 413, 429 and 503 against.
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk", "--max-concurrency", "2",
+                  "--max-queued-requests", "1", "--queue-timeout", "1", "--max-request-body-mb", "1"});
+  run_sdk_script(*p, "sdk_test.mjs", "all SDK checks passed");
+}
+
+TEST_F(ServeDemo, OpenAiSdkResponsesApi) {
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk", "--chat-template",
+                  kQwen35Template});
+  run_sdk_script(*p, "responses_test.mjs", "all Responses checks passed");
+}
+
+TEST_F(ServeDemo, AnthropicSdkMessagesApi) {
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk", "--chat-template",
+                  kQwen35Template});
+  run_sdk_script(*p, "messages_test.mjs", "all Messages checks passed");
 }
 
 }  // namespace

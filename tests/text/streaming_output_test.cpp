@@ -17,7 +17,7 @@ struct Collected {
 };
 
 Collected run(const std::string& generated, std::vector<std::string> stops, const OutputParserOptions& o) {
-  StreamingOutput s(qwen3(), std::move(stops), o);
+  StreamingOutput s(&qwen3(), {.stops = std::move(stops), .parser = o});
   Collected c;
   auto absorb = [&](const OutputDelta& d) {
     c.from_deltas.reasoning_content += d.reasoning_content;

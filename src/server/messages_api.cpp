@@ -1,0 +1,285 @@
+#include "server/messages_api.h"
+
+#include <fmt/format.h>
+
+#include "common/bounded_json.h"
+#include "server/api_error.h"
+#include "server/body_fields.h"
+
+namespace moeserve::server {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+// A string, or text blocks joined (system prompts, tool results).
+std::string plain_text(const json& v, const std::string& param) {
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_array()) throw invalid_param(param, "must be a string or an array of text blocks");
+  std::string text;
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::string p = fmt::format("{}[{}]", param, i);
+    if (!v[i].is_object() || v[i].value("type", "") != "text")
+      throw invalid_param(p + ".type", "must be 'text'");
+    text += required_string(v[i], "text", p + ".text");
+  }
+  return text;
+}
+
+// One Anthropic message -> chat messages (a user turn's tool results become tool messages first).
+void append_message(const json& m, const std::string& p, json& out) {
+  if (!m.is_object()) throw invalid_param(p, "must be an object");
+  std::string role = required_string(m, "role", p + ".role");
+  if (role != "user" && role != "assistant") throw invalid_param(p + ".role", "must be user or assistant");
+  const json* content = present(m, "content");
+  if (!content) throw invalid_param(p + ".content", "is required");
+  if (content->is_string()) {
+    out.push_back({{"role", role}, {"content", *content}});
+    return;
+  }
+  if (!content->is_array())
+    throw invalid_param(p + ".content", "must be a string or an array of content blocks");
+  std::string text, thinking;
+  json calls = json::array();
+  for (size_t i = 0; i < content->size(); ++i) {
+    const json& b = (*content)[i];
+    std::string bp = fmt::format("{}.content[{}]", p, i);
+    const json* type = b.is_object() ? present(b, "type") : nullptr;
+    if (!type || !type->is_string()) throw invalid_param(bp, "must be an object with a string 'type'");
+    const std::string t = type->get<std::string>();
+    if (t == "text") {
+      text += required_string(b, "text", bp + ".text");
+    } else if (t == "tool_result" && role == "user") {
+      const json* result = present(b, "content");
+      out.push_back({{"role", "tool"},
+                     {"tool_call_id", required_string(b, "tool_use_id", bp + ".tool_use_id")},
+                     {"content", result ? plain_text(*result, bp + ".content") : ""}});
+    } else if (t == "tool_use" && role == "assistant") {
+      const json* input = present(b, "input");
+      if (!input || !input->is_object()) throw invalid_param(bp + ".input", "must be an object");
+      calls.push_back(
+          {{"id", required_string(b, "id", bp + ".id")},
+           {"type", "function"},
+           {"function", {{"name", required_string(b, "name", bp + ".name")}, {"arguments", *input}}}});
+    } else if ((t == "thinking" || t == "redacted_thinking") && role == "assistant") {
+      if (t == "thinking") thinking += required_string(b, "thinking", bp + ".thinking");
+    } else {
+      throw invalid_param(bp + ".type", "a {} message cannot carry a {} block here", role, brief(*type));
+    }
+  }
+  if (role == "user" && text.empty()) return;  // tool results only
+  json msg = {{"role", role}, {"content", text}};
+  if (!thinking.empty()) msg["reasoning_content"] = thinking;
+  if (!calls.empty()) msg["tool_calls"] = std::move(calls);
+  out.push_back(std::move(msg));
+}
+
+}  // namespace
+
+ChatRequest parse_messages_request(std::string_view body) {
+  json j = parse_json_object(body);
+  json chat = json::object();
+  json messages = json::array();
+  if (const json* system = present(j, "system")) {
+    messages.push_back({{"role", "system"}, {"content", plain_text(*system, "system")}});
+  }
+  const json* list = present(j, "messages");
+  if (!list || !list->is_array() || list->empty())
+    throw invalid_param("messages", "must be a non-empty array");
+  for (size_t i = 0; i < list->size(); ++i)
+    append_message((*list)[i], fmt::format("messages[{}]", i), messages);
+  chat["messages"] = std::move(messages);
+  // Anthropic requires max_tokens; a request without one is answered as the API would.
+  if (!present(j, "max_tokens")) throw invalid_param("max_tokens", "is required");
+  chat["max_tokens"] = j["max_tokens"];
+  for (const char* key : {"model", "temperature", "top_p", "top_k", "stream"}) {
+    if (const json* v = present(j, key)) chat[key] = *v;
+  }
+  if (const json* v = present(j, "stop_sequences")) chat["stop"] = *v;
+  if (const json* v = present(j, "tools")) {
+    if (!v->is_array()) throw invalid_param("tools", "must be an array");
+    json tools = json::array();
+    for (size_t i = 0; i < v->size(); ++i) {
+      const json& t = (*v)[i];
+      std::string p = fmt::format("tools[{}]", i);
+      if (!t.is_object()) throw invalid_param(p, "must be an object");
+      if (const json* type = present(t, "type"); type && *type != "custom") {
+        throw invalid_param(p + ".type", "only client tools (name, input_schema) are supported, got {}",
+                            brief(*type));
+      }
+      json fn = {{"name", t.contains("name") ? t["name"] : json(nullptr)}};
+      if (const json* d = present(t, "description")) fn["description"] = *d;
+      if (const json* s = present(t, "input_schema")) fn["parameters"] = *s;
+      tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
+    }
+    chat["tools"] = std::move(tools);
+  }
+  if (const json* v = present(j, "tool_choice")) {
+    if (!v->is_object() || !v->contains("type"))
+      throw invalid_param("tool_choice", "must be an object with a type");
+    const json& type = (*v)["type"];
+    if (type == "auto" || type == "none") {
+      chat["tool_choice"] = type;
+    } else if (type == "any") {
+      chat["tool_choice"] = "required";
+    } else if (type == "tool") {
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", v->value("name", "")}}}};
+    } else {
+      throw invalid_param("tool_choice", "type must be auto, any, tool or none, got {}", brief(type));
+    }
+    if (v->value("disable_parallel_tool_use", false)) chat["parallel_tool_calls"] = false;
+  }
+  if (const json* v = present(j, "thinking")) {
+    const json* type = v->is_object() ? present(*v, "type") : nullptr;
+    if (!type || (*type != "enabled" && *type != "disabled")) {
+      throw invalid_param("thinking", "must be {{\"type\": \"enabled\"}} or {{\"type\": \"disabled\"}}");
+    }
+    chat["chat_template_kwargs"] = {{"enable_thinking", *type == "enabled"}};
+  }
+  return parse_chat_request(chat.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+namespace {
+
+// Writes an answer as Anthropic content blocks; streamed, as its events (message_start, content_block_*,
+// message_delta, message_stop).
+class MessagesEncoder : public ResponseEncoder {
+ public:
+  explicit MessagesEncoder(const EncoderContext& ctx) : ctx_(ctx) {}
+
+  std::string delta(const ChoiceOutput&, const ChoiceDelta& d) override {
+    std::string out;
+    if (!started_) {
+      started_ = true;
+      json message = envelope();
+      message["content"] = json::array();
+      message["usage"] = {{"input_tokens", input_tokens()}, {"output_tokens", 0}};
+      out += event("message_start", {{"message", message}});
+    }
+    if (!d.text.reasoning_content.empty()) {
+      out += block(Open::kThinking, {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
+      out += event("content_block_delta",
+                   {{"index", index_},
+                    {"delta", {{"type", "thinking_delta"}, {"thinking", d.text.reasoning_content}}}});
+    }
+    if (!d.text.content.empty()) {
+      out += block(Open::kText, {{"type", "text"}, {"text", ""}});
+      out += event("content_block_delta",
+                   {{"index", index_}, {"delta", {{"type", "text_delta"}, {"text", d.text.content}}}});
+    }
+    for (const auto& t : d.text.tool_calls) {
+      if (!t.id.empty()) {
+        out += close();
+        out += block(Open::kToolUse,
+                     {{"type", "tool_use"}, {"id", t.id}, {"name", t.name}, {"input", json::object()}});
+      }
+      if (open_ == Open::kToolUse && !t.arguments.empty()) {
+        out += event(
+            "content_block_delta",
+            {{"index", index_}, {"delta", {{"type", "input_json_delta"}, {"partial_json", t.arguments}}}});
+      }
+    }
+    if (d.finished) out += close();
+    return out;
+  }
+
+  std::string stream_end(const std::string& error) override {
+    std::string out = close();
+    if (!error.empty()) {
+      return out + event("error", {{"error", {{"type", "api_error"}, {"message", error}}}});
+    }
+    const ChoiceOutput& c = ctx_.choices.at(0);
+    out += event("message_delta",
+                 {{"delta", {{"stop_reason", stop_reason(c)}, {"stop_sequence", stop_sequence(c)}}},
+                  {"usage", {{"output_tokens", c.tokens().size()}}}});
+    return out + event("message_stop", json::object());
+  }
+
+  std::string whole() override {
+    const ChoiceOutput& c = ctx_.choices.at(0);
+    const auto& m = c.message();
+    json content = json::array();
+    if (!m.reasoning_content.empty()) {
+      content.push_back({{"type", "thinking"}, {"thinking", m.reasoning_content}, {"signature", ""}});
+    }
+    if (!m.content.empty()) content.push_back({{"type", "text"}, {"text", m.content}});
+    for (const auto& call : m.tool_calls) {
+      // The parser always completes a call's arguments as a JSON object; anything else shows as {}.
+      json input = parse_bounded_json_or_discarded<json>(call.arguments);
+      if (!input.is_object()) input = json::object();
+      content.push_back(
+          {{"type", "tool_use"}, {"id", call.id}, {"name", call.name}, {"input", std::move(input)}});
+    }
+    json r = envelope();
+    r["content"] = std::move(content);
+    r["stop_reason"] = stop_reason(c);
+    r["stop_sequence"] = stop_sequence(c);
+    json u = usage_json(ctx_.spec, ctx_.choices);
+    r["usage"] = {{"input_tokens", u["prompt_tokens"]},
+                  {"output_tokens", u["completion_tokens"]},
+                  {"cache_read_input_tokens", u["prompt_tokens_details"]["cached_tokens"]}};
+    return r.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+
+ private:
+  enum class Open { kNone, kThinking, kText, kToolUse };
+
+  json envelope() const {
+    return {{"id", ctx_.spec.id},  {"type", "message"},      {"role", "assistant"},
+            {"model", ctx_.model}, {"stop_reason", nullptr}, {"stop_sequence", nullptr}};
+  }
+  int64_t input_tokens() const { return int64_t(ctx_.spec.prompts.at(0).size()); }
+
+  static json stop_reason(const ChoiceOutput& c) {
+    const std::string& f = c.finish_reason();
+    if (f == "tool_calls") return "tool_use";
+    if (f == "length") return "max_tokens";
+    if (f == "stop" && c.stop_reason().is_string()) return "stop_sequence";
+    return "end_turn";
+  }
+  static json stop_sequence(const ChoiceOutput& c) {
+    return c.stop_reason().is_string() ? c.stop_reason() : json(nullptr);
+  }
+
+  std::string event(const char* type, json data) {
+    json e = {{"type", type}};
+    for (auto& [k, v] : data.items()) e[k] = std::move(v);
+    return fmt::format("event: {}\ndata: {}\n\n", type,
+                       e.dump(-1, ' ', false, json::error_handler_t::replace));
+  }
+
+  // Starts a block of this kind unless one is open (tool_use blocks always start anew).
+  std::string block(Open kind, json content_block) {
+    if (open_ == kind && kind != Open::kToolUse) return "";
+    std::string out = close();
+    open_ = kind;
+    out += event("content_block_start", {{"index", index_}, {"content_block", std::move(content_block)}});
+    return out;
+  }
+
+  std::string close() {
+    if (open_ == Open::kNone) return "";
+    std::string out;
+    if (open_ == Open::kThinking) {
+      out += event("content_block_delta",
+                   {{"index", index_}, {"delta", {{"type", "signature_delta"}, {"signature", ""}}}});
+    }
+    out += event("content_block_stop", {{"index", index_}});
+    ++index_;
+    open_ = Open::kNone;
+    return out;
+  }
+
+  EncoderContext ctx_;
+  bool started_ = false;
+  Open open_ = Open::kNone;
+  int index_ = 0;  // the open block's index, or the next one's
+};
+
+}  // namespace
+
+std::unique_ptr<ResponseEncoder> make_messages_encoder(const EncoderContext& ctx) {
+  return std::make_unique<MessagesEncoder>(ctx);
+}
+
+}  // namespace moeserve::server

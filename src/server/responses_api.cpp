@@ -1,0 +1,462 @@
+#include "server/responses_api.h"
+
+#include <fmt/format.h>
+
+#include "server/api_error.h"
+#include "server/body_fields.h"
+
+namespace moeserve::server {
+
+using json = nlohmann::ordered_json;
+
+void ResponseStore::put(const std::string& id, json messages) {
+  auto stored = std::make_shared<const json>(std::move(messages));
+  size_t bytes = stored->dump(-1, ' ', false, json::error_handler_t::replace).size();
+  std::lock_guard lock(mutex_);
+  if (bytes > max_bytes_) return;  // larger than the whole store: never kept
+  order_.push_back({id, std::move(stored), bytes});
+  by_id_[id] = std::prev(order_.end());
+  bytes_ += bytes;
+  while (order_.size() > max_entries_ || bytes_ > max_bytes_) {
+    bytes_ -= order_.front().bytes;
+    by_id_.erase(order_.front().id);
+    order_.pop_front();
+  }
+}
+
+std::optional<json> ResponseStore::get(const std::string& id) const {
+  std::lock_guard lock(mutex_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return std::nullopt;
+  return *it->second->messages;
+}
+
+size_t ResponseStore::size() const {
+  std::lock_guard lock(mutex_);
+  return order_.size();
+}
+
+namespace {
+
+// An input message's content: a string, or parts whose text is joined (input_text, output_text).
+std::string content_text(const json& content, const std::string& param) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) throw invalid_param(param, "must be a string or an array of content parts");
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    std::string p = fmt::format("{}[{}]", param, i);
+    const json* type = part.is_object() ? present(part, "type") : nullptr;
+    if (!type || !type->is_string()) throw invalid_param(p, "must be an object with a string 'type'");
+    const std::string t = type->get<std::string>();
+    if (t != "input_text" && t != "output_text" && t != "text") {
+      throw invalid_param(p + ".type", "content part '{}' is not supported: this model takes text only",
+                          brief(*type));
+    }
+    text += required_string(part, "text", p + ".text");
+  }
+  return text;
+}
+
+// Input items -> chat messages, appended to `messages`.
+void append_input(const json& input, json& messages) {
+  if (input.is_string()) {
+    messages.push_back({{"role", "user"}, {"content", input}});
+    return;
+  }
+  if (!input.is_array()) throw invalid_param("input", "must be a string or an array of input items");
+  for (size_t i = 0; i < input.size(); ++i) {
+    const json& item = input[i];
+    std::string p = fmt::format("input[{}]", i);
+    if (!item.is_object()) throw invalid_param(p, "must be an object");
+    const json* type = present(item, "type");
+    std::string t = type && type->is_string() ? type->get<std::string>() : "message";
+    if (t == "message") {
+      std::string role = required_string(item, "role", p + ".role");
+      if (role != "user" && role != "system" && role != "developer" && role != "assistant") {
+        throw invalid_param(p + ".role", "must be user, system, developer or assistant; got {}", brief(role));
+      }
+      const json* content = present(item, "content");
+      if (!content) throw invalid_param(p + ".content", "is required");
+      messages.push_back({{"role", role}, {"content", content_text(*content, p + ".content")}});
+    } else if (t == "function_call") {
+      json call = {{"id", required_string(item, "call_id", p + ".call_id")},
+                   {"type", "function"},
+                   {"function",
+                    {{"name", required_string(item, "name", p + ".name")},
+                     {"arguments", required_string(item, "arguments", p + ".arguments")}}}};
+      // Calls of one turn follow each other: they join the assistant message before them.
+      if (messages.empty() || messages.back()["role"] != "assistant") {
+        messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array()}});
+      }
+      json& last = messages.back();
+      if (!last.contains("tool_calls")) last["tool_calls"] = json::array();
+      last["tool_calls"].push_back(std::move(call));
+    } else if (t == "function_call_output") {
+      const json* output = present(item, "output");
+      if (!output) throw invalid_param(p + ".output", "is required");
+      messages.push_back({{"role", "tool"},
+                          {"tool_call_id", required_string(item, "call_id", p + ".call_id")},
+                          {"content", content_text(*output, p + ".output")}});
+    } else if (t == "reasoning") {
+      // Past reasoning: Qwen3.5's template drops it from earlier turns, so it changes nothing.
+    } else {
+      throw invalid_param(p + ".type", "input item type {} is not supported", brief(*type));
+    }
+  }
+}
+
+json chat_tools(const json& tools) {
+  if (!tools.is_array()) throw invalid_param("tools", "must be an array");
+  json out = json::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const json& t = tools[i];
+    std::string p = fmt::format("tools[{}]", i);
+    const json* type = t.is_object() ? present(t, "type") : nullptr;
+    if (!type || *type != "function") {
+      throw invalid_param(p + ".type", "only function tools are supported, got {}",
+                          type ? brief(*type) : "none");
+    }
+    json fn = {{"name", t.contains("name") ? t["name"] : json(nullptr)}};
+    if (const json* d = present(t, "description")) fn["description"] = *d;
+    if (const json* params = present(t, "parameters")) fn["parameters"] = *params;
+    out.push_back({{"type", "function"}, {"function", std::move(fn)}});
+  }
+  return out;
+}
+
+}  // namespace
+
+ResponsesRequest parse_responses_request(std::string_view body, const ResponseStore& store) {
+  json j = parse_json_object(body);
+  ResponsesRequest r;
+  json conversation = json::array();
+  if (const json* prev = present(j, "previous_response_id")) {
+    if (!prev->is_string()) throw invalid_param("previous_response_id", "must be a string");
+    auto stored = store.get(prev->get<std::string>());
+    if (!stored) {
+      throw ApiError(
+          404,
+          fmt::format("no response {} in this server's memory (it keeps the latest responses only, "
+                      "and none across restarts)",
+                      brief(*prev)),
+          "invalid_request_error", "previous_response_id");
+    }
+    conversation = std::move(*stored);
+    r.previous_response_id = prev->get<std::string>();
+  }
+  const json* input = present(j, "input");
+  if (!input) throw invalid_param("input", "is required");
+  append_input(*input, conversation);
+  if (const json* s = present(j, "store")) {
+    if (!s->is_boolean()) throw invalid_param("store", "must be a boolean");
+    r.store = s->get<bool>();
+  }
+  if (const json* b = present(j, "background"); b && *b != false) {
+    throw invalid_param("background", "background responses are not supported");
+  }
+
+  // The chat request it amounts to; parse_chat_request validates it with the chat rules.
+  json chat = json::object();
+  json messages = json::array();
+  json instructions = nullptr;
+  if (const json* v = present(j, "instructions")) {
+    if (!v->is_string()) throw invalid_param("instructions", "must be a string");
+    instructions = *v;
+    messages.push_back({{"role", "system"}, {"content", *v}});  // this turn only, as OpenAI does
+  }
+  for (auto& m : conversation) messages.push_back(m);
+  chat["messages"] = std::move(messages);
+  if (const json* model = present(j, "model")) chat["model"] = *model;
+  json tools = json::array();
+  if (const json* v = present(j, "tools")) {
+    tools = *v;
+    chat["tools"] = chat_tools(*v);
+  }
+  json tool_choice = "auto";
+  if (const json* v = present(j, "tool_choice")) {
+    tool_choice = *v;
+    if (v->is_object() && v->contains("name")) {
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", (*v)["name"]}}}};
+    } else {
+      chat["tool_choice"] = *v;
+    }
+  }
+  if (const json* v = present(j, "max_output_tokens")) chat["max_tokens"] = *v;
+  for (const char* key : {"temperature", "top_p", "top_k", "min_p", "seed", "parallel_tool_calls", "stream",
+                          "user", "presence_penalty", "frequency_penalty", "repetition_penalty"}) {
+    if (const json* v = present(j, key)) chat[key] = *v;
+  }
+  json text = {{"format", {{"type", "text"}}}};
+  if (const json* v = present(j, "text")) {
+    if (!v->is_object()) throw invalid_param("text", "must be an object");
+    if (const json* format = present(*v, "format")) {
+      text = *v;
+      const json* type = format->is_object() ? present(*format, "type") : nullptr;
+      if (type && *type == "json_schema") {
+        json schema = {{"name", format->value("name", "response")}};
+        if (const json* s = present(*format, "schema")) schema["schema"] = *s;
+        if (const json* s = present(*format, "strict")) schema["strict"] = *s;
+        chat["response_format"] = {{"type", "json_schema"}, {"json_schema", std::move(schema)}};
+      } else if (type && (*type == "json_object" || *type == "text")) {
+        chat["response_format"] = {{"type", *type}};
+      } else {
+        throw invalid_param("text.format", "must be of type text, json_object or json_schema");
+      }
+    }
+  }
+  if (const json* v = present(j, "chat_template_kwargs"))
+    chat["chat_template_kwargs"] = *v;  // vLLM's extension
+  if (const json* v = present(j, "reasoning")) {
+    if (!v->is_object()) throw invalid_param("reasoning", "must be an object");
+    // Effort "none" (OpenAI's no-reasoning setting) is the template's thinking switch; other efforts think.
+    if (const json* effort = present(*v, "effort"); effort && *effort == "none") {
+      chat["chat_template_kwargs"]["enable_thinking"] = false;
+    }
+  }
+  r.chat = parse_chat_request(chat.dump(-1, ' ', false, json::error_handler_t::replace));
+
+  r.conversation = std::move(conversation);
+  const json* metadata = present(j, "metadata");
+  r.echo = {{"instructions", instructions},
+            {"max_output_tokens", present(j, "max_output_tokens") ? j["max_output_tokens"] : json(nullptr)},
+            {"metadata", metadata ? *metadata : json::object()},
+            {"parallel_tool_calls", r.chat.parallel_tool_calls},
+            {"previous_response_id", r.previous_response_id ? json(*r.previous_response_id) : json(nullptr)},
+            {"reasoning",
+             present(j, "reasoning") ? j["reasoning"] : json{{"effort", nullptr}, {"summary", nullptr}}},
+            {"store", r.store},
+            {"temperature", present(j, "temperature") ? j["temperature"] : json(1.0)},
+            {"text", text},
+            {"tool_choice", tool_choice},
+            {"tools", tools},
+            {"top_p", present(j, "top_p") ? j["top_p"] : json(1.0)},
+            {"truncation", "disabled"},
+            {"user", present(j, "user") ? j["user"] : json(nullptr)}};
+  return r;
+}
+
+namespace {
+
+// Writes a response as the Responses API's objects: output items and, streamed, typed events (each an SSE
+// event named by its type, numbered by sequence_number).
+class ResponsesEncoder : public ResponseEncoder {
+ public:
+  explicit ResponsesEncoder(const EncoderContext& ctx) : ctx_(ctx), request_(*ctx.spec.responses) {}
+
+  std::string delta(const ChoiceOutput& c, const ChoiceDelta& d) override {
+    std::string out;
+    if (!started_) {
+      started_ = true;
+      out += event("response.created", {{"response", response_object("in_progress", json::array(), false)}});
+      out +=
+          event("response.in_progress", {{"response", response_object("in_progress", json::array(), false)}});
+    }
+    if (!d.text.reasoning_content.empty()) out += text_delta(Open::kReasoning, d.text.reasoning_content);
+    if (!d.text.content.empty()) out += text_delta(Open::kMessage, d.text.content);
+    for (const auto& t : d.text.tool_calls) {
+      if (!t.id.empty()) {
+        out += close();
+        open_ = Open::kCall;
+        item_ = {{"id", item_id("fc")}, {"type", "function_call"}, {"status", "in_progress"},
+                 {"arguments", ""},     {"call_id", t.id},         {"name", t.name}};
+        out += event("response.output_item.added", {{"output_index", items_.size()}, {"item", item_}});
+      }
+      if (open_ != Open::kCall || t.arguments.empty()) continue;
+      item_["arguments"] = item_["arguments"].get<std::string>() + t.arguments;
+      out += event("response.function_call_arguments.delta",
+                   {{"item_id", item_["id"]}, {"output_index", items_.size()}, {"delta", t.arguments}});
+    }
+    if (d.finished) {
+      out += close();
+      finish_reason_ = c.finish_reason();
+    }
+    return out;
+  }
+
+  std::string stream_end(const std::string& error) override {
+    std::string out = close();
+    if (!error.empty()) {
+      json failed = response_object("failed", items_, true);
+      failed["error"] = {{"code", "server_error"}, {"message", error}};
+      return out + event("response.failed", {{"response", failed}});
+    }
+    json done = response_object(status(), items_, true);
+    remember(ctx_.choices.at(0));
+    return out + event(done["status"] == "completed" ? "response.completed" : "response.incomplete",
+                       {{"response", done}});
+  }
+
+  std::string whole() override {
+    const ChoiceOutput& c = ctx_.choices.at(0);
+    finish_reason_ = c.finish_reason();
+    const auto& m = c.message();
+    json items = json::array();
+    if (!m.reasoning_content.empty()) {
+      items.push_back({{"id", item_id("rs")},
+                       {"type", "reasoning"},
+                       {"summary", json::array()},
+                       {"content", {{{"type", "reasoning_text"}, {"text", m.reasoning_content}}}},
+                       {"status", "completed"}});
+    }
+    if (!m.content.empty()) {
+      items.push_back({{"id", item_id("msg")},
+                       {"type", "message"},
+                       {"status", "completed"},
+                       {"role", "assistant"},
+                       {"content", {output_text(m.content)}}});
+    }
+    for (const auto& call : m.tool_calls) {
+      items.push_back({{"id", item_id("fc")},
+                       {"type", "function_call"},
+                       {"status", "completed"},
+                       {"arguments", call.arguments},
+                       {"call_id", call.id},
+                       {"name", call.name}});
+    }
+    remember(c);
+    return response_object(status(), items, true).dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+
+ private:
+  enum class Open { kNone, kReasoning, kMessage, kCall };
+
+  static json output_text(const std::string& text) {
+    return {
+        {"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", json::array()}};
+  }
+  std::string item_id(const char* kind) {
+    return fmt::format("{}_{}{}", kind, ctx_.spec.id.substr(5), next_item_++);
+  }
+
+  std::string status() const { return finish_reason_ == "length" ? "incomplete" : "completed"; }
+
+  json response_object(const std::string& status, json output, bool usage) const {
+    json r = {{"id", ctx_.spec.id},
+              {"object", "response"},
+              {"created_at", ctx_.spec.created},
+              {"status", status},
+              {"error", nullptr},
+              {"incomplete_details",
+               status == "incomplete" ? json{{"reason", "max_output_tokens"}} : json(nullptr)},
+              {"model", ctx_.model},
+              {"output", std::move(output)}};
+    for (auto& [k, v] : request_.echo.items()) r[k] = v;
+    if (usage) {
+      json u = usage_json(ctx_.spec, ctx_.choices);
+      r["usage"] = {
+          {"input_tokens", u["prompt_tokens"]},
+          {"input_tokens_details", {{"cached_tokens", u["prompt_tokens_details"]["cached_tokens"]}}},
+          {"output_tokens", u["completion_tokens"]},
+          {"output_tokens_details", {{"reasoning_tokens", 0}}},
+          {"total_tokens", u["total_tokens"]}};
+    } else {
+      r["usage"] = nullptr;
+    }
+    return r;
+  }
+
+  std::string event(const char* type, json data) {
+    json e = {{"type", type}, {"sequence_number", sequence_++}};
+    for (auto& [k, v] : data.items()) e[k] = std::move(v);
+    return fmt::format("event: {}\ndata: {}\n\n", type,
+                       e.dump(-1, ' ', false, json::error_handler_t::replace));
+  }
+
+  // Reasoning or message text: continues the open item of that kind, or closes the open one and starts it.
+  std::string text_delta(Open kind, const std::string& text) {
+    std::string out;
+    const bool reasoning = kind == Open::kReasoning;
+    const char* part_type = reasoning ? "reasoning_text" : "output_text";
+    if (open_ != kind) {
+      out += close();
+      open_ = kind;
+      text_.clear();
+      item_ = reasoning ? json{{"id", item_id("rs")},
+                               {"type", "reasoning"},
+                               {"summary", json::array()},
+                               {"content", json::array()}}
+                        : json{{"id", item_id("msg")},
+                               {"type", "message"},
+                               {"status", "in_progress"},
+                               {"role", "assistant"},
+                               {"content", json::array()}};
+      out += event("response.output_item.added", {{"output_index", items_.size()}, {"item", item_}});
+      json part = reasoning ? json{{"type", part_type}, {"text", ""}} : output_text("");
+      out += event(
+          "response.content_part.added",
+          {{"item_id", item_["id"]}, {"output_index", items_.size()}, {"content_index", 0}, {"part", part}});
+    }
+    text_ += text;
+    json e = {
+        {"item_id", item_["id"]}, {"output_index", items_.size()}, {"content_index", 0}, {"delta", text}};
+    if (!reasoning) e["logprobs"] = json::array();
+    out += event(reasoning ? "response.reasoning_text.delta" : "response.output_text.delta", std::move(e));
+    return out;
+  }
+
+  // Ends the open item: its done events, and it joins the output.
+  std::string close() {
+    std::string out;
+    const json index = items_.size();
+    if (open_ == Open::kReasoning || open_ == Open::kMessage) {
+      const bool reasoning = open_ == Open::kReasoning;
+      json part = reasoning ? json{{"type", "reasoning_text"}, {"text", text_}} : output_text(text_);
+      out +=
+          event(reasoning ? "response.reasoning_text.done" : "response.output_text.done",
+                {{"item_id", item_["id"]}, {"output_index", index}, {"content_index", 0}, {"text", text_}});
+      out += event("response.content_part.done",
+                   {{"item_id", item_["id"]}, {"output_index", index}, {"content_index", 0}, {"part", part}});
+      item_["content"] = json::array({part});
+    } else if (open_ == Open::kCall) {
+      out += event("response.function_call_arguments.done",
+                   {{"item_id", item_["id"]}, {"output_index", index}, {"arguments", item_["arguments"]}});
+    } else {
+      return out;
+    }
+    item_["status"] = "completed";
+    out += event("response.output_item.done", {{"output_index", index}, {"item", item_}});
+    items_.push_back(std::move(item_));
+    item_ = json();
+    open_ = Open::kNone;
+    return out;
+  }
+
+  // The conversation with this answer, for a later previous_response_id.
+  void remember(const ChoiceOutput& c) {
+    if (!request_.store || !ctx_.spec.response_store) return;
+    const auto& m = c.message();
+    json assistant = {{"role", "assistant"}, {"content", m.content}};
+    if (!m.tool_calls.empty()) {
+      json calls = json::array();
+      for (const auto& call : m.tool_calls) {
+        calls.push_back({{"id", call.id},
+                         {"type", "function"},
+                         {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      }
+      assistant["tool_calls"] = std::move(calls);
+    }
+    json conversation = request_.conversation;
+    conversation.push_back(std::move(assistant));
+    ctx_.spec.response_store->put(ctx_.spec.id, std::move(conversation));
+  }
+
+  EncoderContext ctx_;
+  const ResponsesRequest& request_;
+  bool started_ = false;
+  Open open_ = Open::kNone;
+  json item_;         // the open item
+  std::string text_;  // the open reasoning or message item's text
+  json items_ = json::array();
+  int next_item_ = 0;
+  int64_t sequence_ = 0;
+  std::string finish_reason_;
+};
+
+}  // namespace
+
+std::unique_ptr<ResponseEncoder> make_responses_encoder(const EncoderContext& ctx) {
+  return std::make_unique<ResponsesEncoder>(ctx);
+}
+
+}  // namespace moeserve::server

@@ -1,0 +1,92 @@
+// Drives a running `moeserve serve --model demo` through the official OpenAI SDK's Responses API
+// (client.responses): text, reasoning items, a function tool, streaming through the SDK's own event
+// accumulator (which throws on events out of order), and previous_response_id.
+// Usage: node responses_test.mjs BASE_URL MODEL API_KEY. Prints one line per check; exits 1 if any failed.
+import OpenAI from "openai";
+
+const [baseURL, model, apiKey] = process.argv.slice(2);
+const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey, maxRetries: 0, timeout: 120_000 });
+let failures = 0;
+function check(name, condition, detail = "") {
+  console.log(`${condition ? "ok  " : "FAIL"} ${name}${condition ? "" : " " + detail}`);
+  if (!condition) failures++;
+}
+const textOf = (item) => (item.content ?? []).map((p) => p.text).join("");
+
+// Thinking on (the demo template opens <think>): the output is reasoning, cut by the token limit.
+const thinking = await client.responses.create({ model, input: "Say hello.", max_output_tokens: 6, temperature: 0 });
+check("responses: object, id and status", thinking.object === "response" && thinking.id.startsWith("resp_") &&
+      thinking.status === "incomplete" && thinking.incomplete_details?.reason === "max_output_tokens",
+      JSON.stringify(thinking));
+const reasoning = thinking.output.find((i) => i.type === "reasoning");
+check("responses: a reasoning item with text", reasoning && textOf(reasoning).length > 0, JSON.stringify(thinking.output));
+check("responses: usage adds up", thinking.usage.output_tokens === 6 &&
+      thinking.usage.total_tokens === thinking.usage.input_tokens + thinking.usage.output_tokens,
+      JSON.stringify(thinking.usage));
+
+// Thinking off: the answer is a message, and the SDK's output_text is its text.
+const plain = { model, input: [{ role: "user", content: [{ type: "input_text", text: "Say hello." }] }],
+                instructions: "Be brief.", reasoning: { effort: "none" }, max_output_tokens: 8, temperature: 0 };
+const text = await client.responses.create(plain);
+check("responses: output_text from a message item", text.output_text.length > 0 &&
+      text.output.some((i) => i.type === "message" && i.role === "assistant"), JSON.stringify(text.output));
+check("responses: instructions echoed", text.instructions === "Be brief.", JSON.stringify(text.instructions));
+
+const stream = client.responses.stream(plain);
+let deltas = "";
+const types = new Set();
+stream.on("response.output_text.delta", (e) => { deltas += e.delta; });
+for await (const event of stream) types.add(event.type);
+const streamed = await stream.finalResponse();
+check("responses stream: created ... completed events", types.has("response.created") &&
+      types.has("response.output_item.added") && types.has("response.output_item.done") &&
+      (types.has("response.completed") || types.has("response.incomplete")), JSON.stringify([...types]));
+const finalText = streamed.output.filter((i) => i.type === "message").map(textOf).join("");
+check("responses stream: deltas, final response and non-streamed text agree",
+      deltas === finalText && deltas === text.output_text,
+      JSON.stringify({ deltas, final: finalText, whole: text.output_text }));
+
+// A function tool, required: the answer is a call whose arguments are JSON.
+const weather = { type: "function", name: "get_weather", description: "Current weather",
+                  parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } };
+const withTool = { model, input: "Weather in Paris?", tools: [weather], tool_choice: "required",
+                   max_output_tokens: 24, temperature: 0 };
+const called = await client.responses.create(withTool);
+const call = called.output.find((i) => i.type === "function_call");
+let argsOk = false;
+try { argsOk = call && typeof JSON.parse(call.arguments) === "object"; } catch {}
+check("responses tool: a function_call item", call?.name === "get_weather" && call.call_id.startsWith("call_") && argsOk,
+      JSON.stringify(called.output));
+const toolStream = client.responses.stream(withTool);
+let argDeltas = "";
+toolStream.on("response.function_call_arguments.delta", (e) => { argDeltas += e.delta; });
+for await (const _ of toolStream) {}
+const streamedCall = (await toolStream.finalResponse()).output.find((i) => i.type === "function_call");
+check("responses tool stream: the same call, arguments from their deltas",
+      streamedCall?.name === "get_weather" && streamedCall.arguments === argDeltas &&
+          streamedCall.arguments === call?.arguments,
+      JSON.stringify({ streamedCall, argDeltas, call }));
+
+// The tool's result, continuing the stored conversation.
+const next = await client.responses.create({
+  model, previous_response_id: called.id, tools: [weather], max_output_tokens: 4, temperature: 0,
+  input: [{ type: "function_call_output", call_id: call?.call_id ?? "x", output: "18 C, sunny" }] });
+check("responses: previous_response_id continues the conversation",
+      next.previous_response_id === called.id && next.usage.input_tokens > called.usage.input_tokens,
+      JSON.stringify({ next: next.usage, first: called.usage }));
+try {
+  await client.responses.create({ model, previous_response_id: "resp_unknown", input: "hi", max_output_tokens: 2 });
+  check("responses: an unknown previous_response_id is a 404", false, "no error");
+} catch (e) {
+  check("responses: an unknown previous_response_id is a 404", e instanceof OpenAI.NotFoundError, String(e));
+}
+try {
+  await client.responses.create({ model, input: "hi", tools: [{ type: "web_search" }] });
+  check("responses: a hosted tool is a 400", false, "no error");
+} catch (e) {
+  check("responses: a hosted tool is a 400", e instanceof OpenAI.BadRequestError && /tools\[0\]/.test(e.message),
+        String(e));
+}
+
+console.log(failures === 0 ? "all Responses checks passed" : `${failures} Responses checks failed`);
+process.exit(failures === 0 ? 0 : 1);
