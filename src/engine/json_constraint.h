@@ -183,7 +183,19 @@ class JsonMatcher {
     std::vector<Frame> stack;
     int whitespace_run = 0;
   };
+  // What a frame did with a byte: took it, refused it, or finished and passed it on to the new top.
+  enum class Step : uint8_t { kTaken, kReject, kPass };
   bool feed(State& s, uint8_t c) const;
+  Step feed_value(State& s, uint8_t c) const;
+  Step feed_literal(State& s, uint8_t c) const;
+  Step feed_name(State& s, uint8_t c) const;
+  Step feed_number(State& s, uint8_t c) const;
+  Step feed_string(State& s, uint8_t c) const;
+  Step feed_object(State& s, uint8_t c) const;
+  Step feed_array(State& s, uint8_t c) const;
+  void follow_key(Frame& f, uint8_t c) const;
+  static bool utf8_lead(Frame& f, uint8_t c);
+  static bool escape_hex(Frame& f, uint8_t c);
   bool child_done(State& s) const;
   bool run(State& s, std::string_view bytes) const;
   bool fits(int node, size_t index) const;
