@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <set>
 
@@ -16,7 +17,6 @@ namespace {
 
 constexpr size_t kMaxObjectProperties = 64;  // an object's property set is a 64-bit mask
 constexpr uint32_t kNone = JsonTrie::kNone;
-
 
 uint8_t literal_type(const json& v) {
   switch (v.type()) {
@@ -124,11 +124,37 @@ class SchemaCompiler {
     for (const char* keyword : {"anyOf", "oneOf"})
       if (s.contains(keyword)) return alternatives(s, keyword);
     for (auto it = s.begin(); it != s.end(); ++it) {
-      static const std::set<std::string> kKnown = {
-          "type",      "enum",     "const",      "properties", "required",    "additionalProperties",
-          "items",     "minItems", "maxItems",   "title",      "description", "default",
-          "examples",  "$schema",  "$id",        "$comment",   "deprecated",  "readOnly",
-          "writeOnly", "$defs",    "definitions"};
+      static const std::set<std::string> kKnown = {"type",
+                                                   "enum",
+                                                   "const",
+                                                   "properties",
+                                                   "required",
+                                                   "additionalProperties",
+                                                   "items",
+                                                   "minItems",
+                                                   "maxItems",
+                                                   "title",
+                                                   "description",
+                                                   "default",
+                                                   "examples",
+                                                   "$schema",
+                                                   "$id",
+                                                   "$comment",
+                                                   "deprecated",
+                                                   "readOnly",
+                                                   "writeOnly",
+                                                   "$defs",
+                                                   "definitions",
+                                                   "minimum",
+                                                   "maximum",
+                                                   "exclusiveMinimum",
+                                                   "exclusiveMaximum",
+                                                   "minLength",
+                                                   "maxLength",
+                                                   "pattern",
+                                                   "format",
+                                                   "prefixItems",
+                                                   "additionalItems"};
       if (!kKnown.count(it.key()))
         fail(it.key(),
              fmt::format("the keyword '{}' is not supported in structured output", brief(it.key())));
@@ -144,14 +170,17 @@ class SchemaCompiler {
       if (!n.types) fail("type", "type must name at least one type");
     } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
       n.types = Node::kObject;  // no type, but only object keywords: an object
-    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems") ||
+               s.contains("prefixItems")) {
       n.types = Node::kArray;
     } else {
       n.types = Node::kAll;
     }
     if (n.types & Node::kNumber) n.types &= uint8_t(~Node::kInteger);  // number covers integer
-    if (s.contains("enum") || s.contains("const")) literals(s, n, index);
     check_applies(s, n.types);
+    if (n.types & (Node::kNumber | Node::kInteger)) number_bounds(s, n);
+    if (n.types & Node::kString) string_rule(s, n);
+    if (s.contains("enum") || s.contains("const")) literals(s, n, index);
     if (n.types & Node::kObject) object(s, n);
     if (n.types & Node::kArray) array(s, n);
     out_.nodes_[size_t(index)] = std::move(n);
@@ -355,8 +384,12 @@ class SchemaCompiler {
         merged.names = n.names, merged.properties = n.properties;
         merged.required = n.required, merged.additional = n.additional;
       }
-      if (n.types & Node::kArray)
+      if (n.types & Node::kArray) {
         merged.items = n.items, merged.min_items = n.min_items, merged.max_items = n.max_items;
+        merged.prefix_items = n.prefix_items;
+      }
+      if (n.types & (Node::kNumber | Node::kInteger)) merged.bounds = n.bounds;
+      if (n.types & Node::kString) merged.string_rule = n.string_rule;
     }
     out_.nodes_[size_t(index)] = std::move(merged);
     node_set_[size_t(index)] = merged_set;
@@ -378,17 +411,26 @@ class SchemaCompiler {
       fail("max_enum_values",
            fmt::format("the schema has more than {} enum/const values", limits_.max_enum_values));
     std::vector<std::string> set;
+    // Values the rest of the schema refuses (a string its pattern does not match, a number out of bounds)
+    // are left out: the document must pass every keyword.
+    auto passes = [&](const json& v) {
+      if (v.is_string() && n.string_rule >= 0) return string_passes(out_.strings_[size_t(n.string_rule)], v);
+      if (v.is_number() && n.bounds >= 0)
+        return out_.bounds_[size_t(n.bounds)].contains(*Decimal::parse(v.dump()));
+      return true;
+    };
     auto take = [&](const json& v) {
       const uint8_t t = literal_type(v);
       if (!t) fail(keyword, "only strings, numbers, booleans and null are supported in enum/const");
-      if (t & n.types) set.push_back(text_of(v, keyword));
+      if ((t & n.types) && passes(v)) set.push_back(text_of(v, keyword));
     };
     if (values) {
       for (const json& v : *values) take(v);
     } else {
       take(*one);
     }
-    if (set.empty()) fail(keyword, "no value of the enum/const has the schema's type");
+    if (set.empty())
+      fail(keyword, "no value of the enum/const has the schema's type and passes its other keywords");
     node_set_[size_t(index)] = int(sets_.size());
     sets_.push_back(std::move(set));
   }
@@ -396,8 +438,126 @@ class SchemaCompiler {
   void check_applies(const json& s, uint8_t types) const {
     for (const char* k : {"properties", "required", "additionalProperties"})
       if (s.contains(k) && !(types & Node::kObject)) fail(k, fmt::format("'{}' needs type object", k));
-    for (const char* k : {"items", "minItems", "maxItems"})
+    for (const char* k : {"items", "minItems", "maxItems", "prefixItems", "additionalItems"})
       if (s.contains(k) && !(types & Node::kArray)) fail(k, fmt::format("'{}' needs type array", k));
+    for (const char* k : {"minLength", "maxLength", "pattern", "format"})
+      if (s.contains(k) && !(types & Node::kString)) fail(k, fmt::format("'{}' needs type string", k));
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+      if (s.contains(k) && !(types & (Node::kNumber | Node::kInteger)))
+        fail(k, fmt::format("'{}' needs type number or integer", k));
+  }
+
+  // minLength/maxLength (code points, as JSON Schema counts), and a pattern (ECMAScript, matched anywhere in
+  // the string) or a format. Rules are shared by the nodes that ask the same.
+  void string_rule(const json& s, Node& n) {
+    auto length = [&](const char* k) -> int64_t {
+      const json& v = s.at(k);
+      if (!v.is_number_integer() || v.get<int64_t>() < 0)
+        fail(k, fmt::format("{} must be an integer >= 0", k));
+      return v.get<int64_t>();
+    };
+    const int64_t min = s.contains("minLength") ? length("minLength") : 0;
+    const int64_t max = s.contains("maxLength") ? length("maxLength") : -1;
+    const json* pattern = s.contains("pattern") ? &s.at("pattern") : nullptr;
+    const json* format = s.contains("format") ? &s.at("format") : nullptr;
+    if (!pattern && !format && min == 0 && max < 0) return;
+    if (max >= 0 && min > max) fail("minLength", "minLength exceeds maxLength");
+    if (pattern && format) fail("format", "'format' together with 'pattern' is not supported");
+    std::shared_ptr<const RegexDfa> dfa;
+    std::string key = fmt::format("{} {} ", min, max);
+    if (pattern) {
+      if (!pattern->is_string()) fail("pattern", "pattern must be a string");
+      const std::string& text = pattern->get_ref<const std::string&>();
+      key += "p" + text;
+      try {
+        dfa = RegexDfa::compile(text, true, limits_.max_pattern_states);
+      } catch (const SchemaError&) {
+        throw;
+      } catch (const Error& e) {
+        fail("pattern", fmt::format("pattern '{}': {}", brief(text), e.what()));
+      }
+    } else if (format) {
+      const std::string name = format->is_string() ? format->get<std::string>() : "";
+      key += "f" + name;
+      dfa = format_automaton(name);
+      if (!dfa)
+        fail("format",
+             fmt::format("format {} is not supported (date-time, date, time, uuid, email, uri, ipv4 are)",
+                         describe(*format)));
+    }
+    if (auto it = rules_.find(key); it != rules_.end()) {
+      n.string_rule = it->second;
+      return;
+    }
+    try {
+      out_.strings_.emplace_back(dfa, min, max);
+    } catch (const Error& e) {
+      fail(max >= 0 ? "maxLength" : "minLength", e.what());
+    }
+    n.string_rule = int(out_.strings_.size()) - 1;
+    rules_.emplace(std::move(key), n.string_rule);
+    const StringRule& rule = out_.strings_.back();
+    if (!rule.viable(rule.start(), 0))
+      fail(pattern  ? "pattern"
+           : format ? "format"
+                    : "minLength",
+           "no string passes this schema's pattern/format together with its minLength/maxLength");
+  }
+
+  // Whether a string value (an enum/const) passes a rule: its code points through the automaton.
+  static bool string_passes(const StringRule& rule, const json& v) {
+    const std::string& text = v.get_ref<const std::string&>();
+    uint32_t state = rule.start();
+    int64_t length = 0;
+    for (size_t i = 0; i < text.size(); ++length) {
+      const uint8_t c = uint8_t(text[i]);
+      const int extra = c < 0x80 ? 0 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
+      uint32_t cp = extra == 0 ? c : c & (0x3F >> extra);
+      for (int k = 1; k <= extra && i + size_t(k) < text.size(); ++k)
+        cp = cp << 6 | (uint8_t(text[i + size_t(k)]) & 0x3F);
+      i += size_t(extra) + 1;
+      state = rule.next(state, cp);
+      if (state == RegexDfa::kDead) return false;
+    }
+    return rule.complete(state, length);
+  }
+
+  // minimum/maximum and exclusiveMinimum/exclusiveMaximum, as numbers (draft 6 on) or as booleans that make
+  // minimum/maximum exclusive (draft 4, OpenAPI 3.0); when both kinds bound one end the tighter one holds.
+  void number_bounds(const json& s, Node& n) {
+    struct End {
+      std::optional<Decimal> at;
+      bool open = false;
+    };
+    auto value = [&](const char* k) {
+      const json& v = s.at(k);
+      std::optional<Decimal> d = v.is_number() ? Decimal::parse(v.dump()) : std::nullopt;
+      if (!d) fail(k, fmt::format("{} must be a number", k));
+      return *d;
+    };
+    auto end = [&](const char* inclusive, const char* exclusive, int tighter) {
+      End e;
+      if (s.contains(inclusive)) e.at = value(inclusive);
+      if (auto x = s.find(exclusive); x != s.end()) {
+        if (x->is_boolean()) {
+          if (x->get<bool>() && !e.at)
+            fail(exclusive, fmt::format("{}: true needs {}", exclusive, inclusive));
+          e.open = x->get<bool>();
+        } else if (const Decimal d = value(exclusive); !e.at || compare(d, *e.at) * tighter >= 0) {
+          e.at = d, e.open = true;
+        }
+      }
+      return e;
+    };
+    const End lo = end("minimum", "exclusiveMinimum", 1), hi = end("maximum", "exclusiveMaximum", -1);
+    if (!lo.at && !hi.at) return;
+    const bool integer = !(n.types & Node::kNumber);
+    NumberBounds b = NumberBounds::make(lo.at, lo.open, hi.at, hi.open, integer);
+    if (b.empty())
+      fail(lo.at ? "minimum" : "maximum",
+           fmt::format("no {} is within the schema's minimum and maximum", integer ? "integer" : "number"));
+    n.bounds = int(out_.bounds_.size());
+    out_.bounds_.push_back(std::move(b));
   }
 
   void object(const json& s, Node& n) {
@@ -442,16 +602,27 @@ class SchemaCompiler {
   }
 
   void array(const json& s, Node& n) {
-    if (auto i = s.find("items"); i != s.end()) {
-      if (i->is_array()) fail("items", "tuple items (an array of schemas) are not supported");
-      if (i->is_boolean() && !i->get<bool>()) {
-        n.max_items = 0;
-        n.items = any();
-      } else {
-        n.items = compile_at(*i, "items");
-      }
-    } else {
+    // prefixItems (2020-12), or items as an array of schemas (draft 7, zod-to-json-schema's tuples) with
+    // additionalItems for the rest.
+    const json* prefix = s.contains("prefixItems") ? &s.at("prefixItems") : nullptr;
+    const json* rest = s.contains("items") ? &s.at("items") : nullptr;
+    if (rest && rest->is_array()) {
+      if (prefix) fail("items", "items as an array together with prefixItems");
+      prefix = rest;
+      rest = s.contains("additionalItems") ? &s.at("additionalItems") : nullptr;
+    } else if (s.contains("additionalItems")) {
+      fail("additionalItems", "additionalItems needs items as an array");
+    }
+    if (prefix) {
+      if (!prefix->is_array()) fail("prefixItems", "prefixItems must be an array of schemas");
+      for (size_t i = 0; i < prefix->size(); ++i)
+        n.prefix_items.push_back(compile_at((*prefix)[i], fmt::format("prefixItems[{}]", i)));
+    }
+    if (rest && rest->is_boolean() && !rest->get<bool>()) {
+      n.max_items = int64_t(n.prefix_items.size());
       n.items = any();
+    } else {
+      n.items = rest ? compile_at(*rest, "items") : any();
     }
     auto count = [&](const char* k) -> int64_t {
       const json& v = s.at(k);
@@ -459,8 +630,9 @@ class SchemaCompiler {
       return v.get<int64_t>();
     };
     if (s.contains("minItems")) n.min_items = count("minItems");
-    if (s.contains("maxItems")) n.max_items = count("maxItems");
-    if (n.max_items >= 0 && n.min_items > n.max_items) fail("minItems", "minItems exceeds maxItems");
+    if (s.contains("maxItems"))
+      n.max_items = n.max_items >= 0 ? std::min(n.max_items, count("maxItems")) : count("maxItems");
+    if (n.max_items >= 0 && n.min_items > n.max_items) fail("minItems", "minItems exceeds the items allowed");
   }
 
   // The value trie of each enum/const set the root reaches (sets of alternatives merged away are not built),
@@ -496,6 +668,7 @@ class SchemaCompiler {
         if (c >= 0 && !seen[size_t(c)]) seen[size_t(c)] = true, todo.push_back(c);
       };
       for (int c : n.properties) visit(c);
+      for (int c : n.prefix_items) visit(c);
       visit(n.additional);
       visit(n.items);
     }
@@ -519,8 +692,12 @@ class SchemaCompiler {
             if (n.required >> p & 1) inner = std::max(inner, out_.nodes_[size_t(n.properties[p])].need());
           object = plus_one(inner);
         }
-        if (n.types & Node::kArray)
-          array = plus_one(n.min_items > 0 ? out_.nodes_[size_t(n.items)].need() : 0);
+        if (n.types & Node::kArray) {
+          uint8_t inner = 0;  // the items it must have
+          for (int64_t k = 0; k < n.min_items && k <= int64_t(n.prefix_items.size()); ++k)
+            inner = std::max(inner, out_.nodes_[size_t(out_.item(n, k))].need());
+          array = plus_one(inner);
+        }
         changed |= object != n.need_object || array != n.need_array;
         n.need_object = object, n.need_array = array;
       }
@@ -532,6 +709,7 @@ class SchemaCompiler {
   const JsonSchemaLimits& limits_;
   std::vector<Segment> path_;
   std::map<std::string, int> refs_;             // target -> node
+  std::map<std::string, int> rules_;            // a string rule's keywords -> its index
   std::vector<std::vector<std::string>> sets_;  // enum/const values, as JSON text
   std::vector<int> node_set_;                   // per node: its enum/const set, -1 if none
   size_t properties_ = 0, enum_values_ = 0, literal_bytes_ = 0;
@@ -554,6 +732,53 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const json& schema, const 
   c.compile(schema);  // the root's node is the first one made: node 0
   c.finish();
   return s;
+}
+
+std::shared_ptr<const JsonSchema> JsonSchema::regex(std::string_view pattern,
+                                                    const JsonSchemaLimits& limits) {
+  auto s = std::make_shared<JsonSchema>();
+  try {
+    s->strings_.emplace_back(RegexDfa::compile(pattern, false, limits.max_pattern_states), 0, -1);
+  } catch (const Error& e) {
+    throw SchemaError("regex", "", fmt::format("regex: {}", e.what()));
+  }
+  if (!s->strings_[0].viable(s->strings_[0].start(), 0))
+    throw SchemaError("regex", "", "regex: no text matches it");
+  Node root;
+  root.types = Node::kString;
+  root.string_rule = 0;
+  s->nodes_.push_back(root);
+  s->raw_text_ = true;
+  return s;
+}
+
+std::shared_ptr<const JsonSchema> JsonSchema::choice(const std::vector<std::string>& choices,
+                                                     const JsonSchemaLimits& limits) {
+  if (choices.empty()) throw SchemaError("choice", "", "choice must list at least one string");
+  // An alternation of the choices, each character escaped (letters, digits and non-ASCII stand for
+  // themselves): its automaton is the trie of the choices.
+  std::string pattern;
+  size_t bytes = 0;
+  for (const std::string& choice : choices) {
+    bytes += choice.size();
+    if (bytes > limits.max_literal_bytes)
+      throw SchemaError("choice", "",
+                        fmt::format("the choices are more than {} bytes", limits.max_literal_bytes));
+    if (!pattern.empty()) pattern += '|';
+    pattern += "(?:";
+    for (char c : choice) {
+      if (uint8_t(c) < 0x80 && !std::isalnum(uint8_t(c))) pattern += '\\';
+      pattern += c;
+    }
+    pattern += ')';
+  }
+  JsonSchemaLimits room = limits;
+  room.max_pattern_states = std::max(limits.max_pattern_states, bytes + 2);
+  try {
+    return regex(pattern, room);
+  } catch (const SchemaError& e) {
+    throw SchemaError("choice", "", fmt::format("choice: {}", e.what()));
+  }
 }
 
 }  // namespace moeserve

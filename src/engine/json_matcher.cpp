@@ -1,5 +1,7 @@
 // JsonMatcher: the pushdown automaton over a compiled JsonSchema (engine/json_constraint.h). feed() takes one
 // byte: whitespace between tokens, then the frame on top of the stack by its kind, one function each.
+#include <algorithm>
+#include <array>
 #include <type_traits>
 
 #include "engine/json_constraint.h"
@@ -84,14 +86,16 @@ JsonMatcher::JsonMatcher(std::shared_ptr<const JsonSchema> schema) : schema_(std
   root.kind = Frame::kRoot;
   state_.stack.push_back(root);
   Frame value;
-  value.kind = Frame::kValue;
+  value.kind = schema_->raw_text() ? Frame::kText : Frame::kValue;
   value.node = 0;
+  if (value.kind == Frame::kText) value.rx = schema_->string_rule(schema_->node(0).string_rule).start();
   state_.stack.push_back(value);
 }
 
 bool JsonMatcher::run(State& s, std::string_view bytes) const {
   s.stack.assign(state_.stack.begin(), state_.stack.end());  // reuses the capacity: no allocation
   s.whitespace_run = state_.whitespace_run;
+  s.number.assign(state_.number);
   work_ += s.stack.size();
   for (char c : bytes)
     if (!feed(s, uint8_t(c))) return false;
@@ -112,8 +116,10 @@ bool JsonMatcher::can_end() const {
   const Frame& top = state_.stack.back();
   if (top.kind == Frame::kRoot) return true;
   if (state_.stack.size() != 2) return false;
-  if (top.kind == Frame::kNumber) return number_accepting(top.phase);
+  if (top.kind == Frame::kNumber) return number_accepting(top.phase) && number_in_bounds(top, state_.number);
   if (top.kind == Frame::kLiteral) return schema_->values().tag[top.trie] >= 0;
+  if (top.kind == Frame::kText)
+    return !top.utf8_left && schema_->string_rule(schema_->node(0).string_rule).complete(top.rx, top.length);
   return false;
 }
 
@@ -198,11 +204,14 @@ JsonMatcher::Step JsonMatcher::feed_value(State& s, uint8_t c) const {
   if (c == '"' && (n.types & Node::kString)) {
     f.kind = Frame::kString;
     f.phase = kStrChar;
+    f.rx = n.string_rule >= 0 ? schema_->string_rule(n.string_rule).start() : 0;
+    f.length = 0;
     return Step::kTaken;
   }
   if ((c == '-' || is_digit(c)) && (n.types & (Node::kNumber | Node::kInteger))) {
     f.kind = Frame::kNumber;
     f.phase = kNumStart;
+    s.number.clear();
     return Step::kPass;
   }
   return Step::kReject;
@@ -232,26 +241,39 @@ JsonMatcher::Step JsonMatcher::feed_name(State& s, uint8_t c) const {
   return names.leaf(next) && !child_done(s) ? Step::kReject : Step::kTaken;  // a name ends at its quote
 }
 
+// Under bounds the text so far is kept, and each byte must leave a number that can still end in bounds.
 JsonMatcher::Step JsonMatcher::feed_number(State& s, uint8_t c) const {
   Frame& f = s.stack.back();
-  const bool integer = !(schema_->node(f.node).types & Node::kNumber);
-  if (const uint8_t next = number_phase(f.phase, c, integer); next != kNumNoPhase) {
+  const Node& n = schema_->node(f.node);
+  if (const uint8_t next = number_phase(f.phase, c, !(n.types & Node::kNumber)); next != kNumNoPhase) {
     f.phase = next;
-    return Step::kTaken;
+    if (n.bounds < 0) return Step::kTaken;
+    ++work_;
+    s.number.push_back(char(c));
+    return schema_->bounds(n.bounds).viable(s.number) ? Step::kTaken : Step::kReject;
   }
-  if (!number_accepting(f.phase) || !child_done(s)) return Step::kReject;
+  if (!number_accepting(f.phase) || !number_in_bounds(f, s.number) || !child_done(s)) return Step::kReject;
   return Step::kPass;
+}
+
+bool JsonMatcher::number_in_bounds(const Frame& f, const std::string& text) const {
+  const Node& n = schema_->node(f.node);
+  if (n.bounds < 0) return true;
+  const std::optional<Decimal> v = Decimal::parse(text);
+  return v && schema_->bounds(n.bounds).contains(*v);
 }
 
 JsonMatcher::Step JsonMatcher::feed_string(State& s, uint8_t c) const {
   Frame& f = s.stack.back();
   const size_t at = s.stack.size() - 1;
+  const uint8_t before = f.phase;
+  const Step taken = Step::kTaken;
   if (f.utf8_left) {  // inside a multi-byte UTF-8 character
     if (c < f.utf8_lo || c > f.utf8_hi) return Step::kReject;
     --f.utf8_left;
     f.utf8_lo = 0x80, f.utf8_hi = 0xBF;
     follow_key(f, c);
-    return Step::kTaken;
+    return follow_rule(f, c, before) ? taken : Step::kReject;
   }
   switch (f.phase) {
     case kStrChar:
@@ -262,6 +284,9 @@ JsonMatcher::Step JsonMatcher::feed_string(State& s, uint8_t c) const {
           const Node& object = schema_->node(s.stack[at - 1].node);
           if (end != kNone && names.tag[end] >= 0 && !fits(object.properties[size_t(names.tag[end])], at))
             return Step::kReject;
+        } else if (const int rule = schema_->node(f.node).string_rule;
+                   rule >= 0 && !schema_->string_rule(rule).complete(f.rx, f.length)) {
+          return Step::kReject;
         }
         return child_done(s) ? Step::kTaken : Step::kReject;
       }
@@ -294,7 +319,118 @@ JsonMatcher::Step JsonMatcher::feed_string(State& s, uint8_t c) const {
       if (!escape_hex(f, c)) return Step::kReject;
   }
   follow_key(f, c);
-  return Step::kTaken;
+  return follow_rule(f, c, before) ? taken : Step::kReject;
+}
+
+// The whole output as text an automaton accepts (guided_regex, choice): every byte is a character of it.
+JsonMatcher::Step JsonMatcher::feed_text(State& s, uint8_t c) const {
+  Frame& f = s.stack.back();
+  if (f.utf8_left) {
+    if (c < f.utf8_lo || c > f.utf8_hi) return Step::kReject;
+    --f.utf8_left;
+    f.utf8_lo = 0x80, f.utf8_hi = 0xBF;
+  } else if (c >= 0x80 && !utf8_lead(f, c)) {
+    return Step::kReject;
+  }
+  return follow_rule(f, c, kStrChar, true) ? Step::kTaken : Step::kReject;
+}
+
+namespace {
+
+// Code points a multi-byte character can still be, from the bits read and the continuation bytes left;
+// `total` is the character's continuation count (its lead says), which fixes the range UTF-8 allows it.
+struct CodeRange {
+  uint32_t lo, hi;
+};
+
+std::array<CodeRange, 2> utf8_ranges(uint32_t bits, int left, int total) {
+  const uint32_t lo = bits << (6 * left), hi = lo + (uint32_t(1) << (6 * left)) - 1;
+  static constexpr CodeRange kLegal[] = {{0, 0x7F}, {0x80, 0x7FF}, {0x800, 0xFFFF}, {0x10000, 0x10FFFF}};
+  const CodeRange legal = kLegal[total];
+  const CodeRange r{std::max(lo, legal.lo), std::min(hi, legal.hi)};
+  // Minus the surrogates, which UTF-8 does not encode.
+  return {CodeRange{r.lo, std::min(r.hi, uint32_t(0xD7FF))},
+          CodeRange{std::max(r.lo, uint32_t(0xE000)), r.hi}};
+}
+
+uint32_t supplementary(uint32_t high, uint32_t low) {
+  return 0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00);
+}
+
+uint32_t escaped(uint8_t c) {
+  switch (c) {
+    case 'b':
+      return 8;
+    case 'f':
+      return 12;
+    case 'n':
+      return 10;
+    case 'r':
+      return 13;
+    case 't':
+      return 9;
+    default:
+      return c;  // " \ /
+  }
+}
+
+}  // namespace
+
+// A string under a StringRule: each character it completes steps the automaton, and each byte that starts
+// or continues a character (raw UTF-8 or an escape) is taken only while some character it can still become
+// keeps the string viable.
+bool JsonMatcher::follow_rule(Frame& f, uint8_t c, uint8_t before, bool raw) const {
+  const int index = schema_->node(f.node).string_rule;
+  if (f.key || index < 0) return true;
+  const StringRule& rule = schema_->string_rule(index);
+  ++work_;
+  auto any = [&](uint32_t lo, uint32_t hi) { return rule.any_viable(f.rx, f.length, lo, hi); };
+  auto any_of = [&](const std::array<CodeRange, 2>& r) {
+    return any(r[0].lo, r[0].hi) || any(r[1].lo, r[1].hi);
+  };
+  if (before == kStrChar) {
+    if ((c & 0xC0) == 0x80) {  // a continuation byte
+      f.seen = f.seen << 6 | (c & 0x3F);
+      if (f.utf8_left == 0) return rule_takes(f, uint32_t(f.seen));
+      return any_of(utf8_ranges(uint32_t(f.seen), f.utf8_left, f.utf8_total));
+    }
+    if (c >= 0xC0) {  // a lead byte: its payload bits, then what the continuation bytes can make of them
+      f.utf8_total = f.utf8_left;
+      f.seen = c & (0x7F >> (f.utf8_left + 1));
+      return any_of(utf8_ranges(uint32_t(f.seen), f.utf8_left, f.utf8_total));
+    }
+    if (raw || c != '\\') return rule_takes(f, c);
+    return any(0, 0xD7FF) || any(0xE000, RegexDfa::kMaxCodePoint);  // a backslash: any character may follow
+  }
+  if (before == kStrEscape) return c == 'u' || rule_takes(f, escaped(c));
+  if (before == kStrWantBackslash || before == kStrWantU) return true;  // checked with the high half
+  // A hex digit of \uXXXX.
+  if (before == kStrHex4) {
+    if (f.phase == kStrWantBackslash) {  // a high surrogate: the pair's range
+      f.high = uint32_t(f.seen);
+      return any(supplementary(f.high, 0xDC00), supplementary(f.high, 0xDFFF));
+    }
+    const uint32_t cp = f.high ? supplementary(f.high, uint32_t(f.seen)) : uint32_t(f.seen);
+    f.high = 0;
+    return rule_takes(f, cp);
+  }
+  const int digits = before - kStrHex1 + 1;
+  const uint32_t span = uint32_t(1) << (4 * (4 - digits));
+  const uint32_t lo = uint32_t(f.seen) * span, hi = lo + span - 1;
+  if (f.high)
+    return any(supplementary(f.high, std::max(lo, 0xDC00u)), supplementary(f.high, std::min(hi, 0xDFFFu)));
+  if (any(lo, std::min(hi, 0xD7FFu)) || any(std::max(lo, 0xE000u), hi)) return true;
+  return lo <= 0xDBFF && hi >= 0xD800 &&
+         any(supplementary(std::max(lo, 0xD800u), 0xDC00), supplementary(std::min(hi, 0xDBFFu), 0xDFFF));
+}
+
+bool JsonMatcher::rule_takes(Frame& f, uint32_t cp) const {
+  const StringRule& rule = schema_->string_rule(schema_->node(f.node).string_rule);
+  const uint32_t next = rule.next(f.rx, cp);
+  if (!rule.viable(next, int64_t(f.length) + 1)) return false;
+  f.rx = next;
+  ++f.length;
+  return true;
 }
 
 // A key where other keys are allowed: its text so far is followed in the name trie, to know whether it
@@ -391,11 +527,11 @@ JsonMatcher::Step JsonMatcher::feed_array(State& s, uint8_t c) const {
   const Node& n = schema_->node(f.node);
   if (f.phase != kArrOpen && f.phase != kArrAfter) return Step::kReject;
   if (c == ']' && f.count >= n.min_items) return child_done(s) ? Step::kTaken : Step::kReject;
-  const bool more = (n.max_items < 0 || f.count < n.max_items) && fits(n.items, at + 1);
+  const bool more = (n.max_items < 0 || f.count < n.max_items) && fits(schema_->item(n, f.count), at + 1);
   const bool comma = f.phase == kArrAfter;
   if (!more || (comma && c != ',')) return Step::kReject;
   Frame v;
-  v.node = n.items;
+  v.node = schema_->item(n, f.count);
   f.phase = kArrItem;
   s.stack.push_back(v);
   return comma ? Step::kTaken : Step::kPass;  // without a comma, this byte is the first item's
@@ -432,6 +568,9 @@ bool JsonMatcher::feed(State& s, uint8_t c) const {
         break;
       case Frame::kString:
         r = feed_string(s, c);
+        break;
+      case Frame::kText:
+        r = feed_text(s, c);
         break;
       case Frame::kObject:
         r = feed_object(s, c);
