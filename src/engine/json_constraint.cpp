@@ -153,7 +153,7 @@ class SchemaCompiler {
                                                    "maxLength",
                                                    "pattern",
                                                    "format",
-                                                   "prefixItems",
+                                                   "prefixItems",      "propertyNames",
                                                    "additionalItems"};
       if (!kKnown.count(it.key()))
         fail(it.key(),
@@ -436,7 +436,7 @@ class SchemaCompiler {
   }
 
   void check_applies(const json& s, uint8_t types) const {
-    for (const char* k : {"properties", "required", "additionalProperties"})
+    for (const char* k : {"properties", "required", "additionalProperties", "propertyNames"})
       if (s.contains(k) && !(types & Node::kObject)) fail(k, fmt::format("'{}' needs type object", k));
     for (const char* k : {"items", "minItems", "maxItems", "prefixItems", "additionalItems"})
       if (s.contains(k) && !(types & Node::kArray)) fail(k, fmt::format("'{}' needs type array", k));
@@ -462,28 +462,26 @@ class SchemaCompiler {
     const json* format = s.contains("format") ? &s.at("format") : nullptr;
     if (!pattern && !format && min == 0 && max < 0) return;
     if (max >= 0 && min > max) fail("minLength", "minLength exceeds maxLength");
-    if (pattern && format) fail("format", "'format' together with 'pattern' is not supported");
     std::shared_ptr<const RegexDfa> dfa;
     std::string key = fmt::format("{} {} ", min, max);
+    if (format) {  // zod 4 writes a format together with a pattern: the string must pass both
+      const std::string name = format->is_string() ? format->get<std::string>() : "";
+      key += "f" + name + " ";
+      dfa = format_automaton(name);
+      if (!dfa)
+        fail("format", fmt::format("'format' {} is not supported (date-time, date, time, uuid, email, uri, ipv4 are)",
+                                   describe(*format)));
+    }
     if (pattern) {
       if (!pattern->is_string()) fail("pattern", "pattern must be a string");
       const std::string& text = pattern->get_ref<const std::string&>();
       key += "p" + text;
       try {
-        dfa = RegexDfa::compile(text, true, limits_.max_pattern_states);
-      } catch (const SchemaError&) {
-        throw;
+        auto own = RegexDfa::compile(text, true, limits_.max_pattern_states);
+        dfa = dfa ? RegexDfa::intersect(*dfa, *own, false, limits_.max_pattern_states * 16) : own;
       } catch (const Error& e) {
         fail("pattern", fmt::format("pattern '{}': {}", brief(text), e.what()));
       }
-    } else if (format) {
-      const std::string name = format->is_string() ? format->get<std::string>() : "";
-      key += "f" + name;
-      dfa = format_automaton(name);
-      if (!dfa)
-        fail("format",
-             fmt::format("format {} is not supported (date-time, date, time, uuid, email, uri, ipv4 are)",
-                         describe(*format)));
     }
     if (auto it = rules_.find(key); it != rules_.end()) {
       n.string_rule = it->second;
@@ -561,6 +559,12 @@ class SchemaCompiler {
   }
 
   void object(const json& s, Node& n) {
+    // Keys are strings whatever propertyNames says; only that much of it (zod's records write it) is taken.
+    if (auto names = s.find("propertyNames"); names != s.end()) {
+      const bool plain = names->is_boolean() ? names->get<bool>()
+                                             : names->is_object() && (names->empty() || *names == json{{"type", "string"}});
+      if (!plain) fail("propertyNames", "propertyNames other than {\"type\": \"string\"} is not supported");
+    }
     std::map<std::string_view, int> index;  // property name -> its index
     if (auto p = s.find("properties"); p != s.end()) {
       if (!p->is_object()) fail("properties", "properties must be an object");

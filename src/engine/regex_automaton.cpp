@@ -455,7 +455,7 @@ class RegexDfaBuilder {
       }
       dfa->states_[d].edges = std::move(edges);
     }
-    mark_live(*dfa);
+    RegexDfa::mark_live(*dfa);
     return dfa;
   }
 
@@ -507,21 +507,6 @@ class RegexDfaBuilder {
     return it->second;
   }
 
-  static void mark_live(RegexDfa& dfa) {
-    std::vector<std::vector<uint32_t>> into(dfa.states_.size());
-    std::vector<uint32_t> todo;
-    for (uint32_t s = 0; s < dfa.states_.size(); ++s) {
-      for (const auto& e : dfa.states_[s].edges) into[e.target].push_back(s);
-      if (dfa.states_[s].accepting) dfa.states_[s].live = true, todo.push_back(s);
-    }
-    while (!todo.empty()) {
-      const uint32_t s = todo.back();
-      todo.pop_back();
-      for (uint32_t p : into[s])
-        if (!dfa.states_[p].live) dfa.states_[p].live = true, todo.push_back(p);
-    }
-  }
-
   Nfa& nfa_;
   int final_;
   size_t max_states_;
@@ -529,7 +514,119 @@ class RegexDfaBuilder {
   std::vector<std::vector<int>> sets_;
 };
 
+void RegexDfa::mark_live(RegexDfa& dfa) {
+  std::vector<std::vector<uint32_t>> into(dfa.states_.size());
+  std::vector<uint32_t> todo;
+  for (uint32_t s = 0; s < dfa.states_.size(); ++s) {
+    for (const auto& e : dfa.states_[s].edges) into[e.target].push_back(s);
+    if (dfa.states_[s].accepting) dfa.states_[s].live = true, todo.push_back(s);
+  }
+  while (!todo.empty()) {
+    const uint32_t s = todo.back();
+    todo.pop_back();
+    for (uint32_t p : into[s])
+      if (!dfa.states_[p].live) dfa.states_[p].live = true, todo.push_back(p);
+  }
+}
+
+namespace {
+
+// The end of the group that starts at `open` ('('), past escapes and classes; npos if it does not close.
+size_t group_end(std::string_view p, size_t open) {
+  int depth = 0;
+  bool in_class = false;
+  for (size_t i = open; i < p.size(); ++i) {
+    if (p[i] == '\\') {
+      ++i;
+    } else if (in_class) {
+      in_class = p[i] != ']';
+    } else if (p[i] == '[') {
+      in_class = true;
+    } else if (p[i] == '(') {
+      ++depth;
+    } else if (p[i] == ')' && --depth == 0) {
+      return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+std::shared_ptr<const RegexDfa> RegexDfa::intersect(const RegexDfa& a, const RegexDfa& b, bool without,
+                                                    size_t max_states) {
+  auto out = std::make_shared<RegexDfa>();
+  std::map<std::pair<uint32_t, uint32_t>, uint32_t> ids;
+  std::vector<std::pair<uint32_t, uint32_t>> pairs;  // kDead as b's state: b can no longer accept
+  auto id = [&](uint32_t qa, uint32_t qb) {
+    auto [it, fresh] = ids.try_emplace({qa, qb}, uint32_t(pairs.size()));
+    if (fresh) {
+      if (pairs.size() >= max_states)
+        throw Error(fmt::format("the regular expression needs more than {} automaton states", max_states));
+      pairs.emplace_back(qa, qb);
+      const bool b_accepts = qb != kDead && b.accepting(qb);
+      out->states_.emplace_back();
+      out->states_.back().accepting = a.accepting(qa) && (without ? !b_accepts : b_accepts);
+    }
+    return it->second;
+  };
+  id(a.start(), b.start());
+  static const std::vector<Edge> kNoEdges;
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    const auto [qa, qb] = pairs[k];
+    std::vector<Edge> edges;
+    auto add = [&](uint32_t lo, uint32_t hi, uint32_t ta, uint32_t tb) {
+      const uint32_t t = id(ta, tb);
+      if (!edges.empty() && edges.back().target == t && edges.back().hi + 1 == lo)
+        edges.back().hi = hi;
+      else
+        edges.push_back({lo, hi, t});
+    };
+    const std::vector<Edge>& eb = qb == kDead ? kNoEdges : b.edges(qb);
+    for (const Edge& x : a.edges(qa)) {
+      // x's range cut where b's edges start and end: b's target inside them, kDead (only `without`) between.
+      uint32_t at = x.lo;
+      for (const Edge& y : eb) {
+        if (y.hi < at) continue;
+        if (y.lo > x.hi) break;
+        if (y.lo > at && without) add(at, y.lo - 1, x.target, kDead);
+        const uint32_t hi = std::min(x.hi, y.hi);
+        add(std::max(at, y.lo), hi, x.target, y.target);
+        at = hi + 1;
+        if (at > x.hi) break;
+      }
+      if (without && at <= x.hi) add(at, x.hi, x.target, kDead);
+    }
+    out->states_[k].edges = std::move(edges);
+  }
+  mark_live(*out);
+  return out;
+}
+
 std::shared_ptr<const RegexDfa> RegexDfa::compile(std::string_view pattern, bool search, size_t max_states) {
+  if (search && pattern.size() > 3 && pattern.substr(0, 3) == "^(?" &&
+      (pattern[3] == '=' || pattern[3] == '!')) {
+    // Leading lookaheads: the rest of the pattern, intersected with (or without) the texts each matches a
+    // prefix of.
+    struct Look {
+      std::string_view inner;
+      bool negative;
+    };
+    std::vector<Look> looks;
+    size_t at = 1;
+    while (pattern.substr(at, 3) == "(?=" || pattern.substr(at, 3) == "(?!") {
+      const size_t end = group_end(pattern, at);
+      if (end == std::string_view::npos) throw Error("the regular expression has an unterminated lookahead");
+      looks.push_back({pattern.substr(at + 3, end - at - 3), pattern[at + 2] == '!'});
+      at = end + 1;
+    }
+    auto dfa = compile("^" + std::string(pattern.substr(at)), true, max_states);
+    for (const Look& l : looks) {
+      auto prefix = compile("^(?:" + std::string(l.inner) + ")", true, max_states);
+      dfa = intersect(*dfa, *prefix, l.negative, max_states);
+    }
+    return dfa;
+  }
   const Ast ast = Parser(pattern).parse();
   Nfa nfa;
   auto [in, out] = nfa.build(ast);

@@ -24,8 +24,13 @@ class RegexDfa {
   static constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 
   // Throws Error naming what is not supported or malformed, or when the DFA would pass max_states.
+  // Lookaheads are taken where a search pattern starts with them right after `^` (zod writes email so:
+  // ^(?!\.)(?!.*\.\.)...): each is then the intersection with (or without) the texts it matches a prefix of.
   static std::shared_ptr<const RegexDfa> compile(std::string_view pattern, bool search,
                                                  size_t max_states = 4096);
+  // The texts both accept (or that `a` accepts and `b` does not, with `without`).
+  static std::shared_ptr<const RegexDfa> intersect(const RegexDfa& a, const RegexDfa& b, bool without,
+                                                   size_t max_states);
 
   uint32_t start() const { return 0; }
   size_t size() const { return states_.size(); }
@@ -48,6 +53,7 @@ class RegexDfa {
     bool live = false;
   };
   friend class RegexDfaBuilder;
+  static void mark_live(RegexDfa& dfa);
   std::vector<State> states_;
 };
 
