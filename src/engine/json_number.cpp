@@ -110,9 +110,10 @@ bool below_hi(const Decimal& v, const Side& s) {
   return c < 0 || (c == 0 && !s.hi_open);
 }
 
-// Some magnitude in [0, inf) is inside the side.
-bool meets_non_negative(const Side& s) {
-  return !s.hi || below_hi(Decimal{}, s) || compare(*s.hi, Decimal{}) > 0;
+// Some magnitude is inside the side (whose ends, clamped to a double's magnitudes, are both there and > 0).
+bool meets_positive(const Side& s) {
+  const int c = compare(*s.lo, *s.hi);
+  return c < 0 || (c == 0 && !s.lo_open && !s.hi_open);
 }
 
 // Some magnitude whose significant digits start with `digits`, at a scale 0.digits * 10^e with e >= e_min
@@ -208,9 +209,25 @@ NumberBounds NumberBounds::make(std::optional<Decimal> lo, bool lo_open, std::op
   return b;
 }
 
+// The magnitudes a double holds, from the least subnormal to the greatest finite: a bounded number outside
+// them is not what a client's validator reads (ajv and pydantic parse 1e-999 as 0 and 1e999 as infinity), so
+// it is not written.
+const Decimal& least_double() {
+  static const Decimal d = *Decimal::parse("5e-324");
+  return d;
+}
+const Decimal& greatest_double() {
+  static const Decimal d = *Decimal::parse("1.7976931348623157e308");
+  return d;
+}
+
 bool NumberBounds::contains(const Decimal& v) const {
   const Side s{lo, hi, lo_open, hi_open};
-  return above_lo(v, s) && below_hi(v, s);
+  Decimal magnitude = v;
+  magnitude.negative = false;
+  const bool representable =
+      v.zero() || (compare(magnitude, least_double()) >= 0 && compare(magnitude, greatest_double()) <= 0);
+  return representable && above_lo(v, s) && below_hi(v, s);
 }
 
 bool NumberBounds::empty() const {
@@ -225,7 +242,11 @@ bool NumberBounds::viable(std::string_view prefix) const {
   // The bounds on the magnitude: mirrored for a negative number.
   std::optional<Decimal> mlo = negative && hi ? std::optional(negated(*hi)) : negative ? std::nullopt : lo;
   std::optional<Decimal> mhi = negative && lo ? std::optional(negated(*lo)) : negative ? std::nullopt : hi;
-  const Side side{mlo, mhi, negative ? hi_open : lo_open, negative ? lo_open : hi_open};
+  bool mlo_open = negative ? hi_open : lo_open, mhi_open = negative ? lo_open : hi_open;
+  // Magnitudes other than zero also stay within a double's (see contains()).
+  if (!mlo || compare(*mlo, least_double()) < 0) mlo = least_double(), mlo_open = false;
+  if (!mhi || compare(*mhi, greatest_double()) > 0) mhi = greatest_double(), mhi_open = false;
+  const Side side{mlo, mhi, mlo_open, mhi_open};
 
   size_t i = negative;
   std::string digits;  // the mantissa's, integer and fraction part
@@ -242,11 +263,12 @@ bool NumberBounds::viable(std::string_view prefix) const {
   if (i == prefix.size()) {  // still in the mantissa
     if (integer) {
       if (int_digits > 0 && significant.empty()) return contains(Decimal{});  // "0" or "-0": nothing follows
-      if (significant.empty()) return meets_non_negative(side);               // "-"
+      if (significant.empty()) return contains(Decimal{}) || meets_positive(side);  // "-"
       return scaled_meets(significant, int64_t(int_digits), side);
     }
     // The exponent can still scale it anywhere: what counts is how its significant digits start.
-    return significant.empty() ? meets_non_negative(side) : scaled_meets(significant, std::nullopt, side);
+    return significant.empty() ? contains(Decimal{}) || meets_positive(side)
+                               : scaled_meets(significant, std::nullopt, side);
   }
 
   // In the exponent: the mantissa is known, value = m * 10^y for the exponents y its digits can still give.

@@ -717,7 +717,13 @@ TEST(JsonSchemaNumbers, NumberBoundsSeeThroughFractionsAndExponents) {
   EXPECT_TRUE(valid(big, "1e300"));
   EXPECT_TRUE(valid(big, "2e300"));
   EXPECT_TRUE(prefix_only(big, "99"));
-  EXPECT_TRUE(prefix_only(big, "1e299"));  // 1e2990 is in
+  EXPECT_EQ(rejected_at(big, "1e299"), 2u);  // 1e2xx is below, 1e2xxx past a double
+  // Past a double's magnitudes a validator reads 0 or infinity (ajv, pydantic): not written under bounds.
+  auto positive = schema(R"({"type": "number", "exclusiveMinimum": 0})");
+  EXPECT_TRUE(valid(positive, "1e-300"));
+  EXPECT_TRUE(valid(positive, "5e-324"));
+  EXPECT_EQ(rejected_at(positive, "1e-400"), 5u);
+  EXPECT_EQ(rejected_at(positive, "2e308"), 4u);
   EXPECT_EQ(rejected_at(big, "1e-"), 2u);
   auto tight = schema(R"({"type": "number", "minimum": 0.25, "maximum": 0.3})");
   EXPECT_TRUE(valid(tight, "0.3"));
@@ -957,6 +963,26 @@ TEST(JsonRegex, WholeOutputRegexAndChoice) {
   EXPECT_FALSE(valid(c, "re"));
   EXPECT_THROW(JsonSchema::regex("a(?!b)"), SchemaError);
   EXPECT_THROW(JsonSchema::choice({}), SchemaError);
+}
+
+TEST(JsonSchemaStrings, ZodFormatsWithPatternsPassBothAndLeadingLookaheadsHold) {
+  // zod 4's z.email(): a format and a pattern with two leading lookaheads (no leading dot, no "..").
+  auto email = schema(R"({"type": "string", "format": "email",
+      "pattern": "^(?!\\.)(?!.*\\.\\.)([A-Za-z0-9_'+\\-\\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$"})");
+  EXPECT_TRUE(valid(email, R"("ann.lee@example.com")"));
+  EXPECT_EQ(rejected_at(email, R"(".ann@example.com")"), 1u);
+  EXPECT_EQ(rejected_at(email, R"("ann..lee@example.com")"), 5u);
+  EXPECT_EQ(rejected_at(email, R"("ann@example.c")"), 14u);  // the pattern wants two letters at the end
+  // zod 4's z.uuid() pattern is narrower than the format: a version digit 1-8.
+  auto uuid = schema(R"({"type": "string", "format": "uuid",
+      "pattern": "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12})$"})");
+  EXPECT_TRUE(valid(uuid, R"("123e4567-e89b-12d3-a456-426614174000")"));
+  EXPECT_EQ(rejected_at(uuid, R"("123e4567-e89b-92d3-a456-426614174000")"), 15u);
+  EXPECT_EQ(rejected_at(uuid, R"("urn:uuid:123e4567-e89b-12d3-a456-426614174000")"), 1u);  // the format's prefix, not the pattern's
+  // zod's records write propertyNames {"type": "string"}: keys are strings anyway.
+  auto record = schema(R"({"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {"type": "boolean"}})");
+  EXPECT_TRUE(valid(record, R"({"a": true, "b": false})"));
+  EXPECT_THROW(schema(R"({"type": "object", "propertyNames": {"pattern": "^a"}})"), SchemaError);
 }
 
 }  // namespace
