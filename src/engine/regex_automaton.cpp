@@ -12,7 +12,7 @@ namespace {
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // sorted, disjoint, inclusive
 
-constexpr size_t kMaxNfaStates = 100000;
+constexpr size_t kMaxNfaStates = 20000;  // with the DFA cap, bounds a compile: each DFA state is one closure
 constexpr int kMaxRepeat = 1000;  // {n,m} bounds, as many engines cap them
 
 Ranges normalized(Ranges r) {
