@@ -756,6 +756,12 @@ std::shared_ptr<const JsonSchema> JsonSchema::regex(std::string_view pattern,
   return s;
 }
 
+std::shared_ptr<const JsonSchema> JsonSchema::with_suffix(const JsonSchema& schema, std::string suffix) {
+  auto s = std::make_shared<JsonSchema>(schema);
+  s->suffix_ = std::move(suffix);
+  return s;
+}
+
 std::shared_ptr<const JsonSchema> JsonSchema::choice(const std::vector<std::string>& choices,
                                                      const JsonSchemaLimits& limits) {
   if (choices.empty()) throw SchemaError("choice", "", "choice must list at least one string");

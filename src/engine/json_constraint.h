@@ -139,6 +139,10 @@ class JsonSchema {
   static std::shared_ptr<const JsonSchema> choice(const std::vector<std::string>& choices,
                                                   const JsonSchemaLimits& limits = {});
   bool raw_text() const { return raw_text_; }
+  // The same schema, the value followed by fixed text (a forced tool call's "}\n</tool_call>" after its
+  // arguments): the document ends only after all of it.
+  static std::shared_ptr<const JsonSchema> with_suffix(const JsonSchema& schema, std::string suffix);
+  const std::string& suffix() const { return suffix_; }
 
   using Node = JsonSchemaNode;
   const Node& node(int i) const { return nodes_[size_t(i)]; }
@@ -160,6 +164,7 @@ class JsonSchema {
   std::vector<NumberBounds> bounds_;
   std::vector<StringRule> strings_;
   bool raw_text_ = false;
+  std::string suffix_;
 };
 
 // One level of the matcher's stack (internal to JsonMatcher). Plain data: copying a stack is a memcpy.
@@ -255,6 +260,9 @@ struct JsonConstraint {
   std::shared_ptr<const TokenBytes> vocab;
   // Decoding is free until this token was generated (a reasoning model's </think>), constrained after it.
   std::optional<int32_t> start_after_token;
+  // Added tokens that may be chosen where the matcher accepts their text (</tool_call> in a suffix); the
+  // others never are.
+  std::vector<int32_t> control_tokens;
 };
 
 }  // namespace moeserve

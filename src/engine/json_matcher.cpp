@@ -114,8 +114,8 @@ bool JsonMatcher::advance(std::string_view bytes) {
 
 bool JsonMatcher::can_end() const {
   const Frame& top = state_.stack.back();
-  if (top.kind == Frame::kRoot) return true;
-  if (state_.stack.size() != 2) return false;
+  if (top.kind == Frame::kRoot) return size_t(top.count) == schema_->suffix().size();
+  if (state_.stack.size() != 2 || !schema_->suffix().empty()) return false;
   if (top.kind == Frame::kNumber) return number_accepting(top.phase) && number_in_bounds(top, state_.number);
   if (top.kind == Frame::kLiteral) return schema_->values().tag[top.trie] >= 0;
   if (top.kind == Frame::kText)
@@ -542,8 +542,8 @@ bool JsonMatcher::feed(State& s, uint8_t c) const {
   for (;;) {
     const Frame::Kind kind = s.stack.back().kind;
     // Whitespace between tokens of JSON, at most kMaxWhitespaceRun bytes in a row.
-    const bool between =
-        kind == Frame::kRoot || kind == Frame::kValue || kind == Frame::kObject || kind == Frame::kArray;
+    const bool between = (kind == Frame::kRoot && s.stack.back().count == 0) || kind == Frame::kValue ||
+                         kind == Frame::kObject || kind == Frame::kArray;
     if (is_ws(c) && between) {
       if (s.whitespace_run >= kMaxWhitespaceRun) return false;
       ++s.whitespace_run;
@@ -552,8 +552,13 @@ bool JsonMatcher::feed(State& s, uint8_t c) const {
     if (!is_ws(c) || kind == Frame::kString) s.whitespace_run = 0;
     Step r = Step::kReject;
     switch (kind) {
-      case Frame::kRoot:
-        return false;  // the value is complete; only whitespace may follow
+      case Frame::kRoot: {  // the value is complete: whitespace, then the schema's suffix, if any
+        Frame& root = s.stack.back();
+        const std::string& suffix = schema_->suffix();
+        if (size_t(root.count) >= suffix.size() || uint8_t(suffix[size_t(root.count)]) != c) return false;
+        ++root.count;
+        return true;
+      }
       case Frame::kValue:
         r = feed_value(s, c);
         break;

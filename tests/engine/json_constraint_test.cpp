@@ -985,5 +985,21 @@ TEST(JsonSchemaStrings, ZodFormatsWithPatternsPassBothAndLeadingLookaheadsHold) 
   EXPECT_THROW(schema(R"({"type": "object", "propertyNames": {"pattern": "^a"}})"), SchemaError);
 }
 
+// A forced hermes tool call: the arguments, then "}\n</tool_call>" before the document may end.
+TEST(JsonSchema, SuffixFollowsTheValue) {
+  auto args = schema(R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"]})");
+  auto call = JsonSchema::with_suffix(*args, "}\n</tool_call>");
+  EXPECT_TRUE(valid(call, "{\"n\": 3}}\n</tool_call>"));
+  EXPECT_TRUE(valid(call, "{\"n\": 3} }\n</tool_call>"));  // whitespace before the suffix, not inside it
+  EXPECT_TRUE(prefix_only(call, "{\"n\": 3}"));
+  EXPECT_TRUE(prefix_only(call, "{\"n\": 3}}\n</tool"));
+  EXPECT_EQ(rejected_at(call, "{\"n\": 3}} "), 9u);
+  EXPECT_EQ(rejected_at(call, "{\"n\": 3}}\n</tool_call>\n"), 22u);
+  EXPECT_EQ(rejected_at(call, "{\"n\": 0}"), 6u);
+  auto number = JsonSchema::with_suffix(*schema(R"({"type": "integer"})"), "!");
+  EXPECT_TRUE(prefix_only(number, "12"));  // a top-level number does not end the document before its suffix
+  EXPECT_TRUE(valid(number, "12!"));
+}
+
 }  // namespace
 }  // namespace moeserve
