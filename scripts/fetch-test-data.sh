@@ -22,3 +22,5 @@ if [[ ! -f $oracle/node_modules/@huggingface/jinja/package.json ]]; then
 fi
 # The official OpenAI npm SDK for the server's end-to-end tests (tests/server/js).
 tests/server/js/install.sh
+# ajv and zod, the oracles of the structured-output differential test (tests/engine/js).
+tests/engine/js/install.sh

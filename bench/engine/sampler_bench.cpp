@@ -159,6 +159,94 @@ BENCHMARK(BM_EnumSampleToken)
     ->Arg(100000)
     ->Unit(benchmark::kMillisecond);
 
+// The constraints of zod's and pydantic's schemas at Qwen3.5's vocabulary (248,320 ids: the Qwen3 table's
+// tokens repeated past its end, since a check costs what its bytes cost): a number under bounds and a string
+// under a pattern + format, against the same positions without them (what the schema was before bounds and
+// patterns were supported: the unbounded field). The text so far ends where the field's value starts
+// (numbers: `{"v": `) or inside it (strings: `{"v": "ann.lee`).
+constexpr size_t kQwen35Vocab = 248320;
+
+std::shared_ptr<const TokenBytes> big_table() {
+  static const auto t = [] {
+    const auto base = table();
+    auto t = std::make_shared<TokenBytes>();
+    for (size_t id = 0; id < kQwen35Vocab; ++id) {
+      t->bytes.push_back(base->bytes[id % base->bytes.size()]);
+      t->usable.push_back(base->usable[id % base->bytes.size()]);
+    }
+    return std::shared_ptr<const TokenBytes>(std::move(t));
+  }();
+  return t;
+}
+
+struct Field {
+  const char* value_schema;
+  const char* text;
+};
+// Arg: 0 number, 1 integer with zod's safe-integer bounds, 2 string, 3 string with zod's email pattern and
+// format, 4 number in (0, 1] (bounds that refuse most number tokens: each is decided on its digits).
+const Field kFields[] = {
+    {R"({"type": "number"})", R"({"v": )"},
+    {R"({"type": "integer", "minimum": -9007199254740991, "maximum": 9007199254740991})", R"({"v": )"},
+    {R"({"type": "string"})", R"({"v": "ann.lee)"},
+    {R"({"type": "string", "format": "email", "pattern": "^(?!\\.)(?!.*\\.\\.)([A-Za-z0-9_'+\\-\\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$"})",
+     R"({"v": "ann.lee)"},
+    {R"({"type": "number", "exclusiveMinimum": 0, "maximum": 1})", R"({"v": )"},
+};
+
+std::shared_ptr<const JsonSchema> field_schema(int64_t kind) {
+  const nlohmann::json value = nlohmann::json::parse(kFields[kind].value_schema);
+  return JsonSchema::compile({{"type", "object"}, {"properties", {{"v", value}}}, {"required", {"v"}}});
+}
+
+void BM_FieldVocabMask(benchmark::State& state) {
+  const auto vocab = big_table();
+  JsonMatcher m(field_schema(state.range(0)));
+  if (!m.advance(kFields[state.range(0)].text)) state.SkipWithError("the prefix is not accepted");
+  size_t allowed = 0;
+  const uint64_t work = m.work();
+  for (auto _ : state) {
+    allowed = 0;
+    for (size_t id = 0; id < vocab->bytes.size(); ++id)
+      allowed += vocab->usable[id] && m.accepts(vocab->bytes[id]);
+    benchmark::DoNotOptimize(allowed);
+  }
+  state.counters["allowed"] = double(allowed);
+  state.counters["work_per_token"] =
+      double(m.work() - work) / double(state.iterations()) / double(vocab->bytes.size());
+  state.SetItemsProcessed(state.iterations() * int64_t(vocab->bytes.size()));
+}
+BENCHMARK(BM_FieldVocabMask)->ArgName("field")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
+
+// sample() at temperature 1 over a nearly flat 248,320-logit row, from the field's prefix.
+void BM_FieldSampleToken(benchmark::State& state) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  auto c = std::make_shared<JsonConstraint>();
+  c->schema = field_schema(state.range(0));
+  c->vocab = big_table();
+  p.json = c;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> noise(0, 0.05f);
+  std::vector<float> row(kQwen35Vocab);
+  for (float& l : row) l = noise(rng);
+  const std::vector<int32_t> prompt = {1};
+  // The prefix as single-byte tokens (each is in the Qwen3 table).
+  std::vector<int32_t> prefix;
+  for (char ch : std::string_view(kFields[state.range(0)].text))
+    prefix.push_back(int32_t(std::find(c->vocab->bytes.begin(), c->vocab->bytes.end(), std::string(1, ch)) -
+                             c->vocab->bytes.begin()));
+  for (auto _ : state) {
+    state.PauseTiming();
+    Sampler s(p, prompt, 7);
+    s.constrain({kEos});
+    for (int32_t t : prefix) s.accept(t);
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(s.sample(row, {}));
+  }
+}
+BENCHMARK(BM_FieldSampleToken)->ArgName("field")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace moeserve
 

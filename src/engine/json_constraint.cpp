@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <set>
-#include <type_traits>
 
 namespace moeserve {
 
@@ -17,16 +17,6 @@ namespace {
 
 constexpr size_t kMaxObjectProperties = 64;  // an object's property set is a 64-bit mask
 constexpr uint32_t kNone = JsonTrie::kNone;
-
-bool is_ws(uint8_t c) {
-  return c == ' ' || c == '\n' || c == '\t' || c == '\r';
-}
-bool is_digit(uint8_t c) {
-  return c >= '0' && c <= '9';
-}
-bool is_hex(uint8_t c) {
-  return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-}
 
 uint8_t literal_type(const json& v) {
   switch (v.type()) {
@@ -134,11 +124,37 @@ class SchemaCompiler {
     for (const char* keyword : {"anyOf", "oneOf"})
       if (s.contains(keyword)) return alternatives(s, keyword);
     for (auto it = s.begin(); it != s.end(); ++it) {
-      static const std::set<std::string> kKnown = {
-          "type",      "enum",     "const",      "properties", "required",    "additionalProperties",
-          "items",     "minItems", "maxItems",   "title",      "description", "default",
-          "examples",  "$schema",  "$id",        "$comment",   "deprecated",  "readOnly",
-          "writeOnly", "$defs",    "definitions"};
+      static const std::set<std::string> kKnown = {"type",
+                                                   "enum",
+                                                   "const",
+                                                   "properties",
+                                                   "required",
+                                                   "additionalProperties",
+                                                   "items",
+                                                   "minItems",
+                                                   "maxItems",
+                                                   "title",
+                                                   "description",
+                                                   "default",
+                                                   "examples",
+                                                   "$schema",
+                                                   "$id",
+                                                   "$comment",
+                                                   "deprecated",
+                                                   "readOnly",
+                                                   "writeOnly",
+                                                   "$defs",
+                                                   "definitions",
+                                                   "minimum",
+                                                   "maximum",
+                                                   "exclusiveMinimum",
+                                                   "exclusiveMaximum",
+                                                   "minLength",
+                                                   "maxLength",
+                                                   "pattern",
+                                                   "format",
+                                                   "prefixItems",      "propertyNames",
+                                                   "additionalItems"};
       if (!kKnown.count(it.key()))
         fail(it.key(),
              fmt::format("the keyword '{}' is not supported in structured output", brief(it.key())));
@@ -154,14 +170,17 @@ class SchemaCompiler {
       if (!n.types) fail("type", "type must name at least one type");
     } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
       n.types = Node::kObject;  // no type, but only object keywords: an object
-    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems") ||
+               s.contains("prefixItems")) {
       n.types = Node::kArray;
     } else {
       n.types = Node::kAll;
     }
     if (n.types & Node::kNumber) n.types &= uint8_t(~Node::kInteger);  // number covers integer
-    if (s.contains("enum") || s.contains("const")) literals(s, n, index);
     check_applies(s, n.types);
+    if (n.types & (Node::kNumber | Node::kInteger)) number_bounds(s, n);
+    if (n.types & Node::kString) string_rule(s, n);
+    if (s.contains("enum") || s.contains("const")) literals(s, n, index);
     if (n.types & Node::kObject) object(s, n);
     if (n.types & Node::kArray) array(s, n);
     out_.nodes_[size_t(index)] = std::move(n);
@@ -365,8 +384,12 @@ class SchemaCompiler {
         merged.names = n.names, merged.properties = n.properties;
         merged.required = n.required, merged.additional = n.additional;
       }
-      if (n.types & Node::kArray)
+      if (n.types & Node::kArray) {
         merged.items = n.items, merged.min_items = n.min_items, merged.max_items = n.max_items;
+        merged.prefix_items = n.prefix_items;
+      }
+      if (n.types & (Node::kNumber | Node::kInteger)) merged.bounds = n.bounds;
+      if (n.types & Node::kString) merged.string_rule = n.string_rule;
     }
     out_.nodes_[size_t(index)] = std::move(merged);
     node_set_[size_t(index)] = merged_set;
@@ -388,29 +411,160 @@ class SchemaCompiler {
       fail("max_enum_values",
            fmt::format("the schema has more than {} enum/const values", limits_.max_enum_values));
     std::vector<std::string> set;
+    // Values the rest of the schema refuses (a string its pattern does not match, a number out of bounds)
+    // are left out: the document must pass every keyword.
+    auto passes = [&](const json& v) {
+      if (v.is_string() && n.string_rule >= 0) return string_passes(out_.strings_[size_t(n.string_rule)], v);
+      if (v.is_number() && n.bounds >= 0)
+        return out_.bounds_[size_t(n.bounds)].contains(*Decimal::parse(v.dump()));
+      return true;
+    };
     auto take = [&](const json& v) {
       const uint8_t t = literal_type(v);
       if (!t) fail(keyword, "only strings, numbers, booleans and null are supported in enum/const");
-      if (t & n.types) set.push_back(text_of(v, keyword));
+      if ((t & n.types) && passes(v)) set.push_back(text_of(v, keyword));
     };
     if (values) {
       for (const json& v : *values) take(v);
     } else {
       take(*one);
     }
-    if (set.empty()) fail(keyword, "no value of the enum/const has the schema's type");
+    if (set.empty())
+      fail(keyword, "no value of the enum/const has the schema's type and passes its other keywords");
     node_set_[size_t(index)] = int(sets_.size());
     sets_.push_back(std::move(set));
   }
 
   void check_applies(const json& s, uint8_t types) const {
-    for (const char* k : {"properties", "required", "additionalProperties"})
+    for (const char* k : {"properties", "required", "additionalProperties", "propertyNames"})
       if (s.contains(k) && !(types & Node::kObject)) fail(k, fmt::format("'{}' needs type object", k));
-    for (const char* k : {"items", "minItems", "maxItems"})
+    for (const char* k : {"items", "minItems", "maxItems", "prefixItems", "additionalItems"})
       if (s.contains(k) && !(types & Node::kArray)) fail(k, fmt::format("'{}' needs type array", k));
+    for (const char* k : {"minLength", "maxLength", "pattern", "format"})
+      if (s.contains(k) && !(types & Node::kString)) fail(k, fmt::format("'{}' needs type string", k));
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+      if (s.contains(k) && !(types & (Node::kNumber | Node::kInteger)))
+        fail(k, fmt::format("'{}' needs type number or integer", k));
+  }
+
+  // minLength/maxLength (code points, as JSON Schema counts), and a pattern (ECMAScript, matched anywhere in
+  // the string) or a format. Rules are shared by the nodes that ask the same.
+  void string_rule(const json& s, Node& n) {
+    auto length = [&](const char* k) -> int64_t {
+      const json& v = s.at(k);
+      if (!v.is_number_integer() || v.get<int64_t>() < 0)
+        fail(k, fmt::format("{} must be an integer >= 0", k));
+      return v.get<int64_t>();
+    };
+    const int64_t min = s.contains("minLength") ? length("minLength") : 0;
+    const int64_t max = s.contains("maxLength") ? length("maxLength") : -1;
+    const json* pattern = s.contains("pattern") ? &s.at("pattern") : nullptr;
+    const json* format = s.contains("format") ? &s.at("format") : nullptr;
+    if (!pattern && !format && min == 0 && max < 0) return;
+    if (max >= 0 && min > max) fail("minLength", "minLength exceeds maxLength");
+    std::shared_ptr<const RegexDfa> dfa;
+    std::string key = fmt::format("{} {} ", min, max);
+    if (format) {  // zod 4 writes a format together with a pattern: the string must pass both
+      const std::string name = format->is_string() ? format->get<std::string>() : "";
+      key += "f" + name + " ";
+      dfa = format_automaton(name);
+      if (!dfa)
+        fail("format", fmt::format("'format' {} is not supported (date-time, date, time, uuid, email, uri, ipv4 are)",
+                                   describe(*format)));
+    }
+    if (pattern) {
+      if (!pattern->is_string()) fail("pattern", "pattern must be a string");
+      const std::string& text = pattern->get_ref<const std::string&>();
+      key += "p" + text;
+      try {
+        auto own = RegexDfa::compile(text, true, limits_.max_pattern_states);
+        dfa = dfa ? RegexDfa::intersect(*dfa, *own, false, limits_.max_pattern_states * 16) : own;
+      } catch (const Error& e) {
+        fail("pattern", fmt::format("pattern '{}': {}", brief(text), e.what()));
+      }
+    }
+    if (auto it = rules_.find(key); it != rules_.end()) {
+      n.string_rule = it->second;
+      return;
+    }
+    try {
+      out_.strings_.emplace_back(dfa, min, max);
+    } catch (const Error& e) {
+      fail(max >= 0 ? "maxLength" : "minLength", e.what());
+    }
+    n.string_rule = int(out_.strings_.size()) - 1;
+    rules_.emplace(std::move(key), n.string_rule);
+    const StringRule& rule = out_.strings_.back();
+    if (!rule.viable(rule.start(), 0))
+      fail(pattern  ? "pattern"
+           : format ? "format"
+                    : "minLength",
+           "no string passes this schema's pattern/format together with its minLength/maxLength");
+  }
+
+  // Whether a string value (an enum/const) passes a rule: its code points through the automaton.
+  static bool string_passes(const StringRule& rule, const json& v) {
+    const std::string& text = v.get_ref<const std::string&>();
+    uint32_t state = rule.start();
+    int64_t length = 0;
+    for (size_t i = 0; i < text.size(); ++length) {
+      const uint8_t c = uint8_t(text[i]);
+      const int extra = c < 0x80 ? 0 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
+      uint32_t cp = extra == 0 ? c : c & (0x3F >> extra);
+      for (int k = 1; k <= extra && i + size_t(k) < text.size(); ++k)
+        cp = cp << 6 | (uint8_t(text[i + size_t(k)]) & 0x3F);
+      i += size_t(extra) + 1;
+      state = rule.next(state, cp);
+      if (state == RegexDfa::kDead) return false;
+    }
+    return rule.complete(state, length);
+  }
+
+  // minimum/maximum and exclusiveMinimum/exclusiveMaximum, as numbers (draft 6 on) or as booleans that make
+  // minimum/maximum exclusive (draft 4, OpenAPI 3.0); when both kinds bound one end the tighter one holds.
+  void number_bounds(const json& s, Node& n) {
+    struct End {
+      std::optional<Decimal> at;
+      bool open = false;
+    };
+    auto value = [&](const char* k) {
+      const json& v = s.at(k);
+      std::optional<Decimal> d = v.is_number() ? Decimal::parse(v.dump()) : std::nullopt;
+      if (!d) fail(k, fmt::format("{} must be a number", k));
+      return *d;
+    };
+    auto end = [&](const char* inclusive, const char* exclusive, int tighter) {
+      End e;
+      if (s.contains(inclusive)) e.at = value(inclusive);
+      if (auto x = s.find(exclusive); x != s.end()) {
+        if (x->is_boolean()) {
+          if (x->get<bool>() && !e.at)
+            fail(exclusive, fmt::format("{}: true needs {}", exclusive, inclusive));
+          e.open = x->get<bool>();
+        } else if (const Decimal d = value(exclusive); !e.at || compare(d, *e.at) * tighter >= 0) {
+          e.at = d, e.open = true;
+        }
+      }
+      return e;
+    };
+    const End lo = end("minimum", "exclusiveMinimum", 1), hi = end("maximum", "exclusiveMaximum", -1);
+    if (!lo.at && !hi.at) return;
+    const bool integer = !(n.types & Node::kNumber);
+    NumberBounds b = NumberBounds::make(lo.at, lo.open, hi.at, hi.open, integer);
+    if (b.empty())
+      fail(lo.at ? "minimum" : "maximum",
+           fmt::format("no {} is within the schema's minimum and maximum", integer ? "integer" : "number"));
+    n.bounds = int(out_.bounds_.size());
+    out_.bounds_.push_back(std::move(b));
   }
 
   void object(const json& s, Node& n) {
+    // Keys are strings whatever propertyNames says; only that much of it (zod's records write it) is taken.
+    if (auto names = s.find("propertyNames"); names != s.end()) {
+      const bool plain = names->is_boolean() ? names->get<bool>()
+                                             : names->is_object() && (names->empty() || *names == json{{"type", "string"}});
+      if (!plain) fail("propertyNames", "propertyNames other than {\"type\": \"string\"} is not supported");
+    }
     std::map<std::string_view, int> index;  // property name -> its index
     if (auto p = s.find("properties"); p != s.end()) {
       if (!p->is_object()) fail("properties", "properties must be an object");
@@ -452,16 +606,27 @@ class SchemaCompiler {
   }
 
   void array(const json& s, Node& n) {
-    if (auto i = s.find("items"); i != s.end()) {
-      if (i->is_array()) fail("items", "tuple items (an array of schemas) are not supported");
-      if (i->is_boolean() && !i->get<bool>()) {
-        n.max_items = 0;
-        n.items = any();
-      } else {
-        n.items = compile_at(*i, "items");
-      }
-    } else {
+    // prefixItems (2020-12), or items as an array of schemas (draft 7, zod-to-json-schema's tuples) with
+    // additionalItems for the rest.
+    const json* prefix = s.contains("prefixItems") ? &s.at("prefixItems") : nullptr;
+    const json* rest = s.contains("items") ? &s.at("items") : nullptr;
+    if (rest && rest->is_array()) {
+      if (prefix) fail("items", "items as an array together with prefixItems");
+      prefix = rest;
+      rest = s.contains("additionalItems") ? &s.at("additionalItems") : nullptr;
+    } else if (s.contains("additionalItems")) {
+      fail("additionalItems", "additionalItems needs items as an array");
+    }
+    if (prefix) {
+      if (!prefix->is_array()) fail("prefixItems", "prefixItems must be an array of schemas");
+      for (size_t i = 0; i < prefix->size(); ++i)
+        n.prefix_items.push_back(compile_at((*prefix)[i], fmt::format("prefixItems[{}]", i)));
+    }
+    if (rest && rest->is_boolean() && !rest->get<bool>()) {
+      n.max_items = int64_t(n.prefix_items.size());
       n.items = any();
+    } else {
+      n.items = rest ? compile_at(*rest, "items") : any();
     }
     auto count = [&](const char* k) -> int64_t {
       const json& v = s.at(k);
@@ -469,8 +634,9 @@ class SchemaCompiler {
       return v.get<int64_t>();
     };
     if (s.contains("minItems")) n.min_items = count("minItems");
-    if (s.contains("maxItems")) n.max_items = count("maxItems");
-    if (n.max_items >= 0 && n.min_items > n.max_items) fail("minItems", "minItems exceeds maxItems");
+    if (s.contains("maxItems"))
+      n.max_items = n.max_items >= 0 ? std::min(n.max_items, count("maxItems")) : count("maxItems");
+    if (n.max_items >= 0 && n.min_items > n.max_items) fail("minItems", "minItems exceeds the items allowed");
   }
 
   // The value trie of each enum/const set the root reaches (sets of alternatives merged away are not built),
@@ -506,6 +672,7 @@ class SchemaCompiler {
         if (c >= 0 && !seen[size_t(c)]) seen[size_t(c)] = true, todo.push_back(c);
       };
       for (int c : n.properties) visit(c);
+      for (int c : n.prefix_items) visit(c);
       visit(n.additional);
       visit(n.items);
     }
@@ -529,8 +696,12 @@ class SchemaCompiler {
             if (n.required >> p & 1) inner = std::max(inner, out_.nodes_[size_t(n.properties[p])].need());
           object = plus_one(inner);
         }
-        if (n.types & Node::kArray)
-          array = plus_one(n.min_items > 0 ? out_.nodes_[size_t(n.items)].need() : 0);
+        if (n.types & Node::kArray) {
+          uint8_t inner = 0;  // the items it must have
+          for (int64_t k = 0; k < n.min_items && k <= int64_t(n.prefix_items.size()); ++k)
+            inner = std::max(inner, out_.nodes_[size_t(out_.item(n, k))].need());
+          array = plus_one(inner);
+        }
         changed |= object != n.need_object || array != n.need_array;
         n.need_object = object, n.need_array = array;
       }
@@ -542,6 +713,7 @@ class SchemaCompiler {
   const JsonSchemaLimits& limits_;
   std::vector<Segment> path_;
   std::map<std::string, int> refs_;             // target -> node
+  std::map<std::string, int> rules_;            // a string rule's keywords -> its index
   std::vector<std::vector<std::string>> sets_;  // enum/const values, as JSON text
   std::vector<int> node_set_;                   // per node: its enum/const set, -1 if none
   size_t properties_ = 0, enum_values_ = 0, literal_bytes_ = 0;
@@ -566,387 +738,56 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const json& schema, const 
   return s;
 }
 
-// ---------------------------------------------------------------------------------------------------------
-// The matcher.
-
-using Frame = JsonMatcher::Frame;
-static_assert(std::is_trivially_copyable_v<Frame>, "accepts() copies the stack once per token checked");
-
-namespace {
-
-// Object phases.
-enum : uint8_t { kObjOpen, kObjKey, kObjColon, kObjValue, kObjAfter, kObjNext };
-// Array phases.
-enum : uint8_t { kArrOpen, kArrItem, kArrAfter };
-// String phases. A \u escape's value so far is in the frame's `seen`; `count` is 1 while a high surrogate
-// waits for its low half.
-enum : uint8_t { kStrChar, kStrEscape, kStrHex1, kStrHex2, kStrHex3, kStrHex4, kStrWantBackslash, kStrWantU };
-// Number phases (accepting: kNumZero, kNumInt, kNumFrac, kNumExp).
-enum : uint8_t { kNumStart, kNumMinus, kNumZero, kNumInt, kNumDot, kNumFrac, kNumE, kNumESign, kNumExp };
-
-bool number_accepting(uint8_t phase) {
-  return phase == kNumZero || phase == kNumInt || phase == kNumFrac || phase == kNumExp;
-}
-
-}  // namespace
-
-JsonMatcher::JsonMatcher(std::shared_ptr<const JsonSchema> schema) : schema_(std::move(schema)) {
-  Frame root;
-  root.kind = Frame::kRoot;
-  state_.stack.push_back(root);
-  Frame value;
-  value.kind = Frame::kValue;
-  value.node = 0;
-  state_.stack.push_back(value);
-}
-
-bool JsonMatcher::run(State& s, std::string_view bytes) const {
-  s.stack.assign(state_.stack.begin(), state_.stack.end());  // reuses the capacity: no allocation
-  s.whitespace_run = state_.whitespace_run;
-  work_ += s.stack.size();
-  for (char c : bytes)
-    if (!feed(s, uint8_t(c))) return false;
-  return true;
-}
-
-bool JsonMatcher::accepts(std::string_view bytes) const {
-  return run(scratch_, bytes);
-}
-
-bool JsonMatcher::advance(std::string_view bytes) {
-  if (!run(scratch_, bytes)) return false;
-  std::swap(state_, scratch_);
-  return true;
-}
-
-bool JsonMatcher::can_end() const {
-  const Frame& top = state_.stack.back();
-  if (top.kind == Frame::kRoot) return true;
-  if (state_.stack.size() != 2) return false;
-  if (top.kind == Frame::kNumber) return number_accepting(top.phase);
-  if (top.kind == Frame::kLiteral) return schema_->values().tag[top.trie] >= 0;
-  return false;
-}
-
-// A value of `node` starting in the frame at `index` nests within kMaxNesting containers (the root frame
-// holds none, so the frame at index i is inside i - 1).
-bool JsonMatcher::fits(int node, size_t index) const {
-  return index - 1 + schema_->node(node).need() <= size_t(kMaxNesting);
-}
-
-uint32_t JsonMatcher::step(const JsonTrie& trie, uint32_t node, uint8_t c) const {
-  ++work_;
-  return trie.child(node, c);
-}
-
-// An object opens in the frame at `index`: properties whose value would not fit below count as seen (none is
-// required: the object's need covers those), and other keys may come only if their schema fits.
-void JsonMatcher::open_object(Frame& f, size_t index) const {
-  const Node& n = schema_->node(f.node);
-  f.kind = Frame::kObject;
-  f.phase = kObjOpen;
-  f.seen = 0;
-  work_ += n.properties.size();
-  for (size_t p = 0; p < n.properties.size(); ++p)
-    if (!fits(n.properties[p], index + 1)) f.seen |= uint64_t(1) << p;
-  f.open = n.additional >= 0 && fits(n.additional, index + 1);
-}
-
-// The frame on top finished; tell its parent (now on top).
-bool JsonMatcher::child_done(State& s) const {
-  const Frame done = s.stack.back();
-  s.stack.pop_back();
-  Frame& f = s.stack.back();
-  switch (f.kind) {
-    case Frame::kRoot:
-      f.phase = 1;
-      return true;
-    case Frame::kArray:
-      ++f.count, f.phase = kArrAfter;
-      return true;
-    case Frame::kObject: {
-      if (f.phase == kObjValue) {
-        f.phase = kObjAfter;
-        return true;
-      }
-      // A key: which property it names.
-      const JsonTrie& names = schema_->names();
-      if (done.kind == Frame::kName) {
-        f.key_index = names.tag[done.trie];
-      } else {
-        const uint32_t end = done.trie == kNone ? kNone : names.child(done.trie, '"');
-        f.key_index = end == kNone ? -1 : names.tag[end];
-      }
-      if (f.key_index >= 0) f.seen |= uint64_t(1) << f.key_index;
-      f.phase = kObjColon;
-      return true;
-    }
-    default:
-      return false;
+std::shared_ptr<const JsonSchema> JsonSchema::regex(std::string_view pattern,
+                                                    const JsonSchemaLimits& limits) {
+  auto s = std::make_shared<JsonSchema>();
+  try {
+    s->strings_.emplace_back(RegexDfa::compile(pattern, false, limits.max_pattern_states), 0, -1);
+  } catch (const Error& e) {
+    throw SchemaError("regex", "", fmt::format("regex: {}", e.what()));
   }
+  if (!s->strings_[0].viable(s->strings_[0].start(), 0))
+    throw SchemaError("regex", "", "regex: no text matches it");
+  Node root;
+  root.types = Node::kString;
+  root.string_rule = 0;
+  s->nodes_.push_back(root);
+  s->raw_text_ = true;
+  return s;
 }
 
-bool JsonMatcher::feed(State& s, uint8_t c) const {
-  ++work_;
-  // Whitespace between tokens of JSON: accepted where `allowed`, at most kMaxWhitespaceRun in a row.
-  auto whitespace = [&](bool allowed) {
-    if (!allowed || !is_ws(c) || s.whitespace_run >= kMaxWhitespaceRun) return false;
-    ++s.whitespace_run;
-    return true;
-  };
-  for (;;) {
-    Frame& f = s.stack.back();
-    const size_t at = s.stack.size() - 1;  // f's index
-    const Node& n = schema_->node(f.node);
-    if (whitespace(f.kind == Frame::kRoot || f.kind == Frame::kValue || f.kind == Frame::kObject ||
-                   f.kind == Frame::kArray))
-      return true;
-    if (!is_ws(c) || f.kind == Frame::kString) s.whitespace_run = 0;
-    switch (f.kind) {
-      case Frame::kRoot:
-        return false;  // the value is complete; only whitespace may follow
+std::shared_ptr<const JsonSchema> JsonSchema::with_suffix(const JsonSchema& schema, std::string suffix) {
+  auto s = std::make_shared<JsonSchema>(schema);
+  s->suffix_ = std::move(suffix);
+  return s;
+}
 
-      case Frame::kValue: {
-        if (n.values != kNone || ((c == 't' || c == 'f' || c == 'n') && n.words != kNone)) {
-          f.kind = Frame::kLiteral;
-          f.trie = n.values != kNone ? n.values : n.words;
-          continue;  // the literal takes this byte
-        }
-        // Containers only where what they must hold still fits.
-        if (c == '{' && (n.types & Node::kObject) && at - 1 + n.need_object <= size_t(kMaxNesting)) {
-          open_object(f, at);
-          return true;
-        }
-        if (c == '[' && (n.types & Node::kArray) && at - 1 + n.need_array <= size_t(kMaxNesting)) {
-          f.kind = Frame::kArray;
-          f.phase = kArrOpen;
-          return true;
-        }
-        if (c == '"' && (n.types & Node::kString)) {
-          f.kind = Frame::kString;
-          f.phase = kStrChar;
-          return true;
-        }
-        if ((c == '-' || is_digit(c)) && (n.types & (Node::kNumber | Node::kInteger))) {
-          f.kind = Frame::kNumber;
-          f.phase = kNumStart;
-          continue;
-        }
-        return false;
-      }
-
-      case Frame::kLiteral: {
-        const JsonTrie& values = schema_->values();
-        const uint32_t next = step(values, f.trie, c);
-        if (next == kNone) {
-          if (values.tag[f.trie] < 0 || !child_done(s)) return false;
-          continue;  // the literal ended before this byte: the parent takes it
-        }
-        f.trie = next;
-        // Done when no longer text is possible: tell the parent now.
-        return values.leaf(next) ? child_done(s) : true;
-      }
-
-      case Frame::kName: {  // only properties not seen yet (nor too deep) may follow
-        const JsonTrie& names = schema_->names();
-        const uint32_t next = step(names, f.trie, c);
-        if (next == kNone || !(names.below[next] & ~s.stack[at - 1].seen)) return false;
-        f.trie = next;
-        return names.leaf(next) ? child_done(s) : true;  // a name ends at its closing quote
-      }
-
-      case Frame::kNumber: {
-        const bool integer = !(n.types & Node::kNumber);
-        uint8_t next = 0xFF;
-        switch (f.phase) {
-          case kNumStart:
-            next = c == '-' ? kNumMinus : c == '0' ? kNumZero : is_digit(c) ? kNumInt : 0xFF;
-            break;
-          case kNumMinus:
-            next = c == '0' ? kNumZero : is_digit(c) ? kNumInt : 0xFF;
-            break;
-          case kNumZero:
-          case kNumInt:
-            if (f.phase == kNumInt && is_digit(c))
-              next = kNumInt;
-            else if (c == '.' && !integer)
-              next = kNumDot;
-            else if ((c == 'e' || c == 'E') && !integer)
-              next = kNumE;
-            break;
-          case kNumDot:
-            next = is_digit(c) ? kNumFrac : 0xFF;
-            break;
-          case kNumFrac:
-            next = is_digit(c) ? kNumFrac : (c == 'e' || c == 'E') ? kNumE : 0xFF;
-            break;
-          case kNumE:
-            next = (c == '+' || c == '-') ? kNumESign : is_digit(c) ? kNumExp : 0xFF;
-            break;
-          case kNumESign:
-            next = is_digit(c) ? kNumExp : 0xFF;
-            break;
-          case kNumExp:
-            next = is_digit(c) ? kNumExp : 0xFF;
-            break;
-        }
-        if (next != 0xFF) {
-          f.phase = next;
-          return true;
-        }
-        if (!number_accepting(f.phase) || !child_done(s)) return false;
-        continue;
-      }
-
-      case Frame::kString: {
-        // A key where other keys are allowed: its text so far is followed in the name trie.
-        auto follow = [&] {
-          if (f.key && f.trie != kNone) f.trie = step(schema_->names(), f.trie, c);
-        };
-        if (f.utf8_left) {  // inside a multi-byte UTF-8 character
-          if (c < f.utf8_lo || c > f.utf8_hi) return false;
-          --f.utf8_left;
-          f.utf8_lo = 0x80, f.utf8_hi = 0xBF;
-          follow();
-          return true;
-        }
-        switch (f.phase) {
-          case kStrChar:
-            if (c == '"') {
-              if (f.key) {  // the key must leave room for its value: a property too deep to start is refused
-                const JsonTrie& names = schema_->names();
-                const uint32_t end = f.trie == kNone ? kNone : names.child(f.trie, '"');
-                const Node& object = schema_->node(s.stack[at - 1].node);
-                if (end != kNone && names.tag[end] >= 0 &&
-                    !fits(object.properties[size_t(names.tag[end])], at))
-                  return false;
-              }
-              return child_done(s);
-            }
-            if (c == '\\') {
-              f.phase = kStrEscape;
-            } else if (c < 0x20) {
-              return false;
-            } else if (c >= 0x80) {
-              // Well-formed UTF-8 only (no overlongs, no surrogates, nothing past U+10FFFF).
-              if (c >= 0xC2 && c <= 0xDF)
-                f.utf8_left = 1;
-              else if (c == 0xE0)
-                f.utf8_left = 2, f.utf8_lo = 0xA0;
-              else if (c == 0xED)
-                f.utf8_left = 2, f.utf8_hi = 0x9F;
-              else if (c >= 0xE1 && c <= 0xEF)
-                f.utf8_left = 2;
-              else if (c == 0xF0)
-                f.utf8_left = 3, f.utf8_lo = 0x90;
-              else if (c >= 0xF1 && c <= 0xF3)
-                f.utf8_left = 3;
-              else if (c == 0xF4)
-                f.utf8_left = 3, f.utf8_hi = 0x8F;
-              else
-                return false;
-            }
-            break;
-          case kStrWantBackslash:
-            if (c != '\\') return false;
-            f.phase = kStrWantU;
-            break;
-          case kStrEscape:
-          case kStrWantU:
-            if (f.phase == kStrWantU && c != 'u') return false;
-            if (c == 'u') {
-              f.phase = kStrHex1;
-              f.seen = 0;
-            } else if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' ||
-                       c == 't') {
-              f.phase = kStrChar;
-            } else {
-              return false;
-            }
-            break;
-          default: {  // hex digits of \uXXXX; surrogates only in pairs (parsers reject lone ones)
-            if (!is_hex(c)) return false;
-            const uint64_t digit = is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10;
-            f.seen = f.seen * 16 + digit;
-            const bool want_low = f.count == 1;  // after a high surrogate: DC00..DFFF
-            if (f.phase == kStrHex1 && want_low && digit != 0xD) return false;
-            const bool low = f.seen >= 0xDC && f.seen <= 0xDF;
-            if (f.phase == kStrHex2 && low != want_low) return false;
-            if (f.phase == kStrHex4) {
-              f.count = !want_low && f.seen >= 0xD800 && f.seen <= 0xDBFF ? 1 : 0;
-              f.phase = f.count ? kStrWantBackslash : kStrChar;
-            } else {
-              ++f.phase;
-            }
-          }
-        }
-        follow();
-        return true;
-      }
-
-      case Frame::kObject: {
-        const uint64_t all =
-            n.properties.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.properties.size()) - 1;
-        const bool more_keys = f.open || (f.seen & all) != all;
-        const bool may_close = (f.seen & n.required) == n.required;
-        auto start_key = [&] {
-          Frame k;
-          k.node = f.node;
-          const uint32_t first = n.names == kNone ? kNone : schema_->names().child(n.names, '"');
-          if (f.open) {
-            k.kind = Frame::kString;
-            k.key = true;
-          } else {
-            k.kind = Frame::kName;  // past the opening quote, which the object consumed
-          }
-          k.trie = first;
-          f.phase = kObjKey;
-          s.stack.push_back(k);
-          return true;
-        };
-        switch (f.phase) {
-          case kObjOpen:
-            if (c == '"' && more_keys) return start_key();
-            if (c == '}' && may_close) return child_done(s);
-            return false;
-          case kObjNext:
-            return c == '"' && start_key();
-          case kObjColon: {
-            if (c != ':') return false;
-            Frame v;
-            v.node = f.key_index >= 0 ? n.properties[size_t(f.key_index)] : n.additional;
-            f.phase = kObjValue;
-            s.stack.push_back(v);
-            return true;
-          }
-          case kObjAfter:
-            if (c == ',' && more_keys) {
-              f.phase = kObjNext;
-              return true;
-            }
-            if (c == '}' && may_close) return child_done(s);
-            return false;
-          default:
-            return false;
-        }
-      }
-
-      case Frame::kArray: {
-        const bool more = (n.max_items < 0 || f.count < n.max_items) && fits(n.items, at + 1);
-        if (f.phase == kArrOpen || f.phase == kArrAfter) {
-          if (c == ']' && f.count >= n.min_items) return child_done(s);
-          const bool comma = f.phase == kArrAfter;
-          if (!more || (comma && c != ',')) return false;
-          Frame v;
-          v.node = n.items;
-          f.phase = kArrItem;
-          s.stack.push_back(v);
-          if (comma) return true;
-          continue;  // the first item's first byte
-        }
-        return false;
-      }
+std::shared_ptr<const JsonSchema> JsonSchema::choice(const std::vector<std::string>& choices,
+                                                     const JsonSchemaLimits& limits) {
+  if (choices.empty()) throw SchemaError("choice", "", "choice must list at least one string");
+  // An alternation of the choices, each character escaped (letters, digits and non-ASCII stand for
+  // themselves): its automaton is the trie of the choices.
+  std::string pattern;
+  size_t bytes = 0;
+  for (const std::string& choice : choices) {
+    bytes += choice.size();
+    if (bytes > limits.max_literal_bytes)
+      throw SchemaError("choice", "",
+                        fmt::format("the choices are more than {} bytes", limits.max_literal_bytes));
+    if (!pattern.empty()) pattern += '|';
+    pattern += "(?:";
+    for (char c : choice) {
+      if (uint8_t(c) < 0x80 && !std::isalnum(uint8_t(c))) pattern += '\\';
+      pattern += c;
     }
+    pattern += ')';
+  }
+  JsonSchemaLimits room = limits;
+  room.max_pattern_states = std::max(limits.max_pattern_states, bytes + 2);
+  try {
+    return regex(pattern, room);
+  } catch (const SchemaError& e) {
+    throw SchemaError("choice", "", fmt::format("choice: {}", e.what()));
   }
 }
 

@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "common/error.h"
+#include "engine/json_number.h"
+#include "engine/json_string.h"
 
 namespace moeserve {
 
@@ -64,6 +66,7 @@ struct JsonSchemaLimits {
   size_t max_enum_values = 100000;             // enum and const values in the whole schema
   size_t max_literal_bytes = size_t{1} << 20;  // their JSON text and the property names'
   size_t max_nodes = size_t{1} << 16;          // subschemas compiled (a $ref's target once)
+  size_t max_pattern_states = 4096;            // automaton states of one pattern
 };
 
 // A set of byte strings as a trie, flattened; one holds every enum/const value of a schema, another every
@@ -105,7 +108,12 @@ struct JsonSchemaNode {
   std::vector<int> properties;
   uint64_t required = 0;
   int additional = -1;
-  // Arrays.
+  // Numbers: minimum/maximum/exclusive*, an index into JsonSchema::bounds() (-1: none).
+  int bounds = -1;
+  // Strings: minLength/maxLength/pattern/format, an index into JsonSchema::strings() (-1: any string).
+  int string_rule = -1;
+  // Arrays: the schemas of the first items (prefixItems), then `items` for the rest.
+  std::vector<int> prefix_items;
   int items = -1;
   int64_t min_items = 0;
   int64_t max_items = -1;  // -1: no limit
@@ -124,28 +132,50 @@ class JsonSchema {
   // a schema), as xgrammar's strict mode does for vLLM.
   static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema,
                                                    const JsonSchemaLimits& limits = {});
+  // Not JSON: the whole output matches a regular expression (vLLM's guided_regex, SGLang's regex), or is one
+  // of the given strings (guided_choice). Throws SchemaError (keyword "regex" / "choice").
+  static std::shared_ptr<const JsonSchema> regex(std::string_view pattern,
+                                                 const JsonSchemaLimits& limits = {});
+  static std::shared_ptr<const JsonSchema> choice(const std::vector<std::string>& choices,
+                                                  const JsonSchemaLimits& limits = {});
+  bool raw_text() const { return raw_text_; }
+  // The same schema, the value followed by fixed text (a forced tool call's "}\n</tool_call>" after its
+  // arguments): the document ends only after all of it.
+  static std::shared_ptr<const JsonSchema> with_suffix(const JsonSchema& schema, std::string suffix);
+  const std::string& suffix() const { return suffix_; }
 
   using Node = JsonSchemaNode;
   const Node& node(int i) const { return nodes_[size_t(i)]; }
   size_t node_count() const { return nodes_.size(); }
   const JsonTrie& values() const { return values_; }
   const JsonTrie& names() const { return names_; }
+  const NumberBounds& bounds(int i) const { return bounds_[size_t(i)]; }
+  const StringRule& string_rule(int i) const { return strings_[size_t(i)]; }
+  // The schema of item `index` of an array of `node`.
+  int item(const Node& array, int64_t index) const {
+    return index < int64_t(array.prefix_items.size()) ? array.prefix_items[size_t(index)] : array.items;
+  }
 
  private:
   friend class SchemaCompiler;
   std::vector<Node> nodes_;  // nodes_[0] is the root
   JsonTrie values_;
   JsonTrie names_;
+  std::vector<NumberBounds> bounds_;
+  std::vector<StringRule> strings_;
+  bool raw_text_ = false;
+  std::string suffix_;
 };
 
 // One level of the matcher's stack (internal to JsonMatcher). Plain data: copying a stack is a memcpy.
 struct JsonMatcherFrame {
   // kLiteral follows the value trie, kName a property name in the name trie (no other keys allowed).
-  enum Kind : uint8_t { kRoot, kValue, kObject, kArray, kString, kNumber, kLiteral, kName };
+  // kText: the whole output is text a StringRule accepts (no JSON around it).
+  enum Kind : uint8_t { kRoot, kValue, kObject, kArray, kString, kNumber, kLiteral, kName, kText };
   Kind kind = kValue;
   uint8_t phase = 0;
   // Strings: the pending UTF-8 continuation bytes and the range the next one must be in.
-  uint8_t utf8_left = 0, utf8_lo = 0x80, utf8_hi = 0xBF;
+  uint8_t utf8_left = 0, utf8_lo = 0x80, utf8_hi = 0xBF, utf8_total = 0;
   // A string that is an object key where other keys are allowed: `trie` follows it in the name trie, to know
   // whether it names a property.
   bool key = false;
@@ -158,6 +188,11 @@ struct JsonMatcherFrame {
   int key_index = -1;  // objects: the current key's property (-1: another key)
   // Arrays: items read. Strings: 1 while a high surrogate waits for its low half.
   int64_t count = 0;
+  // Strings under a StringRule: the automaton's state, the characters read, and a \u escape's high
+  // surrogate while its low half is read. `seen` collects a multi-byte character's bits.
+  uint32_t rx = 0;
+  uint32_t length = 0;
+  uint32_t high = 0;
 };
 
 class JsonMatcher {
@@ -182,9 +217,26 @@ class JsonMatcher {
   struct State {
     std::vector<Frame> stack;
     int whitespace_run = 0;
+    std::string number;  // the text of a bounded number being read (only the top frame can be one)
   };
+  // What a frame did with a byte: took it, refused it, or finished and passed it on to the new top.
+  enum class Step : uint8_t { kTaken, kReject, kPass };
   bool feed(State& s, uint8_t c) const;
+  Step feed_value(State& s, uint8_t c) const;
+  Step feed_literal(State& s, uint8_t c) const;
+  Step feed_name(State& s, uint8_t c) const;
+  Step feed_number(State& s, uint8_t c) const;
+  Step feed_string(State& s, uint8_t c) const;
+  Step feed_object(State& s, uint8_t c) const;
+  Step feed_array(State& s, uint8_t c) const;
+  void follow_key(Frame& f, uint8_t c) const;
+  static bool utf8_lead(Frame& f, uint8_t c);
+  static bool escape_hex(Frame& f, uint8_t c);
+  Step feed_text(State& s, uint8_t c) const;
+  bool follow_rule(Frame& f, uint8_t c, uint8_t phase_before, bool raw = false) const;
+  bool rule_takes(Frame& f, uint32_t cp) const;
   bool child_done(State& s) const;
+  bool number_in_bounds(const Frame& f, const std::string& text) const;
   bool run(State& s, std::string_view bytes) const;
   bool fits(int node, size_t index) const;
   uint32_t step(const JsonTrie& trie, uint32_t node, uint8_t c) const;
@@ -208,6 +260,9 @@ struct JsonConstraint {
   std::shared_ptr<const TokenBytes> vocab;
   // Decoding is free until this token was generated (a reasoning model's </think>), constrained after it.
   std::optional<int32_t> start_after_token;
+  // Added tokens that may be chosen where the matcher accepts their text (</tool_call> in a suffix); the
+  // others never are.
+  std::vector<int32_t> control_tokens;
 };
 
 }  // namespace moeserve

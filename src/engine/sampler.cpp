@@ -162,7 +162,12 @@ bool Sampler::constraint_complete() const { return constraint_active_ && matcher
 bool Sampler::allowed(int32_t token) {
   if (std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end()) return matcher_->can_end();
   const TokenBytes& vocab = *params_.json->vocab;
-  if (size_t(token) >= vocab.bytes.size() || !vocab.usable[size_t(token)]) return false;
+  if (size_t(token) >= vocab.bytes.size()) return false;
+  if (!vocab.usable[size_t(token)]) {
+    const std::vector<int32_t>& control = params_.json->control_tokens;
+    if (std::find(control.begin(), control.end(), token) == control.end()) return false;
+    return matcher_->accepts(vocab.bytes[size_t(token)]);
+  }
   const std::string& bytes = vocab.bytes[size_t(token)];
   // Most tokens fail on their first byte (at a structural position, nearly all): one check per byte value.
   int8_t& first = first_byte_ok_[uint8_t(bytes[0])];

@@ -256,9 +256,72 @@ int parse_priority(Fields& f) {
   return v ? static_cast<int>(*v) : 0;
 }
 
+// vLLM's structured_outputs {"json" | "regex" | "choice" | "json_object"} and its older guided_json /
+// guided_regex / guided_choice, and SGLang's regex: the same constraint as response_format, so at most one of
+// all of them. Grammars (guided_grammar, structured_outputs.grammar) stay a 400.
+void parse_structured_outputs(Fields& f, ResponseFormat& out) {
+  struct Ask {
+    std::string param, kind;
+    const json* value;
+  };
+  std::vector<Ask> asks;
+  if (const json* so = f.get("structured_outputs")) {
+    if (!so->is_object()) throw invalid_param("structured_outputs", "must be an object");
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      const std::string& key = it.key();
+      if (it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;  // clients send unset fields so
+      if (key == "json" || key == "regex" || key == "choice" || key == "json_object") {
+        asks.push_back({"structured_outputs." + key, key, &*it});
+      } else {
+        throw invalid_param("structured_outputs", "'{}' is not supported (json, regex, choice and json_object are)",
+                            key);
+      }
+    }
+  }
+  for (const auto& [key, kind] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"guided_json", "json"}, {"guided_regex", "regex"}, {"guided_choice", "choice"}, {"regex", "regex"}})
+    if (const json* v = f.get(key)) asks.push_back({key, kind, v});
+  if (f.has("guided_grammar")) throw invalid_param("guided_grammar", "grammars are not supported; use a JSON schema or a regex");
+  f.ignore("guided_grammar");
+  if (asks.empty()) return;
+  const Ask& ask = asks[0];
+  if (asks.size() > 1 || out.schema) {
+    throw invalid_param(ask.param, "only one of response_format, structured_outputs, guided_json, guided_regex, "
+                                   "guided_choice and regex may be given");
+  }
+  try {
+    if (ask.kind == "json_object") {
+      out.type = ResponseFormat::Type::kJsonObject;
+      out.schema = JsonSchema::any_object();
+    } else if (ask.kind == "json") {
+      // A schema, or a string holding one (vLLM takes both).
+      const json schema = ask.value->is_string() ? parse_bounded_json<nlohmann::json>(ask.value->get<std::string>())
+                                                 : parse_bounded_json<nlohmann::json>(ask.value->dump());
+      out.type = ResponseFormat::Type::kJsonSchema;
+      out.schema = JsonSchema::compile(schema);
+    } else if (ask.kind == "regex") {
+      if (!ask.value->is_string()) throw invalid_param(ask.param, "must be a string (a regular expression)");
+      out.type = ResponseFormat::Type::kRegex;
+      out.schema = JsonSchema::regex(ask.value->get<std::string>());
+    } else {
+      if (!ask.value->is_array()) throw invalid_param(ask.param, "must be an array of strings");
+      std::vector<std::string> choices;
+      for (const json& c : *ask.value) {
+        if (!c.is_string()) throw invalid_param(ask.param, "must be an array of strings, got {}", type_name(c));
+        choices.push_back(c.get<std::string>());
+      }
+      out.type = ResponseFormat::Type::kRegex;
+      out.schema = JsonSchema::choice(choices);
+    }
+  } catch (const SchemaError& e) {
+    throw invalid_param(ask.param, "{}", e.what());
+  } catch (const JsonParseError& e) {
+    throw invalid_param(ask.param, "is not a JSON schema: {}", e.what());
+  }
+}
+
 // response_format as OpenAI defines it: {"type": "text" | "json_object"} or {"type": "json_schema",
-// "json_schema": {"name", "schema", "strict", "description"}}. vLLM's own guided_* parameters are a 400 rather
-// than free text that merely looks like the answer to a different question.
+// "json_schema": {"name", "schema", "strict", "description"}}; then vLLM's and SGLang's own fields.
 ResponseFormat parse_response_format(Fields& f) {
   ResponseFormat out;
   if (const json* v = f.get("response_format")) {
@@ -295,10 +358,10 @@ ResponseFormat parse_response_format(Fields& f) {
       throw invalid_param("response_format", "type must be 'text', 'json_object' or 'json_schema', got '{}'", type);
     }
   }
+  parse_structured_outputs(f, out);
   // Constraints of other servers that this one does not apply: answering without them would hand the client
-  // output it did not ask for. Structured outputs (regex, choice) take their names off this list as they land.
-  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                          "regex", "ebnf", "structural_tag", "json_schema"}) {
+  // output it did not ask for.
+  for (const char* key : {"ebnf", "structural_tag", "json_schema"}) {
     if (f.has(key)) {
       throw invalid_param(key, "is not supported; for JSON output use response_format (json_object or json_schema)");
     }

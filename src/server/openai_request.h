@@ -3,7 +3,7 @@
 // Everything a client can get wrong in a parameter this server knows is caught here and reported as ApiError 400
 // naming the parameter, the way the OpenAI API and vLLM do. Unknown parameters are accepted and ignored, as vLLM
 // and SGLang do (SDKs and frameworks add new ones all the time); their names are returned for a debug log.
-// Known parameters asking for something this server cannot do (vLLM's guided_* parameters, non-text
+// Known parameters asking for something this server cannot do (vLLM's guided_grammar, non-text
 // modalities, JSON Schema keywords outside the supported subset) are rejected rather than ignored, since
 // ignoring them would change what the client gets.
 
@@ -51,7 +51,8 @@ struct SamplingSettings {
 // response_format: free text, any JSON object, or JSON that validates against a schema (compiled here, so a
 // schema outside the supported subset is a 400 naming the keyword).
 struct ResponseFormat {
-  enum class Type { kText, kJsonObject, kJsonSchema } type = Type::kText;
+  // kRegex: not JSON, text that matches a regex or is one of a choice (vLLM's structured_outputs, SGLang's regex).
+  enum class Type { kText, kJsonObject, kJsonSchema, kRegex } type = Type::kText;
   std::string name;  // json_schema.name
   std::shared_ptr<const JsonSchema> schema;  // null for text
 };

@@ -5,6 +5,7 @@
 #include <ctime>
 #include <limits>
 
+#include "common/bounded_json.h"
 #include "common/log.h"
 #include "engine/json_constraint.h"
 #include "server/api_error.h"
@@ -647,6 +648,29 @@ JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
       if (!after) throw invalid_param("response_format", "the prompt opens reasoning, but </think> is not a token");
     }
     spec.params.json = json_constraint(cr.response_format, after);
+  }
+  // A forced call of one function (named, or "required" with a single tool) in the hermes format: the
+  // arguments after the forced `{"name": ..., "arguments": ` are constrained to the function's parameters,
+  // then the call's end. (Qwen3.5's XML parameters and "required" over several tools are not constrained.)
+  std::optional<std::string> forced_name;
+  if (cr.tool_choice == ToolChoice::kNamed) forced_name = cr.tool_choice_name;
+  if (cr.tool_choice == ToolChoice::kRequired && cr.tools.size() == 1)
+    forced_name = cr.tools[0]["function"]["name"].get<std::string>();
+  if (!forced_prefix.empty() && forced_name && options_.tool_call_parser == "hermes") {
+    json parameters = {{"type", "object"}};
+    for (const auto& t : cr.tools)
+      if (t["function"]["name"] == *forced_name && t["function"].contains("parameters"))
+        parameters = t["function"]["parameters"];
+    ResponseFormat call;
+    try {
+      call.schema = JsonSchema::with_suffix(*JsonSchema::compile(parse_bounded_json<nlohmann::json>(parameters.dump())),
+                                            "}\n</tool_call>");
+    } catch (const SchemaError& e) {
+      throw invalid_param("tools", "function '{}' parameters: {}", *forced_name, e.what());
+    }
+    auto c = std::make_shared<JsonConstraint>(*json_constraint(call, std::nullopt));
+    if (auto close = tokenizer_->token_id("</tool_call>")) c->control_tokens.push_back(*close);
+    spec.params.json = std::move(c);
   }
   return spec;
 }

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cmath>
 #include <functional>
 #include <random>
 #include <string>
@@ -262,9 +264,9 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
     }
     return std::string("(accepted)");
   };
-  EXPECT_EQ(keyword(R"({"type": "string", "pattern": "^a"})"), "pattern");
-  EXPECT_EQ(keyword(R"({"type": "string", "minLength": 2})"), "minLength");
-  EXPECT_EQ(keyword(R"({"type": "object", "properties": {"a": {"type": "string", "format": "date"}}})"),
+  EXPECT_EQ(keyword(R"({"type": "string", "pattern": "(?<=a)b"})"), "pattern");
+  EXPECT_EQ(keyword(R"({"type": "number", "multipleOf": 2})"), "multipleOf");
+  EXPECT_EQ(keyword(R"({"type": "object", "properties": {"a": {"type": "string", "format": "ipv5"}}})"),
             "format");
   EXPECT_EQ(keyword(R"({"anyOf": [{"type": "integer"}, {"type": "number"}]})"), "anyOf");
   EXPECT_EQ(keyword(R"({"oneOf": [{"type": "object"}, {"type": "object", "properties": {}}]})"), "oneOf");
@@ -669,6 +671,334 @@ TEST(JsonSchema, ErrorsNeverEchoMuchOfTheSchema) {
     EXPECT_NE(e.keyword, "(accepted)");
     EXPECT_LT(std::string(e.what()).size(), 300u) << std::string(e.what()).substr(0, 300);
   }
+}
+
+TEST(JsonSchemaNumbers, IntegerBoundsAsZodWritesThem) {
+  // z.number().int() writes the safe-integer range; z.number().int().min(10).max(20) the bounds.
+  auto safe = schema(R"({"type": "integer", "minimum": -9007199254740991, "maximum": 9007199254740991})");
+  EXPECT_TRUE(valid(safe, "0"));
+  EXPECT_TRUE(valid(safe, "-9007199254740991"));
+  EXPECT_EQ(rejected_at(safe, "9007199254740992"), 15u);
+  EXPECT_EQ(rejected_at(safe, "90071992547409910"), 16u);
+  auto s = schema(R"({"type": "integer", "minimum": 10, "maximum": 20})");
+  EXPECT_TRUE(valid(s, "10"));
+  EXPECT_TRUE(valid(s, "20"));
+  EXPECT_TRUE(prefix_only(s, "1"));  // 1 itself is out, 1x is in
+  EXPECT_TRUE(prefix_only(s, "2"));
+  EXPECT_EQ(rejected_at(s, "3"), 0u);
+  EXPECT_EQ(rejected_at(s, "21"), 1u);
+  EXPECT_EQ(rejected_at(s, "-"), 0u);
+  EXPECT_EQ(rejected_at(s, "0"), 0u);
+  auto negative = schema(R"({"type": "integer", "exclusiveMinimum": -20, "exclusiveMaximum": -9.5})");
+  EXPECT_TRUE(valid(negative, "-10"));
+  EXPECT_TRUE(valid(negative, "-19"));
+  EXPECT_EQ(rejected_at(negative, "-9"), 1u);  // -9 > -9.5 and -90 < -20
+  EXPECT_EQ(rejected_at(negative, "-20"), 1u);
+  EXPECT_EQ(rejected_at(negative, "-0"), 1u);
+}
+
+TEST(JsonSchemaNumbers, NumberBoundsSeeThroughFractionsAndExponents) {
+  auto s = schema(R"({"type": "number", "exclusiveMinimum": 0, "maximum": 1})");
+  EXPECT_TRUE(valid(s, "1"));
+  EXPECT_TRUE(valid(s, "0.5"));
+  EXPECT_TRUE(valid(s, "1.000"));
+  EXPECT_TRUE(valid(s, "5e-1"));
+  EXPECT_TRUE(valid(s, "1E-300"));
+  EXPECT_TRUE(valid(s, "0.001e3"));
+  EXPECT_TRUE(prefix_only(s, "0"));  // 0 is out, 0.5 in
+  EXPECT_TRUE(prefix_only(s, "0.000"));
+  EXPECT_TRUE(prefix_only(s, "1.01"));  // 1.01e-1 is in
+  EXPECT_EQ(rejected_at(s, "1.01}"), 4u);
+  EXPECT_TRUE(prefix_only(s, "2e"));  // 2e-1 is in
+  EXPECT_EQ(rejected_at(s, "1e1"), 2u);
+  EXPECT_EQ(rejected_at(s, "-"), 0u);
+  EXPECT_EQ(rejected_at(s, "0e"), 1u);  // 0 with any exponent is 0
+  auto big = schema(R"({"type": "number", "minimum": 1e300})");
+  EXPECT_TRUE(valid(big, "1e300"));
+  EXPECT_TRUE(valid(big, "2e300"));
+  EXPECT_TRUE(prefix_only(big, "99"));
+  EXPECT_EQ(rejected_at(big, "1e299"), 2u);  // 1e2xx is below, 1e2xxx past a double
+  // Past a double's magnitudes a validator reads 0 or infinity (ajv, pydantic): not written under bounds.
+  auto positive = schema(R"({"type": "number", "exclusiveMinimum": 0})");
+  EXPECT_TRUE(valid(positive, "1e-300"));
+  EXPECT_TRUE(valid(positive, "5e-324"));
+  EXPECT_EQ(rejected_at(positive, "1e-400"), 5u);
+  EXPECT_EQ(rejected_at(positive, "2e308"), 4u);
+  EXPECT_EQ(rejected_at(big, "1e-"), 2u);
+  auto tight = schema(R"({"type": "number", "minimum": 0.25, "maximum": 0.3})");
+  EXPECT_TRUE(valid(tight, "0.3"));
+  EXPECT_TRUE(valid(tight, "2.5e-1"));
+  EXPECT_TRUE(valid(tight, "29e-2"));
+  EXPECT_EQ(rejected_at(tight, "0.31"), 3u);
+  EXPECT_EQ(rejected_at(tight, "0.30000000000000000001"), 21u);  // exact decimals, not doubles
+  EXPECT_EQ(rejected_at(tight, "1"), 0u);
+  EXPECT_EQ(rejected_at(tight, "2e-2"), 1u);   // no exponent puts 2 in
+  EXPECT_EQ(rejected_at(tight, "24e-2"), 1u);  // no number starting 24 is in [0.25, 0.3]
+}
+
+TEST(JsonSchemaNumbers, DraftFourBooleanExclusivesAndTheTighterEnd) {
+  auto s = schema(R"({"type": "number", "minimum": 1, "exclusiveMinimum": true, "maximum": 2})");
+  EXPECT_TRUE(prefix_only(s, "1"));
+  EXPECT_TRUE(valid(s, "1.5"));
+  auto both = schema(R"({"type": "integer", "minimum": 5, "exclusiveMinimum": 5, "maximum": 7})");
+  EXPECT_EQ(rejected_at(both, "5"), 0u);
+  EXPECT_TRUE(valid(both, "6"));
+  auto error = [](const char* text) {
+    try {
+      schema(text);
+    } catch (const SchemaError& e) {
+      return e.keyword;
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(error(R"({"type": "integer", "minimum": 0.2, "maximum": 0.8})"), "minimum");
+  EXPECT_EQ(error(R"({"type": "number", "exclusiveMinimum": 1, "maximum": 1})"), "minimum");
+  EXPECT_EQ(error(R"({"type": "number", "minimum": "1"})"), "minimum");
+  EXPECT_EQ(error(R"({"type": "string", "maximum": 1})"), "maximum");
+}
+
+// Random walks over number bytes under random bounds: every accepted prefix can still end (never a dead
+// end), every end is in bounds, and every in-range number the walk did not write is accepted whole.
+TEST(JsonSchemaNumbers, RandomWalksEndInBoundsAndNumbersInBoundsAreAccepted) {
+  const char* ends[] = {"-1000", "-7.5", "-1", "0", "0.001", "0.5", "3", "12.25", "99", "1e5"};
+  std::mt19937 rng(5);
+  const std::string alphabet = "-0123456789.eE+}";
+  int ended = 0, accepted_in_range = 0;
+  for (int round = 0; round < 400; ++round) {
+    const bool integer = rng() % 2;
+    const char* lo_text = ends[rng() % 10];
+    const char* hi_text = ends[rng() % 10];
+    double lo = std::stod(lo_text), hi = std::stod(hi_text);
+    if (lo > hi) std::swap(lo, hi), std::swap(lo_text, hi_text);
+    const bool lo_open = rng() % 2, hi_open = rng() % 2;
+    const double first = lo_open ? std::floor(lo) + 1 : std::ceil(lo);
+    const double last = hi_open ? std::ceil(hi) - 1 : std::floor(hi);
+    if ((lo == hi && (lo_open || hi_open)) || (integer && first > last)) continue;  // no value: a 400
+    const std::string text = fmt::format(
+        R"({{"type": "object", "required": ["x"], "properties": {{"x": {{"type": "{}", "{}": {}, "{}": {}}}}}}})",
+        integer ? "integer" : "number", lo_open ? "exclusiveMinimum" : "minimum", lo_text,
+        hi_open ? "exclusiveMaximum" : "maximum", hi_text);
+    SCOPED_TRACE(text);
+    auto s = schema(text.c_str());
+    auto in_range = [&](double v) {
+      return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi) && (!integer || v == std::floor(v));
+    };
+    for (int walk = 0; walk < 5; ++walk) {
+      JsonMatcher m(s);
+      ASSERT_TRUE(m.advance("{\"x\":"));
+      std::string number;
+      for (int step = 0; step < 200; ++step) {
+        std::string next, onward;  // onward: what moves a long number towards an end
+        for (char c : alphabet)
+          if (m.accepts(std::string_view(&c, 1))) next.push_back(c);
+        ASSERT_FALSE(next.empty()) << "a dead end after " << number;
+        if (number.size() > 12) {
+          onward.clear();
+          for (char c : next)
+            if (c != '0' && c != '.') onward.push_back(c);
+        }
+        const std::string& from = number.size() > 12 && !onward.empty() ? onward : next;
+        const bool close = next.find('}') != std::string::npos;
+        const char c = close && (number.size() > 8 || rng() % 3 == 0) ? '}' : from[rng() % from.size()];
+        ASSERT_TRUE(m.advance(std::string_view(&c, 1)));
+        if (c == '}') break;
+        number.push_back(c);
+      }
+      ASSERT_TRUE(m.can_end()) << number;
+      ++ended;
+      errno = 0;
+      const double v = std::strtod(number.c_str(), nullptr);
+      if (errno != ERANGE) {  // past double's range: not comparable here
+        EXPECT_TRUE(in_range(v)) << number;
+      }
+    }
+    // Numbers written every way: each is accepted exactly when it is in range.
+    for (int k = 0; k < 20; ++k) {
+      const double v = integer ? double(int(rng() % 2200) - 1100) : (double(int(rng() % 40000)) - 20000) / 16;
+      for (const std::string& number :
+           {fmt::format("{}", v), fmt::format("{:e}", v), fmt::format("{:.3f}", v), fmt::format("{:E}", v)}) {
+        if (integer && number.find_first_of(".eE") != std::string::npos) continue;
+        const bool ok = valid(s, "{\"x\": " + number + "}");
+        EXPECT_EQ(ok, in_range(v)) << number;
+        accepted_in_range += ok;
+      }
+    }
+  }
+  EXPECT_GT(ended, 1000);
+  EXPECT_GT(accepted_in_range, 500);
+}
+
+TEST(JsonSchemaStrings, LengthsCountCodePointsWhateverTheSpelling) {
+  auto s = schema(R"({"type": "string", "minLength": 2, "maxLength": 3})");
+  EXPECT_TRUE(valid(s, R"("ab")"));
+  EXPECT_TRUE(valid(s, "\"\xC3\xA9t\xC3\xA9\""));    // 3 characters in 5 bytes
+  EXPECT_TRUE(valid(s, R"("\u00e9\ud83d\ude00")"));  // an escaped pair is one character
+  EXPECT_EQ(rejected_at(s, R"("a")"), 2u);
+  EXPECT_EQ(rejected_at(s, R"("abcd")"), 4u);
+  EXPECT_EQ(rejected_at(s, R"("ab\n\t")"), 5u);  // the fourth character, at its backslash
+  auto zero = schema(R"({"type": "string", "maxLength": 0})");
+  EXPECT_TRUE(valid(zero, R"("")"));
+  EXPECT_EQ(rejected_at(zero, R"("a")"), 1u);
+}
+
+TEST(JsonSchemaStrings, PatternsMatchAnywhereUnlessAnchored) {
+  auto anywhere = schema(R"({"type": "string", "pattern": "ab+c"})");
+  EXPECT_TRUE(valid(anywhere, R"("xxabbbcyy")"));
+  EXPECT_TRUE(prefix_only(anywhere, R"("xab)"));
+  EXPECT_EQ(rejected_at(anywhere, R"("xx")"), 3u);  // it cannot end before ab+c appears
+  auto anchored = schema(R"({"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"})");
+  EXPECT_TRUE(valid(anchored, R"("AB-123")"));
+  EXPECT_EQ(rejected_at(anchored, R"("ab-123")"), 1u);
+  EXPECT_EQ(rejected_at(anchored, R"("AB-1234")"), 7u);
+  EXPECT_TRUE(valid(anchored, R"("\u0041B-123")"));    // an escape is the character it stands for
+  EXPECT_EQ(rejected_at(anchored, R"("\u0061)"), 5u);  // \u006 can only be '`'..'o': refused at its 6
+  auto unicode = schema(R"({"type": "string", "pattern": "^[^a-z]\u00e9.$"})");
+  EXPECT_TRUE(valid(unicode, "\"\xF0\x9F\x98\x80\xC3\xA9x\""));
+  EXPECT_EQ(rejected_at(unicode, "\"q"), 1u);
+  EXPECT_EQ(rejected_at(unicode, "\"Q\xC3\xA8"), 3u);     // U+00E8, not U+00E9: refused at its last byte
+  EXPECT_EQ(rejected_at(unicode, "\"Q\xE2"), 2u);         // no three-byte character is an e-acute
+  EXPECT_EQ(rejected_at(unicode, "\"Q\xC3\xA9\\n"), 5u);  // '.' is not a line terminator
+}
+
+TEST(JsonSchemaStrings, PatternsWithLengthsAreExact) {
+  // (ab)* has only even lengths: with minLength 3 and maxLength 4, only "abab".
+  auto s = schema(R"({"type": "string", "pattern": "^(ab)*$", "minLength": 3, "maxLength": 4})");
+  EXPECT_TRUE(valid(s, R"("abab")"));
+  EXPECT_EQ(rejected_at(s, R"("ab")"), 3u);
+  EXPECT_EQ(rejected_at(s, R"("ababa)"), 5u);
+  auto error = [](const char* text) {
+    try {
+      schema(text);
+    } catch (const SchemaError& e) {
+      return e.keyword;
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(error(R"({"type": "string", "pattern": "^(ab)*$", "minLength": 3, "maxLength": 3})"), "pattern");
+  EXPECT_EQ(error(R"({"type": "string", "pattern": "a^"})"), "pattern");  // no string at all
+  EXPECT_EQ(error(R"({"type": "string", "pattern": "(?=a)b"})"), "pattern");
+  EXPECT_EQ(error(R"({"type": "string", "pattern": "(a)\\1"})"), "pattern");
+  EXPECT_EQ(error(R"({"type": "string", "pattern": "\\bword"})"), "pattern");
+  EXPECT_EQ(error(R"({"type": "string", "pattern": "(a"})"), "pattern");
+  EXPECT_EQ(error(R"({"type": "string", "pattern": "(a|b)*a(a|b){20}"})"), "pattern");  // 2^20 states
+  EXPECT_EQ(error(R"({"type": "string", "format": "hostname-ish"})"), "format");
+  EXPECT_EQ(error(R"({"type": "integer", "minLength": 1})"), "minLength");
+}
+
+TEST(JsonSchemaStrings, EnumValuesThatFailTheOtherKeywordsAreLeftOut) {
+  auto s = schema(R"({"type": "string", "enum": ["a", "bb", "ccc"], "minLength": 2})");
+  EXPECT_EQ(rejected_at(s, R"("a")"), 1u);
+  EXPECT_TRUE(valid(s, R"("bb")"));
+  auto n = schema(R"({"type": "integer", "enum": [1, 5, 9], "maximum": 5})");
+  EXPECT_EQ(rejected_at(n, "9"), 0u);
+  EXPECT_TRUE(valid(n, "5"));
+}
+
+TEST(JsonSchemaFormats, DatesAreCalendarDays) {
+  auto s = schema(R"({"type": "string", "format": "date"})");
+  EXPECT_TRUE(valid(s, R"("2024-02-29")"));
+  EXPECT_TRUE(valid(s, R"("2000-02-29")"));
+  EXPECT_TRUE(valid(s, R"("1999-12-31")"));
+  EXPECT_EQ(rejected_at(s, R"("2023-02-29")"), 10u);
+  EXPECT_EQ(rejected_at(s, R"("1900-02-29")"), 10u);
+  EXPECT_EQ(rejected_at(s, R"("2024-04-31")"), 10u);
+  EXPECT_EQ(rejected_at(s, R"("2024-13-01")"), 7u);
+  EXPECT_EQ(rejected_at(s, R"("2024-1-01")"), 7u);
+}
+
+TEST(JsonSchemaFormats, TimesDateTimesUuidsEmailsUris) {
+  auto t = schema(R"({"type": "string", "format": "date-time"})");
+  EXPECT_TRUE(valid(t, R"("2024-05-06T07:08:09Z")"));
+  EXPECT_TRUE(valid(t, R"("2024-05-06t07:08:09.123+05:30")"));
+  EXPECT_TRUE(valid(t, R"("2024-05-06 23:59:60z")"));
+  EXPECT_EQ(rejected_at(t, R"("2024-05-06T07:08:09")"), 20u);  // a zone is required
+  EXPECT_EQ(rejected_at(t, R"("2024-05-06T24:00:00Z")"), 13u);
+  auto u = schema(R"({"type": "string", "format": "uuid"})");
+  EXPECT_TRUE(valid(u, R"("123e4567-e89b-12d3-a456-426614174000")"));
+  EXPECT_TRUE(valid(u, R"("urn:uuid:123E4567-E89B-12D3-A456-426614174000")"));
+  EXPECT_EQ(rejected_at(u, R"("123e4567-e89b-12d3-a456-42661417400")"), 36u);
+  auto e = schema(R"({"type": "string", "format": "email"})");
+  EXPECT_TRUE(valid(e, R"("ann.lee+tag@mail.example.com")"));
+  EXPECT_EQ(rejected_at(e, R"("ann@example")"), 12u);  // at least one dot in the domain
+  EXPECT_EQ(rejected_at(e, R"("ann@-x.com")"), 5u);
+  auto uri = schema(R"({"type": "string", "format": "uri"})");
+  EXPECT_TRUE(valid(uri, R"("https://user@example.com:8080/a/b?q=1#frag")"));
+  EXPECT_TRUE(valid(uri, R"("mailto:ann@example.com")"));
+  EXPECT_TRUE(valid(uri, R"("http://[2001:db8::1]/")"));
+  EXPECT_EQ(rejected_at(uri, R"("example.com/a")"), 12u);  // no scheme
+  EXPECT_EQ(rejected_at(uri, R"("http://a b")"), 9u);
+}
+
+TEST(JsonSchemaArrays, PrefixItemsThenItems) {
+  auto s = schema(R"({"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}],
+                      "items": {"type": "boolean"}})");
+  EXPECT_TRUE(valid(s, R"(["a", 1, true, false])"));
+  EXPECT_TRUE(valid(s, R"(["a"])"));
+  EXPECT_EQ(rejected_at(s, R"([1])"), 1u);
+  EXPECT_EQ(rejected_at(s, R"(["a", 1, 2])"), 9u);
+  auto closed =
+      schema(R"({"type": "array", "prefixItems": [{"type": "string"}], "items": false, "minItems": 1})");
+  EXPECT_EQ(rejected_at(closed, R"(["a", "b"])"), 4u);
+  EXPECT_EQ(rejected_at(closed, "[]"), 1u);
+  // zod-to-json-schema's tuples (draft 7): items as an array, additionalItems for the rest.
+  auto tuple = schema(R"({"type": "array", "items": [{"type": "number"}, {"type": "null"}], "minItems": 2,
+                          "maxItems": 2})");
+  EXPECT_TRUE(valid(tuple, "[1.5, null]"));
+  EXPECT_EQ(rejected_at(tuple, "[1.5]"), 4u);
+}
+
+TEST(JsonRegex, WholeOutputRegexAndChoice) {
+  auto r = JsonSchema::regex("(yes|no)( [0-9]+)?");
+  EXPECT_TRUE(valid(r, "yes"));
+  EXPECT_TRUE(valid(r, "no 42"));
+  EXPECT_TRUE(prefix_only(r, "no "));
+  EXPECT_EQ(rejected_at(r, "maybe"), 0u);
+  EXPECT_EQ(rejected_at(r, "yes!"), 3u);  // a whole match, not a search
+  auto c = JsonSchema::choice({"red", "green", "a.b", "\xC3\xA9t\xC3\xA9"});
+  EXPECT_TRUE(valid(c, "green"));
+  EXPECT_TRUE(valid(c, "a.b"));
+  EXPECT_TRUE(valid(c, "\xC3\xA9t\xC3\xA9"));
+  EXPECT_EQ(rejected_at(c, "axb"), 1u);  // '.' is a character here, not any character
+  EXPECT_EQ(rejected_at(c, "re"), 2u);
+  EXPECT_FALSE(valid(c, "re"));
+  EXPECT_THROW(JsonSchema::regex("a(?!b)"), SchemaError);
+  EXPECT_THROW(JsonSchema::choice({}), SchemaError);
+}
+
+TEST(JsonSchemaStrings, ZodFormatsWithPatternsPassBothAndLeadingLookaheadsHold) {
+  // zod 4's z.email(): a format and a pattern with two leading lookaheads (no leading dot, no "..").
+  auto email = schema(R"({"type": "string", "format": "email",
+      "pattern": "^(?!\\.)(?!.*\\.\\.)([A-Za-z0-9_'+\\-\\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$"})");
+  EXPECT_TRUE(valid(email, R"("ann.lee@example.com")"));
+  EXPECT_EQ(rejected_at(email, R"(".ann@example.com")"), 1u);
+  EXPECT_EQ(rejected_at(email, R"("ann..lee@example.com")"), 5u);
+  EXPECT_EQ(rejected_at(email, R"("ann@example.c")"), 14u);  // the pattern wants two letters at the end
+  // zod 4's z.uuid() pattern is narrower than the format: a version digit 1-8.
+  auto uuid = schema(R"({"type": "string", "format": "uuid",
+      "pattern": "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12})$"})");
+  EXPECT_TRUE(valid(uuid, R"("123e4567-e89b-12d3-a456-426614174000")"));
+  EXPECT_EQ(rejected_at(uuid, R"("123e4567-e89b-92d3-a456-426614174000")"), 15u);
+  EXPECT_EQ(rejected_at(uuid, R"("urn:uuid:123e4567-e89b-12d3-a456-426614174000")"), 1u);  // the format's prefix, not the pattern's
+  // zod's records write propertyNames {"type": "string"}: keys are strings anyway.
+  auto record = schema(R"({"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {"type": "boolean"}})");
+  EXPECT_TRUE(valid(record, R"({"a": true, "b": false})"));
+  EXPECT_THROW(schema(R"({"type": "object", "propertyNames": {"pattern": "^a"}})"), SchemaError);
+}
+
+// A forced hermes tool call: the arguments, then "}\n</tool_call>" before the document may end.
+TEST(JsonSchema, SuffixFollowsTheValue) {
+  auto args = schema(R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"]})");
+  auto call = JsonSchema::with_suffix(*args, "}\n</tool_call>");
+  EXPECT_TRUE(valid(call, "{\"n\": 3}}\n</tool_call>"));
+  EXPECT_TRUE(valid(call, "{\"n\": 3} }\n</tool_call>"));  // whitespace before the suffix, not inside it
+  EXPECT_TRUE(prefix_only(call, "{\"n\": 3}"));
+  EXPECT_TRUE(prefix_only(call, "{\"n\": 3}}\n</tool"));
+  EXPECT_EQ(rejected_at(call, "{\"n\": 3}} "), 9u);
+  EXPECT_EQ(rejected_at(call, "{\"n\": 3}}\n</tool_call>\n"), 22u);
+  EXPECT_EQ(rejected_at(call, "{\"n\": 0}"), 6u);
+  auto number = JsonSchema::with_suffix(*schema(R"({"type": "integer"})"), "!");
+  EXPECT_TRUE(prefix_only(number, "12"));  // a top-level number does not end the document before its suffix
+  EXPECT_TRUE(valid(number, "12!"));
 }
 
 }  // namespace

@@ -392,5 +392,47 @@ TEST(Sampler, JsonStartsAfterTheGateToken) {
   EXPECT_EQ(s.sample(std::vector<float>{0, 9, 0, 0, 0, 0, 0, 0, 0, 0}, {}), 1);
   EXPECT_EQ(s.sample(json_logits(), {}), 7);  // now only JSON: " " leads
 }
+// A control token (an added token such as </tool_call>) is chosen only where the matcher takes its text: after
+// the value, as the schema's suffix, and then the end.
+TEST(Sampler, ControlTokensOnlyWhereTheSuffixTakesThem) {
+  auto v = std::make_shared<TokenBytes>(*json_vocab());
+  v->bytes.push_back("</tool_call>");  // 10: an added token
+  v->usable.push_back(0);
+  SamplingParams p;
+  p.temperature = 0;
+  auto c = std::make_shared<JsonConstraint>();
+  c->schema = JsonSchema::with_suffix(*JsonSchema::compile(nlohmann::json::parse(
+                                          R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})")),
+                                      "}</tool_call>");
+  c->vocab = v;
+  c->control_tokens = {10};
+  p.json = c;
+  Sampler s(p, std::vector<int32_t>{1}, 1);
+  s.constrain({kEos});
+  std::vector<float> logits = json_logits();
+  logits.push_back(20);  // the model wants </tool_call> most of all
+  std::string text;
+  int32_t t = -1;
+  for (int step = 0; step < 400 && t != kEos; ++step) {
+    t = s.sample(logits, {});
+    ASSERT_NE(t, kNoToken) << text;
+    if (t != kEos) text += v->bytes[size_t(t)];
+  }
+  EXPECT_EQ(t, kEos) << text;
+  ASSERT_TRUE(text.ends_with("}</tool_call>")) << text;
+  const nlohmann::json args = nlohmann::json::parse(text.substr(0, text.size() - std::string("}</tool_call>").size()));
+  EXPECT_TRUE(args["a"].is_number_integer()) << text;
+  // Without the control token listed, it is never chosen: the suffix is then unreachable in this vocabulary.
+  auto closed = std::make_shared<JsonConstraint>(*c);
+  closed->control_tokens.clear();
+  p.json = closed;
+  Sampler s2(p, std::vector<int32_t>{1}, 1);
+  s2.constrain({kEos});
+  for (int step = 0; step < 400 && t != kNoToken; ++step) {
+    t = s2.sample(logits, {});
+    EXPECT_NE(t, 10);
+  }
+}
+
 }  // namespace
 }  // namespace moeserve

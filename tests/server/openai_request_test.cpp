@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "engine/json_constraint.h"
 #include "server/api_error.h"
 #include "server/openai_request.h"
 #include "server/sampling_defaults.h"
@@ -132,13 +133,13 @@ TEST(CompletionRequest, InvalidValuesNameTheParameter) {
            {R"({"prompt":"x","metadata":[]})", "metadata"},
            {R"({"prompt":"x","modalities":["text","audio"]})", "modalities"},
            {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{}}})", "response_format"},
-           {R"({"prompt":"x","guided_json":{"type":"object"}})", "guided_json"},
-           {R"({"prompt":"x","regex":"[a-z]+"})", "regex"},
            {R"({"prompt":"x","ebnf":"root ::= \"a\""})", "ebnf"},
            {R"({"prompt":"x","structural_tag":"{}"})", "structural_tag"},
            {R"({"prompt":"x","use_beam_search":true})", "use_beam_search"},
            {R"({"prompt":"x","bad_words":["no"]})", "bad_words"},
            {R"({"prompt":"x","length_penalty":0.5})", "length_penalty"},
+           {R"({"prompt":"x","guided_grammar":"root ::= x"})", "guided_grammar"},
+           {R"({"prompt":"x","guided_json":{"type":"object","multipleOf":2}})", "guided_json"},
            {R"({"prompt":"x","min_tokens":5,"max_tokens":2})", "min_tokens"},
            {R"({"prompt":"x","model":7})", "model"},
            {R"({"prompt":""})", "prompt"},
@@ -324,11 +325,15 @@ TEST(ChatRequest, InvalidValuesNameTheParameter) {
            {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})", "chat_template_kwargs"},
            {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})", "response_format"},
            {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
-               "json_schema":{"name":"p","schema":{"type":"string","pattern":"^a"}}}})", "response_format"},
+               "json_schema":{"name":"p","schema":{"type":"string","pattern":"(?=a)b"}}}})", "response_format"},
            {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
                "json_schema":{"schema":{"type":"string"}}}})", "response_format"},
            {R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", "functions"},
-           {R"({"messages":[{"role":"user","content":"x"}],"guided_choice":["a","b"]})", "guided_choice"},
+           {R"({"messages":[{"role":"user","content":"x"}],"guided_grammar":"root ::= x"})", "guided_grammar"},
+           {R"({"messages":[{"role":"user","content":"x"}],"guided_choice":["a",1]})", "guided_choice"},
+           {R"({"messages":[{"role":"user","content":"x"}],"regex":"(a"})", "regex"},
+           {R"({"messages":[{"role":"user","content":"x"}],"structured_outputs":{"grammar":"x"}})", "structured_outputs"},
+           {R"({"messages":[{"role":"user","content":"x"}],"guided_regex":"a","guided_choice":["a"]})", "guided_regex"},
            {R"({"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"no"})", "parallel_tool_calls"},
            {R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":3})", "reasoning_effort"},
            {R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":0})", "max_tokens"},
@@ -358,10 +363,37 @@ TEST(ChatRequest, ParsesResponseFormat) {
   EXPECT_NE(completion.response_format.schema, nullptr);
   // An unsupported keyword is named in the 400, with where it is.
   ApiError e = chat_error(head + R"("response_format":{"type":"json_schema","json_schema":{"name":"p",
-      "schema":{"type":"object","properties":{"when":{"type":"string","format":"date-time"}}}}}})");
+      "schema":{"type":"object","properties":{"when":{"type":"string","format":"hostname"}}}}}})");
   EXPECT_EQ(*e.param, "response_format");
   EXPECT_NE(std::string(e.what()).find("'format'"), std::string::npos) << e.what();
   EXPECT_NE(std::string(e.what()).find("properties.when"), std::string::npos) << e.what();
+}
+
+TEST(ChatRequest, ParsesVllmAndSglangStructuredOutputs) {
+  const std::string head = R"({"messages":[{"role":"user","content":"x"}],)";
+  auto matches = [](const ResponseFormat& f, const std::string& text) {
+    JsonMatcher m(f.schema);
+    return m.advance(text) && m.can_end();
+  };
+  auto so = parse_chat_request(head + R"("structured_outputs":{"regex":"[0-9]{3}","json":null}})").response_format;
+  EXPECT_EQ(so.type, ResponseFormat::Type::kRegex);
+  EXPECT_TRUE(matches(so, "123"));
+  EXPECT_FALSE(matches(so, "12"));
+  auto choice = parse_chat_request(head + R"("guided_choice":["yes","no"]})").response_format;
+  EXPECT_TRUE(matches(choice, "no"));
+  EXPECT_FALSE(matches(choice, "n"));
+  auto sglang = parse_chat_request(head + R"("regex":"(yes|no)!"})").response_format;
+  EXPECT_TRUE(matches(sglang, "yes!"));
+  auto json_string = parse_chat_request(head + R"("guided_json":"{\"type\": \"integer\", \"minimum\": 1}"})");
+  EXPECT_TRUE(matches(json_string.response_format, "7"));
+  EXPECT_FALSE(matches(json_string.response_format, "0"));
+  auto object = parse_chat_request(head + R"("structured_outputs":{"json_object":true}})").response_format;
+  EXPECT_EQ(object.type, ResponseFormat::Type::kJsonObject);
+  // zod's z.number().int() bounds, once a 400.
+  auto zod = parse_chat_request(head + R"("response_format":{"type":"json_schema","json_schema":{"name":"n",
+      "schema":{"type":"object","properties":{"n":{"type":"integer","minimum":-9007199254740991,
+      "maximum":9007199254740991}},"required":["n"],"additionalProperties":false}}}})").response_format;
+  EXPECT_TRUE(matches(zod, R"({"n": 42})"));
 }
 
 TEST(ApiErrorJson, HasTheOpenAiShape) {

@@ -533,6 +533,37 @@ TEST_F(ServeDemo, RequiredToolChoiceWithOneToolIsACallOfIt) {
       << calls.dump();
 }
 
+// A forced call in the hermes format is constrained: with random weights the arguments still validate
+// against the function's parameters, and the call closes.
+TEST_F(ServeDemo, ForcedHermesCallsValidateAgainstTheParameters) {
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--tool-call-parser", "hermes"});
+  const json parameters = {
+      {"type", "object"},
+      {"properties",
+       {{"unit", {{"enum", {"c", "f"}}}}, {"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 7}}}}},
+      {"required", {"unit", "days"}},
+      {"additionalProperties", false}};
+  const json tool = {{"type", "function"}, {"function", {{"name", "forecast"}, {"parameters", parameters}}}};
+  for (int seed = 0; seed < 4; ++seed) {
+    const json body = {{"messages", {{{"role", "user"}, {"content", "Forecast?"}}}},
+                       {"max_tokens", 400},
+                       {"temperature", 1},
+                       {"seed", seed},
+                       {"tools", {tool}},
+                       {"tool_choice", {{"type", "function"}, {"function", {{"name", "forecast"}}}}}};
+    const json r = post_json(p->port(), "/v1/chat/completions", body);
+    const json& calls = r["choices"][0]["message"]["tool_calls"];
+    ASSERT_EQ(calls.size(), 1u) << r.dump();
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls") << r.dump();
+    const json args = json::parse(calls[0]["function"]["arguments"].get<std::string>());
+    ASSERT_EQ(args.size(), 2u) << args.dump();
+    EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f") << args.dump();
+    ASSERT_TRUE(args["days"].is_number_integer()) << args.dump();
+    EXPECT_GE(args["days"].get<int>(), 1);
+    EXPECT_LE(args["days"].get<int>(), 7);
+  }
+}
+
 // Structured output with random weights: unconstrained, the model writes garbage; constrained, every answer
 // parses and has the schema's fields and types (enums and bounded arrays, so that it also finishes).
 TEST_F(ServeDemo, ResponseFormatJsonSchemaAndJsonObject) {
@@ -618,7 +649,7 @@ TEST_F(ServeDemo, ResponseFormatJsonSchemaAndJsonObject) {
   body = {{"messages", {{{"role", "user"}, {"content", "x"}}}},
           {"response_format",
            {{"type", "json_schema"},
-            {"json_schema", {{"name", "p"}, {"schema", {{"type", "string"}, {"pattern", "^a+$"}}}}}}}};
+            {"json_schema", {{"name", "p"}, {"schema", {{"type", "string"}, {"pattern", "(a)\\1"}}}}}}}};
   json error = post_json(p->port(), "/v1/chat/completions", body, 400);
   EXPECT_EQ(error["error"]["param"], "response_format");
   EXPECT_NE(error["error"]["message"].get<std::string>().find("pattern"), std::string::npos) << error.dump();

@@ -1,0 +1,273 @@
+// The oracle of tests/engine/schema_differential_test.cpp: ajv 8 (draft 2020-12, ajv-formats' full formats)
+// judges JSON documents against schemas, and zod 4 writes schemas the way applications send them.
+//
+//   node schema_oracle.mjs cases SEED OUT   schemas (zod-written, hand-written as pydantic writes them, and
+//                                           random ones) and documents for each, valid and not, with ajv's
+//                                           verdict: {"schemas": [...], "docs": [[schema, text, valid], ...]}
+//   node schema_oracle.mjs judge IN OUT     IN {"schemas", "docs": [[schema, text], ...]}; OUT: ajv's verdicts
+import { readFileSync, writeFileSync } from "node:fs";
+import Ajv2020 from "ajv/dist/2020.js";
+import addFormats from "ajv-formats";
+import * as z from "zod";
+
+function makeAjv() {
+  const ajv = new Ajv2020({ strict: false, unicodeRegExp: true, allowUnionTypes: true });
+  addFormats(ajv);
+  return ajv;
+}
+
+// A seeded generator (mulberry32): the same cases for the same seed.
+function rng(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+// The matcher's documented default: properties listed and additionalProperties absent means no other keys
+// (xgrammar's strict mode). Written out so that ajv judges the same schema.
+function strict(s) {
+  if (Array.isArray(s)) return s.map(strict);
+  if (!s || typeof s !== "object") return s;
+  const out = {};
+  for (const [k, v] of Object.entries(s)) out[k] = k === "const" || k === "enum" ? v : strict(v);
+  if (out.properties && !("additionalProperties" in out)) out.additionalProperties = false;
+  return out;
+}
+
+// Strings a format or pattern of the random schemas takes, and some it does not.
+const SAMPLES = {
+  "date-time": ["2024-02-29T12:30:00Z", "1999-12-31t23:59:59.5+05:30", "2023-02-29T00:00:00Z", "2024-01-01T24:00:00Z",
+    "2024-01-01 10:00:00-0130", "2024-01-01T10:00:00"],
+  date: ["2024-02-29", "2023-02-29", "1900-02-29", "2000-02-29", "2024-04-31", "2024-12-01", "24-12-01"],
+  time: ["10:20:30Z", "23:59:60Z", "10:20:30", "25:00:00Z", "10:20:30.25-08:00"],
+  uuid: ["123e4567-e89b-12d3-a456-426614174000", "urn:uuid:123E4567-E89B-12D3-A456-426614174000",
+    "123e4567-e89b-12d3-a456-42661417400", "not-a-uuid"],
+  email: ["ann@example.com", "a.b+c@mail.example.org", "ann@example", "@example.com", "ann@-x.com", "x@y.co"],
+  uri: ["https://example.com/a?b=1#c", "mailto:ann@example.com", "urn:isbn:0451450523", "example.com", "http://a b",
+    "ftp://[2001:db8::1]:21/x", "http:"],
+  ipv4: ["192.168.0.1", "256.1.1.1", "1.2.3", "10.0.0.255"],
+};
+const PATTERNS = {
+  "^[a-z]+$": ["abc", "a", "", "aB", "abc1"],
+  "^\\d{3}-\\d{4}$": ["555-1234", "55-1234", "555-12345", "abc-defg"],
+  "ab+c": ["xabbbcx", "ac", "abc", "ABC"],
+  "^(?:[A-Z]{2}|\\d{2})[-_]?x*$": ["AB-xx", "12x", "A1", "AB__x"],
+  "^[^\\s@]+@[^\\s@]+$": ["a@b", "a @b", "a@@b", "é@ü"],
+  "^\\p": null, // not used: Unicode property escapes are refused
+  "^(?!\\.)(?!.*\\.\\.)[a-z.]+$": ["a.b", ".ab", "a..b", "ab."],
+  "colou?r": ["color", "colour", "colr", "my colour!"],
+  "^\\u00e9+\\S?$": ["é", "éé!", "e", "é "],
+};
+delete PATTERNS["^\\p"];
+
+function pick(r, list) {
+  return list[Math.floor(r() * list.length)];
+}
+
+function randomString(r, min, max) {
+  const alphabet = ["a", "b", "Z", "0", "7", " ", "-", "é", "😀", "\"", "\\", "\n", "x", "."];
+  const n = min + Math.floor(r() * (Math.min(max, min + 8) - min + 1));
+  let s = "";
+  for (let i = 0; i < n; ++i) s += pick(r, alphabet);
+  return s;
+}
+
+// A random schema of the supported keywords, `depth` levels of containers at most.
+function randomSchema(r, depth) {
+  const kinds = depth > 0 ? ["object", "array", "string", "number", "integer", "boolean", "enum", "nullable", "const"]
+                          : ["string", "number", "integer", "boolean", "enum", "nullable", "const"];
+  const kind = pick(r, kinds);
+  const bound = () => pick(r, [-100, -7.5, -1, 0, 0.25, 1, 3, 10, 99.5, 1000]);
+  switch (kind) {
+    case "object": {
+      const properties = {};
+      const required = [];
+      const n = 1 + Math.floor(r() * 4);
+      for (let i = 0; i < n; ++i) {
+        const name = pick(r, ["id", "name", "when", "tags", "n", "x", "é", "a b"]) + (i ? i : "");
+        properties[name] = randomSchema(r, depth - 1);
+        if (r() < 0.6) required.push(name);
+      }
+      const s = { type: "object", properties, required };
+      if (r() < 0.2) s.additionalProperties = randomSchema(r, 0);
+      else if (r() < 0.2) s.additionalProperties = true;
+      return s;
+    }
+    case "array": {
+      const s = { type: "array", items: randomSchema(r, depth - 1) };
+      if (r() < 0.3) s.prefixItems = [randomSchema(r, 0), randomSchema(r, 0)];
+      if (r() < 0.4) s.minItems = Math.floor(r() * 3);
+      if (r() < 0.4) s.maxItems = (s.minItems || 0) + Math.floor(r() * 3);
+      return s;
+    }
+    case "string": {
+      // Lengths that leave the pattern some strings (a schema no string passes is a 400, not a case here).
+      const s = { type: "string" };
+      const what = r();
+      if (what < 0.3) s.format = pick(r, Object.keys(SAMPLES));
+      else if (what < 0.6) s.pattern = pick(r, Object.keys(PATTERNS));
+      if (!s.format && r() < 0.4) s.minLength = Math.floor(r() * 4);
+      if (!s.format && r() < 0.4) s.maxLength = (s.minLength || 0) + (s.pattern ? 12 : 0) + Math.floor(r() * 12);
+      return s;
+    }
+    case "number":
+    case "integer": {
+      const s = { type: kind };
+      let lo = bound(), hi = bound();
+      if (lo > hi) [lo, hi] = [hi, lo];
+      if (r() < 0.7) s[r() < 0.5 ? "minimum" : "exclusiveMinimum"] = lo;
+      if (r() < 0.7) s[r() < 0.5 ? "maximum" : "exclusiveMaximum"] = hi;
+      // Some value must pass (no integer in (0.25, 1), nothing in (3, 3)).
+      const first = "exclusiveMinimum" in s ? (kind === "integer" ? Math.floor(lo) + 1 : lo) : kind === "integer" ? Math.ceil(lo) : lo;
+      const last = "exclusiveMaximum" in s ? (kind === "integer" ? Math.ceil(hi) - 1 : hi) : kind === "integer" ? Math.floor(hi) : hi;
+      const open = "exclusiveMinimum" in s || "exclusiveMaximum" in s;
+      if (("minimum" in s || "exclusiveMinimum" in s) && ("maximum" in s || "exclusiveMaximum" in s) &&
+          (first > last || (kind === "number" && first === last && open))) {
+        delete s.maximum;
+        delete s.exclusiveMaximum;
+      }
+      return s;
+    }
+    case "boolean":
+      return { type: "boolean" };
+    case "enum":
+      return { enum: pick(r, [["a", "b", "c"], [1, 2.5, "x", null, true], ["é", "ab", "abc"]]) };
+    case "const":
+      return { const: pick(r, ["fixed", 42, false, null]) };
+    default: {  // Optional[X]: X of a type other than null
+      let inner;
+      do inner = randomSchema(r, 0);
+      while (!inner.type || inner.type === "null");
+      return { anyOf: [inner, { type: "null" }] };
+    }
+  }
+}
+
+// Schemas as zod 4 writes them for ordinary models (z.toJSONSchema).
+function zodSchemas() {
+  const models = [
+    z.object({ id: z.number().int(), name: z.string().min(1).max(20) }),
+    z.object({ email: z.email(), when: z.iso.datetime(), day: z.iso.date() }),
+    z.object({ id: z.uuid(), url: z.url(), tags: z.array(z.string().regex(/^[a-z]+$/)).max(3) }),
+    z.object({ kind: z.enum(["a", "b"]), opt: z.number().positive().optional(), nul: z.string().nullable() }),
+    z.object({ pair: z.tuple([z.string(), z.number()]), lit: z.literal(5), rec: z.record(z.string(), z.boolean()) }),
+    z.object({ age: z.number().int().min(0).max(150), score: z.number().gte(0).lte(1), rank: z.int().lt(10) }),
+    z.object({ nested: z.object({ a: z.boolean(), b: z.array(z.number().int().nonnegative()).min(1) }) }),
+    z.object({ code: z.string().length(4), note: z.string().max(0).optional(), level: z.number().int().negative() }),
+    z.object({ items: z.array(z.object({ sku: z.string().regex(/^[A-Z]{3}-\d{3}$/), qty: z.int().positive() })) }),
+    z.object({ status: z.union([z.literal("ok"), z.literal("error")]), code: z.number().int().nullable() }),
+  ];
+  return models.map((m) => z.toJSONSchema(m));
+}
+
+// Hand-written, as pydantic 2 writes models (Optional[X] as anyOf with null, $defs and $ref, titles).
+const PYDANTIC = [
+  { $defs: { Pet: { properties: { name: { title: "Name", type: "string" }, age: { anyOf: [{ type: "integer", minimum: 0 }, { type: "null" }], default: null } }, required: ["name"], title: "Pet", type: "object" } },
+    properties: { owner: { title: "Owner", type: "string", maxLength: 10 }, pets: { items: { $ref: "#/$defs/Pet" }, title: "Pets", type: "array" } },
+    required: ["owner", "pets"], title: "Household", type: "object" },
+  { properties: { when: { format: "date-time", type: "string" }, price: { exclusiveMinimum: 0, type: "number" } }, required: ["when", "price"], type: "object" },
+  { properties: { color: { enum: ["red", "green"], type: "string" }, size: { const: "L" } }, required: ["color", "size"], type: "object" },
+];
+
+function generate(r, s, root, depth = 0) {
+  if (s === true || s === undefined) return pick(r, [1, "x", null, true, { k: 1 }, [2]]);
+  if (s.$ref) return generate(r, root.$defs[s.$ref.split("/").pop()], root, depth);
+  if (s.anyOf) return generate(r, pick(r, s.anyOf), root, depth);
+  if ("const" in s) return s.const;
+  if (s.enum) return pick(r, s.enum);
+  const type = Array.isArray(s.type) ? pick(r, s.type) : s.type;
+  switch (type) {
+    case "object": {
+      const o = {};
+      for (const [k, v] of Object.entries(s.properties || {}))
+        if ((s.required || []).includes(k) || r() < 0.5) o[k] = generate(r, v, root, depth + 1);
+      if (s.additionalProperties && r() < 0.5) o["extra" + Math.floor(r() * 9)] = generate(r, s.additionalProperties, root, depth + 1);
+      return o;
+    }
+    case "array": {
+      const min = s.minItems || 0, max = s.maxItems ?? min + 3;
+      const n = min + Math.floor(r() * (max - min + 1));
+      const out = [];
+      for (let i = 0; i < n; ++i) out.push(generate(r, (s.prefixItems || [])[i] || s.items, root, depth + 1));
+      return out;
+    }
+    case "string": {
+      if (s.format && SAMPLES[s.format] && r() < 0.8) return pick(r, SAMPLES[s.format]);
+      if (s.pattern && PATTERNS[s.pattern] && r() < 0.8) return pick(r, PATTERNS[s.pattern]);
+      return randomString(r, s.minLength || 0, s.maxLength ?? 12);
+    }
+    case "integer":
+    case "number": {
+      const lo = s.minimum ?? s.exclusiveMinimum ?? -50, hi = s.maximum ?? s.exclusiveMaximum ?? 50;
+      const span = Math.max(Math.min(hi, 1e6) - Math.max(lo, -1e6), 1);
+      const v = Math.max(lo, -1e6) + r() * span;
+      if (type === "integer") return Math.round(v);
+      return r() < 0.3 ? Math.round(v) : Math.round(v * 1000) / 1000;
+    }
+    case "boolean":
+      return r() < 0.5;
+    case "null":
+      return null;
+    default:
+      return pick(r, [1, "x", null]);
+  }
+}
+
+// One random change of a document: a value swapped, a number nudged, a key added or dropped.
+function mutate(r, v) {
+  if (Array.isArray(v) && v.length && r() < 0.7) {
+    const i = Math.floor(r() * v.length);
+    return v.map((x, j) => (j === i ? mutate(r, x) : x));
+  }
+  if (v && typeof v === "object" && !Array.isArray(v)) {
+    const keys = Object.keys(v);
+    const roll = r();
+    if (keys.length && roll < 0.5) {
+      const k = pick(r, keys);
+      return { ...v, [k]: mutate(r, v[k]) };
+    }
+    if (keys.length && roll < 0.7) {
+      const { [pick(r, keys)]: _, ...rest } = v;
+      return rest;
+    }
+    return { ...v, surprise: 1 };
+  }
+  if (typeof v === "number") return pick(r, [v + 1, v - 1, v * 10, -v, v + 0.5, 0, "1"]);
+  // (by code points: a surrogate pair cut in half is not a string a model can write)
+  if (typeof v === "string") return pick(r, [v + "x", Array.from(v).slice(1).join(""), "", v.toUpperCase(), 5, v + v]);
+  return pick(r, [0, "s", null, false, [], {}]);
+}
+
+const [mode, a, b] = process.argv.slice(2);
+if (mode === "cases") {
+  const r = rng(Number(a));
+  const schemas = [...zodSchemas(), ...PYDANTIC];
+  while (schemas.length < 300) schemas.push(randomSchema(r, 2));
+  const ajv = makeAjv();
+  const docs = [];
+  const out = schemas.map(strict);
+  out.forEach((schema, i) => {
+    const validate = ajv.compile(schema);
+    for (let k = 0; k < 30; ++k) {
+      let v = generate(r, schema, schema);
+      if (k % 2) v = mutate(r, v);
+      const text = JSON.stringify(v, null, k % 3 === 0 ? 2 : undefined);
+      if (text === undefined) continue;
+      docs.push([i, text, validate(v)]);
+    }
+  });
+  writeFileSync(b, JSON.stringify({ schemas: out, docs }));
+} else if (mode === "judge") {
+  const input = JSON.parse(readFileSync(a, "utf8"));
+  const ajv = makeAjv();
+  const validators = input.schemas.map((s) => ajv.compile(s));
+  writeFileSync(b, JSON.stringify(input.docs.map(([i, text]) => validators[i](JSON.parse(text)))));
+} else {
+  console.error("usage: schema_oracle.mjs cases SEED OUT | judge IN OUT");
+  process.exit(2);
+}
