@@ -25,7 +25,6 @@ using testing::poisoned;
 using testing::random_vector;
 using testing::rel_error;
 using testing::to_device;
-using testing::to_host;
 using testing::WeightStore;
 
 constexpr int kSteps = 7;
