@@ -241,7 +241,7 @@ TEST_F(CudaReplay, PagedAttentionAndAttentionDecodeOverChangingPagesAndPositions
     std::vector<int32_t> b_now = b_pages;
     if (i >= kSwitchStep) b_now[1] = 20;
     if (i == kSwitchStep) {
-      const size_t page = size_t(cache.spec().floats_per_page());
+      const size_t page = size_t(cache.spec().layer_page_bytes()) / sizeof(float);  // float32 pages
       b.copy(cache.keys(0, b_pages[1]), cache.keys(0, 20), page);
       b.copy(cache.values(0, b_pages[1]), cache.values(0, 20), page);
       b.fill_zero(cache.keys(0, b_pages[1]), page);
