@@ -15,7 +15,13 @@ function(moeserve_add_test name)
   target_compile_definitions(${name} PRIVATE MOESERVE_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                                              MOESERVE_BINARY="$<TARGET_FILE:moeserve>")
   gtest_discover_tests(${name} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR} DISCOVERY_TIMEOUT 60
-                       PROPERTIES LABELS "${ARG_LABELS}")
+                       TEST_LIST ${name}_TESTS)
+  # The labels go on the discovered cases by a script ctest reads after theirs: gtest_discover_tests's
+  # PROPERTIES would keep only the first label of a list (the second became a property name).
+  set(label_script ${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake)
+  file(WRITE ${label_script}
+       "if(${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${ARG_LABELS}\")\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${label_script})
 endfunction()
 
 # moeserve_add_bench(<name> SOURCES ... LIBS ...): a Google Benchmark executable under build/bench/.

@@ -90,10 +90,19 @@ class Backend {
   }
 
   // Runs `step` (a forward step: ops, then downloads of its results) so that a backend may record the device
-  // work the first times it sees `key` and replay the recording afterwards (CUDA graphs). On a replay the
-  // host code of `step` runs again with the ops only staging their host inputs; a step whose ops differ from
-  // the recording in anything but those inputs (token ids, positions, page tables) is run afresh. The CPU
-  // runs it.
+  // work the first times it sees `key` and replay the recording afterwards (CUDA graphs). The CPU runs it.
+  //
+  // The graph contract, which every op of a recording backend keeps (docs/cuda.md, "CUDA graphs"): on a
+  // replay the host code of `step` runs again with the ops issuing nothing, so a replay equals an eager run
+  // only if each op
+  //  - stages each host input it reads (token ids, positions, page tables, state slot pointers,
+  //    temperatures, uploaded data) into the step's staging memory, never handing a kernel a host value or
+  //    pointer directly: the replay then reads this call's inputs, not the recorded call's;
+  //  - folds each argument the recording baked in (device addresses, shapes, weights, dtypes, counts and
+  //    every launch choice made from a host value) into the step's signature: a step that differs from the
+  //    recording in any of them runs afresh instead of replaying another step's work.
+  // tests/backend/cuda/cuda_replay_test.cpp holds each op to it (record, change inputs and slots, replay,
+  // compare with eager); a new op gets a case there.
   virtual void run_step(uint64_t key, const std::function<void()>& step) {
     (void)key;
     step();

@@ -280,17 +280,9 @@ TEST(PlanTools, DashboardHasTheReferencePanels) {
 class StreamingBackend {
  public:
   StreamingBackend() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-    socklen_t len = sizeof addr;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-    ::listen(fd_, 8);
+    uint16_t port = 0;
+    fd_ = peers::listen_loopback(port, 8);
+    port_ = port;
     thread_ = std::thread([this] { serve(); });
   }
   ~StreamingBackend() {

@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "loopback.h"
+
 namespace moeserve::deploy::testing {
 
 struct CommandResult {
@@ -78,20 +80,7 @@ inline void write_file(const std::string& path, const std::string& content) {
   std::ofstream(path, std::ios::binary) << content;
 }
 
-// A loopback port nobody listens on right now (the kernel picks it).
-inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
+using peers::free_port;
 
 // A child process (stdout and stderr to `log`), stopped with SIGTERM and reaped when destroyed.
 class ChildProcess {

@@ -9,23 +9,12 @@
 #include <thread>
 
 #include "common/error.h"
+#include "loopback.h"
 
 namespace moeserve::dist {
 namespace {
 
-// A port nothing listens on right now (the kernel's pick for an ephemeral bind).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
+using peers::free_port;
 
 TEST(TcpGroup, BroadcastAndBarrierReachEveryRank) {
   const std::string addr = "127.0.0.1:" + std::to_string(free_port());

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "loopback.h"
+
 namespace moeserve::loadgen::testing {
 namespace {
 
@@ -95,19 +97,9 @@ size_t FakeOpenAiServer::count_words(const std::string& text) {
 }
 
 FakeOpenAiServer::FakeOpenAiServer(FakeScript script) : script_(std::move(script)) {
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-  int one = 1;
-  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::listen(listen_fd_, 512) != 0)
-    throw std::runtime_error(std::string("fake server: bind/listen failed: ") + std::strerror(errno));
-  socklen_t len = sizeof addr;
-  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-  port_ = ntohs(addr.sin_port);
+  uint16_t port = 0;
+  listen_fd_ = peers::listen_loopback(port);
+  port_ = port;
   acceptor_ = std::thread([this] { accept_loop(); });
 }
 

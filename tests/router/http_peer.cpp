@@ -160,18 +160,7 @@ void BackendConnection::hang_up() {
 
 FakeBackend::FakeBackend(Handler handler, std::string name)
     : handler_(std::move(handler)), name_(std::move(name)) {
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-  int one = 1;
-  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      ::listen(listen_fd_, 512) != 0)
-    throw std::runtime_error("FakeBackend: cannot listen");
-  socklen_t length = sizeof address;
-  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&address), &length);
-  port_ = ntohs(address.sin_port);
+  listen_fd_ = peers::listen_loopback(port_);
   acceptor_ = std::thread([this] { accept_loop(); });
 }
 
@@ -432,18 +421,6 @@ HttpResponse http_request(uint16_t port, const std::string& method, const std::s
   if (!client.connected()) return {};
   client.send(method, target, body, headers);
   return client.read_response(timeout_ms);
-}
-
-uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t length = sizeof address;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
 }
 
 bool wait_listening(uint16_t port, int timeout_ms) {

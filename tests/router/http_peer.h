@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "loopback.h"
+
 namespace moeserve::router::testing {
 
 struct HttpRequest {
@@ -158,8 +160,7 @@ HttpResponse http_request(uint16_t port, const std::string& method, const std::s
                           const std::vector<std::pair<std::string, std::string>>& headers = {},
                           int timeout_ms = 10'000);
 
-// A free TCP port on 127.0.0.1 (bound and released; good enough for a test's own listeners).
-uint16_t free_port();
+using peers::free_port;
 // True once something accepts connections on 127.0.0.1:port (polls up to timeout_ms).
 bool wait_listening(uint16_t port, int timeout_ms = 10'000);
 

@@ -16,9 +16,11 @@ inline bool vector_rows(const WeightView& w) {
   return ok;
 }
 
-// xv = x[c*V, c*V + V) as float4 loads through the read-only cache (x 16-byte aligned).
-template <int V>
-__device__ __forceinline__ void load_x_vec(const float* x, int64_t c, float (&xv)[V]) {
+// xv = x[c*V, c*V + V) as float4 loads through the read-only cache (x 16-byte aligned). The chunk index keeps
+// its caller's type (int where the caller proved it fits): the address arithmetic, and so the registers, stay
+// the caller's.
+template <int V, typename Index>
+__device__ __forceinline__ void load_x_vec(const float* x, Index c, float (&xv)[V]) {
   const float4* xp = reinterpret_cast<const float4*>(x + c * V);
 #pragma unroll
   for (int e = 0; e < V / 4; ++e) {
@@ -27,12 +29,12 @@ __device__ __forceinline__ void load_x_vec(const float* x, int64_t c, float (&xv
   }
 }
 
-// The tile step every GEMV-style loop shares: acc[r][t] += wv[r] · x[t][chunk c] for the tokens t < nt, each x
-// vector loaded once and used by every row. kScaled (FP8): a row's V products are summed first and scaled once
-// by sc[r] (a vector lies in one scale block); otherwise sc is not read.
-template <bool kScaled, int V, int kRows, int kTokens>
+// The tile step every GEMV-style loop shares: acc[r][t] += wv[r] · x[t][chunk c] for the tokens t < nt,
+// each x vector loaded once and used by every row. kScaled (FP8): a row's V products are summed first and
+// scaled once by sc[r] (a vector lies in one scale block); otherwise sc is not read.
+template <bool kScaled, int V, int kRows, int kTokens, typename Index>
 __device__ __forceinline__ void fma_tile(const float (&wv)[kRows][V], const float* sc,
-                                         const float* const (&x)[kTokens], int64_t c, int nt,
+                                         const float* const (&x)[kTokens], Index c, int nt,
                                          float (&acc)[kRows][kTokens]) {
 #pragma unroll
   for (int t = 0; t < kTokens; ++t) {

@@ -1,0 +1,327 @@
+// The CUDA graph contract (Backend::run_step in backend.h), op by op. Each case runs the same steps on two
+// backends: eagerly on one, through run_step with one key on the other (step 0 runs eagerly, step 1 is
+// recorded, the later ones replay unless an argument baked into the recording changed). The steps change
+// every host input (positions, page tables, token ids, temperatures, uploaded data) and, from kSwitchStep on,
+// a state slot, a cache page or an output buffer too; each step's downloads must agree. An op that hands a
+// kernel a host value it did not stage replays the recorded step's value, and one that leaves a baked-in
+// argument out of the step's signature replays work on the old slot: either fails here.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <functional>
+#include <numeric>
+
+#include "backend/backend.h"
+#include "backend/logit_candidates.h"
+#include "cuda_test_util.h"
+#include "storage/kv_cache.h"
+
+namespace moeserve {
+namespace {
+
+using testing::poisoned;
+using testing::random_vector;
+using testing::rel_error;
+using testing::to_device;
+using testing::WeightStore;
+
+constexpr int kSteps = 7;
+constexpr int kSwitchStep = 4;  // from here on a slot, page or buffer is another one
+constexpr uint64_t kKey = 11;
+// The same kernels run in both: only a reduction whose order varies from launch to launch may differ.
+constexpr double kSame = 1e-6;
+
+class CudaReplay : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MOESERVE_REQUIRE_GPU();
+    be[0] = make_backend("cuda");
+    be[1] = make_backend("cuda");
+  }
+
+  // step(side, i): step i's ops on *be[side] (0: eager, 1: through run_step), returning what they downloaded.
+  void expect_replays_like_eager(const std::function<std::vector<float>(int side, int i)>& step) {
+    for (int i = 0; i < kSteps; ++i) {
+      std::vector<float> want = step(0, i), got;
+      be[1]->run_step(kKey, [&] { got = step(1, i); });
+      ASSERT_FALSE(want.empty());
+      EXPECT_LE(rel_error(got, want), kSame) << "step " << i;
+    }
+  }
+
+  // A device copy of host data made inside the step (from the key's pool when recorded), downloaded by
+  // download_all at the step's end.
+  float* input(int side, const std::vector<float>& host) {
+    return live_.emplace_back(to_device(*be[side], host)).get();
+  }
+  float* output(int side, size_t n) {
+    float* p = live_.emplace_back(poisoned(*be[side], n)).get();
+    outputs_.push_back({p, n});
+    return p;
+  }
+  // Downloads the step's outputs (and any persistent state named) into one vector and frees its buffers.
+  std::vector<float> download_all(int side, std::vector<std::pair<const float*, size_t>> state = {}) {
+    std::vector<float> all;
+    for (auto [p, n] : outputs_) append(side, p, n, all);
+    for (auto [p, n] : state) append(side, p, n, all);
+    outputs_.clear();
+    live_.clear();
+    return all;
+  }
+
+  std::unique_ptr<Backend> be[2];
+  WeightStore store;
+  std::deque<std::vector<float>> keep;  // weight vectors outlive the backends' copies of them
+
+ private:
+  void append(int side, const float* p, size_t n, std::vector<float>& all) {
+    std::vector<float> h(n);
+    be[side]->download(p, h.data(), n);
+    all.insert(all.end(), h.begin(), h.end());
+  }
+  std::deque<Buffer> live_;
+  std::vector<std::pair<float*, size_t>> outputs_;
+};
+
+TEST_F(CudaReplay, ElementwiseAndNorms) {
+  const int64_t rows = 3, dim = 256, stride = 512;
+  auto& w = keep.emplace_back(random_vector(dim, 1, 0.1f));
+  auto& al = keep.emplace_back(random_vector(32, 2));
+  auto& dt = keep.emplace_back(random_vector(32, 3));
+  // Outputs that outlive the steps: the one written switches at kSwitchStep (a baked-in address).
+  std::vector<Buffer> persistent[2];
+  for (int side : {0, 1})
+    for (int k = 0; k < 2; ++k) persistent[side].push_back(poisoned(*be[side], size_t(rows * dim)));
+  expect_replays_like_eager([&](int side, int i) {
+    Backend& b = *be[side];
+    const uint32_t seed = uint32_t(100 + 10 * i);
+    float* x = input(side, random_vector(size_t(rows * stride), seed));
+    float* y = input(side, random_vector(size_t(rows * dim), seed + 1));
+    float* g = input(side, random_vector(size_t(rows * dim), seed + 2));
+    float* h = input(side, random_vector(size_t(rows * dim), seed + 3));
+    float* norm = persistent[side][i >= kSwitchStep].get();
+    b.rms_norm(x, rows, dim, stride, w.data(), 1e-6f, true, norm, dim);
+    float* fused = output(side, size_t(rows * dim));
+    b.add_rms_norm(h, y, rows, dim, w.data(), 1e-6f, fused);
+    float* gated = output(side, size_t(rows * dim));
+    b.gated_rms_norm(y, g, rows, dim, w.data(), 1e-6f, gated);
+    b.add(y, g, size_t(rows * dim));
+    b.mul_sigmoid(y, g, rows, dim / 2, dim);
+    b.add_sigmoid_gated(h, y, g, rows, dim);
+    float* copied = output(side, size_t(rows * dim));
+    b.copy(h, copied, size_t(rows * dim));
+    b.fill_zero(copied, 10);
+    float* beta = output(side, 7 * 32);
+    float* gate = output(side, 7 * 32);
+    b.gdn_gates(input(side, random_vector(7 * 32, seed + 4)), input(side, random_vector(7 * 32, seed + 5)),
+                al.data(), dt.data(), 7, 32, beta, gate);
+    return download_all(side, {{norm, size_t(rows * dim)}});
+  });
+}
+
+TEST_F(CudaReplay, RopeAtChangingPositions) {
+  const int heads = 2, hd = 64, rot = 32;
+  auto& inv_freq = keep.emplace_back();
+  for (int j = 0; j < rot / 2; ++j) inv_freq.push_back(float(std::pow(1e4, -2.0 * j / rot)));
+  for (int side : {0, 1}) be[side]->prepare(inv_freq.data(), inv_freq.size());
+  expect_replays_like_eager([&](int side, int i) {
+    const int64_t tokens = 3;
+    float* q = output(side, size_t(tokens * heads * hd));
+    be[side]->upload(random_vector(size_t(tokens * heads * hd), uint32_t(200 + i)).data(), q,
+                     size_t(tokens * heads * hd));
+    be[side]->rope(q, tokens, heads, hd, rot, 1000 * i + 7, inv_freq.data());
+    return download_all(side);
+  });
+}
+
+TEST_F(CudaReplay, EmbedArgmaxAndLogitsTopk) {
+  Matrix table = store.make(DType::BF16, 1000, 256, 20);
+  const int64_t rows = 3, cols = 5000;
+  const int k = 20;
+  expect_replays_like_eager([&](int side, int i) {
+    Backend& b = *be[side];
+    std::vector<int32_t> tokens = {int32_t(7 * i), int32_t(999 - i), int32_t(i * i)};
+    float* e = output(side, tokens.size() * 256);
+    b.embed(tokens, table, e);
+    float* x = input(side, random_vector(size_t(rows * cols), uint32_t(300 + i)));
+    const std::vector<float> temps = {0.5f + 0.1f * float(i), 1.0f, 2.0f - 0.2f * float(i)};
+    float* topk = output(side, size_t(rows * logits_topk_record_floats(k)));
+    b.logits_topk(x, rows, cols, temps, k, topk);
+    int32_t ids[rows];
+    b.argmax(x, rows, cols, ids);
+    std::vector<float> all = download_all(side);
+    for (int32_t id : ids) all.push_back(float(id));
+    return all;
+  });
+}
+
+TEST_F(CudaReplay, MatmulsOfEveryDtype) {
+  const int64_t cols = 256;
+  std::vector<Matrix> ws;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32, DType::F8_E4M3})
+    ws.push_back(store.make(dt, 384, cols, uint32_t(ws.size() + 40)));
+  Matrix second = store.make(DType::BF16, 130, cols, 45);
+  expect_replays_like_eager([&](int side, int i) {
+    Backend& b = *be[side];
+    for (int64_t n : {1, 3}) {
+      float* x = input(side, random_vector(size_t(n * cols), uint32_t(400 + 10 * i + n)));
+      // From kSwitchStep on, another weight of the same shape (a baked-in argument).
+      for (size_t m = 0; m < ws.size(); ++m) {
+        const Matrix& w = ws[i >= kSwitchStep ? (m + 1) % ws.size() : m];
+        b.matmul(x, n, w, output(side, size_t(n * w.rows)));
+      }
+      const Matrix* pair[] = {&ws[0], &second};
+      float* ys[] = {output(side, size_t(n * ws[0].rows)), output(side, size_t(n * second.rows))};
+      b.matmul_n(x, n, pair, ys);
+    }
+    return download_all(side);
+  });
+}
+
+TEST_F(CudaReplay, SwigluMoeExpertsAndMoeBlock) {
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int E = 16, top_k = 4;
+    const int64_t hidden = 256, inter = 128;
+    std::vector<SwiGlu> experts;
+    for (int e = 0; e < E; ++e)
+      experts.push_back({store.make(dt, inter, hidden, uint32_t(1000 + 3 * e), 0.05f),
+                         store.make(dt, inter, hidden, uint32_t(1001 + 3 * e), 0.05f),
+                         store.make(dt, hidden, inter, uint32_t(1002 + 3 * e), 0.05f)});
+    Matrix router = store.make(DType::BF16, E, hidden, 1900, 0.1f);
+    Matrix shared_gate = store.make(DType::BF16, 1, hidden, 1901, 0.1f);
+    SwiGlu shared = {store.make(dt, 96, hidden, 1902, 0.05f), store.make(dt, 96, hidden, 1903, 0.05f),
+                     store.make(dt, hidden, 96, 1904, 0.05f)};
+    expect_replays_like_eager([&](int side, int i) {
+      Backend& b = *be[side];
+      const int64_t n = 3;
+      const uint32_t seed = uint32_t(500 + 10 * i);
+      float* x = input(side, random_vector(size_t(n * hidden), seed));
+      b.swiglu(experts[size_t(i >= kSwitchStep)], x, n, output(side, size_t(n * hidden)));
+      // The routing comes from the device data, so it changes every step without the host knowing.
+      float* logits = input(side, random_vector(size_t(n * E), seed + 1));
+      b.moe_experts(experts, logits, top_k, true, x, n, hidden, output(side, size_t(n * hidden)));
+      b.moe_block(router, experts, top_k, true, &shared, &shared_gate, x, n, hidden,
+                  output(side, size_t(n * hidden)));
+      return download_all(side);
+    });
+  }
+}
+
+TEST_F(CudaReplay, PagedAttentionAndAttentionDecodeOverChangingPagesAndPositions) {
+  const int heads = 4, kv_heads = 2, hd = 64, rotary = 32, page_size = 16;
+  const int64_t num_pages = 24, prompt = 20;
+  auto& q_norm = keep.emplace_back(random_vector(hd, 70, 0.1f));
+  auto& k_norm = keep.emplace_back(random_vector(hd, 71, 0.1f));
+  auto& inv_freq = keep.emplace_back();
+  for (int j = 0; j < rotary / 2; ++j) inv_freq.push_back(float(std::pow(1e7, -2.0 * j / rotary)));
+  std::vector<std::unique_ptr<KvCache>> kv;
+  // Two sequences: a's pages, and b's, whose second page (positions 16..31) moves to a free one at
+  // kSwitchStep, as a copy-on-write does, and the old page is cleared: a replay with the old page table reads
+  // zeros.
+  std::vector<int32_t> a_pages = {5, 3, 9, 1}, b_pages = {0, 7, 2, 11};
+  for (int side : {0, 1}) {
+    kv.push_back(std::make_unique<KvCache>(
+        KvCacheSpec{1, kv_heads, hd, page_size, num_pages, be[side]->cache_memory()}));
+    for (const auto* pages : {&a_pages, &b_pages}) {  // the prompts, outside any recorded step
+      auto q = random_vector(size_t(prompt * heads * hd), 72),
+           k = random_vector(size_t(prompt * kv_heads * hd), 73),
+           v = random_vector(size_t(prompt * kv_heads * hd), 74);
+      auto qd = to_device(*be[side], q), kd = to_device(*be[side], k), vd = to_device(*be[side], v);
+      auto od = poisoned(*be[side], q.size());
+      be[side]->paged_attention(qd.get(), kd.get(), vd.get(), prompt, heads, kv_heads, hd, 0, *pages,
+                                *kv[size_t(side)], 0, od.get());
+    }
+  }
+  expect_replays_like_eager([&](int side, int i) {
+    Backend& b = *be[side];
+    KvCache& cache = *kv[size_t(side)];
+    std::vector<int32_t> b_now = b_pages;
+    if (i >= kSwitchStep) b_now[1] = 20;
+    if (i == kSwitchStep) {
+      const size_t page = size_t(cache.spec().layer_page_bytes()) / sizeof(float);  // float32 pages
+      b.copy(cache.keys(0, b_pages[1]), cache.keys(0, 20), page);
+      b.copy(cache.values(0, b_pages[1]), cache.values(0, 20), page);
+      b.fill_zero(cache.keys(0, b_pages[1]), page);
+      b.fill_zero(cache.values(0, b_pages[1]), page);
+    }
+    const uint32_t seed = uint32_t(600 + 10 * i);
+    // One token of sequence a through paged_attention at its next position...
+    const int64_t a_pos = prompt + 2 * i;
+    float* out_a = output(side, size_t(heads * hd));
+    b.paged_attention(input(side, random_vector(size_t(heads * hd), seed)),
+                      input(side, random_vector(size_t(kv_heads * hd), seed + 1)),
+                      input(side, random_vector(size_t(kv_heads * hd), seed + 2)), 1, heads, kv_heads, hd,
+                      a_pos, a_pages, cache, 0, out_a);
+    // ...then a decode step of both sequences, a's one position on.
+    const std::vector<int64_t> positions = {a_pos + 1, prompt + i};
+    const std::vector<std::span<const int32_t>> tables = {a_pages, b_now};
+    float* out = output(side, size_t(2 * heads * hd));
+    b.attention_decode(input(side, random_vector(size_t(2 * heads * 2 * hd), seed + 3)),
+                       input(side, random_vector(size_t(2 * kv_heads * hd), seed + 4)),
+                       input(side, random_vector(size_t(2 * kv_heads * hd), seed + 5)), 2, heads, kv_heads,
+                       hd, q_norm.data(), k_norm.data(), 1e-6f, rotary, inv_freq.data(), positions, tables,
+                       cache, 0, out);
+    return download_all(side);
+  });
+}
+
+TEST_F(CudaReplay, ConvDeltaRuleAndGdnDecodeOverChangingStateSlots) {
+  const DeltaRuleShape s{2, 4, 32, 32};
+  const int K = 4, slots = 4;
+  const int64_t key_dim = int64_t(s.k_heads) * s.k_dim, value_dim = int64_t(s.v_heads) * s.v_dim;
+  const int64_t C = 2 * key_dim + value_dim;
+  const size_t conv_n = size_t(C * (K - 1)), rec_n = size_t(s.v_heads) * s.k_dim * s.v_dim;
+  auto& conv_w = keep.emplace_back(random_vector(size_t(C * K), 50));
+  auto& a_log = keep.emplace_back(random_vector(size_t(s.v_heads), 51, 0.5f));
+  auto& dt_bias = keep.emplace_back(random_vector(size_t(s.v_heads), 52));
+  auto& norm_w = keep.emplace_back(random_vector(size_t(s.v_dim), 53, 0.1f));
+  float* conv[2];
+  float* rec[2];
+  for (int side : {0, 1}) {  // the same starting state in each backend's cache memory
+    CacheMemory& mem = *be[side]->cache_memory();
+    conv[side] = mem.allocate_cache(conv_n * slots);
+    rec[side] = mem.allocate_cache(rec_n * slots);
+    be[side]->upload(random_vector(conv_n * slots, 54, 0.5f).data(), conv[side], conv_n * slots);
+    be[side]->upload(random_vector(rec_n * slots, 55, 0.1f).data(), rec[side], rec_n * slots);
+  }
+  expect_replays_like_eager([&](int side, int i) {
+    Backend& b = *be[side];
+    const uint32_t seed = uint32_t(700 + 10 * i);
+    // The prefill ops on slot 0, then on slot 3 from kSwitchStep (a device pointer passed by value).
+    const int slot = i >= kSwitchStep ? 3 : 0;
+    const int64_t T = 2;
+    float* qkv = input(side, random_vector(size_t(T * C), seed));
+    float* conv_out = output(side, size_t(T * C));
+    b.causal_conv1d_silu(qkv, T, C, conv_w.data(), K, conv[side] + slot * conv_n, conv_out);
+    std::vector<float> beta(size_t(T * s.v_heads)), g(beta.size());
+    for (size_t j = 0; j < beta.size(); ++j)
+      beta[j] = 0.5f + 0.01f * float(j + i), g[j] = -0.1f * float(j % 3);
+    float* rule_out = output(side, size_t(T * value_dim));
+    b.gated_delta_rule(s, conv_out, conv_out + key_dim, C, conv_out + 2 * key_dim, C, input(side, g),
+                       input(side, beta), T, rec[side] + slot * rec_n, rule_out);
+    // A decode step of two sequences whose slots swap every step (staged pointer arrays).
+    const int64_t n = 2;
+    std::vector<float*> cs, rs;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t sl = 1 + (j + i) % 2;
+      cs.push_back(conv[side] + sl * conv_n), rs.push_back(rec[side] + sl * rec_n);
+    }
+    float* dec_out = output(side, size_t(n * value_dim));
+    b.gdn_decode(s, input(side, random_vector(size_t(n * C), seed + 1)),
+                 input(side, random_vector(size_t(n * value_dim), seed + 2)),
+                 input(side, random_vector(size_t(n * s.v_heads), seed + 3)),
+                 input(side, random_vector(size_t(n * s.v_heads), seed + 4)), n, conv_w.data(), K,
+                 a_log.data(), dt_bias.data(), norm_w.data(), 1e-6f, cs, rs, dec_out);
+    return download_all(side, {{conv[side], conv_n * slots}, {rec[side], rec_n * slots}});
+  });
+  for (int side : {0, 1}) {
+    be[side]->cache_memory()->free_cache(conv[side]);
+    be[side]->cache_memory()->free_cache(rec[side]);
+  }
+}
+
+}  // namespace
+}  // namespace moeserve
