@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <random>
 
 #include "engine/engine.h"
@@ -14,6 +15,9 @@
 #include "engine/model_runner.h"
 #include "model/checkpoint.h"
 #include "model/init_model.h"
+#include "model/qwen35.h"
+#include "model/sequence.h"
+#include "backend/backend.h"
 
 namespace moeserve {
 namespace {
@@ -213,6 +217,261 @@ TEST(Speculative, OutputEqualsPlainDecodingOnEveryMtpModel) {
       EXPECT_GT(drafted.stats.spec_accepted_per_pos.back(), 0u);
     }
   }
+}
+
+// A drafting model for `weights` whose oracle knows the plain run's sequences.
+std::unique_ptr<OracleDrafts> oracle_for(const ModelWeights& weights, const Workload& w, const RunResult& plain,
+                                         int miss_every = 5) {
+  auto oracle = std::make_unique<OracleDrafts>(weights, miss_every);
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    auto sequence = w.prompts[i];
+    sequence.insert(sequence.end(), plain.outputs[i].tokens.begin(), plain.outputs[i].tokens.end());
+    oracle->learn(sequence);
+  }
+  return oracle;
+}
+
+// Five turns of a conversation, each the previous prompt + its answer + new text: every turn after the first
+// starts from the prefix cache (KV pages and a GDN snapshot filed by a speculative turn) and continues exactly.
+// Page size 4 makes hits end inside pages (copy-on-write).
+TEST(Speculative, MultiTurnConversationFromThePrefixCacheEqualsPlainDecoding) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  std::mt19937 rng(23);
+  std::vector<std::vector<int32_t>> turns_plain;
+  // The plain conversation first, then the oracle learns it; the speculative one must follow it turn by turn.
+  auto converse = [&](std::unique_ptr<ModelRunner> model, int spec_steps, std::vector<GenerateOutput>* outs) {
+    std::mt19937 text(23);
+    EngineCore core(std::move(model), options(spec_steps, 4));
+    std::vector<int32_t> conversation = random_prompt(text, 30, 512);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int turn = 0; turn < 5; ++turn) {
+      prompts.push_back(conversation);
+      auto stream = std::make_shared<OutputStream>();
+      GenerateRequest r{"t" + std::to_string(turn), conversation, greedy(12), 0, {}};
+      r.on_output = stream->sink();
+      core.add(std::move(r));
+      while (!core.idle()) {
+        core.step();
+        core.deliver();
+        core.check_invariants();
+      }
+      GenerateOutput out = stream->collect();
+      if (turn > 0) {
+        EXPECT_EQ(out.usage.cached_tokens, int64_t(conversation.size()) - 10 - 1) << "turn " << turn;
+      }
+      outs->push_back(out);
+      conversation.insert(conversation.end(), out.tokens.begin(), out.tokens.end());
+      auto more = random_prompt(text, 10, 512);
+      conversation.insert(conversation.end(), more.begin(), more.end());
+    }
+    return prompts;
+  };
+  std::vector<GenerateOutput> plain, mtp, drafted;
+  const auto prompts = converse(make_qwen35_runner(weights, nullptr), 0, &plain);
+  converse(make_qwen35_runner(weights, nullptr), 3, &mtp);
+  auto oracle = std::make_unique<OracleDrafts>(weights, 4);
+  for (size_t t = 0; t < prompts.size(); ++t) {
+    auto sequence = prompts[t];
+    sequence.insert(sequence.end(), plain[t].tokens.begin(), plain[t].tokens.end());
+    oracle->learn(sequence);
+  }
+  converse(std::move(oracle), 3, &drafted);
+  RunResult want{plain, {}}, got_mtp{mtp, {}}, got_drafted{drafted, {}};
+  expect_same_outputs(got_mtp, want);
+  expect_same_outputs(got_drafted, want);
+}
+
+// Preemption with drafts in flight: 16 requests on a KV pool of 160 tokens are preempted and resume (from
+// their snapshots or recomputing), yet get exactly the tokens of plain decoding on a roomy pool, and every
+// page and slot is back at the end.
+TEST(Speculative, PreemptionOnASmallPoolChangesNoToken) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  const Workload w = workload(512, 16, 25, true);
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), options(0, 4), w.prompts, w.params);
+
+  auto probe = make_qwen35_runner(weights, nullptr);
+  EngineOptions small = options(3, 4);
+  small.max_running_requests = 8;
+  small.snapshot_slots = 4;
+  small.max_model_len = 100;
+  // 12 state slots (8 live with 3 trail slots each would be 32: the budget holds them) and 40 pages of 4 with
+  // the MTP layer's rows.
+  KvCacheSpec kv = probe->kv_cache_spec(4, 1);
+  ++kv.num_layers;
+  small.cache_memory_bytes = (8 * 4 + 4) * probe->state_cache_spec(1).bytes_per_slot() + 40 * 4 * kv.bytes_per_token();
+  {
+    EngineCore sized(make_qwen35_runner(weights, nullptr), small);
+    ASSERT_EQ(sized.capacity().kv_tokens, 160);
+    ASSERT_EQ(sized.capacity().snapshot_slots, 4);
+  }
+  std::vector<SamplingParams> params = w.params;
+  for (auto& p : params) p.max_tokens = std::min(*p.max_tokens, 30);
+  std::vector<std::vector<int32_t>> prompts = w.prompts;
+  for (auto& p : prompts) p.resize(std::min<size_t>(p.size(), 60));
+  const RunResult roomy = run(make_qwen35_runner(weights, nullptr), options(0, 4), prompts, params);
+  for (int miss : {3, 1000}) {
+    SCOPED_TRACE(miss);
+    Workload learned{prompts, params};
+    const RunResult got = run(oracle_for(weights, learned, roomy, miss), small, prompts, params);
+    expect_same_outputs(got, roomy);
+    EXPECT_GT(got.stats.preemptions, 0u);
+    EXPECT_GT(got.stats.spec_accepted_tokens, 0u);
+    EXPECT_EQ(got.stats.live_slots_used, 0);
+    EXPECT_EQ(got.stats.kv_pages_used, 0);
+  }
+  (void)plain;
+}
+
+// Stop ids, eos with min_tokens, max_tokens of 1 and 2, and logprobs: a request ends where plain decoding ends
+// it, even when the stop token or the limit falls inside a run of accepted drafts.
+TEST(Speculative, StopTokensMaxTokensAndLogprobsCompose) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  Workload w = workload(512, 12, 27, false);
+  const RunResult free_run = run(make_qwen35_runner(weights, nullptr), options(0), w.prompts, w.params);
+  for (size_t i = 0; i < w.params.size(); ++i) {
+    SamplingParams& p = w.params[i];
+    const auto& tokens = free_run.outputs[i].tokens;
+    if (i % 4 == 0) p.stop_token_ids = {tokens[tokens.size() / 2]};  // stop mid-way
+    if (i % 4 == 1) p.max_tokens = 1 + int(i % 2);
+    if (i % 4 == 2) {  // the model's eos is the token it emits a few steps in, banned before min_tokens
+      p.ignore_eos = false;
+      p.min_tokens = 2;
+    }
+    p.top_logprobs = 4;
+  }
+  EngineOptions plain_options = options(0), spec_options = options(3);
+  plain_options.eos_token_ids = spec_options.eos_token_ids = std::vector<int32_t>{free_run.outputs[2].tokens[3]};
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), plain_options, w.prompts, w.params);
+  const RunResult got = run(oracle_for(weights, w, free_run, 7), spec_options, w.prompts, w.params);
+  expect_same_outputs(got, plain);
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0u);
+  for (size_t i = 0; i < w.params.size(); ++i) {
+    if (i % 4 == 0) {
+      EXPECT_EQ(got.outputs[i].finish_reason, FinishReason::Stop) << i;
+    } else if (i % 4 == 1) {
+      EXPECT_EQ(int(got.outputs[i].tokens.size()), *w.params[i].max_tokens) << i;
+    }
+  }
+}
+
+// Structured output: the grammar advances only over accepted tokens, so every answer is the one plain decoding
+// gives under the same JSON constraint, and a valid JSON prefix.
+TEST(Speculative, JsonConstrainedOutputEqualsPlainDecoding) {
+  ModelWeights weights = demo_weights();
+  const int vocab = int(weights.config.vocab_size);
+  auto table = std::make_shared<TokenBytes>();
+  const std::string chars = "{}[],:\" \n0123456789-.eatrufsnlxyz";
+  for (int32_t id = 0; id < vocab; ++id) {
+    // Single characters first, then two-character pieces.
+    table->bytes.push_back(size_t(id) < chars.size() ? std::string(1, chars[size_t(id)])
+                                                     : std::string{chars[size_t(id) % chars.size()],
+                                                                   chars[size_t(id / 7) % chars.size()]});
+    table->usable.push_back(id < vocab - 8);
+  }
+  auto constraint = std::make_shared<JsonConstraint>();
+  constraint->schema = JsonSchema::any_object();
+  constraint->vocab = table;
+  Workload w = workload(vocab, 8, 29, true);
+  for (auto& p : w.params) {
+    p.json = constraint;
+    p.ignore_eos = false;
+  }
+  EngineOptions plain_options = options(0), spec_options = options(2);
+  plain_options.eos_token_ids = spec_options.eos_token_ids = std::vector<int32_t>{vocab - 1};
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), plain_options, w.prompts, w.params);
+  const RunResult got = run(oracle_for(weights, w, plain, 3), spec_options, w.prompts, w.params);
+  expect_same_outputs(got, plain);
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0u);
+  for (const auto& out : got.outputs) {
+    JsonMatcher m(constraint->schema);
+    for (int32_t t : out.tokens) {
+      if (t != vocab - 1) EXPECT_TRUE(m.advance(table->bytes[size_t(t)])) << t;
+    }
+  }
+}
+
+// The rejection rule keeps the target's distribution: 1,200 seeded requests sample three tokens at temperature
+// 1 over the top 6 with oracle drafts (the greedy continuation, accepted about as often as the target picks
+// it). Among those whose first token is the greedy one, the second token's counts fit the model's own
+// probabilities: chi-square with 5 degrees of freedom under 30 (p < 1e-4 for a true fit). Deterministic seeds.
+TEST(Speculative, SampledTokensFollowTheTargetDistribution) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  const std::vector<int32_t> prompt = {11, 300, 42, 7, 199, 5, 480, 61};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 6;
+  p.max_tokens = 3;  // the second token comes from a verify step (no drafts when one token is left)
+  p.ignore_eos = true;
+  SamplingParams g = greedy(3, 0);
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), options(0), {prompt}, {g});
+  const int32_t first = plain.outputs[0].tokens[0];
+
+  const int n = 1200;
+  std::vector<std::vector<int32_t>> prompts(n, prompt);
+  std::vector<SamplingParams> params(n, p);
+  for (int i = 0; i < n; ++i) params[size_t(i)].seed = uint64_t(1000 + i);
+  auto oracle = std::make_unique<OracleDrafts>(weights, 1 << 30);
+  auto sequence = prompt;
+  sequence.insert(sequence.end(), plain.outputs[0].tokens.begin(), plain.outputs[0].tokens.end());
+  oracle->learn(sequence);
+  EngineOptions o = options(1);
+  o.enable_prefix_cache = false;
+  const RunResult got = run(std::move(oracle), o, prompts, params);
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0u);
+  EXPECT_LT(got.stats.spec_accepted_tokens, got.stats.spec_draft_tokens);
+
+  // The target's distribution of the second token after (prompt, first): top 6 of its logits, softmax.
+  auto backend = make_cpu_backend();
+  Qwen35Model model(weights, *backend);
+  SequenceRunner runner(model, 16);
+  auto ctx = prompt;
+  ctx.push_back(first);
+  auto logits = runner.prefill(ctx).logits;
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + 6, order.end(),
+                    [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
+  std::map<int32_t, double> prob;
+  double z = 0;
+  for (int i = 0; i < 6; ++i) z += std::exp(double(logits[size_t(order[size_t(i)])] - logits[size_t(order[0])]));
+  for (int i = 0; i < 6; ++i)
+    prob[order[size_t(i)]] = std::exp(double(logits[size_t(order[size_t(i)])] - logits[size_t(order[0])])) / z;
+
+  std::map<int32_t, int> counts;
+  int total = 0;
+  for (const auto& out : got.outputs) {
+    ASSERT_EQ(out.tokens.size(), 3u);
+    if (out.tokens[0] != first) continue;
+    ++counts[out.tokens[1]];
+    ++total;
+  }
+  ASSERT_GT(total, 150);
+  double chi2 = 0;
+  for (const auto& [token, q] : prob) {
+    const double expected = q * total;
+    chi2 += (counts[token] - expected) * (counts[token] - expected) / expected;
+    counts.erase(token);
+  }
+  EXPECT_TRUE(counts.empty()) << "a token outside the top 6 was sampled";
+  EXPECT_LT(chi2, 30.0) << total << " samples";
+}
+
+// Adaptive drafting: drafts that keep failing (the fixture's random MTP layer) pause; drafts that are mostly
+// right (the oracle) keep running. Same tokens either way.
+TEST(Speculative, AdaptiveModePausesFailingDraftsOnly) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  Workload w = workload(512, 6, 33, false);
+  for (auto& p : w.params) p.max_tokens = 60;
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), options(0), w.prompts, w.params);
+  EngineOptions adaptive = options(3);
+  adaptive.speculative_adaptive = true;
+  const RunResult failing = run(make_qwen35_runner(weights, nullptr), adaptive, w.prompts, w.params);
+  const RunResult good = run(oracle_for(weights, w, plain, 1000), adaptive, w.prompts, w.params);
+  expect_same_outputs(failing, plain);
+  expect_same_outputs(good, plain);
+  const uint64_t generated = 6 * 60;
+  EXPECT_LT(failing.stats.spec_drafts * 5, generated) << failing.stats.spec_drafts << " verify steps";
+  EXPECT_GT(good.stats.spec_accepted_tokens * 2, generated);
 }
 
 }  // namespace
