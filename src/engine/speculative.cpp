@@ -1,7 +1,10 @@
 #include "engine/speculative.h"
 
 #include <algorithm>
+#include <cctype>
+#include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
@@ -22,6 +25,61 @@ constexpr int kFirstPause = 8;
 constexpr int kLongestPause = 256;
 
 }  // namespace
+
+int speculative_steps(const SpeculativeFlags& f) {
+  constexpr int kDefaultSteps = 3;
+  auto in_range = [](int k, const char* flag) {
+    check(k >= 1 && k <= kMaxSpeculativeSteps, "{} must be in [1, {}], got {}", flag, kMaxSpeculativeSteps, k);
+    return k;
+  };
+  if (!f.config_json.empty()) {
+    check(f.algorithm.empty(), "give --speculative-config or --speculative-algorithm, not both");
+    nlohmann::json j;
+    try {
+      j = parse_bounded_json<nlohmann::json>(f.config_json);
+    } catch (const std::exception& e) {
+      fail("--speculative-config is not valid JSON: {}", e.what());
+    }
+    check(j.is_object(), "--speculative-config must be a JSON object");
+    for (const auto& [key, value] : j.items())
+      check(key == "method" || key == "num_speculative_tokens",
+            "--speculative-config: '{}' is not supported here (only \"method\" and \"num_speculative_tokens\"; "
+            "the draft is the checkpoint's own MTP layer)",
+            key);
+    auto method = j.find("method");
+    check(method != j.end() && method->is_string(), "--speculative-config needs \"method\": \"mtp\"");
+    const std::string m = method->get<std::string>();
+    check(m == "mtp" || m == "qwen3_next_mtp" || m == "qwen3_5_mtp",
+          "--speculative-config: method '{}' is not supported (only mtp, the checkpoint's own MTP layer)", m);
+    auto k = j.find("num_speculative_tokens");
+    check(k != j.end() && k->is_number_integer(), "--speculative-config needs \"num_speculative_tokens\": N");
+    const int64_t n = k->get<int64_t>();
+    check(n >= 1 && n <= kMaxSpeculativeSteps, "--speculative-config: num_speculative_tokens must be in [1, {}], got {}",
+          kMaxSpeculativeSteps, n);
+    return int(n);
+  }
+  if (f.algorithm.empty()) {
+    check(f.num_steps < 0 && f.num_draft_tokens < 0 && f.eagle_topk < 0,
+          "--speculative-num-steps, --speculative-eagle-topk and --speculative-num-draft-tokens need "
+          "--speculative-algorithm MTP (or NEXTN)");
+    return 0;
+  }
+  std::string algorithm = f.algorithm;
+  for (char& c : algorithm) c = char(std::toupper(static_cast<unsigned char>(c)));
+  check(algorithm == "MTP" || algorithm == "NEXTN",
+        "--speculative-algorithm {}: only MTP (NEXTN), the checkpoint's own MTP layer, is supported", f.algorithm);
+  check(f.eagle_topk < 0 || f.eagle_topk == 1,
+        "--speculative-eagle-topk {}: only 1 (a chain of drafts; no draft trees)", f.eagle_topk);
+  if (f.num_steps >= 0) {
+    const int k = in_range(f.num_steps, "--speculative-num-steps");
+    check(f.num_draft_tokens < 0 || f.num_draft_tokens == k + 1,
+          "--speculative-num-draft-tokens {} must be --speculative-num-steps + 1 = {} with top-k 1",
+          f.num_draft_tokens, k + 1);
+    return k;
+  }
+  if (f.num_draft_tokens >= 0) return in_range(f.num_draft_tokens - 1, "--speculative-num-draft-tokens - 1");
+  return kDefaultSteps;
+}
 
 KvCacheSpec ModelRunner::mtp_kv_cache_spec(int, int64_t) const {
   fail("this model has no MTP layer");

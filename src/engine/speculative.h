@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cache/kv_cache.h"
@@ -65,6 +66,20 @@ struct DraftJob {
   int64_t rows = 0;             // positions kept: [start, start + rows)
   const float* hidden = nullptr;  // [rows][hidden]: the target's final-normed hidden of those positions
 };
+
+// The speculative-decoding flags as SGLang and vLLM spell them (serve, generate).
+struct SpeculativeFlags {
+  std::string algorithm{};       // --speculative-algorithm: MTP or NEXTN (any case); empty = off
+  int num_steps = -1;            // --speculative-num-steps (-1: unset)
+  int eagle_topk = -1;           // --speculative-eagle-topk: only 1 (a chain, no tree)
+  int num_draft_tokens = -1;     // --speculative-num-draft-tokens: num_steps + 1 with topk 1
+  std::string config_json{};     // vLLM's --speculative-config {"method": "mtp", "num_speculative_tokens": k}
+};
+
+// The drafts per verify step the flags ask for (0: speculative decoding off; 3 when only the algorithm is
+// given, SGLang's choice for NEXTN). Throws moeserve::Error naming the flag when they are inconsistent or ask
+// for what is not supported.
+int speculative_steps(const SpeculativeFlags& flags);
 
 class Speculator {
  public:

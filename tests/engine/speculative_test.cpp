@@ -2,6 +2,7 @@
 // output is exactly what plain decoding gives (greedy token for token, seeded sampling too), batched, across
 // prefix-cache hits of a multi-turn conversation and under preemption; the rejection rule keeps the target's
 // distribution; max_tokens, stop ids, logprobs and JSON output compose.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,8 @@
 #include "engine/engine_core.h"
 #include "engine/json_constraint.h"
 #include "engine/model_runner.h"
+#include "engine/speculative.h"
+#include "common/error.h"
 #include "model/checkpoint.h"
 #include "model/init_model.h"
 #include "model/qwen35.h"
@@ -385,7 +388,8 @@ TEST(Speculative, JsonConstrainedOutputEqualsPlainDecoding) {
   for (const auto& out : got.outputs) {
     JsonMatcher m(constraint->schema);
     for (int32_t t : out.tokens) {
-      if (t != vocab - 1) EXPECT_TRUE(m.advance(table->bytes[size_t(t)])) << t;
+      if (t == vocab - 1) break;  // eos
+      EXPECT_TRUE(m.advance(table->bytes[size_t(t)])) << t;
     }
   }
 }
@@ -472,6 +476,51 @@ TEST(Speculative, AdaptiveModePausesFailingDraftsOnly) {
   const uint64_t generated = 6 * 60;
   EXPECT_LT(failing.stats.spec_drafts * 5, generated) << failing.stats.spec_drafts << " verify steps";
   EXPECT_GT(good.stats.spec_accepted_tokens * 2, generated);
+}
+
+// SGLang's and vLLM's spellings resolve to the number of drafts; what is not supported says so by flag name.
+TEST(SpeculativeFlags, PeerSpellingsResolveAndTheRestAreRefused) {
+  auto steps = [](SpeculativeFlags f) { return speculative_steps(f); };
+  auto error = [](SpeculativeFlags f) {
+    try {
+      speculative_steps(f);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(steps({}), 0);
+  EXPECT_EQ(steps({.algorithm = "NEXTN"}), 3);
+  EXPECT_EQ(steps({.algorithm = "mtp", .num_steps = 2}), 2);
+  EXPECT_EQ(steps({.algorithm = "NEXTN", .num_steps = 3, .eagle_topk = 1, .num_draft_tokens = 4}), 3);
+  EXPECT_EQ(steps({.algorithm = "MTP", .num_draft_tokens = 5}), 4);
+  EXPECT_EQ(steps({.config_json = R"({"method":"mtp","num_speculative_tokens":2})"}), 2);
+  EXPECT_EQ(steps({.config_json = R"({"method":"qwen3_next_mtp","num_speculative_tokens":1})"}), 1);
+  EXPECT_THAT(error({.algorithm = "EAGLE3"}), ::testing::HasSubstr("only MTP (NEXTN)"));
+  EXPECT_THAT(error({.algorithm = "NEXTN", .eagle_topk = 4}), ::testing::HasSubstr("--speculative-eagle-topk 4"));
+  EXPECT_THAT(error({.algorithm = "NEXTN", .num_steps = 3, .num_draft_tokens = 8}),
+              ::testing::HasSubstr("--speculative-num-draft-tokens 8"));
+  EXPECT_THAT(error({.algorithm = "NEXTN", .num_steps = 0}), ::testing::HasSubstr("--speculative-num-steps"));
+  EXPECT_THAT(error({.algorithm = "NEXTN", .num_steps = 99}), ::testing::HasSubstr("[1, 8]"));
+  EXPECT_THAT(error({.num_steps = 3}), ::testing::HasSubstr("need --speculative-algorithm"));
+  EXPECT_THAT(error({.config_json = R"({"method":"eagle","num_speculative_tokens":2})"}),
+              ::testing::HasSubstr("method 'eagle'"));
+  EXPECT_THAT(error({.config_json = R"({"method":"mtp","model":"x","num_speculative_tokens":2})"}),
+              ::testing::HasSubstr("'model' is not supported"));
+  EXPECT_THAT(error({.config_json = R"({"method":"mtp"})"}), ::testing::HasSubstr("num_speculative_tokens"));
+  EXPECT_THAT(error({.config_json = "{nope"}), ::testing::HasSubstr("not valid JSON"));
+  EXPECT_THAT(error({.algorithm = "MTP", .config_json = "{}"}), ::testing::HasSubstr("not both"));
+}
+
+// The engine refuses speculative decoding on a model without an MTP layer, at creation, with the reason.
+TEST(SpeculativeFlags, AModelWithoutMtpIsRefusedAtCreation) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe");
+  try {
+    EngineCore core(make_qwen35_runner(weights, nullptr), options(3));
+    ADD_FAILURE() << "created";
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("needs the checkpoint's MTP layer"));
+  }
 }
 
 }  // namespace
