@@ -104,10 +104,16 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
                                           state_spec(slots + capacity_.live_slots * spec_steps),
                                           capacity_.live_slots, capacity_.snapshot_slots,
                                           options_.enable_prefix_cache);
-  if (spec_steps > 0)
+  if (spec_steps > 0) {
     spec_ = std::make_unique<Speculator>(
         *model_, SpeculativeOptions{spec_steps, options_.speculative_adaptive, options_.benchmark_forced_acceptance},
         capacity_.page_size, capacity_.kv_pages, kv_sizing.dtype, slots);
+    spdlog::info("speculative decoding: MTP, {} drafts per step{}, {} trail state slots",
+                 spec_steps, options_.speculative_adaptive ? " (adaptive)" : "", capacity_.live_slots * spec_steps);
+    if (options_.benchmark_forced_acceptance >= 0)
+      spdlog::warn("benchmark mode: {} drafts per step accepted whatever the model says; the output is not the "
+                   "model's", options_.benchmark_forced_acceptance);
+  }
   SchedulerOptions so;
   so.chunked_prefill_size = std::max(options_.chunked_prefill_size, 1);
   so.max_prefill_tokens = std::max(options_.max_prefill_tokens, so.chunked_prefill_size);

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/kv_cache.h"
+#include "storage/kv_cache.h"
 
 namespace moeserve {
 
