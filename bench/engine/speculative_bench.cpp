@@ -41,8 +41,8 @@ struct Measured {
 
 // B requests of `context` prompt tokens, `tokens` greedy tokens each; decode time runs from the moment every
 // request has its first token to the last token.
-Measured measure(const ModelWeights& weights, Backend& backend, const Options& o, int batch, int k, int forced,
-                 bool adaptive) {
+Measured measure(const ModelWeights& weights, Backend& backend, const Options& o, int batch, int k,
+                 int forced, bool adaptive) {
   EngineOptions eo;
   eo.backend = &backend;
   eo.max_running_requests = batch;
@@ -79,8 +79,8 @@ Measured measure(const ModelWeights& weights, Backend& backend, const Options& o
   Measured m;
   m.step_ms = 1e3 * s / double(std::max<uint64_t>(after.steps - before.steps, 1));
   m.tok_s = double(tokens) / s;
-  m.acceptance_length = after.spec_drafts ? 1.0 + double(after.spec_accepted_tokens) / double(after.spec_drafts)
-                                          : 1.0;
+  m.acceptance_length =
+      after.spec_drafts ? 1.0 + double(after.spec_accepted_tokens) / double(after.spec_drafts) : 1.0;
   return m;
 }
 
@@ -101,15 +101,16 @@ int run(const Options& o) {
               o.device.c_str(), o.context, o.tokens);
   for (int batch : o.batches) {
     const Measured plain = measure(weights, *backend, o, batch, 0, -1, false);
-    std::printf("batch %3d plain                    %8.3f ms/step %9.1f tok/s\n", batch, plain.step_ms, plain.tok_s);
+    std::printf("batch %3d plain                    %8.3f ms/step %9.1f tok/s\n", batch, plain.step_ms,
+                plain.tok_s);
     for (int k : o.steps) {
       const Measured a = measure(weights, *backend, o, batch, k, -1, true);
       std::printf("batch %3d k=%d adaptive, length %.2f %8.3f ms/step %9.1f tok/s  %5.2fx\n", batch, k,
                   a.acceptance_length, a.step_ms, a.tok_s, a.tok_s / plain.tok_s);
       for (int forced = 0; forced <= k; ++forced) {
         const Measured m = measure(weights, *backend, o, batch, k, forced, false);
-        std::printf("batch %3d k=%d forced %d, length %.2f %8.3f ms/step %9.1f tok/s  %5.2fx\n", batch, k, forced,
-                    m.acceptance_length, m.step_ms, m.tok_s, m.tok_s / plain.tok_s);
+        std::printf("batch %3d k=%d forced %d, length %.2f %8.3f ms/step %9.1f tok/s  %5.2fx\n", batch, k,
+                    forced, m.acceptance_length, m.step_ms, m.tok_s, m.tok_s / plain.tok_s);
       }
     }
   }

@@ -220,9 +220,9 @@ struct EngineStats {
   std::array<uint64_t, kStepBatchBuckets> steps_by_batch{};  // forward passes by batch size (step_batch_bucket)
   uint64_t sampled_from_full_rows = 0;  // tokens whose candidates did not decide them (logit_candidates)
   // Speculative decoding (vLLM's spec_decode counters); mean acceptance length = 1 + accepted / drafts.
-  uint64_t spec_drafts = 0;           // verify steps with drafts
-  uint64_t spec_draft_tokens = 0;     // tokens drafted
-  uint64_t spec_accepted_tokens = 0;  // drafted tokens accepted
+  uint64_t spec_drafts = 0;                     // verify steps with drafts
+  uint64_t spec_draft_tokens = 0;               // tokens drafted
+  uint64_t spec_accepted_tokens = 0;            // drafted tokens accepted
   std::vector<uint64_t> spec_accepted_per_pos;  // [i]: drafts accepted at position i of their step
 };
 

@@ -393,14 +393,14 @@ Checkpoint open_checkpoint(const std::string& dir) {
     config.eos_token_ids = eos_from_generation_config(fs::path(dir) / "generation_config.json");
   auto tensors = std::make_shared<TensorSet>(TensorSet::open_dir(dir));
   Checkpoint ck = assemble_checkpoint(std::move(config), tensors, dir);
-  spdlog::info("loaded {}: {}; {} tensors, {:.1f} MiB{}{}", dir, ck.weights.config.summary(),
-               tensors->tensors().size(), double(tensors->total_bytes()) / (1 << 20),
-               ck.mtp_tensors.empty()      ? ""
-               : ck.weights.mtp ? fmt::format(", MTP layer ({} tensors)", ck.mtp_tensors.size())
-                                : fmt::format(", {} MTP tensors unusable: {}", ck.mtp_tensors.size(), ck.mtp_problem),
-               ck.vision_tensors.empty()
-                   ? ""
-                   : fmt::format(", {} vision tensors set aside", ck.vision_tensors.size()));
+  spdlog::info(
+      "loaded {}: {}; {} tensors, {:.1f} MiB{}{}", dir, ck.weights.config.summary(),
+      tensors->tensors().size(), double(tensors->total_bytes()) / (1 << 20),
+      ck.mtp_tensors.empty() ? ""
+      : ck.weights.mtp       ? fmt::format(", MTP layer ({} tensors)", ck.mtp_tensors.size())
+                       : fmt::format(", {} MTP tensors unusable: {}", ck.mtp_tensors.size(), ck.mtp_problem),
+      ck.vision_tensors.empty() ? ""
+                                : fmt::format(", {} vision tensors set aside", ck.vision_tensors.size()));
   return ck;
 }
 

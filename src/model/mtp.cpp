@@ -62,8 +62,8 @@ ForwardOutput Qwen35Model::mtp_forward(std::span<const SequenceStep> batch, std:
     tokens.insert(tokens.end(), step.tokens.begin(), step.tokens.end());
   }
   const int64_t n = int64_t(tokens.size());
-  check(int64_t(hidden.size()) == n * H, "the MTP layer got {} hidden values for {} rows of {}", hidden.size(),
-        n, H);
+  check(int64_t(hidden.size()) == n * H, "the MTP layer got {} hidden values for {} rows of {}",
+        hidden.size(), n, H);
 
   // [n][2H]: the normed embedding in the first half of each row, the normed hidden in the second.
   auto cat = be.allocate(size_t(n * 2 * H)), rows = be.allocate(size_t(n * H));

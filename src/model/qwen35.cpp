@@ -172,9 +172,10 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
         trails = true;
         for (int64_t t = 0; t < T; ++t) {
           const int64_t r = row + t;
-          be.gdn_decode(shape, qkv.get() + r * C, z.get() + r * value_dim, b.get() + r * Hv, a.get() + r * Hv, 1,
-                        w.conv1d.data(), c.linear_conv_kernel, w.a_log.data(), w.dt_bias.data(), w.norm.data(),
-                        float(c.rms_norm_eps), {&conv_states[i], 1}, {&states[i], 1}, core.get() + r * value_dim);
+          be.gdn_decode(shape, qkv.get() + r * C, z.get() + r * value_dim, b.get() + r * Hv, a.get() + r * Hv,
+                        1, w.conv1d.data(), c.linear_conv_kernel, w.a_log.data(), w.dt_bias.data(),
+                        w.norm.data(), float(c.rms_norm_eps), {&conv_states[i], 1}, {&states[i], 1},
+                        core.get() + r * value_dim);
           if (t < int64_t(batch[i].trail_slots.size()))
             keep_state(state, gdn_layer, batch[i].trail_slots[size_t(t)], conv_states[i], states[i]);
         }

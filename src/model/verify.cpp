@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-
 #include <numeric>
 
 #include "common/error.h"
@@ -99,7 +98,8 @@ VerifyReport verify_mtp_against_reference(const Qwen35Model& model, const Tensor
     SequenceStep step{rows, 0, seq.pages, 0, false};
     for (int64_t j = 0; j < steps; ++j) {
       auto out = model.mtp_forward({&step, 1}, hidden, seq.kv);
-      c.max_abs_error = std::max(c.max_abs_error, max_abs_diff(out.logits.data(), expected + j * V, size_t(V)));
+      c.max_abs_error =
+          std::max(c.max_abs_error, max_abs_diff(out.logits.data(), expected + j * V, size_t(V)));
       const int32_t draft = argmax(out.logits);
       if (draft != expected_ids[size_t(j)] && c.tokens_match) {
         c.tokens_match = false;

@@ -71,7 +71,8 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
   registry_.counter(kSpecDrafts, "Verify steps that carried MTP drafts.");
   registry_.counter(kSpecDraftTokens, "Tokens drafted by the MTP layer.");
   registry_.counter(kSpecAccepted, "Drafted tokens accepted.");
-  registry_.gauge(kSpecLength, "Mean tokens per verify step since start: 1 + accepted / drafts (0: none yet).");
+  registry_.gauge(kSpecLength,
+                  "Mean tokens per verify step since start: 1 + accepted / drafts (0: none yet).");
   registry_.gauge("moeserve:memory_used_bytes", "Used memory of the most pressured source (cgroup, host or GPU).");
   registry_.gauge("moeserve:memory_total_bytes", "Memory limit of that source.");
   registry_.gauge("moeserve:memory_pressure_threshold_ratio",
@@ -132,7 +133,8 @@ void ServerMetrics::collect() {
       seen_spec_per_pos_[i] = std::max(seen_spec_per_pos_[i], now);
     }
     reg.gauge(kSpecLength, "")
-        .set(engine->spec_drafts ? 1.0 + double(engine->spec_accepted_tokens) / double(engine->spec_drafts) : 0.0);
+        .set(engine->spec_drafts ? 1.0 + double(engine->spec_accepted_tokens) / double(engine->spec_drafts)
+                                 : 0.0);
     std::vector<uint64_t> new_steps(kStepBatchBuckets, 0);
     for (size_t i = 0; i < new_steps.size(); ++i) {
       new_steps[i] = engine->steps_by_batch[i] - std::min(engine->steps_by_batch[i], seen_steps_by_batch_[i]);

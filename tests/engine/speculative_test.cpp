@@ -1,7 +1,9 @@
-// Speculative decoding with the MTP layer (engine/speculative.h) on real checkpoints: whatever the drafts, the
-// output is exactly what plain decoding gives (greedy token for token, seeded sampling too), batched, across
-// prefix-cache hits of a multi-turn conversation and under preemption; the rejection rule keeps the target's
-// distribution; max_tokens, stop ids, logprobs and JSON output compose.
+// Speculative decoding with the MTP layer (engine/speculative.h) on real checkpoints: whatever the drafts,
+// the output is exactly what plain decoding gives (greedy token for token, seeded sampling too), batched,
+// across prefix-cache hits of a multi-turn conversation and under preemption; the rejection rule keeps the
+// target's distribution; max_tokens, stop ids, logprobs and JSON output compose.
+#include "engine/speculative.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,17 +12,16 @@
 #include <numeric>
 #include <random>
 
+#include "backend/backend.h"
+#include "common/error.h"
 #include "engine/engine.h"
 #include "engine/engine_core.h"
 #include "engine/json_constraint.h"
 #include "engine/model_runner.h"
-#include "engine/speculative.h"
-#include "common/error.h"
 #include "model/checkpoint.h"
 #include "model/init_model.h"
 #include "model/qwen35.h"
 #include "model/sequence.h"
-#include "backend/backend.h"
 
 namespace moeserve {
 namespace {
@@ -62,7 +63,8 @@ std::vector<int32_t> random_prompt(std::mt19937& rng, int n, int vocab) {
 // almost always wrong; the oracle makes drafts accepted at every length, so each rollback depth is taken.
 class OracleDrafts : public ModelRunner {
  public:
-  OracleDrafts(const ModelWeights& weights, int miss_every) : inner_(make_qwen35_runner(weights, nullptr)), miss_(miss_every) {}
+  OracleDrafts(const ModelWeights& weights, int miss_every)
+      : inner_(make_qwen35_runner(weights, nullptr)), miss_(miss_every) {}
   void learn(const std::vector<int32_t>& sequence) {
     for (size_t i = 0; i + 1 < sequence.size(); ++i) next_[{int64_t(i), sequence[i]}] = sequence[i + 1];
   }
@@ -73,7 +75,9 @@ class OracleDrafts : public ModelRunner {
   KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const override {
     return inner_->kv_cache_spec(page_size, num_pages);
   }
-  StateCacheSpec state_cache_spec(int num_slots) const override { return inner_->state_cache_spec(num_slots); }
+  StateCacheSpec state_cache_spec(int num_slots) const override {
+    return inner_->state_cache_spec(num_slots);
+  }
   ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
     return inner_->forward(batch, kv, state);
   }
@@ -113,8 +117,8 @@ struct RunResult {
 
 // Runs the requests through one EngineCore (checking its invariants after every step), the first half at
 // once and the rest joining while the first decode.
-RunResult run(std::unique_ptr<ModelRunner> model, const EngineOptions& o, const std::vector<std::vector<int32_t>>& prompts,
-        const std::vector<SamplingParams>& params) {
+RunResult run(std::unique_ptr<ModelRunner> model, const EngineOptions& o,
+              const std::vector<std::vector<int32_t>>& prompts, const std::vector<SamplingParams>& params) {
   EngineCore core(std::move(model), o);
   std::vector<std::shared_ptr<OutputStream>> streams;
   auto add = [&](size_t i) {
@@ -192,7 +196,8 @@ ModelWeights demo_weights() {
 
 TEST(Speculative, OutputEqualsPlainDecodingOnEveryMtpModel) {
   std::vector<std::pair<std::string, ModelWeights>> models;
-  for (std::string name : {"tiny-moe-mtp", "tiny-moe-vl-layout-mtp"}) models.emplace_back(name, load_checkpoint(kModels + name));
+  for (std::string name : {"tiny-moe-mtp", "tiny-moe-vl-layout-mtp"})
+    models.emplace_back(name, load_checkpoint(kModels + name));
   models.emplace_back("demo", demo_weights());
   for (auto& [name, weights] : models) {
     SCOPED_TRACE(name);
@@ -223,8 +228,8 @@ TEST(Speculative, OutputEqualsPlainDecodingOnEveryMtpModel) {
 }
 
 // A drafting model for `weights` whose oracle knows the plain run's sequences.
-std::unique_ptr<OracleDrafts> oracle_for(const ModelWeights& weights, const Workload& w, const RunResult& plain,
-                                         int miss_every = 5) {
+std::unique_ptr<OracleDrafts> oracle_for(const ModelWeights& weights, const Workload& w,
+                                         const RunResult& plain, int miss_every = 5) {
   auto oracle = std::make_unique<OracleDrafts>(weights, miss_every);
   for (size_t i = 0; i < w.prompts.size(); ++i) {
     auto sequence = w.prompts[i];
@@ -235,8 +240,8 @@ std::unique_ptr<OracleDrafts> oracle_for(const ModelWeights& weights, const Work
 }
 
 // Five turns of a conversation, each the previous prompt + its answer + new text: every turn after the first
-// starts from the prefix cache (KV pages and a GDN snapshot filed by a speculative turn) and continues exactly.
-// Page size 4 makes hits end inside pages (copy-on-write).
+// starts from the prefix cache (KV pages and a GDN snapshot filed by a speculative turn) and continues
+// exactly. Page size 4 makes hits end inside pages (copy-on-write).
 TEST(Speculative, MultiTurnConversationFromThePrefixCacheEqualsPlainDecoding) {
   ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
   std::mt19937 rng(23);
@@ -301,7 +306,8 @@ TEST(Speculative, PreemptionOnASmallPoolChangesNoToken) {
   // the MTP layer's rows.
   KvCacheSpec kv = probe->kv_cache_spec(4, 1);
   ++kv.num_layers;
-  small.cache_memory_bytes = (8 * 4 + 4) * probe->state_cache_spec(1).bytes_per_slot() + 40 * 4 * kv.bytes_per_token();
+  small.cache_memory_bytes =
+      (8 * 4 + 4) * probe->state_cache_spec(1).bytes_per_slot() + 40 * 4 * kv.bytes_per_token();
   {
     EngineCore sized(make_qwen35_runner(weights, nullptr), small);
     ASSERT_EQ(sized.capacity().kv_tokens, 160);
@@ -325,8 +331,8 @@ TEST(Speculative, PreemptionOnASmallPoolChangesNoToken) {
   (void)plain;
 }
 
-// Stop ids, eos with min_tokens, max_tokens of 1 and 2, and logprobs: a request ends where plain decoding ends
-// it, even when the stop token or the limit falls inside a run of accepted drafts.
+// Stop ids, eos with min_tokens, max_tokens of 1 and 2, and logprobs: a request ends where plain decoding
+// ends it, even when the stop token or the limit falls inside a run of accepted drafts.
 TEST(Speculative, StopTokensMaxTokensAndLogprobsCompose) {
   ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
   Workload w = workload(512, 12, 27, false);
@@ -343,7 +349,8 @@ TEST(Speculative, StopTokensMaxTokensAndLogprobsCompose) {
     p.top_logprobs = 4;
   }
   EngineOptions plain_options = options(0), spec_options = options(3);
-  plain_options.eos_token_ids = spec_options.eos_token_ids = std::vector<int32_t>{free_run.outputs[2].tokens[3]};
+  plain_options.eos_token_ids = spec_options.eos_token_ids =
+      std::vector<int32_t>{free_run.outputs[2].tokens[3]};
   const RunResult plain = run(make_qwen35_runner(weights, nullptr), plain_options, w.prompts, w.params);
   const RunResult got = run(oracle_for(weights, w, free_run, 7), spec_options, w.prompts, w.params);
   expect_same_outputs(got, plain);
@@ -357,8 +364,8 @@ TEST(Speculative, StopTokensMaxTokensAndLogprobsCompose) {
   }
 }
 
-// Structured output: the grammar advances only over accepted tokens, so every answer is the one plain decoding
-// gives under the same JSON constraint, and a valid JSON prefix.
+// Structured output: the grammar advances only over accepted tokens, so every answer is the one plain
+// decoding gives under the same JSON constraint, and a valid JSON prefix.
 TEST(Speculative, JsonConstrainedOutputEqualsPlainDecoding) {
   ModelWeights weights = demo_weights();
   const int vocab = int(weights.config.vocab_size);
@@ -394,10 +401,11 @@ TEST(Speculative, JsonConstrainedOutputEqualsPlainDecoding) {
   }
 }
 
-// The rejection rule keeps the target's distribution: 1,200 seeded requests sample three tokens at temperature
-// 1 over the top 6 with oracle drafts (the greedy continuation, accepted about as often as the target picks
-// it). Among those whose first token is the greedy one, the second token's counts fit the model's own
-// probabilities: chi-square with 5 degrees of freedom under 30 (p < 1e-4 for a true fit). Deterministic seeds.
+// The rejection rule keeps the target's distribution: 1,200 seeded requests sample three tokens at
+// temperature 1 over the top 6 with oracle drafts (the greedy continuation, accepted about as often as the
+// target picks it). Among those whose first token is the greedy one, the second token's counts fit the
+// model's own probabilities: chi-square with 5 degrees of freedom under 30 (p < 1e-4 for a true fit).
+// Deterministic seeds.
 TEST(Speculative, SampledTokensFollowTheTargetDistribution) {
   ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
   const std::vector<int32_t> prompt = {11, 300, 42, 7, 199, 5, 480, 61};
@@ -437,9 +445,11 @@ TEST(Speculative, SampledTokensFollowTheTargetDistribution) {
                     [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
   std::map<int32_t, double> prob;
   double z = 0;
-  for (int i = 0; i < 6; ++i) z += std::exp(double(logits[size_t(order[size_t(i)])] - logits[size_t(order[0])]));
   for (int i = 0; i < 6; ++i)
-    prob[order[size_t(i)]] = std::exp(double(logits[size_t(order[size_t(i)])] - logits[size_t(order[0])])) / z;
+    z += std::exp(double(logits[size_t(order[size_t(i)])] - logits[size_t(order[0])]));
+  for (int i = 0; i < 6; ++i)
+    prob[order[size_t(i)]] =
+        std::exp(double(logits[size_t(order[size_t(i)])] - logits[size_t(order[0])])) / z;
 
   std::map<int32_t, int> counts;
   int total = 0;
@@ -497,7 +507,8 @@ TEST(SpeculativeFlags, PeerSpellingsResolveAndTheRestAreRefused) {
   EXPECT_EQ(steps({.config_json = R"({"method":"mtp","num_speculative_tokens":2})"}), 2);
   EXPECT_EQ(steps({.config_json = R"({"method":"qwen3_next_mtp","num_speculative_tokens":1})"}), 1);
   EXPECT_THAT(error({.algorithm = "EAGLE3"}), ::testing::HasSubstr("only MTP (NEXTN)"));
-  EXPECT_THAT(error({.algorithm = "NEXTN", .eagle_topk = 4}), ::testing::HasSubstr("--speculative-eagle-topk 4"));
+  EXPECT_THAT(error({.algorithm = "NEXTN", .eagle_topk = 4}),
+              ::testing::HasSubstr("--speculative-eagle-topk 4"));
   EXPECT_THAT(error({.algorithm = "NEXTN", .num_steps = 3, .num_draft_tokens = 8}),
               ::testing::HasSubstr("--speculative-num-draft-tokens 8"));
   EXPECT_THAT(error({.algorithm = "NEXTN", .num_steps = 0}), ::testing::HasSubstr("--speculative-num-steps"));

@@ -1,5 +1,6 @@
 // The MTP layer (model/mtp.cpp) against Hugging Face's own decoder layer (mtp_reference.safetensors), and the
-// checkpoint layouts it comes in: one file, shards with MTP tensors apart or mixed in, per-expert tensors, FP8.
+// checkpoint layouts it comes in: one file, shards with MTP tensors apart or mixed in, per-expert tensors,
+// FP8.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -117,13 +118,14 @@ TEST(MtpCheckpoint, ShardedAndPerExpertLayoutsGiveTheSameLogits) {
     testing::write_json(own_shard / "model.safetensors.index.json", index);
     std::filesystem::copy_file(src + "/config.json", own_shard / "config.json");
   }
-  rewrite_checkpoint(src, mixed.path(), [](std::vector<TensorWrite>& tensors) {
-    std::reverse(tensors.begin(), tensors.end());
-  }, {}, 64 * 1024);
+  rewrite_checkpoint(
+      src, mixed.path(),
+      [](std::vector<TensorWrite>& tensors) { std::reverse(tensors.begin(), tensors.end()); }, {}, 64 * 1024);
   rewrite_checkpoint(src, per_expert.path(), [](std::vector<TensorWrite>& tensors) {
     const std::string p = "mtp.layers.0.mlp.experts.";
     auto find = [&](const std::string& name) {
-      return *std::find_if(tensors.begin(), tensors.end(), [&](const TensorWrite& t) { return t.name == name; });
+      return *std::find_if(tensors.begin(), tensors.end(),
+                           [&](const TensorWrite& t) { return t.name == name; });
     };
     TensorWrite gate_up = find(p + "gate_up_proj"), down = find(p + "down_proj");
     std::vector<uint8_t> gu(gate_up.nbytes()), dn(down.nbytes());
@@ -137,9 +139,12 @@ TEST(MtpCheckpoint, ShardedAndPerExpertLayoutsGiveTheSameLogits) {
         return std::span<const uint8_t>(b.data() + size_t(first * cols * 2), size_t(count * cols * 2));
       };
       const std::string ep = p + std::to_string(e) + ".";
-      tensors.push_back(TensorWrite::copy_of(ep + "gate_proj.weight", DType::BF16, {I, H}, rows(gu, e * 2 * I, I, H)));
-      tensors.push_back(TensorWrite::copy_of(ep + "up_proj.weight", DType::BF16, {I, H}, rows(gu, e * 2 * I + I, I, H)));
-      tensors.push_back(TensorWrite::copy_of(ep + "down_proj.weight", DType::BF16, {H, I}, rows(dn, e * H, H, I)));
+      tensors.push_back(
+          TensorWrite::copy_of(ep + "gate_proj.weight", DType::BF16, {I, H}, rows(gu, e * 2 * I, I, H)));
+      tensors.push_back(
+          TensorWrite::copy_of(ep + "up_proj.weight", DType::BF16, {I, H}, rows(gu, e * 2 * I + I, I, H)));
+      tensors.push_back(
+          TensorWrite::copy_of(ep + "down_proj.weight", DType::BF16, {H, I}, rows(dn, e * H, H, I)));
     }
   });
   ASSERT_TRUE(std::filesystem::exists(own_shard / "model.safetensors.index.json"));
@@ -172,7 +177,8 @@ TEST(MtpCheckpoint, Fp8MtpLayerMatchesItsDequantizedTwin) {
   const std::string src = kFixtures + "tiny-moe-mtp";
   auto quantizable = [](const TensorWrite& t) {
     // Fused gate_up stays BF16: its 32-row halves cannot be cut out of 128-row scale blocks.
-    return t.name.starts_with("mtp.") && t.shape.size() >= 2 && t.name.find("mlp.gate.") == std::string::npos &&
+    return t.name.starts_with("mtp.") && t.shape.size() >= 2 &&
+           t.name.find("mlp.gate.") == std::string::npos &&
            t.name.find("gate_up_proj") == std::string::npos &&
            t.name.find("shared_expert_gate") == std::string::npos;
   };
@@ -192,34 +198,39 @@ TEST(MtpCheckpoint, Fp8MtpLayerMatchesItsDequantizedTwin) {
     c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
   };
   std::map<std::string, std::vector<float>> dequantized;  // what each FP8 tensor stands for
-  rewrite_checkpoint(src, fp8.path(), [&](std::vector<TensorWrite>& tensors) {
-    std::vector<TensorWrite> scales;
-    for (auto& t : tensors) {
-      if (!quantizable(t)) continue;
-      // Every MTP matrix of this model has at most 128 columns: one scale per band of 128 rows of a slice.
-      const int64_t cols = t.shape.back(), slice_rows = t.shape[t.shape.size() - 2];
-      const int64_t slices = t.shape.size() == 3 ? t.shape[0] : 1, bands = (slice_rows + 127) / 128;
-      auto f = widen(t);
-      std::vector<uint8_t> q(f.size());
-      std::vector<float> s(static_cast<size_t>(slices * bands));
-      for (int64_t e = 0; e < slices; ++e)
-        for (int64_t band = 0; band < bands; ++band) {
-          const int64_t first = e * slice_rows + band * 128, rows = std::min<int64_t>(128, slice_rows - band * 128);
-          quantize_fp8_band(f.data() + first * cols, rows, cols, 128, q.data() + first * cols,
-                            &s[size_t(e * bands + band)]);
-          for (int64_t i = first * cols; i < (first + rows) * cols; ++i)
-            f[size_t(i)] = fp8_e4m3_to_f32(q[size_t(i)]) * s[size_t(e * bands + band)];
+  rewrite_checkpoint(
+      src, fp8.path(),
+      [&](std::vector<TensorWrite>& tensors) {
+        std::vector<TensorWrite> scales;
+        for (auto& t : tensors) {
+          if (!quantizable(t)) continue;
+          // Every MTP matrix of this model has at most 128 columns: one scale per band of 128 rows of a
+          // slice.
+          const int64_t cols = t.shape.back(), slice_rows = t.shape[t.shape.size() - 2];
+          const int64_t slices = t.shape.size() == 3 ? t.shape[0] : 1, bands = (slice_rows + 127) / 128;
+          auto f = widen(t);
+          std::vector<uint8_t> q(f.size());
+          std::vector<float> s(static_cast<size_t>(slices * bands));
+          for (int64_t e = 0; e < slices; ++e)
+            for (int64_t band = 0; band < bands; ++band) {
+              const int64_t first = e * slice_rows + band * 128,
+                            rows = std::min<int64_t>(128, slice_rows - band * 128);
+              quantize_fp8_band(f.data() + first * cols, rows, cols, 128, q.data() + first * cols,
+                                &s[size_t(e * bands + band)]);
+              for (int64_t i = first * cols; i < (first + rows) * cols; ++i)
+                f[size_t(i)] = fp8_e4m3_to_f32(q[size_t(i)]) * s[size_t(e * bands + band)];
+            }
+          dequantized[t.name] = f;
+          std::vector<int64_t> scale_shape = t.shape;
+          scale_shape[scale_shape.size() - 2] = bands;
+          scale_shape.back() = 1;
+          scales.push_back(TensorWrite::copy_of(t.name + "_scale_inv", DType::F32, scale_shape,
+                                                {reinterpret_cast<const uint8_t*>(s.data()), s.size() * 4}));
+          t = TensorWrite::copy_of(t.name, DType::F8_E4M3, t.shape, q);
         }
-      dequantized[t.name] = f;
-      std::vector<int64_t> scale_shape = t.shape;
-      scale_shape[scale_shape.size() - 2] = bands;
-      scale_shape.back() = 1;
-      scales.push_back(TensorWrite::copy_of(t.name + "_scale_inv", DType::F32, scale_shape,
-                                            {reinterpret_cast<const uint8_t*>(s.data()), s.size() * 4}));
-      t = TensorWrite::copy_of(t.name, DType::F8_E4M3, t.shape, q);
-    }
-    tensors.insert(tensors.end(), scales.begin(), scales.end());
-  }, fp8_config);
+        tensors.insert(tensors.end(), scales.begin(), scales.end());
+      },
+      fp8_config);
   Checkpoint quantized = open_checkpoint(fp8.path());
   ASSERT_TRUE(quantized.weights.mtp.has_value()) << quantized.mtp_problem;
   EXPECT_EQ(quantized.weights.mtp->fc.dtype, DType::F8_E4M3);
