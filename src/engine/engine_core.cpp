@@ -320,17 +320,7 @@ int64_t EngineCore::verify_drafts(Request* r, const float* rows, int64_t T) {
     }
     out.tokens.push_back(token);
     if (p.logprobs) out.logprobs.push_back(compute_logprobs(row, token, p.top_logprobs));
-    const bool is_eos = !p.ignore_eos && std::find(eos_.begin(), eos_.end(), token) != eos_.end();
-    const bool is_stop =
-        std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
-    if (is_eos || is_stop) {
-      out.finished = true;
-      out.finish_reason = FinishReason::Stop;
-      out.stop_token = token;
-    } else if (generated + i + 1 >= r->max_tokens || length + i + 1 >= capacity_.max_model_len) {
-      out.finished = true;
-      out.finish_reason = FinishReason::Length;
-    }
+    mark_finish(r, token, generated + i + 1, length + i + 1, out);
     if (out.finished || i == k || token != draft[size_t(i)]) break;
     ++matched;
   }
@@ -411,6 +401,18 @@ bool EngineCore::sample_and_emit(Request* r, LogitsRow& row, std::vector<Logprob
     out.logprobs.push_back(e ? std::move(*e) : compute_logprobs(row.full_row(), token, p.top_logprobs));
   }
   out.prompt_logprobs = std::move(prompt_logprobs);
+  mark_finish(r, token, r->generated(), int64_t(r->tokens.size()), out);
+  if (out.finished) {
+    finish(r, std::move(out), true);
+    return false;
+  }
+  emit(r, std::move(out));
+  return true;
+}
+
+void EngineCore::mark_finish(const Request* r, int32_t token, int64_t generated, int64_t length,
+                             GenerateOutput& out) const {
+  const SamplingParams& p = r->params;
   const bool is_eos = !p.ignore_eos && std::find(eos_.begin(), eos_.end(), token) != eos_.end();
   const bool is_stop =
       std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
@@ -418,16 +420,10 @@ bool EngineCore::sample_and_emit(Request* r, LogitsRow& row, std::vector<Logprob
     out.finished = true;
     out.finish_reason = FinishReason::Stop;
     out.stop_token = token;
-  } else if (r->generated() >= r->max_tokens || int64_t(r->tokens.size()) >= capacity_.max_model_len) {
+  } else if (generated >= r->max_tokens || length >= capacity_.max_model_len) {
     out.finished = true;
     out.finish_reason = FinishReason::Length;
   }
-  if (out.finished) {
-    finish(r, std::move(out), true);
-    return false;
-  }
-  emit(r, std::move(out));
-  return true;
 }
 
 void EngineCore::emit(Request* r, GenerateOutput out) {

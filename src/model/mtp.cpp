@@ -18,26 +18,10 @@ namespace moeserve {
 void Qwen35Model::prepare_mtp() const {
   check(weights_.mtp.has_value(), "this checkpoint has no MTP layer (mtp.* tensors)");
   const MtpWeights& m = *weights_.mtp;
-  const LayerWeights& l = m.layer;
-  Backend& be = backend_;
-  auto prepare = [&](const std::vector<float>& v) { be.prepare(v.data(), v.size()); };
-  auto prepare_ffn = [&](const SwiGlu& f) {
-    for (const Matrix* w : {&f.gate, &f.up, &f.down})
-      if (!w->empty()) be.prepare(*w);
-  };
-  be.prepare(m.fc);
-  for (const auto* v : {&m.pre_fc_norm_embedding, &m.pre_fc_norm_hidden, &m.norm, &l.input_norm, &l.post_norm,
-                        &l.attn.q_norm, &l.attn.k_norm})
-    prepare(*v);
-  for (const Matrix* w : {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj}) be.prepare(*w);
-  if (config().is_moe) {
-    be.prepare(l.moe.router);
-    for (const auto& e : l.moe.experts) prepare_ffn(e);
-    prepare_ffn(l.moe.shared);
-    if (!l.moe.shared_gate.empty()) be.prepare(l.moe.shared_gate);
-  } else {
-    prepare_ffn(l.mlp);
-  }
+  backend_.prepare(m.fc);
+  for (const auto* v : {&m.pre_fc_norm_embedding, &m.pre_fc_norm_hidden, &m.norm})
+    backend_.prepare(v->data(), v->size());
+  prepare_layer(m.layer);
 }
 
 KvCacheSpec Qwen35Model::mtp_kv_cache_spec(int page_size, int64_t num_pages) const {

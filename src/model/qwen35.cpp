@@ -43,37 +43,40 @@ Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend, dist::Co
     gdn_index_.push_back(type == LayerType::LinearAttention ? gdn++ : -1);
   }
   // Weights go where the backend runs now rather than inside the first step.
+  backend.prepare(weights.embed);
+  backend.prepare(weights.lm_head);
+  backend.prepare(weights.final_norm.data(), weights.final_norm.size());
+  backend.prepare(rope_inv_freq_.data(), rope_inv_freq_.size());
+  for (const auto& lw : weights.layers) prepare_layer(lw);
+}
+
+void Qwen35Model::prepare_layer(const LayerWeights& lw) const {
+  Backend& backend = backend_;
   auto prepare = [&](const std::vector<float>& v) { backend.prepare(v.data(), v.size()); };
   auto prepare_ffn = [&](const SwiGlu& f) {
     for (const Matrix* m : {&f.gate, &f.up, &f.down})
       if (!m->empty()) backend.prepare(*m);
   };
-  backend.prepare(weights.embed);
-  backend.prepare(weights.lm_head);
-  prepare(weights.final_norm);
-  prepare(rope_inv_freq_);
-  for (const auto& lw : weights.layers) {
-    prepare(lw.input_norm);
-    prepare(lw.post_norm);
-    if (lw.type == LayerType::LinearAttention) {
-      for (const Matrix* m :
-           {&lw.gdn.in_proj_qkv, &lw.gdn.in_proj_z, &lw.gdn.in_proj_b, &lw.gdn.in_proj_a, &lw.gdn.out_proj})
-        backend.prepare(*m);
-      for (const auto* v : {&lw.gdn.conv1d, &lw.gdn.dt_bias, &lw.gdn.a_log, &lw.gdn.norm}) prepare(*v);
-    } else {
-      for (const Matrix* m : {&lw.attn.q_proj, &lw.attn.k_proj, &lw.attn.v_proj, &lw.attn.o_proj})
-        backend.prepare(*m);
-      prepare(lw.attn.q_norm);
-      prepare(lw.attn.k_norm);
-    }
-    if (weights.config.is_moe) {
-      backend.prepare(lw.moe.router);
-      for (const auto& e : lw.moe.experts) prepare_ffn(e);
-      prepare_ffn(lw.moe.shared);
-      if (!lw.moe.shared_gate.empty()) backend.prepare(lw.moe.shared_gate);
-    } else {
-      prepare_ffn(lw.mlp);
-    }
+  prepare(lw.input_norm);
+  prepare(lw.post_norm);
+  if (lw.type == LayerType::LinearAttention) {
+    for (const Matrix* m :
+         {&lw.gdn.in_proj_qkv, &lw.gdn.in_proj_z, &lw.gdn.in_proj_b, &lw.gdn.in_proj_a, &lw.gdn.out_proj})
+      backend.prepare(*m);
+    for (const auto* v : {&lw.gdn.conv1d, &lw.gdn.dt_bias, &lw.gdn.a_log, &lw.gdn.norm}) prepare(*v);
+  } else {
+    for (const Matrix* m : {&lw.attn.q_proj, &lw.attn.k_proj, &lw.attn.v_proj, &lw.attn.o_proj})
+      backend.prepare(*m);
+    prepare(lw.attn.q_norm);
+    prepare(lw.attn.k_norm);
+  }
+  if (config().is_moe) {
+    backend.prepare(lw.moe.router);
+    for (const auto& e : lw.moe.experts) prepare_ffn(e);
+    prepare_ffn(lw.moe.shared);
+    if (!lw.moe.shared_gate.empty()) backend.prepare(lw.moe.shared_gate);
+  } else {
+    prepare_ffn(lw.mlp);
   }
 }
 

@@ -108,6 +108,7 @@ class Qwen35Model {
   void gated_attention(const LayerWeights& lw, int attn_layer, const float* x, int64_t n,
                        std::span<const SequenceStep> batch, KvCache& kv, float* out) const;
   void feed_forward(const LayerWeights& lw, const float* x, int64_t n, float* out) const;
+  void prepare_layer(const LayerWeights& lw) const;  // its weights where the backend runs
   // Copies one GDN layer's state (float32, where the backend runs) into `slot` (SequenceStep::trail_slots).
   void keep_state(StateCache& state, int gdn_layer, int32_t slot, const float* conv,
                   const float* recurrent) const;
