@@ -10,8 +10,9 @@
 //
 // Rollback: KV rows past the kept prefix are simply overwritten later. The GDN state cannot be truncated, so
 // the verify pass copies each position's state into a trail slot (k per live slot, beyond the live and
-// snapshot slots) and the kept position's state is copied back: k extra state slots per running request and
-// (k+1) x (one layer's state) copies per GDN layer and verify, instead of a second forward.
+// snapshot slots) and the kept position's state is copied back: k extra state slots per running request, k
+// one-layer state copies per GDN layer and verify plus one slot copy on a rejection, instead of a second
+// forward.
 //
 // The MTP layer keeps a KV cache of its own (one attention layer, same page tables). After every step, the
 // Speculator feeds it the step's kept rows (row p = token t_{p+1}, position p, the target's hidden h_p),
@@ -20,7 +21,6 @@
 #include <array>
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <span>
 #include <string>
 #include <vector>

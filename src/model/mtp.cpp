@@ -7,8 +7,6 @@
 // It reuses the model's attention and feed-forward code: the layer is the same kind as its full-attention
 // layers, with KV layer 0 of the MTP cache.
 
-#include <cstring>
-
 #include "backend/backend.h"
 #include "common/error.h"
 #include "model/qwen35.h"
