@@ -92,27 +92,30 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
   const int spec_steps = options_.speculative_num_steps;
   check(spec_steps >= 0 && spec_steps <= kMaxSpeculativeSteps, "speculative steps must be in [0, {}], got {}",
         kMaxSpeculativeSteps, spec_steps);
-  check(spec_steps == 0 || model_->has_mtp(),
-        "speculative decoding (mtp) needs the checkpoint's MTP layer (mtp.* tensors), which this model lacks");
+  check(
+      spec_steps == 0 || model_->has_mtp(),
+      "speculative decoding (mtp) needs the checkpoint's MTP layer (mtp.* tensors), which this model lacks");
   // The MTP layer's KV rows live in pages of their own numbered as the model's: one more layer per page.
   KvCacheSpec kv_sizing = kv_spec(options_.page_size, 0);
   if (spec_steps > 0) ++kv_sizing.num_layers;
   capacity_ = size_caches(kv_sizing, state_spec(0), options_, model_->max_position_embeddings(),
                           model_->cache_memory_available());
   const int slots = capacity_.live_slots + capacity_.snapshot_slots;
-  cache_ = std::make_unique<CacheManager>(kv_spec(capacity_.page_size, capacity_.kv_pages),
-                                          state_spec(slots + capacity_.live_slots * spec_steps),
-                                          capacity_.live_slots, capacity_.snapshot_slots,
-                                          options_.enable_prefix_cache);
+  cache_ = std::make_unique<CacheManager>(
+      kv_spec(capacity_.page_size, capacity_.kv_pages), state_spec(slots + capacity_.live_slots * spec_steps),
+      capacity_.live_slots, capacity_.snapshot_slots, options_.enable_prefix_cache);
   if (spec_steps > 0) {
     spec_ = std::make_unique<Speculator>(
-        *model_, SpeculativeOptions{spec_steps, options_.speculative_adaptive, options_.benchmark_forced_acceptance},
+        *model_,
+        SpeculativeOptions{spec_steps, options_.speculative_adaptive, options_.benchmark_forced_acceptance},
         capacity_.page_size, capacity_.kv_pages, kv_sizing.dtype, slots);
-    spdlog::info("speculative decoding: MTP, {} drafts per step{}, {} trail state slots",
-                 spec_steps, options_.speculative_adaptive ? " (adaptive)" : "", capacity_.live_slots * spec_steps);
+    spdlog::info("speculative decoding: MTP, {} drafts per step{}, {} trail state slots", spec_steps,
+                 options_.speculative_adaptive ? " (adaptive)" : "", capacity_.live_slots * spec_steps);
     if (options_.benchmark_forced_acceptance >= 0)
-      spdlog::warn("benchmark mode: {} drafts per step accepted whatever the model says; the output is not the "
-                   "model's", options_.benchmark_forced_acceptance);
+      spdlog::warn(
+          "benchmark mode: {} drafts per step accepted whatever the model says; the output is not the "
+          "model's",
+          options_.benchmark_forced_acceptance);
   }
   SchedulerOptions so;
   so.chunked_prefill_size = std::max(options_.chunked_prefill_size, 1);
@@ -345,7 +348,8 @@ int64_t EngineCore::verify_drafts(Request* r, const float* rows, int64_t T) {
   if (no_token) {
     out.finished = true;
     out.finish_reason = r->sampler->constraint_complete() ? FinishReason::Stop : FinishReason::Error;
-    if (out.finish_reason == FinishReason::Error) out.error = "no token of the vocabulary continues the JSON output";
+    if (out.finish_reason == FinishReason::Error)
+      out.error = "no token of the vocabulary continues the JSON output";
   }
   if (out.finished) {
     finish(r, std::move(out), true);
@@ -357,7 +361,8 @@ int64_t EngineCore::verify_drafts(Request* r, const float* rows, int64_t T) {
 
 void EngineCore::draft(std::span<const DraftJob> jobs) {
   auto room = [&](const Request* r) {
-    return int(std::min(r->max_tokens - r->generated(), capacity_.max_model_len - int64_t(r->tokens.size())) - 1);
+    return int(std::min(r->max_tokens - r->generated(), capacity_.max_model_len - int64_t(r->tokens.size())) -
+               1);
   };
   auto reserve = [&](Request* r, int64_t tokens) { return cache_->reserve(r->cache, tokens); };
   try {

@@ -54,9 +54,10 @@ class EngineCore {
   // Samples r's next token and streams it; false when that finished r (r is gone).
   bool sample_and_emit(Request* r, LogitsRow& row, std::vector<LogprobEntry> prompt_logprobs);
   std::vector<int32_t> banned_tokens(const Request* r, int64_t generated) const;  // eos before min_tokens
-  // Marks out finished when `token` (making `generated` output tokens, `length` in all) ends r: an eos or stop
-  // id, max_tokens or max_model_len.
-  void mark_finish(const Request* r, int32_t token, int64_t generated, int64_t length, GenerateOutput& out) const;
+  // Marks out finished when `token` (making `generated` output tokens, `length` in all) ends r: an eos or
+  // stop id, max_tokens or max_model_len.
+  void mark_finish(const Request* r, int32_t token, int64_t generated, int64_t length,
+                   GenerateOutput& out) const;
   // Speculative decoding (engine/speculative.h): whether r's step verifies drafts; the verify of T rows
   // (accept, roll back, stream), returning the positions kept, 0 when r finished; drafting after a step.
   bool verifies(const Request* r) const;

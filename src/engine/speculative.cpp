@@ -29,7 +29,8 @@ constexpr int kLongestPause = 256;
 int speculative_steps(const SpeculativeFlags& f) {
   constexpr int kDefaultSteps = 3;
   auto in_range = [](int k, const char* flag) {
-    check(k >= 1 && k <= kMaxSpeculativeSteps, "{} must be in [1, {}], got {}", flag, kMaxSpeculativeSteps, k);
+    check(k >= 1 && k <= kMaxSpeculativeSteps, "{} must be in [1, {}], got {}", flag, kMaxSpeculativeSteps,
+          k);
     return k;
   };
   if (!f.config_json.empty()) {
@@ -42,10 +43,11 @@ int speculative_steps(const SpeculativeFlags& f) {
     }
     check(j.is_object(), "--speculative-config must be a JSON object");
     for (const auto& [key, value] : j.items())
-      check(key == "method" || key == "num_speculative_tokens",
-            "--speculative-config: '{}' is not supported here (only \"method\" and \"num_speculative_tokens\"; "
-            "the draft is the checkpoint's own MTP layer)",
-            key);
+      check(
+          key == "method" || key == "num_speculative_tokens",
+          "--speculative-config: '{}' is not supported here (only \"method\" and \"num_speculative_tokens\"; "
+          "the draft is the checkpoint's own MTP layer)",
+          key);
     auto method = j.find("method");
     check(method != j.end() && method->is_string(), "--speculative-config needs \"method\": \"mtp\"");
     const std::string m = method->get<std::string>();
@@ -54,8 +56,8 @@ int speculative_steps(const SpeculativeFlags& f) {
     auto k = j.find("num_speculative_tokens");
     check(k != j.end() && k->is_number_integer(), "--speculative-config needs \"num_speculative_tokens\": N");
     const int64_t n = k->get<int64_t>();
-    check(n >= 1 && n <= kMaxSpeculativeSteps, "--speculative-config: num_speculative_tokens must be in [1, {}], got {}",
-          kMaxSpeculativeSteps, n);
+    check(n >= 1 && n <= kMaxSpeculativeSteps,
+          "--speculative-config: num_speculative_tokens must be in [1, {}], got {}", kMaxSpeculativeSteps, n);
     return int(n);
   }
   if (f.algorithm.empty()) {
@@ -67,7 +69,8 @@ int speculative_steps(const SpeculativeFlags& f) {
   std::string algorithm = f.algorithm;
   for (char& c : algorithm) c = char(std::toupper(static_cast<unsigned char>(c)));
   check(algorithm == "MTP" || algorithm == "NEXTN",
-        "--speculative-algorithm {}: only MTP (NEXTN), the checkpoint's own MTP layer, is supported", f.algorithm);
+        "--speculative-algorithm {}: only MTP (NEXTN), the checkpoint's own MTP layer, is supported",
+        f.algorithm);
   check(f.eagle_topk < 0 || f.eagle_topk == 1,
         "--speculative-eagle-topk {}: only 1 (a chain of drafts; no draft trees)", f.eagle_topk);
   if (f.num_steps >= 0) {
@@ -98,8 +101,8 @@ KvCacheSpec with_dtype(KvCacheSpec spec, DType dtype) {
 
 }  // namespace
 
-Speculator::Speculator(ModelRunner& model, const SpeculativeOptions& options, int page_size, int64_t num_pages,
-                       DType kv_dtype, int32_t trail_base)
+Speculator::Speculator(ModelRunner& model, const SpeculativeOptions& options, int page_size,
+                       int64_t num_pages, DType kv_dtype, int32_t trail_base)
     : model_(model),
       options_(options),
       kv_(with_dtype(model.mtp_kv_cache_spec(page_size, num_pages), kv_dtype)),
@@ -122,7 +125,8 @@ bool Speculator::follow(Request* r) {
 
 std::vector<int32_t> Speculator::trail_slots(const Request* r) const {
   std::vector<int32_t> slots(r->spec.draft.size());
-  for (size_t t = 0; t < slots.size(); ++t) slots[t] = trail_base_ + r->cache.slot * options_.num_steps + int32_t(t);
+  for (size_t t = 0; t < slots.size(); ++t)
+    slots[t] = trail_base_ + r->cache.slot * options_.num_steps + int32_t(t);
   return slots;
 }
 
