@@ -1,4 +1,5 @@
 // moeserve generate: one prompt through a model, greedy; prints the generated ids and the speed (stderr).
+// With --speculative-algorithm MTP it runs through the engine with MTP drafts (engine/speculative.h).
 // With --preset (random weights of a preset's shape, made in memory) it measures any size without a checkpoint.
 #include <chrono>
 #include <cstdio>
@@ -8,6 +9,8 @@
 #include "backend/backend.h"
 #include "command.h"
 #include "common/error.h"
+#include "engine/engine.h"
+#include "engine/speculative.h"
 #include "model/checkpoint.h"
 #include "model/init_model.h"
 #include "model/sequence.h"
@@ -46,6 +49,7 @@ struct Options {
   std::string device = "cpu";
   std::string matmul = "bf16";
   std::string kv_cache_dtype = "auto";
+  SpeculativeFlags speculative;
 };
 
 ModelWeights load_weights(const Options& o) {
@@ -54,7 +58,44 @@ ModelWeights load_weights(const Options& o) {
     return load_checkpoint(o.model);
   }
   DType dtype = o.dtype == "fp8" ? DType::F8_E4M3 : DType::BF16;
-  return make_dummy_weights(preset_config(o.preset, o.layers), o.seed, dtype);
+  ModelConfig config = preset_config(o.preset, o.layers);
+  if (speculative_steps(o.speculative) > 0) config.mtp_num_layers = std::max(config.mtp_num_layers, 1);
+  return make_dummy_weights(config, o.seed, dtype);
+}
+
+// With speculative decoding: the prompt through the engine (one request), which drafts with the MTP layer
+// and verifies; the same greedy tokens as without, plus how many drafts were accepted.
+int run_speculative(const Options& o, const ModelWeights& weights, Backend& backend,
+                    const std::vector<int32_t>& prompt, int steps) {
+  EngineOptions eo;
+  eo.backend = &backend;
+  eo.max_running_requests = 1;
+  eo.snapshot_slots = 0;
+  eo.max_model_len = int64_t(prompt.size()) + o.max_tokens;
+  eo.speculative_num_steps = steps;
+  eo.kv_cache_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
+  auto engine = Engine::create(weights, eo);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = o.max_tokens;
+  p.ignore_eos = o.ignore_eos;
+  auto stream = std::make_shared<OutputStream>();
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  engine->submit({"generate", prompt, p, 0, stream->sink()});
+  GenerateOutput out = stream->collect();
+  const double s = std::chrono::duration<double>(clock::now() - t0).count();
+  check(out.finish_reason != FinishReason::Error, "generation failed: {}", out.error);
+  std::printf("%s\n", fmt::format("{}", fmt::join(out.tokens, ",")).c_str());
+  const EngineStats st = engine->stats();
+  std::fprintf(stderr, "%s\n",
+               fmt::format("{} prompt + {} generated tokens in {:.3f}s ({:.1f} tok/s overall); MTP: {} verify steps, "
+                           "{} of {} drafts accepted, mean acceptance length {:.2f}",
+                           prompt.size(), out.tokens.size(), s, double(out.tokens.size()) / s, st.spec_drafts,
+                           st.spec_accepted_tokens, st.spec_draft_tokens,
+                           st.spec_drafts ? 1.0 + double(st.spec_accepted_tokens) / double(st.spec_drafts) : 0.0)
+                   .c_str());
+  return 0;
 }
 
 std::vector<int32_t> make_prompt(const Options& o, int64_t vocab) {
@@ -72,6 +113,7 @@ int run(const Options& o) {
   for (int32_t id : prompt)
     check(id < model.config().vocab_size, "--prompt-ids: token {} is outside the vocabulary (size {})", id,
           model.config().vocab_size);
+  if (int steps = speculative_steps(o.speculative); steps > 0) return run_speculative(o, weights, *backend, prompt, steps);
   const DType kv = resolve_kv_cache_dtype(parse_kv_cache_dtype(o.kv_cache_dtype), backend->cache_memory());
   SequenceRunner runner(model, int64_t(prompt.size()) + o.max_tokens, 16, kv);
 
@@ -134,6 +176,12 @@ Registration reg{{"generate", "Generate from a prompt of token ids (greedy) and 
                     cmd.add_option("--matmul", o->matmul, "CUDA matmul precision for prompts: bf16 (tensor cores) or fp32")
                         ->check(CLI::IsMember({"fp32", "bf16"}))
                         ->capture_default_str();
+                    cmd.add_option("--speculative-algorithm", o->speculative.algorithm,
+                                   "MTP or NEXTN: draft with the checkpoint's MTP layer (same tokens, fewer steps)");
+                    cmd.add_option("--speculative-num-steps", o->speculative.num_steps, "drafts per step (default 3)");
+                    cmd.add_option("--speculative-eagle-topk", o->speculative.eagle_topk, "1 (a chain of drafts)");
+                    cmd.add_option("--speculative-num-draft-tokens", o->speculative.num_draft_tokens,
+                                   "num-steps + 1 (SGLang's spelling of the same)");
                     return [o, model, preset, ids, len] {
                       check(model->count() + preset->count() == 1, "give --model DIR or --preset NAME");
                       check(ids->count() + len->count() == 1, "give --prompt-ids or --prompt-len");

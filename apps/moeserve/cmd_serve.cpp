@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "dist/communicator.h"
 #include "engine/engine.h"
+#include "engine/speculative.h"
 #include "engine/tp_runner.h"
 #include "model/checkpoint.h"
 #include "model/init_model.h"
@@ -100,6 +101,8 @@ struct ServeOptions {
   int snapshot_slots = -1;
   std::string gdn_state_dtype = "float32";
   std::string kv_cache_dtype = "auto";
+  SpeculativeFlags speculative;  // SGLang's --speculative-* and vLLM's --speculative-config
+  int speculative_steps = 0;     // what they resolve to (engine/speculative.h)
   uint64_t seed = 0;
   std::string quantization;       // "fp8": the checkpoint must be FP8 (nothing is quantized at load)
   std::string system_root = "/";  // where /proc and /sys are read (tests play a machine)
@@ -235,8 +238,10 @@ std::string dtype_name(const ModelConfig& c) {
 }
 
 // The demo model: the tiny preset with the real Qwen3 vocabulary, random weights made in memory.
-ModelWeights demo_weights(const text::Tokenizer& tokenizer, const text::ModelText& text, uint64_t seed) {
+ModelWeights demo_weights(const text::Tokenizer& tokenizer, const text::ModelText& text, uint64_t seed,
+                          bool mtp) {
   ModelConfig config = preset_config("tiny");
+  if (mtp) config.mtp_num_layers = 1;  // random like the rest: speculative decoding runs, its drafts fail
   config.vocab_size =
       (static_cast<int64_t>(tokenizer.vocab_size()) + 255) / 256 * 256;  // padded, as Qwen does
   // 32K context: the default cache budget (every running request at full length) stays ~256 MiB, so a demo
@@ -329,6 +334,7 @@ EngineOptions engine_options_of(const ServeOptions& o) {
   engine_options.snapshot_slots = o.snapshot_slots;
   engine_options.state_dtype = o.gdn_state_dtype == "bfloat16" ? StateDtype::BF16 : StateDtype::F32;
   engine_options.kv_cache_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
+  engine_options.speculative_num_steps = o.speculative_steps;
   return engine_options;
 }
 
@@ -339,6 +345,8 @@ void check_flags(const ServeOptions& o) {
   check(o.group.tp == 1 || o.device == "cpu", "--tp {} runs on the CPU backend for now (docs/tp.md)",
         o.group.tp);
   check(!o.model.empty() || !o.preset.empty(), "--model is required (or --load-format dummy --preset NAME)");
+  check(o.speculative_steps == 0 || o.group.tp == 1,
+        "speculative decoding runs without tensor parallelism so far: drop --tp or --speculative-algorithm");
   check(o.preset.empty() || o.load_format == "dummy",
         "--preset {} makes random weights: add --load-format dummy", o.preset);
   check(o.memory_pressure_threshold >= 0 && o.memory_pressure_threshold <= 1,
@@ -481,7 +489,7 @@ ModelWeights load_weights(const ServeOptions& o, const std::optional<text::Model
                           Backend& backend) {
   if (o.model == kDemo) {
     Progress p("building the demo model (random weights, Qwen3 vocabulary)");
-    return demo_weights(text->tokenizer, *text, o.seed);
+    return demo_weights(text->tokenizer, *text, o.seed, o.speculative_steps > 0);
   }
   if (o.load_format == "dummy") {
     const std::string shape = o.preset.empty() ? o.model + "/config.json" : "preset " + o.preset;
@@ -710,11 +718,6 @@ void add_no_effect_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o) 
   option("--cuda-graph-max-bs", "the CUDA backend decides where it uses graphs");
   option("--ep-size,--ep", "the experts are sharded by --tp");
   option("--mamba-scheduler-strategy", "GDN state snapshots are moeserve's own (--snapshot-slots)");
-  option("--speculative-algorithm", "no speculative decoding yet: the same answers, not faster");
-  option("--speculative-num-steps", "no speculative decoding yet: the same answers, not faster");
-  option("--speculative-eagle-topk", "no speculative decoding yet: the same answers, not faster");
-  option("--speculative-num-draft-tokens", "no speculative decoding yet: the same answers, not faster");
-  option("--speculative-config", "no speculative decoding yet: the same answers, not faster");
   option("--schedule-conservativeness", "admission has no such knob");
   option("--random-seed", "sampling seeds come with each request (seed)");
   option("--watchdog-timeout", "there is no watchdog");
@@ -818,6 +821,7 @@ void resolve_peer_flags(ServeOptions& o, const CLI::App& cmd, const std::string&
     spdlog::info("--device auto: {}", o.device == "cuda" ? "cuda (a GPU is visible and this build has CUDA)"
                                                          : "cpu (no GPU visible, or a build without CUDA)");
   }
+  o.speculative_steps = speculative_steps(o.speculative);
   std::sort(o.no_effect.begin(), o.no_effect.end());
   o.no_effect.erase(std::unique(o.no_effect.begin(), o.no_effect.end()), o.no_effect.end());
   for (const auto& line : o.no_effect) spdlog::info("no effect here: {}", line);
@@ -988,6 +992,14 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
                  "float32, or bfloat16 (half the state memory)")
       ->transform(one_of(same({"float32", "bfloat16"})))
       ->capture_default_str();
+  cmd.add_option("--speculative-algorithm", o->speculative.algorithm,
+                 "MTP or NEXTN: speculative decoding with the checkpoint's own MTP layer (docs/engine.md)");
+  cmd.add_option("--speculative-num-steps", o->speculative.num_steps, "drafts per step (default 3)");
+  cmd.add_option("--speculative-eagle-topk", o->speculative.eagle_topk, "1 (a chain of drafts)");
+  cmd.add_option("--speculative-num-draft-tokens", o->speculative.num_draft_tokens,
+                 "num-steps + 1 (SGLang's spelling of the same)");
+  cmd.add_option("--speculative-config", o->speculative.config_json,
+                 R"(vLLM's: '{"method":"mtp","num_speculative_tokens":N}')");
   cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")
       ->capture_default_str();
   cmd.add_option("--system-root", o->system_root,

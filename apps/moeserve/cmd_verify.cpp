@@ -71,6 +71,13 @@ int run(const Options& o) {
   Qwen35Model model(weights, *backend, comm.get());
   const DType kv = resolve_kv_cache_dtype(parse_kv_cache_dtype(o.kv_cache_dtype), backend->cache_memory());
   auto report = verify_against_reference(model, reference, {o.tolerance, o.layers, kv});
+  // A checkpoint with an MTP layer and its reference beside it: the MTP cases follow, in the same report.
+  const std::string mtp_reference = o.model + "/mtp_reference.safetensors";
+  if (model.has_mtp() && o.tp == 1 && std::filesystem::exists(mtp_reference)) {
+    auto mtp = verify_mtp_against_reference(model, TensorSet::open_file(mtp_reference), {o.tolerance});
+    report.cases.insert(report.cases.end(), mtp.cases.begin(), mtp.cases.end());
+    report.passed = report.passed && mtp.passed;
+  }
   if (comm->rank() != 0) return report.passed ? 0 : 1;
 
   std::printf("%s%s, KV cache %s\n", weights.config.summary().c_str(),

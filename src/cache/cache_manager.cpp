@@ -13,8 +13,9 @@ CacheManager::CacheManager(const KvCacheSpec& kv, const StateCacheSpec& state, i
       radix_(pool_, slots_, kv.page_size),
       prefix_cache_(prefix_cache),
       seq_refs_(size_t(kv.num_pages), 0) {
-  check(state.num_slots == live_slots + snapshot_slots,
-        "cache manager: state cache has {} slots, expected {} + {}", state.num_slots, live_slots,
+  // Slots past these are the caller's (speculative decoding's trail slots).
+  check(state.num_slots >= live_slots + snapshot_slots,
+        "cache manager: state cache has {} slots, expected at least {} + {}", state.num_slots, live_slots,
         snapshot_slots);
 }
 

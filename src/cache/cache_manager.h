@@ -34,7 +34,7 @@ struct CacheSeq {
 
 class CacheManager {
  public:
-  // state.num_slots must equal live_slots + snapshot_slots.
+  // state.num_slots must be at least live_slots + snapshot_slots (slots past them are the caller's).
   CacheManager(const KvCacheSpec& kv, const StateCacheSpec& state, int live_slots, int snapshot_slots,
                bool prefix_cache);
 

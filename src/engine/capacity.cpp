@@ -46,6 +46,8 @@ EngineCapacity size_caches(const KvCacheSpec& kv, const StateCacheSpec& state, c
   check(max_len > 1, "max model length must be at least 2 tokens, got {}", max_len);
 
   const int64_t slot_bytes = state.bytes_per_slot();
+  // A speculating live slot brings its trail slots (engine/speculative.h).
+  const int64_t live_slot_bytes = slot_bytes * (1 + std::max(options.speculative_num_steps, 0));
   KvCacheSpec paged = kv;
   paged.page_size = options.page_size;
   const int64_t page_bytes = std::max<int64_t>(paged.bytes_per_page(), 1);
@@ -63,13 +65,13 @@ EngineCapacity size_caches(const KvCacheSpec& kv, const StateCacheSpec& state, c
     source = "memory fraction";
   } else {
     // Enough for every running request at full length, but never more than a quarter of what is available.
-    budget = int64_t(cap.live_slots + snapshots) * slot_bytes +
+    budget = int64_t(cap.live_slots) * live_slot_bytes + int64_t(snapshots) * slot_bytes +
              (int64_t(cap.live_slots) * pages_for(max_len) + 1) * page_bytes;
     if (available_memory > 0) budget = std::min(budget, available_memory / 4);
     source = "default budget";
   }
 
-  const int64_t live_bytes = int64_t(cap.live_slots) * slot_bytes;
+  const int64_t live_bytes = int64_t(cap.live_slots) * live_slot_bytes;
   check(live_bytes < budget,
         "the {} ({:.1f} MiB) cannot even hold the GDN state of {} running requests ({:.1f} MiB "
         "each); lower max running requests or raise the budget",
@@ -77,7 +79,7 @@ EngineCapacity size_caches(const KvCacheSpec& kv, const StateCacheSpec& state, c
   // Snapshots may take at most half of what the live slots leave, so the KV cache keeps room.
   if (slot_bytes > 0) snapshots = int(std::min<int64_t>(snapshots, (budget - live_bytes) / 2 / slot_bytes));
   cap.snapshot_slots = snapshots;
-  cap.state_bytes = int64_t(cap.live_slots + snapshots) * slot_bytes;
+  cap.state_bytes = live_bytes + int64_t(snapshots) * slot_bytes;
   cap.kv_pages = (budget - cap.state_bytes) / page_bytes;
 
   // One request of max_len tokens must fit, plus one page for copy-on-write of a shared partial page.

@@ -159,6 +159,13 @@ struct EngineOptions {
   // when they do not decide the token (engine/sampler.h). -1: kMaxLogitsTopk where the backend keeps its
   // memory on a device, 0 (full rows) on the CPU; 0..kMaxLogitsTopk forces a count (tests).
   int logit_candidates = -1;
+  // Speculative decoding with the checkpoint's MTP layer (docs/engine.md#speculative-decoding): drafts per
+  // verify step, 0 = off. Each running request then also holds this many extra GDN state slots.
+  int speculative_num_steps = 0;
+  bool speculative_adaptive = true;  // pause drafting for requests whose drafts keep failing
+  // Benchmarks only (bench/; serve and generate never set it): the first N drafts of every verify step are
+  // accepted whatever the model says, to time steps at a chosen acceptance length. -1 = off.
+  int benchmark_forced_acceptance = -1;
 };
 
 // The rules on EngineOptions that need no model (Engine::create applies them too): a caller checks its flags
@@ -212,6 +219,11 @@ struct EngineStats {
   uint64_t step_sequences = 0;          // Σ over forward passes of their batch size (mean = this / steps)
   std::array<uint64_t, kStepBatchBuckets> steps_by_batch{};  // forward passes by batch size (step_batch_bucket)
   uint64_t sampled_from_full_rows = 0;  // tokens whose candidates did not decide them (logit_candidates)
+  // Speculative decoding (vLLM's spec_decode counters); mean acceptance length = 1 + accepted / drafts.
+  uint64_t spec_drafts = 0;                     // verify steps with drafts
+  uint64_t spec_draft_tokens = 0;               // tokens drafted
+  uint64_t spec_accepted_tokens = 0;            // drafted tokens accepted
+  std::vector<uint64_t> spec_accepted_per_pos;  // [i]: drafts accepted at position i of their step
 };
 
 class Engine {

@@ -89,12 +89,34 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
     spec.dtype = resolve_kv_cache_dtype(options_.kv_cache_dtype, spec.memory);
     return spec;
   };
-  capacity_ = size_caches(kv_spec(options_.page_size, 0), state_spec(0), options_,
-                          model_->max_position_embeddings(), model_->cache_memory_available());
-  cache_ = std::make_unique<CacheManager>(kv_spec(capacity_.page_size, capacity_.kv_pages),
-                                          state_spec(capacity_.live_slots + capacity_.snapshot_slots),
-                                          capacity_.live_slots, capacity_.snapshot_slots,
-                                          options_.enable_prefix_cache);
+  const int spec_steps = options_.speculative_num_steps;
+  check(spec_steps >= 0 && spec_steps <= kMaxSpeculativeSteps, "speculative steps must be in [0, {}], got {}",
+        kMaxSpeculativeSteps, spec_steps);
+  check(
+      spec_steps == 0 || model_->has_mtp(),
+      "speculative decoding (mtp) needs the checkpoint's MTP layer (mtp.* tensors), which this model lacks");
+  // The MTP layer's KV rows live in pages of their own numbered as the model's: one more layer per page.
+  KvCacheSpec kv_sizing = kv_spec(options_.page_size, 0);
+  if (spec_steps > 0) ++kv_sizing.num_layers;
+  capacity_ = size_caches(kv_sizing, state_spec(0), options_, model_->max_position_embeddings(),
+                          model_->cache_memory_available());
+  const int slots = capacity_.live_slots + capacity_.snapshot_slots;
+  cache_ = std::make_unique<CacheManager>(
+      kv_spec(capacity_.page_size, capacity_.kv_pages), state_spec(slots + capacity_.live_slots * spec_steps),
+      capacity_.live_slots, capacity_.snapshot_slots, options_.enable_prefix_cache);
+  if (spec_steps > 0) {
+    spec_ = std::make_unique<Speculator>(
+        *model_,
+        SpeculativeOptions{spec_steps, options_.speculative_adaptive, options_.benchmark_forced_acceptance},
+        capacity_.page_size, capacity_.kv_pages, kv_sizing.dtype, slots);
+    spdlog::info("speculative decoding: MTP, {} drafts per step{}, {} trail state slots", spec_steps,
+                 options_.speculative_adaptive ? " (adaptive)" : "", capacity_.live_slots * spec_steps);
+    if (options_.benchmark_forced_acceptance >= 0)
+      spdlog::warn(
+          "benchmark mode: {} drafts per step accepted whatever the model says; the output is not the "
+          "model's",
+          options_.benchmark_forced_acceptance);
+  }
   SchedulerOptions so;
   so.chunked_prefill_size = std::max(options_.chunked_prefill_size, 1);
   so.max_prefill_tokens = std::max(options_.max_prefill_tokens, so.chunked_prefill_size);
@@ -174,16 +196,28 @@ void EngineCore::step() {
 
   std::vector<SequenceStep> batch;
   batch.reserve(plan.size());
-  for (const auto& c : plan) {
-    Request* r = c.request;
+  std::vector<std::vector<int32_t>> trails(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Request* r = plan[i].request;
     SequenceStep s;
-    s.tokens = std::span<const int32_t>(r->tokens.data() + r->computed, size_t(c.tokens));
+    s.tokens = std::span<const int32_t>(r->tokens.data() + r->computed, size_t(plan[i].tokens));
     s.start_pos = r->computed;
     s.pages = r->cache.pages;
     s.state_slot = r->cache.slot;
     s.all_logits = r->prompt_logprobs_pending;
     s.candidates = logit_candidates_;
     if (r->params.temperature > 0) s.temperature = r->params.temperature;
+    if (spec_) {
+      s.hidden = spec_->follow(r);
+      if (verifies(r)) {  // the pending token and the drafts, every row's logits, every position's GDN state
+        check(plan[i].tokens == int64_t(r->spec.verify.size()), "engine: request {} verifies {} of {} tokens",
+              r->id, plan[i].tokens, r->spec.verify.size());
+        s.tokens = r->spec.verify;
+        s.all_logits = true;
+        trails[i] = spec_->trail_slots(r);
+        s.trail_slots = trails[i];
+      }
+    }
     batch.push_back(s);
   }
   ForwardOutput out;
@@ -200,10 +234,22 @@ void EngineCore::step() {
   ++counters_.steps_by_batch[size_t(step_batch_bucket(plan.size()))];
 
   const float* row = out.logits.data();
+  const float* hidden = out.hidden.data();
+  const int64_t hidden_size = spec_ ? model_->hidden_size() : 0;
+  std::vector<DraftJob> jobs;  // what the MTP layer follows after this step
   size_t reduced = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
     Request* r = plan[i].request;
     const int64_t tokens = plan[i].tokens;
+    const int64_t start = r->computed;
+    const float* step_hidden = batch[i].hidden ? hidden : nullptr;
+    if (batch[i].hidden) hidden += tokens * hidden_size;
+    if (verifies(r)) {
+      const int64_t kept = verify_drafts(r, row, tokens);
+      row += tokens * vocab_;
+      if (kept > 0 && step_hidden) jobs.push_back({r, start, kept, step_hidden});
+      continue;
+    }
     const bool candidates = batch[i].candidates > 0 && !batch[i].all_logits;
     const int64_t rows = candidates ? 0 : r->prompt_logprobs_pending ? tokens : 1;
     if (r->uncomputed() > 1 || r->generated() == 0) counters_.prefill_tokens += uint64_t(tokens);
@@ -229,23 +275,111 @@ void EngineCore::step() {
     }
     row += rows * vocab_;
     scheduler_->advance(r, tokens);
+    bool alive = true;
     if (r->computed == int64_t(r->tokens.size())) {
       if (r->prompt_logprobs_pending) {
         r->prompt_logprobs_pending = false;
         prompt_logprobs = std::move(r->prompt_logprobs);
       }
-      sample_and_emit(r, last, std::move(prompt_logprobs));
+      alive = sample_and_emit(r, last, std::move(prompt_logprobs));
+    }
+    if (alive && step_hidden) jobs.push_back({r, start, tokens, step_hidden});
+  }
+  if (!jobs.empty()) draft(jobs);
+}
+
+bool EngineCore::verifies(const Request* r) const {
+  return spec_ && !r->spec.verify.empty() && r->uncomputed() == 1;
+}
+
+std::vector<int32_t> EngineCore::banned_tokens(const Request* r, int64_t generated) const {
+  const SamplingParams& p = r->params;
+  std::vector<int32_t> banned;
+  if (generated < p.min_tokens) {
+    if (!p.ignore_eos) banned = eos_;
+    banned.insert(banned.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+  }
+  return banned;
+}
+
+int64_t EngineCore::verify_drafts(Request* r, const float* rows, int64_t T) {
+  const SamplingParams& p = r->params;
+  const std::vector<int32_t> draft = r->spec.draft;
+  const std::vector<int32_t> trail = spec_->trail_slots(r);
+  const int k = int(T - 1);
+  const int64_t generated = r->generated(), length = int64_t(r->tokens.size());
+  GenerateOutput out;
+  int matched = 0;
+  bool no_token = false;
+  // Row i follows the pending token and drafts d_1..d_i. Each row is sampled as a plain decode step would
+  // sample it (same sampler, same random stream); the step ends at the first sample that is not the draft.
+  for (int64_t i = 0; i < T; ++i) {
+    const std::span<const float> row(rows + i * vocab_, size_t(vocab_));
+    int32_t token = r->sampler->sample(row, banned_tokens(r, generated + i));
+    if (i < k && i < spec_->options().forced_acceptance) token = draft[size_t(i)];  // benchmark only
+    if (token == kNoToken) {
+      no_token = true;
+      break;
+    }
+    out.tokens.push_back(token);
+    if (p.logprobs) out.logprobs.push_back(compute_logprobs(row, token, p.top_logprobs));
+    mark_finish(r, token, generated + i + 1, length + i + 1, out);
+    if (out.finished || i == k || token != draft[size_t(i)]) break;
+    ++matched;
+  }
+  spec_->record(r, k, matched);
+  r->spec.draft.clear();
+  r->spec.verify.clear();
+
+  // The caches keep the pending token and the drafts before the last output token, which is pending next.
+  const int64_t kept = int64_t(out.tokens.size());
+  if (kept == 0) {
+    // The JSON constraint ended the request at the first row; the state already ran past the pending token
+    // and cannot go back, so nothing of it is filed in the prefix cache.
+    finish(r, r->sampler->constraint_complete() ? FinishReason::Stop : FinishReason::Error, false,
+           r->sampler->constraint_complete() ? "" : "no token of the vocabulary continues the JSON output");
+    return 0;
+  }
+  if (kept - 1 < k) cache_->state().copy_slot(trail[size_t(kept - 1)], r->cache.slot);
+  r->tokens.insert(r->tokens.end(), out.tokens.begin(), out.tokens.end() - 1);
+  scheduler_->advance(r, kept);
+  r->tokens.push_back(out.tokens.back());
+  counters_.generation_tokens += uint64_t(kept);
+  if (no_token) {
+    out.finished = true;
+    out.finish_reason = r->sampler->constraint_complete() ? FinishReason::Stop : FinishReason::Error;
+    if (out.finish_reason == FinishReason::Error)
+      out.error = "no token of the vocabulary continues the JSON output";
+  }
+  if (out.finished) {
+    finish(r, std::move(out), true);
+    return 0;
+  }
+  emit(r, std::move(out));
+  return kept;
+}
+
+void EngineCore::draft(std::span<const DraftJob> jobs) {
+  auto room = [&](const Request* r) {
+    return int(std::min(r->max_tokens - r->generated(), capacity_.max_model_len - int64_t(r->tokens.size())) -
+               1);
+  };
+  auto reserve = [&](Request* r, int64_t tokens) { return cache_->reserve(r->cache, tokens); };
+  try {
+    spec_->draft(jobs, room, reserve);
+  } catch (const std::exception& e) {
+    // Drafts only ever save time: without them every request decodes plainly.
+    spdlog::error("engine: MTP drafting failed: {}", e.what());
+    for (const auto& job : jobs) {
+      job.request->spec.draft.clear();
+      job.request->spec.verify.clear();
     }
   }
 }
 
-void EngineCore::sample_and_emit(Request* r, LogitsRow& row, std::vector<LogprobEntry> prompt_logprobs) {
+bool EngineCore::sample_and_emit(Request* r, LogitsRow& row, std::vector<LogprobEntry> prompt_logprobs) {
   const SamplingParams& p = r->params;
-  std::vector<int32_t> banned;
-  if (r->generated() < p.min_tokens) {
-    if (!p.ignore_eos) banned = eos_;
-    banned.insert(banned.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
-  }
+  const std::vector<int32_t> banned = banned_tokens(r, r->generated());
   std::optional<int32_t> from_candidates;
   if (row.candidates) from_candidates = r->sampler->sample(*row.candidates, banned);
   if (row.candidates && !from_candidates) ++counters_.sampled_from_full_rows;
@@ -259,7 +393,7 @@ void EngineCore::sample_and_emit(Request* r, LogitsRow& row, std::vector<Logprob
     } else {
       finish(r, FinishReason::Error, true, "no token of the vocabulary continues the JSON output");
     }
-    return;
+    return false;
   }
   r->tokens.push_back(token);
   ++counters_.generation_tokens;
@@ -272,6 +406,18 @@ void EngineCore::sample_and_emit(Request* r, LogitsRow& row, std::vector<Logprob
     out.logprobs.push_back(e ? std::move(*e) : compute_logprobs(row.full_row(), token, p.top_logprobs));
   }
   out.prompt_logprobs = std::move(prompt_logprobs);
+  mark_finish(r, token, r->generated(), int64_t(r->tokens.size()), out);
+  if (out.finished) {
+    finish(r, std::move(out), true);
+    return false;
+  }
+  emit(r, std::move(out));
+  return true;
+}
+
+void EngineCore::mark_finish(const Request* r, int32_t token, int64_t generated, int64_t length,
+                             GenerateOutput& out) const {
+  const SamplingParams& p = r->params;
   const bool is_eos = !p.ignore_eos && std::find(eos_.begin(), eos_.end(), token) != eos_.end();
   const bool is_stop =
       std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
@@ -279,14 +425,9 @@ void EngineCore::sample_and_emit(Request* r, LogitsRow& row, std::vector<Logprob
     out.finished = true;
     out.finish_reason = FinishReason::Stop;
     out.stop_token = token;
-  } else if (r->generated() >= r->max_tokens || int64_t(r->tokens.size()) >= capacity_.max_model_len) {
+  } else if (generated >= r->max_tokens || length >= capacity_.max_model_len) {
     out.finished = true;
     out.finish_reason = FinishReason::Length;
-  }
-  if (out.finished) {
-    finish(r, std::move(out), true);
-  } else {
-    emit(r, std::move(out));
   }
 }
 
@@ -348,6 +489,14 @@ EngineStats EngineCore::stats() const {
   s.prefix_cache_hits = scheduler_->counters().prefix_cache_hits;
   s.preemptions = scheduler_->counters().preemptions;
   s.prompt_tokens = s.prefix_cache_queries;
+  if (spec_) {
+    const SpeculativeCounters& c = spec_->counters();
+    s.spec_drafts = c.drafts;
+    s.spec_draft_tokens = c.draft_tokens;
+    s.spec_accepted_tokens = c.accepted_tokens;
+    s.spec_accepted_per_pos.assign(c.accepted_per_pos.begin(),
+                                   c.accepted_per_pos.begin() + options_.speculative_num_steps);
+  }
   return s;
 }
 

@@ -14,6 +14,7 @@
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
+#include "engine/speculative.h"
 
 namespace moeserve {
 
@@ -50,7 +51,18 @@ class EngineCore {
 
  private:
   struct LogitsRow;
-  void sample_and_emit(Request* r, LogitsRow& row, std::vector<LogprobEntry> prompt_logprobs);
+  // Samples r's next token and streams it; false when that finished r (r is gone).
+  bool sample_and_emit(Request* r, LogitsRow& row, std::vector<LogprobEntry> prompt_logprobs);
+  std::vector<int32_t> banned_tokens(const Request* r, int64_t generated) const;  // eos before min_tokens
+  // Marks out finished when `token` (making `generated` output tokens, `length` in all) ends r: an eos or
+  // stop id, max_tokens or max_model_len.
+  void mark_finish(const Request* r, int32_t token, int64_t generated, int64_t length,
+                   GenerateOutput& out) const;
+  // Speculative decoding (engine/speculative.h): whether r's step verifies drafts; the verify of T rows
+  // (accept, roll back, stream), returning the positions kept, 0 when r finished; drafting after a step.
+  bool verifies(const Request* r) const;
+  int64_t verify_drafts(Request* r, const float* rows, int64_t T);
+  void draft(std::span<const DraftJob> jobs);
   // Retires r: releases its caches (filing its tokens in the prefix cache when keep) and sends final_event.
   void finish(Request* r, GenerateOutput final_event, bool keep);
   void finish(Request* r, FinishReason reason, bool keep, std::string error = {});
@@ -64,6 +76,7 @@ class EngineCore {
   int logit_candidates_ = 0;  // per row, 0 = full rows
   std::unique_ptr<CacheManager> cache_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<Speculator> spec_;  // when speculative_num_steps > 0
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
   std::mt19937_64 seed_source_{std::random_device{}()};
   uint64_t next_arrival_ = 0;

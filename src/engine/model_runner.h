@@ -29,6 +29,15 @@ class ModelRunner {
   // Bytes free where the caches live, for EngineOptions::mem_fraction (host MemAvailable unless the model's
   // backend keeps its caches elsewhere).
   virtual int64_t cache_memory_available() const;
+
+  // Speculative decoding (engine/speculative.h) with the model's MTP layer, when it has one: its hidden
+  // rows (SequenceStep::hidden), its KV cache and its forward (Qwen35Model::mtp_forward).
+  virtual bool has_mtp() const { return false; }
+  virtual int64_t hidden_size() const { return 0; }
+  virtual void prepare_mtp() {}
+  virtual KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const;
+  virtual ForwardOutput mtp_forward(std::span<const SequenceStep> batch, std::span<const float> hidden,
+                                    KvCache& mtp_kv);
 };
 
 // The real model: Qwen35Model over `weights` (which must outlive it) on `backend`, or on a CPU backend of its

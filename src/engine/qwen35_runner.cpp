@@ -28,6 +28,16 @@ class Qwen35Runner : public ModelRunner {
     return model_.forward(batch, kv, state);
   }
   bool reduces_logits() const override { return true; }
+  bool has_mtp() const override { return model_.has_mtp(); }
+  int64_t hidden_size() const override { return weights_.config.hidden_size; }
+  void prepare_mtp() override { model_.prepare_mtp(); }
+  KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const override {
+    return model_.mtp_kv_cache_spec(page_size, num_pages);
+  }
+  ForwardOutput mtp_forward(std::span<const SequenceStep> batch, std::span<const float> hidden,
+                            KvCache& mtp_kv) override {
+    return model_.mtp_forward(batch, hidden, mtp_kv);
+  }
   int64_t cache_memory_available() const override {
     // A device backend's caches compete for its own memory (on GB10's unified memory: the system's).
     auto device = model_.backend().device_memory();

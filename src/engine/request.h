@@ -10,6 +10,7 @@
 #include "cache/cache_manager.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 
 namespace moeserve {
 
@@ -35,6 +36,8 @@ struct Request {
   // Prompt logprobs, collected chunk by chunk (they need every prompt row's logits, hence no cache hit).
   bool prompt_logprobs_pending = false;
   std::vector<LogprobEntry> prompt_logprobs;
+
+  DraftState spec;  // speculative decoding (engine/speculative.h)
 
   int64_t generated() const { return int64_t(tokens.size()) - prompt_len; }
   int64_t uncomputed() const { return int64_t(tokens.size()) - computed; }

@@ -60,6 +60,8 @@ void Scheduler::drop_from_plan(Request* r, int64_t& budget, std::vector<Schedule
 void Scheduler::preempt(Request* r) {
   cache_.finish(r->cache, {r->tokens.data(), size_t(r->computed)}, true);
   r->computed = 0;
+  r->spec.draft.clear();  // drafted after the position it no longer holds
+  r->spec.verify.clear();
   r->checkpoint_at = 0;
   if (r->prompt_logprobs_pending) r->prompt_logprobs.clear();  // recomputed from the start
   r->running = false;
@@ -164,7 +166,8 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     for (Request* r : order) {
       if (!r->running) continue;  // preempted by a request ahead of it
       const bool prefill = r->uncomputed() > 1;
-      int64_t n = r->uncomputed();
+      // A decode step with drafts verifies them too (engine/speculative.h).
+      int64_t n = prefill || r->spec.verify.empty() ? r->uncomputed() : int64_t(r->spec.verify.size());
       if (prefill) {
         n = std::min({n, chunk_limit(r), budget});
         if (r->checkpoint_at > r->computed) n = std::min(n, r->checkpoint_at - r->computed);

@@ -249,6 +249,49 @@ class Assembler {
   std::vector<std::shared_ptr<void>>& storage_;
 };
 
+// One decoder layer's tensors under `p` ("model.layers.3.", "mtp.layers.0.").
+void assemble_layer(Assembler& a, const ModelConfig& c, LayerWeights& l, const std::string& p) {
+  int64_t h = c.hidden_size;
+  l.input_norm = a.vector(p + "input_layernorm.weight", {h});
+  l.post_norm = a.vector(p + "post_attention_layernorm.weight", {h});
+  if (l.type == LayerType::LinearAttention) {
+    std::string g = p + "linear_attn.";
+    int64_t conv = c.linear_conv_dim(), hv = c.linear_num_value_heads;
+    l.gdn.in_proj_qkv = a.matrix(g + "in_proj_qkv.weight", conv, h);
+    l.gdn.in_proj_z = a.matrix(g + "in_proj_z.weight", c.linear_value_dim(), h);
+    l.gdn.in_proj_b = a.matrix(g + "in_proj_b.weight", hv, h);
+    l.gdn.in_proj_a = a.matrix(g + "in_proj_a.weight", hv, h);
+    l.gdn.out_proj = a.matrix(g + "out_proj.weight", h, c.linear_value_dim());
+    // Depthwise conv weight [C, 1, K]; the middle axis is the single input channel per group.
+    l.gdn.conv1d =
+        a.vector(g + "conv1d.weight", {conv, 1, c.linear_conv_kernel}, {conv, c.linear_conv_kernel});
+    l.gdn.dt_bias = a.vector(g + "dt_bias", {hv});
+    l.gdn.a_log = a.vector(g + "A_log", {hv});
+    l.gdn.norm = a.vector(g + "norm.weight", {c.linear_value_head_dim});
+  } else {
+    std::string s = p + "self_attn.";
+    int64_t hd = c.head_dim;
+    l.attn.q_proj = a.matrix(s + "q_proj.weight", c.num_heads * 2 * hd, h);
+    l.attn.k_proj = a.matrix(s + "k_proj.weight", c.num_kv_heads * hd, h);
+    l.attn.v_proj = a.matrix(s + "v_proj.weight", c.num_kv_heads * hd, h);
+    l.attn.o_proj = a.matrix(s + "o_proj.weight", h, c.num_heads * hd);
+    l.attn.q_norm = a.vector(s + "q_norm.weight", {hd});
+    l.attn.k_norm = a.vector(s + "k_norm.weight", {hd});
+    l.attn.k_scale = a.kv_scale(s, "k_scale");
+    l.attn.v_scale = a.kv_scale(s, "v_scale");
+  }
+  if (c.is_moe) {
+    l.moe.router = a.matrix(p + "mlp.gate.weight", c.num_experts, h);
+    a.experts(l.moe, p + "mlp.experts.");
+    if (c.shared_expert_intermediate_size > 0) {
+      a.mlp(l.moe.shared, p + "mlp.shared_expert.", c.shared_expert_intermediate_size);
+      l.moe.shared_gate = a.matrix(p + "mlp.shared_expert_gate.weight", 1, h);
+    }
+  } else {
+    a.mlp(l.mlp, p + "mlp.", c.intermediate_size);
+  }
+}
+
 std::vector<int64_t> eos_from_generation_config(const fs::path& path) {
   if (!fs::exists(path)) return {};
   std::ifstream in(path);
@@ -298,45 +341,26 @@ Checkpoint assemble_checkpoint(ModelConfig config, std::shared_ptr<const TensorS
   w.layers.resize(size_t(c.num_layers));
   for (int i = 0; i < c.num_layers; ++i) {
     LayerWeights& l = w.layers[size_t(i)];
-    std::string p = fmt::format("{}layers.{}.", prefix, i);
     l.type = c.layer_types[size_t(i)];
-    l.input_norm = a.vector(p + "input_layernorm.weight", {h});
-    l.post_norm = a.vector(p + "post_attention_layernorm.weight", {h});
-    if (l.type == LayerType::LinearAttention) {
-      std::string g = p + "linear_attn.";
-      int64_t conv = c.linear_conv_dim(), hv = c.linear_num_value_heads;
-      l.gdn.in_proj_qkv = a.matrix(g + "in_proj_qkv.weight", conv, h);
-      l.gdn.in_proj_z = a.matrix(g + "in_proj_z.weight", c.linear_value_dim(), h);
-      l.gdn.in_proj_b = a.matrix(g + "in_proj_b.weight", hv, h);
-      l.gdn.in_proj_a = a.matrix(g + "in_proj_a.weight", hv, h);
-      l.gdn.out_proj = a.matrix(g + "out_proj.weight", h, c.linear_value_dim());
-      // Depthwise conv weight [C, 1, K]; the middle axis is the single input channel per group.
-      l.gdn.conv1d =
-          a.vector(g + "conv1d.weight", {conv, 1, c.linear_conv_kernel}, {conv, c.linear_conv_kernel});
-      l.gdn.dt_bias = a.vector(g + "dt_bias", {hv});
-      l.gdn.a_log = a.vector(g + "A_log", {hv});
-      l.gdn.norm = a.vector(g + "norm.weight", {c.linear_value_head_dim});
+    assemble_layer(a, c, l, fmt::format("{}layers.{}.", prefix, i));
+  }
+
+  // The MTP layer (Qwen3.5 releases keep it at the top level, beside model.*): one full-attention layer.
+  // Assembled apart so that incomplete MTP tensors cost only speculative decoding, not the model.
+  if (tensors->find("mtp.fc.weight")) {
+    Assembler m(c, *tensors, w.storage);
+    MtpWeights mtp;
+    mtp.fc = m.matrix("mtp.fc.weight", h, 2 * h);
+    mtp.pre_fc_norm_embedding = m.vector("mtp.pre_fc_norm_embedding.weight", {h});
+    mtp.pre_fc_norm_hidden = m.vector("mtp.pre_fc_norm_hidden.weight", {h});
+    mtp.norm = m.vector("mtp.norm.weight", {h});
+    mtp.layer.type = LayerType::FullAttention;
+    assemble_layer(m, c, mtp.layer, "mtp.layers.0.");
+    if (m.problems.empty()) {
+      w.mtp = std::move(mtp);
     } else {
-      std::string s = p + "self_attn.";
-      int64_t hd = c.head_dim;
-      l.attn.q_proj = a.matrix(s + "q_proj.weight", c.num_heads * 2 * hd, h);
-      l.attn.k_proj = a.matrix(s + "k_proj.weight", c.num_kv_heads * hd, h);
-      l.attn.v_proj = a.matrix(s + "v_proj.weight", c.num_kv_heads * hd, h);
-      l.attn.o_proj = a.matrix(s + "o_proj.weight", h, c.num_heads * hd);
-      l.attn.q_norm = a.vector(s + "q_norm.weight", {hd});
-      l.attn.k_norm = a.vector(s + "k_norm.weight", {hd});
-      l.attn.k_scale = a.kv_scale(s, "k_scale");
-      l.attn.v_scale = a.kv_scale(s, "v_scale");
-    }
-    if (c.is_moe) {
-      l.moe.router = a.matrix(p + "mlp.gate.weight", c.num_experts, h);
-      a.experts(l.moe, p + "mlp.experts.");
-      if (c.shared_expert_intermediate_size > 0) {
-        a.mlp(l.moe.shared, p + "mlp.shared_expert.", c.shared_expert_intermediate_size);
-        l.moe.shared_gate = a.matrix(p + "mlp.shared_expert_gate.weight", 1, h);
-      }
-    } else {
-      a.mlp(l.mlp, p + "mlp.", c.intermediate_size);
+      ck.mtp_problem = fmt::format("{} problem{}, the first: {}", m.problems.size(),
+                                   m.problems.size() == 1 ? "" : "s", m.problems.front());
     }
   }
 
@@ -369,12 +393,14 @@ Checkpoint open_checkpoint(const std::string& dir) {
     config.eos_token_ids = eos_from_generation_config(fs::path(dir) / "generation_config.json");
   auto tensors = std::make_shared<TensorSet>(TensorSet::open_dir(dir));
   Checkpoint ck = assemble_checkpoint(std::move(config), tensors, dir);
-  spdlog::info("loaded {}: {}; {} tensors, {:.1f} MiB{}{}", dir, ck.weights.config.summary(),
-               tensors->tensors().size(), double(tensors->total_bytes()) / (1 << 20),
-               ck.mtp_tensors.empty() ? "" : fmt::format(", {} MTP tensors set aside", ck.mtp_tensors.size()),
-               ck.vision_tensors.empty()
-                   ? ""
-                   : fmt::format(", {} vision tensors set aside", ck.vision_tensors.size()));
+  spdlog::info(
+      "loaded {}: {}; {} tensors, {:.1f} MiB{}{}", dir, ck.weights.config.summary(),
+      tensors->tensors().size(), double(tensors->total_bytes()) / (1 << 20),
+      ck.mtp_tensors.empty() ? ""
+      : ck.weights.mtp       ? fmt::format(", MTP layer ({} tensors)", ck.mtp_tensors.size())
+                       : fmt::format(", {} MTP tensors unusable: {}", ck.mtp_tensors.size(), ck.mtp_problem),
+      ck.vision_tensors.empty() ? ""
+                                : fmt::format(", {} vision tensors set aside", ck.vision_tensors.size()));
   return ck;
 }
 

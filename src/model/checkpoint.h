@@ -17,8 +17,10 @@ struct Checkpoint {
   ModelWeights weights;
   // Every tensor of the checkpoint; the weights' views point into it (it is also held in weights.storage).
   std::shared_ptr<const TensorSet> tensors;
-  // Tensors the text model does not read, set aside by name so later code (MTP drafting) can find them.
+  // Tensors the text model does not read, by name. The MTP layer is in weights.mtp when its tensors are
+  // complete; otherwise mtp_problem says what is wrong with them.
   std::vector<std::string> mtp_tensors;     // mtp.*
+  std::string mtp_problem;
   std::vector<std::string> vision_tensors;  // model.visual.*
 };
 

@@ -500,7 +500,7 @@ ModelConfig init_model(ModelConfig config, const std::string& dir, const InitMod
 ModelWeights make_dummy_weights(ModelConfig config, uint64_t seed, DType dtype) {
   prepare(config, dtype);
   auto set = std::make_shared<TensorSet>();
-  for (auto& t : checkpoint_tensors(config, seed, dtype, false)) {
+  for (auto& t : checkpoint_tensors(config, seed, dtype, true)) {
     size_t n = t.nbytes();
     std::shared_ptr<uint8_t[]> buffer(new uint8_t[n]);
     t.fill(buffer.get());

@@ -43,37 +43,40 @@ Qwen35Model::Qwen35Model(const ModelWeights& weights, Backend& backend, dist::Co
     gdn_index_.push_back(type == LayerType::LinearAttention ? gdn++ : -1);
   }
   // Weights go where the backend runs now rather than inside the first step.
+  backend.prepare(weights.embed);
+  backend.prepare(weights.lm_head);
+  backend.prepare(weights.final_norm.data(), weights.final_norm.size());
+  backend.prepare(rope_inv_freq_.data(), rope_inv_freq_.size());
+  for (const auto& lw : weights.layers) prepare_layer(lw);
+}
+
+void Qwen35Model::prepare_layer(const LayerWeights& lw) const {
+  Backend& backend = backend_;
   auto prepare = [&](const std::vector<float>& v) { backend.prepare(v.data(), v.size()); };
   auto prepare_ffn = [&](const SwiGlu& f) {
     for (const Matrix* m : {&f.gate, &f.up, &f.down})
       if (!m->empty()) backend.prepare(*m);
   };
-  backend.prepare(weights.embed);
-  backend.prepare(weights.lm_head);
-  prepare(weights.final_norm);
-  prepare(rope_inv_freq_);
-  for (const auto& lw : weights.layers) {
-    prepare(lw.input_norm);
-    prepare(lw.post_norm);
-    if (lw.type == LayerType::LinearAttention) {
-      for (const Matrix* m :
-           {&lw.gdn.in_proj_qkv, &lw.gdn.in_proj_z, &lw.gdn.in_proj_b, &lw.gdn.in_proj_a, &lw.gdn.out_proj})
-        backend.prepare(*m);
-      for (const auto* v : {&lw.gdn.conv1d, &lw.gdn.dt_bias, &lw.gdn.a_log, &lw.gdn.norm}) prepare(*v);
-    } else {
-      for (const Matrix* m : {&lw.attn.q_proj, &lw.attn.k_proj, &lw.attn.v_proj, &lw.attn.o_proj})
-        backend.prepare(*m);
-      prepare(lw.attn.q_norm);
-      prepare(lw.attn.k_norm);
-    }
-    if (weights.config.is_moe) {
-      backend.prepare(lw.moe.router);
-      for (const auto& e : lw.moe.experts) prepare_ffn(e);
-      prepare_ffn(lw.moe.shared);
-      if (!lw.moe.shared_gate.empty()) backend.prepare(lw.moe.shared_gate);
-    } else {
-      prepare_ffn(lw.mlp);
-    }
+  prepare(lw.input_norm);
+  prepare(lw.post_norm);
+  if (lw.type == LayerType::LinearAttention) {
+    for (const Matrix* m :
+         {&lw.gdn.in_proj_qkv, &lw.gdn.in_proj_z, &lw.gdn.in_proj_b, &lw.gdn.in_proj_a, &lw.gdn.out_proj})
+      backend.prepare(*m);
+    for (const auto* v : {&lw.gdn.conv1d, &lw.gdn.dt_bias, &lw.gdn.a_log, &lw.gdn.norm}) prepare(*v);
+  } else {
+    for (const Matrix* m : {&lw.attn.q_proj, &lw.attn.k_proj, &lw.attn.v_proj, &lw.attn.o_proj})
+      backend.prepare(*m);
+    prepare(lw.attn.q_norm);
+    prepare(lw.attn.k_norm);
+  }
+  if (config().is_moe) {
+    backend.prepare(lw.moe.router);
+    for (const auto& e : lw.moe.experts) prepare_ffn(e);
+    prepare_ffn(lw.moe.shared);
+    if (!lw.moe.shared_gate.empty()) backend.prepare(lw.moe.shared_gate);
+  } else {
+    prepare_ffn(lw.mlp);
   }
 }
 
@@ -107,6 +110,16 @@ StateCacheSpec Qwen35Model::state_cache_spec(int num_slots) const {
           c.linear_value_head_dim,
           num_slots,
           backend_.cache_memory()};
+}
+
+void Qwen35Model::keep_state(StateCache& state, int gdn_layer, int32_t slot, const float* conv,
+                             const float* recurrent) const {
+  if (!state.is_f32()) {
+    state.store(gdn_layer, slot, conv, recurrent);
+    return;
+  }
+  backend_.copy(conv, state.conv(gdn_layer, slot), size_t(state.spec().conv_floats()));
+  backend_.copy(recurrent, state.recurrent(gdn_layer, slot), size_t(state.spec().recurrent_floats()));
 }
 
 void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const float* x, int64_t n,
@@ -153,8 +166,25 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
     auto beta = be.allocate(size_t(n * Hv)), g = be.allocate(size_t(n * Hv));
     be.gdn_gates(b.get(), a.get(), w.a_log.data(), w.dt_bias.data(), n, Hv, beta.get(), g.get());
     int64_t row = 0;
+    bool trails = false;
     for (size_t i = 0; i < batch.size(); ++i) {
       const int64_t T = int64_t(batch[i].tokens.size());
+      if (!batch[i].trail_slots.empty()) {
+        // Token by token through the decode kernel (the same arithmetic as plain decoding, so a verified
+        // token gets the logits it would have had), keeping each position's state.
+        trails = true;
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t r = row + t;
+          be.gdn_decode(shape, qkv.get() + r * C, z.get() + r * value_dim, b.get() + r * Hv, a.get() + r * Hv,
+                        1, w.conv1d.data(), c.linear_conv_kernel, w.a_log.data(), w.dt_bias.data(),
+                        w.norm.data(), float(c.rms_norm_eps), {&conv_states[i], 1}, {&states[i], 1},
+                        core.get() + r * value_dim);
+          if (t < int64_t(batch[i].trail_slots.size()))
+            keep_state(state, gdn_layer, batch[i].trail_slots[size_t(t)], conv_states[i], states[i]);
+        }
+        row += T;
+        continue;
+      }
       float* conv_rows = conv.get() + row * C;
       be.causal_conv1d_silu(qkv.get() + row * C, T, C, w.conv1d.data(), c.linear_conv_kernel, conv_states[i],
                             conv_rows);
@@ -164,8 +194,20 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
                           core.get() + row * value_dim);
       row += T;
     }
-    be.gated_rms_norm(core.get(), z.get(), n * Hv, c.linear_value_head_dim, w.norm.data(),
-                      float(c.rms_norm_eps), core.get());
+    if (!trails) {
+      be.gated_rms_norm(core.get(), z.get(), n * Hv, c.linear_value_head_dim, w.norm.data(),
+                        float(c.rms_norm_eps), core.get());
+    } else {  // gdn_decode normed the trail rows already
+      row = 0;
+      for (const auto& step : batch) {
+        const int64_t T = int64_t(step.tokens.size());
+        if (step.trail_slots.empty())
+          be.gated_rms_norm(core.get() + row * value_dim, z.get() + row * value_dim, T * Hv,
+                            c.linear_value_head_dim, w.norm.data(), float(c.rms_norm_eps),
+                            core.get() + row * value_dim);
+        row += T;
+      }
+    }
   }
   if (staged)
     for (size_t i = 0; i < batch.size(); ++i)
@@ -284,7 +326,7 @@ ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache&
   // backend may record and replay them (CUDA graphs); prefill chunks vary and run directly, and so do decode
   // steps of sequences with images (their attention runs per sequence: gated_attention).
   const bool decode = !capture_hidden && std::all_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
-    return s.tokens.size() == 1 && s.start_pos > 0 && !s.all_logits && s.rope_delta == 0;
+    return s.tokens.size() == 1 && s.start_pos > 0 && !s.all_logits && s.rope_delta == 0 && !s.hidden;
   });
   ForwardOutput result;
   std::vector<float> records;
@@ -397,6 +439,7 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
     be.rms_norm(h.get(), n, H, H, weights_.final_norm.data(), eps, true, x.get(), H);
     capture(x.get());
   }
+  final_hidden(batch, h.get(), result.hidden);
   const int64_t m = int64_t(rows.size()), V = c.vocab_size;
   auto selected = be.allocate(size_t(m * H));
   for (int64_t i = 0; i < m; ++i) be.copy(h.get() + rows[i] * H, selected.get() + i * H, size_t(H));
@@ -417,6 +460,28 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
     be.download(logits.get(), result.logits.data(), result.logits.size());
   }
   return result;
+}
+
+void Qwen35Model::final_hidden(std::span<const SequenceStep> batch, const float* h,
+                               std::vector<float>& out) const {
+  const int64_t H = config().hidden_size;
+  int64_t row = 0, count = 0;
+  for (const auto& step : batch) count += step.hidden ? int64_t(step.tokens.size()) : 0;
+  if (count == 0) return;
+  Backend& be = backend_;
+  auto rows = be.allocate(size_t(count * H));
+  int64_t at = 0;
+  for (const auto& step : batch) {
+    const int64_t T = int64_t(step.tokens.size());
+    if (step.hidden) {
+      be.rms_norm(h + row * H, T, H, H, weights_.final_norm.data(), float(config().rms_norm_eps), true,
+                  rows.get() + at * H, H);
+      at += T;
+    }
+    row += T;
+  }
+  out.resize(size_t(count * H));
+  be.download(rows.get(), out.data(), out.size());
 }
 
 void Qwen35Model::all_reduce(float* x, size_t n) const {

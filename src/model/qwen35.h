@@ -43,6 +43,12 @@ struct SequenceStep {
   // axis is start_pos + i + rope_delta (text after an image runs rope_delta behind its cache index).
   std::span<const int64_t> rope_positions{};
   int64_t rope_delta = 0;
+  // Speculative decoding (engine/speculative.h). hidden: also return the final-normed hidden state of every
+  // new token (ForwardOutput::hidden), what the MTP layer drafts from. trail_slots: after new token t, copy
+  // each GDN layer's state into state slot trail_slots[t] (t < trail_slots.size()), so a verify pass can be
+  // rolled back to any accepted prefix; those tokens then run through the GDN layers one at a time.
+  bool hidden = false;
+  std::span<const int32_t> trail_slots{};
 };
 
 struct ForwardOutput {
@@ -58,6 +64,9 @@ struct ForwardOutput {
   // Filled only when capture_hidden was asked for (batch of one): [num_layers + 1][tokens][hidden],
   // the embeddings, then each layer's output, the last one after the final norm (HF's hidden_states).
   std::vector<float> hidden_states;
+  // [tokens][hidden]: every new token of the steps that asked for `hidden`, in batch order, after the final
+  // norm (the vector lm_head reads). From mtp_forward(): the rows whose logits it returns, after mtp.norm.
+  std::vector<float> hidden;
 };
 
 class Qwen35Model {
@@ -75,6 +84,21 @@ class Qwen35Model {
   ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state,
                         bool capture_hidden = false) const;
 
+  // The MTP layer (model/mtp.cpp, docs/forward.md): present when the checkpoint has one.
+  bool has_mtp() const { return weights_.mtp.has_value(); }
+  // Moves the MTP weights where the backend runs (the constructor leaves them, as serving without
+  // speculative decoding never reads them).
+  void prepare_mtp() const;
+  // The MTP layer's own KV cache: one attention layer, addressed by the same page tables as the model's.
+  KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const;
+  // One MTP step over draft rows. A step's row p = (token t_{p+1}, position p, hidden h_p): its tokens are
+  // the tokens after its positions [start_pos, start_pos + tokens.size()), `hidden` holds one row per token
+  // of the batch (the model's final-normed hidden, or a previous draft's ForwardOutput::hidden). Each row
+  // predicts the token two ahead of its position. Returns the logits (last row per step, or every row with
+  // all_logits) and, in `hidden`, the same rows after mtp.norm.
+  ForwardOutput mtp_forward(std::span<const SequenceStep> batch, std::span<const float> hidden,
+                            KvCache& mtp_kv) const;
+
  private:
   // candidates: the batch's candidate count (0: none); their records (Backend::logits_topk) go to *records.
   ForwardOutput forward_step(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state,
@@ -84,6 +108,12 @@ class Qwen35Model {
   void gated_attention(const LayerWeights& lw, int attn_layer, const float* x, int64_t n,
                        std::span<const SequenceStep> batch, KvCache& kv, float* out) const;
   void feed_forward(const LayerWeights& lw, const float* x, int64_t n, float* out) const;
+  void prepare_layer(const LayerWeights& lw) const;  // its weights where the backend runs
+  // Copies one GDN layer's state (float32, where the backend runs) into `slot` (SequenceStep::trail_slots).
+  void keep_state(StateCache& state, int gdn_layer, int32_t slot, const float* conv,
+                  const float* recurrent) const;
+  // The final-normed rows h [tokens][hidden] of the steps that asked for them, into out (host).
+  void final_hidden(std::span<const SequenceStep> batch, const float* h, std::vector<float>& out) const;
 
   // Tensor parallelism: the sum over ranks of a row-parallel layer's partial outputs, in place.
   void all_reduce(float* x, size_t n) const;

@@ -24,9 +24,9 @@ ModelWeights make_random_weights(const ModelConfig& c, const MatrixMaker& make, 
   w.embed = make(c.vocab_size, H, 1.0f);
   w.lm_head = linear(c.vocab_size, H);
   w.final_norm = uniform(size_t(H), -0.1f, 0.1f);
-  for (int l = 0; l < c.num_layers; ++l) {
+  auto layer = [&](LayerType type) {
     LayerWeights lw;
-    lw.type = c.layer_types[size_t(l)];
+    lw.type = type;
     lw.input_norm = uniform(size_t(H), -0.1f, 0.1f);
     lw.post_norm = uniform(size_t(H), -0.1f, 0.1f);
     if (lw.type == LayerType::LinearAttention) {
@@ -54,7 +54,17 @@ ModelWeights make_random_weights(const ModelConfig& c, const MatrixMaker& make, 
       lw.moe.shared = ffn(c.shared_expert_intermediate_size);
       lw.moe.shared_gate = linear(1, H);
     }
-    w.layers.push_back(std::move(lw));
+    return lw;
+  };
+  for (int l = 0; l < c.num_layers; ++l) w.layers.push_back(layer(c.layer_types[size_t(l)]));
+  // The MTP layer after the rest, so the model's own weights do not depend on whether it is there.
+  if (c.mtp_num_layers > 0) {
+    MtpWeights& m = w.mtp.emplace();
+    m.fc = linear(H, 2 * H);
+    m.pre_fc_norm_embedding = uniform(size_t(H), -0.1f, 0.1f);
+    m.pre_fc_norm_hidden = uniform(size_t(H), -0.1f, 0.1f);
+    m.norm = uniform(size_t(H), -0.1f, 0.1f);
+    m.layer = layer(LayerType::FullAttention);
   }
   return w;
 }

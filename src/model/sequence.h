@@ -16,8 +16,10 @@ class SequenceRunner {
   SequenceRunner(const Qwen35Model& model, int64_t max_tokens, int page_size = 16,
                  DType kv_dtype = DType::F32);
 
-  // Starts the sequence over with `tokens`; returns the logits of every token (all_logits) or of the last.
-  ForwardOutput prefill(std::span<const int32_t> tokens, bool all_logits = false, bool capture_hidden = false);
+  // Starts the sequence over with `tokens`; returns the logits of every token (all_logits) or of the last,
+  // and with `hidden` every token's final-normed hidden state (SequenceStep::hidden).
+  ForwardOutput prefill(std::span<const int32_t> tokens, bool all_logits = false, bool capture_hidden = false,
+                        bool hidden = false);
   // Appends one token; returns its logits row.
   std::vector<float> decode(int32_t token);
   // Greedy continuation of `prompt` for max_new tokens (stops early at any of eos_ids).

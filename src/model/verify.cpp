@@ -1,8 +1,10 @@
 #include "model/verify.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <fmt/format.h>
+#include <numeric>
 
 #include "common/error.h"
 #include "model/safetensors.h"
@@ -36,7 +38,87 @@ double max_abs_diff(const float* a, const float* b, size_t n) {
   return m;
 }
 
+bool case_passed(const VerifyCase& c, double tolerance) {
+  return c.max_abs_error <= tolerance && c.tokens_match;
+}
+
+// The MTP layer's own KV cache for one sequence of up to `tokens` positions, pages 0, 1, ...
+struct MtpSequence {
+  MtpSequence(const Qwen35Model& model, int64_t tokens)
+      : kv(model.mtp_kv_cache_spec(kPage, (tokens + kPage - 1) / kPage)), pages(size_t(kv.spec().num_pages)) {
+    std::iota(pages.begin(), pages.end(), 0);
+  }
+  static constexpr int kPage = 16;
+  KvCache kv;
+  std::vector<int32_t> pages;
+};
+
 }  // namespace
+
+VerifyReport verify_mtp_against_reference(const Qwen35Model& model, const TensorSet& reference,
+                                          const VerifyOptions& options) {
+  const int64_t V = model.config().vocab_size, H = model.config().hidden_size;
+  model.prepare_mtp();
+  VerifyReport report;
+
+  // mtpK: the rows of a whole prompt in one batched MTP step, from the reference's own hidden states.
+  for (int i = 0; reference.find(fmt::format("mtp{}.input_ids", i)); ++i) {
+    const std::string name = fmt::format("mtp{}", i);
+    auto ids = read_ids(reference, name + ".input_ids");
+    const int64_t T = int64_t(ids.size());
+    check(T >= 2, "reference: {} needs at least 2 tokens", name);
+    const float* hidden = read_f32(reference, name + ".hidden", T * H);
+    MtpSequence seq(model, T);
+    SequenceStep step{{ids.data() + 1, size_t(T - 1)}, 0, seq.pages, 0, true};
+    auto out = model.mtp_forward({&step, 1}, {hidden, size_t((T - 1) * H)}, seq.kv);
+    const float* expected = read_f32(reference, name + ".logits", (T - 1) * V);
+    report.cases.push_back({name, T, 0, max_abs_diff(out.logits.data(), expected, size_t((T - 1) * V))});
+  }
+
+  // chainK: the model's own greedy token and hidden states, then chained greedy drafts through the MTP cache.
+  for (int i = 0; reference.find(fmt::format("chain{}.input_ids", i)); ++i) {
+    const std::string name = fmt::format("chain{}", i);
+    auto ids = read_ids(reference, name + ".input_ids");
+    auto expected_ids = read_ids(reference, name + ".draft_ids");
+    const int64_t T = int64_t(ids.size()), steps = int64_t(expected_ids.size());
+    const float* expected = read_f32(reference, name + ".logits", steps * V);
+    const int32_t next_token = read_ids(reference, name + ".next_token").at(0);
+
+    SequenceRunner runner(model, T);
+    auto target = runner.prefill(ids, false, false, true);
+    VerifyCase c{name, T, steps, 0};
+    const int32_t s = argmax(target.logits);
+    c.tokens_match = s == next_token;
+    if (!c.tokens_match) c.first_mismatch = 0;
+
+    MtpSequence seq(model, T + steps);
+    std::vector<int32_t> rows(ids.begin() + 1, ids.end());
+    rows.push_back(next_token);  // the reference's, so the drafts stay comparable when s differs
+    std::vector<float> hidden = std::move(target.hidden);
+    SequenceStep step{rows, 0, seq.pages, 0, false};
+    for (int64_t j = 0; j < steps; ++j) {
+      auto out = model.mtp_forward({&step, 1}, hidden, seq.kv);
+      c.max_abs_error =
+          std::max(c.max_abs_error, max_abs_diff(out.logits.data(), expected + j * V, size_t(V)));
+      const int32_t draft = argmax(out.logits);
+      if (draft != expected_ids[size_t(j)] && c.tokens_match) {
+        c.tokens_match = false;
+        c.first_mismatch = j + 1;
+      }
+      // The next row: this draft at the next position, fed this step's MTP hidden (the reference's draft, as
+      // for the next token).
+      step.start_pos += int64_t(step.tokens.size());
+      rows.assign(1, expected_ids[size_t(j)]);
+      step.tokens = rows;
+      hidden = std::move(out.hidden);
+    }
+    report.cases.push_back(c);
+  }
+  check(!report.cases.empty(), "MTP reference: no mtpN or chainN cases found");
+  report.passed = std::all_of(report.cases.begin(), report.cases.end(),
+                              [&](const VerifyCase& c) { return case_passed(c, options.tolerance); });
+  return report;
+}
 
 VerifyReport verify_against_reference(const Qwen35Model& model, const TensorSet& reference,
                                       const VerifyOptions& options) {
@@ -98,9 +180,8 @@ VerifyReport verify_against_reference(const Qwen35Model& model, const TensorSet&
   }
   check(!report.cases.empty(), "reference: no promptN or genN cases found");
 
-  report.passed = std::all_of(report.cases.begin(), report.cases.end(), [&](const VerifyCase& c) {
-    return c.max_abs_error <= options.tolerance && c.tokens_match;
-  });
+  report.passed = std::all_of(report.cases.begin(), report.cases.end(),
+                              [&](const VerifyCase& c) { return case_passed(c, options.tolerance); });
   return report;
 }
 

@@ -3,6 +3,7 @@
 // tests/fixtures/README.md): promptN cases compare the logits of every position (no cache); genN cases decode
 // the reference's tokens through the caches (the decode path) and compare each step's logits and greedy
 // token.
+// verify_mtp_against_reference does the same for the MTP layer (mtp_reference.safetensors).
 
 #include <string>
 #include <vector>
@@ -43,5 +44,12 @@ struct VerifyReport {
 
 VerifyReport verify_against_reference(const Qwen35Model& model, const TensorSet& reference,
                                       const VerifyOptions& options);
+
+// The MTP layer against mtp_reference.safetensors (its mtp_reference.json says what each key is): mtpN cases
+// compare the MTP logits of every prompt row (one batched step from the reference's hidden states); chainN
+// cases run the model's prefill, check its greedy token, and compare 3 chained greedy draft steps (logits and
+// tokens) through the MTP KV cache. generated_tokens counts the drafts.
+VerifyReport verify_mtp_against_reference(const Qwen35Model& model, const TensorSet& reference,
+                                          const VerifyOptions& options);
 
 }  // namespace moeserve

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/matrix.h"
@@ -51,12 +52,21 @@ struct LayerWeights {
   SwiGlu mlp;         // dense models
 };
 
+// The multi-token-prediction layer (mtp.*, docs/qwen35-model.md §5): drafts the token after next from the
+// main model's final-normed hidden state and the next token. Embedding and lm_head are the main model's.
+struct MtpWeights {
+  Matrix fc;  // [hidden, 2 * hidden]: input columns [normed embedding, normed hidden]
+  std::vector<float> pre_fc_norm_embedding, pre_fc_norm_hidden, norm;  // [hidden], zero-centred
+  LayerWeights layer;  // a full-attention decoder layer (MoE or dense, as the main model's)
+};
+
 struct ModelWeights {
   ModelConfig config;
   Matrix embed;    // [vocab, hidden]
   Matrix lm_head;  // [vocab, hidden]; the same view as embed when tie_word_embeddings
   std::vector<float> final_norm;
   std::vector<LayerWeights> layers;
+  std::optional<MtpWeights> mtp;  // when the checkpoint has mtp.* tensors
   // The part of the model these weights are under tensor parallelism (model/tensor_parallel.h); the
   // default (size 1) is all of it.
   ShardLayout shard;

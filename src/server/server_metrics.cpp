@@ -15,6 +15,11 @@ std::vector<double> step_batch_buckets() {
 }
 constexpr const char* kRunning = "moeserve:num_requests_running";
 constexpr const char* kWaiting = "moeserve:num_requests_waiting";
+constexpr const char* kSpecDrafts = "moeserve:spec_decode_num_drafts_total";
+constexpr const char* kSpecDraftTokens = "moeserve:spec_decode_num_draft_tokens_total";
+constexpr const char* kSpecAccepted = "moeserve:spec_decode_num_accepted_tokens_total";
+constexpr const char* kSpecPerPos = "moeserve:spec_decode_num_accepted_tokens_per_pos_total";
+constexpr const char* kSpecLength = "moeserve:spec_decode_mean_acceptance_length";
 }  // namespace
 
 ServerMetrics::ServerMetrics(const std::string& model_name)
@@ -62,6 +67,12 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
   registry_.counter("moeserve:num_preemptions_total", "Requests preempted for lack of cache space.");
   registry_.counter("moeserve:sampled_from_full_rows_total",
                     "Tokens the GPU's top logit candidates could not decide (the full row was fetched).");
+  // Speculative decoding, as vLLM's spec_decode series (its mean acceptance length is 1 + accepted / drafts).
+  registry_.counter(kSpecDrafts, "Verify steps that carried MTP drafts.");
+  registry_.counter(kSpecDraftTokens, "Tokens drafted by the MTP layer.");
+  registry_.counter(kSpecAccepted, "Drafted tokens accepted.");
+  registry_.gauge(kSpecLength,
+                  "Mean tokens per verify step since start: 1 + accepted / drafts (0: none yet).");
   registry_.gauge("moeserve:memory_used_bytes", "Used memory of the most pressured source (cgroup, host or GPU).");
   registry_.gauge("moeserve:memory_total_bytes", "Memory limit of that source.");
   registry_.gauge("moeserve:memory_pressure_threshold_ratio",
@@ -110,6 +121,20 @@ void ServerMetrics::collect() {
     advance("moeserve:engine_steps_total", engine->steps, seen_steps_);
     advance("moeserve:num_preemptions_total", engine->preemptions, seen_preemptions_);
     advance("moeserve:sampled_from_full_rows_total", engine->sampled_from_full_rows, seen_full_rows_);
+    advance(kSpecDrafts, engine->spec_drafts, seen_spec_drafts_);
+    advance(kSpecDraftTokens, engine->spec_draft_tokens, seen_spec_draft_tokens_);
+    advance(kSpecAccepted, engine->spec_accepted_tokens, seen_spec_accepted_);
+    seen_spec_per_pos_.resize(std::max(seen_spec_per_pos_.size(), engine->spec_accepted_per_pos.size()), 0);
+    for (size_t i = 0; i < engine->spec_accepted_per_pos.size(); ++i) {
+      const uint64_t now = engine->spec_accepted_per_pos[i];
+      Counter& c = reg.counter(kSpecPerPos, "Drafted tokens accepted, by position in their step.",
+                               {{"position", std::to_string(i)}});
+      if (now > seen_spec_per_pos_[i]) c.inc(static_cast<double>(now - seen_spec_per_pos_[i]));
+      seen_spec_per_pos_[i] = std::max(seen_spec_per_pos_[i], now);
+    }
+    reg.gauge(kSpecLength, "")
+        .set(engine->spec_drafts ? 1.0 + double(engine->spec_accepted_tokens) / double(engine->spec_drafts)
+                                 : 0.0);
     std::vector<uint64_t> new_steps(kStepBatchBuckets, 0);
     for (size_t i = 0; i < new_steps.size(); ++i) {
       new_steps[i] = engine->steps_by_batch[i] - std::min(engine->steps_by_batch[i], seen_steps_by_batch_[i]);

@@ -1,0 +1,538 @@
+// Speculative decoding with the MTP layer (engine/speculative.h) on real checkpoints: whatever the drafts,
+// the output is exactly what plain decoding gives (greedy token for token, seeded sampling too), batched,
+// across prefix-cache hits of a multi-turn conversation and under preemption; the rejection rule keeps the
+// target's distribution; max_tokens, stop ids, logprobs and JSON output compose.
+#include "engine/speculative.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "backend/backend.h"
+#include "common/error.h"
+#include "engine/engine.h"
+#include "engine/engine_core.h"
+#include "engine/json_constraint.h"
+#include "engine/model_runner.h"
+#include "model/checkpoint.h"
+#include "model/init_model.h"
+#include "model/qwen35.h"
+#include "model/sequence.h"
+
+namespace moeserve {
+namespace {
+
+const std::string kModels = "tests/fixtures/models/";
+
+EngineOptions options(int spec_steps, int page_size = 16, int max_running = 16) {
+  EngineOptions o;
+  o.page_size = page_size;
+  o.cache_memory_bytes = 16 << 20;
+  o.max_running_requests = max_running;
+  o.chunked_prefill_size = 32;
+  o.max_prefill_tokens = 96;
+  o.max_model_len = 512;
+  o.speculative_num_steps = spec_steps;
+  o.speculative_adaptive = false;  // every decode step drafts: the rollback paths run as often as they can
+  return o;
+}
+
+SamplingParams greedy(int max_tokens, int top_logprobs = 2) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  p.logprobs = top_logprobs > 0;
+  p.top_logprobs = top_logprobs;
+  return p;
+}
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, int n, int vocab) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = std::uniform_int_distribution<int>(0, vocab - 1)(rng);
+  return t;
+}
+
+// The real runner, with the MTP layer's drafts replaced by an oracle's where it knows the continuation: the
+// token that followed (position, token) in the sequences it was shown, unless the position is a multiple of
+// `miss_every` (then the token after it, a wrong draft). The random-weight MTP layers of the fixtures are
+// almost always wrong; the oracle makes drafts accepted at every length, so each rollback depth is taken.
+class OracleDrafts : public ModelRunner {
+ public:
+  OracleDrafts(const ModelWeights& weights, int miss_every)
+      : inner_(make_qwen35_runner(weights, nullptr)), miss_(miss_every) {}
+  void learn(const std::vector<int32_t>& sequence) {
+    for (size_t i = 0; i + 1 < sequence.size(); ++i) next_[{int64_t(i), sequence[i]}] = sequence[i + 1];
+  }
+
+  int64_t vocab_size() const override { return inner_->vocab_size(); }
+  int64_t max_position_embeddings() const override { return inner_->max_position_embeddings(); }
+  std::vector<int32_t> eos_token_ids() const override { return inner_->eos_token_ids(); }
+  KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const override {
+    return inner_->kv_cache_spec(page_size, num_pages);
+  }
+  StateCacheSpec state_cache_spec(int num_slots) const override {
+    return inner_->state_cache_spec(num_slots);
+  }
+  ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
+    return inner_->forward(batch, kv, state);
+  }
+  bool has_mtp() const override { return true; }
+  int64_t hidden_size() const override { return inner_->hidden_size(); }
+  void prepare_mtp() override { inner_->prepare_mtp(); }
+  KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const override {
+    return inner_->mtp_kv_cache_spec(page_size, num_pages);
+  }
+  ForwardOutput mtp_forward(std::span<const SequenceStep> batch, std::span<const float> hidden,
+                            KvCache& kv) override {
+    ForwardOutput out = inner_->mtp_forward(batch, hidden, kv);
+    const int64_t V = vocab_size();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      // The step's last row: token t_{p+1} at position p drafts t_{p+2}.
+      const int64_t position = batch[i].start_pos + int64_t(batch[i].tokens.size());
+      auto it = next_.find({position, batch[i].tokens.back()});
+      if (it == next_.end()) continue;
+      const int32_t draft = position % miss_ == 0 ? (it->second + 1) % int32_t(V) : it->second;
+      float* row = out.logits.data() + int64_t(i) * V;
+      std::fill(row, row + V, 0.0f);
+      row[draft] = 1.0f;
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+  int miss_;
+  std::map<std::pair<int64_t, int32_t>, int32_t> next_;
+};
+
+struct RunResult {
+  std::vector<GenerateOutput> outputs;
+  EngineStats stats;
+};
+
+// Runs the requests through one EngineCore (checking its invariants after every step), the first half at
+// once and the rest joining while the first decode.
+RunResult run(std::unique_ptr<ModelRunner> model, const EngineOptions& o,
+              const std::vector<std::vector<int32_t>>& prompts, const std::vector<SamplingParams>& params) {
+  EngineCore core(std::move(model), o);
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  auto add = [&](size_t i) {
+    GenerateRequest r{"r" + std::to_string(i), prompts[i], params[i], int(i % 2), {}};
+    streams.push_back(std::make_shared<OutputStream>());
+    r.on_output = streams.back()->sink();
+    core.validate(r);
+    core.add(std::move(r));
+  };
+  const size_t n = prompts.size();
+  for (size_t i = 0; i < (n + 1) / 2; ++i) add(i);
+  for (int step = 0; step < 20000 && (!core.idle() || streams.size() < n); ++step) {
+    if (step >= 4 && step % 3 == 0 && streams.size() < n) add(streams.size());
+    core.step();
+    core.deliver();
+    core.check_invariants();
+  }
+  EXPECT_TRUE(core.idle());
+  RunResult result;
+  for (auto& s : streams) result.outputs.push_back(s->collect());
+  result.stats = core.stats();
+  return result;
+}
+
+void expect_same_outputs(const RunResult& got, const RunResult& want) {
+  ASSERT_EQ(got.outputs.size(), want.outputs.size());
+  for (size_t i = 0; i < got.outputs.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    const auto &a = got.outputs[i], &b = want.outputs[i];
+    ASSERT_EQ(a.tokens, b.tokens);
+    EXPECT_EQ(a.finish_reason, b.finish_reason);
+    ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+    for (size_t t = 0; t < a.logprobs.size(); ++t) {
+      ASSERT_EQ(a.logprobs[t].top.size(), b.logprobs[t].top.size());
+      for (size_t k = 0; k < a.logprobs[t].top.size(); ++k) {
+        EXPECT_EQ(a.logprobs[t].top[k].token, b.logprobs[t].top[k].token) << "token " << t;
+        EXPECT_NEAR(a.logprobs[t].top[k].logprob, b.logprobs[t].top[k].logprob, 2e-4) << "token " << t;
+      }
+    }
+  }
+}
+
+// Random prompts, some sharing a prefix (prefix-cache hits), greedy and seeded sampling with penalties.
+struct Workload {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+};
+
+Workload workload(int vocab, int n, uint32_t seed, bool sampling) {
+  std::mt19937 rng(seed);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const auto shared = random_prompt(rng, 40, vocab);
+  Workload w;
+  for (int i = 0; i < n; ++i) {
+    auto prompt = random_prompt(rng, uniform(1, 60), vocab);
+    if (i % 3 == 1) prompt.insert(prompt.begin(), shared.begin(), shared.end());
+    w.prompts.push_back(prompt);
+    SamplingParams p = greedy(uniform(8, 40));
+    if (sampling && i % 2) {
+      p.temperature = 0.8f;
+      p.top_k = 40;
+      p.repetition_penalty = 1.1f;
+      p.seed = uint64_t(i);
+    }
+    w.params.push_back(p);
+  }
+  return w;
+}
+
+ModelWeights demo_weights() {
+  ModelConfig config = preset_config("tiny");
+  config.mtp_num_layers = 1;
+  return make_dummy_weights(config, 7);
+}
+
+TEST(Speculative, OutputEqualsPlainDecodingOnEveryMtpModel) {
+  std::vector<std::pair<std::string, ModelWeights>> models;
+  for (std::string name : {"tiny-moe-mtp", "tiny-moe-vl-layout-mtp"})
+    models.emplace_back(name, load_checkpoint(kModels + name));
+  models.emplace_back("demo", demo_weights());
+  for (auto& [name, weights] : models) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(weights.mtp.has_value());
+    const Workload w = workload(int(weights.config.vocab_size), 12, 31, true);
+    const RunResult plain = run(make_qwen35_runner(weights, nullptr), options(0), w.prompts, w.params);
+    for (int k : {1, 3}) {
+      SCOPED_TRACE("k = " + std::to_string(k));
+      // The model's own MTP layer (random weights: nearly every draft rejected) ...
+      const RunResult mtp = run(make_qwen35_runner(weights, nullptr), options(k), w.prompts, w.params);
+      expect_same_outputs(mtp, plain);
+      EXPECT_GT(mtp.stats.spec_drafts, 0u);
+      // ... and oracle drafts, accepted at every depth.
+      auto oracle = std::make_unique<OracleDrafts>(weights, 5);
+      for (size_t i = 0; i < w.prompts.size(); ++i) {
+        auto sequence = w.prompts[i];
+        sequence.insert(sequence.end(), plain.outputs[i].tokens.begin(), plain.outputs[i].tokens.end());
+        oracle->learn(sequence);
+      }
+      const RunResult drafted = run(std::move(oracle), options(k), w.prompts, w.params);
+      expect_same_outputs(drafted, plain);
+      EXPECT_GT(drafted.stats.spec_accepted_tokens, drafted.stats.spec_draft_tokens / 2);
+      EXPECT_LT(drafted.stats.steps, plain.stats.steps);
+      ASSERT_EQ(drafted.stats.spec_accepted_per_pos.size(), size_t(k));
+      EXPECT_GT(drafted.stats.spec_accepted_per_pos.back(), 0u);
+    }
+  }
+}
+
+// A drafting model for `weights` whose oracle knows the plain run's sequences.
+std::unique_ptr<OracleDrafts> oracle_for(const ModelWeights& weights, const Workload& w,
+                                         const RunResult& plain, int miss_every = 5) {
+  auto oracle = std::make_unique<OracleDrafts>(weights, miss_every);
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    auto sequence = w.prompts[i];
+    sequence.insert(sequence.end(), plain.outputs[i].tokens.begin(), plain.outputs[i].tokens.end());
+    oracle->learn(sequence);
+  }
+  return oracle;
+}
+
+// Five turns of a conversation, each the previous prompt + its answer + new text: every turn after the first
+// starts from the prefix cache (KV pages and a GDN snapshot filed by a speculative turn) and continues
+// exactly. Page size 4 makes hits end inside pages (copy-on-write).
+TEST(Speculative, MultiTurnConversationFromThePrefixCacheEqualsPlainDecoding) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  std::mt19937 rng(23);
+  std::vector<std::vector<int32_t>> turns_plain;
+  // The plain conversation first, then the oracle learns it; the speculative one must follow it turn by turn.
+  auto converse = [&](std::unique_ptr<ModelRunner> model, int spec_steps, std::vector<GenerateOutput>* outs) {
+    std::mt19937 text(23);
+    EngineCore core(std::move(model), options(spec_steps, 4));
+    std::vector<int32_t> conversation = random_prompt(text, 30, 512);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int turn = 0; turn < 5; ++turn) {
+      prompts.push_back(conversation);
+      auto stream = std::make_shared<OutputStream>();
+      GenerateRequest r{"t" + std::to_string(turn), conversation, greedy(12), 0, {}};
+      r.on_output = stream->sink();
+      core.add(std::move(r));
+      while (!core.idle()) {
+        core.step();
+        core.deliver();
+        core.check_invariants();
+      }
+      GenerateOutput out = stream->collect();
+      if (turn > 0) {
+        EXPECT_EQ(out.usage.cached_tokens, int64_t(conversation.size()) - 10 - 1) << "turn " << turn;
+      }
+      outs->push_back(out);
+      conversation.insert(conversation.end(), out.tokens.begin(), out.tokens.end());
+      auto more = random_prompt(text, 10, 512);
+      conversation.insert(conversation.end(), more.begin(), more.end());
+    }
+    return prompts;
+  };
+  std::vector<GenerateOutput> plain, mtp, drafted;
+  const auto prompts = converse(make_qwen35_runner(weights, nullptr), 0, &plain);
+  converse(make_qwen35_runner(weights, nullptr), 3, &mtp);
+  auto oracle = std::make_unique<OracleDrafts>(weights, 4);
+  for (size_t t = 0; t < prompts.size(); ++t) {
+    auto sequence = prompts[t];
+    sequence.insert(sequence.end(), plain[t].tokens.begin(), plain[t].tokens.end());
+    oracle->learn(sequence);
+  }
+  converse(std::move(oracle), 3, &drafted);
+  RunResult want{plain, {}}, got_mtp{mtp, {}}, got_drafted{drafted, {}};
+  expect_same_outputs(got_mtp, want);
+  expect_same_outputs(got_drafted, want);
+}
+
+// Preemption with drafts in flight: 16 requests on a KV pool of 160 tokens are preempted and resume (from
+// their snapshots or recomputing), yet get exactly the tokens of plain decoding on a roomy pool, and every
+// page and slot is back at the end.
+TEST(Speculative, PreemptionOnASmallPoolChangesNoToken) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  const Workload w = workload(512, 16, 25, true);
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), options(0, 4), w.prompts, w.params);
+
+  auto probe = make_qwen35_runner(weights, nullptr);
+  EngineOptions small = options(3, 4);
+  small.max_running_requests = 8;
+  small.snapshot_slots = 4;
+  small.max_model_len = 100;
+  // 12 state slots (8 live with 3 trail slots each would be 32: the budget holds them) and 40 pages of 4 with
+  // the MTP layer's rows.
+  KvCacheSpec kv = probe->kv_cache_spec(4, 1);
+  ++kv.num_layers;
+  small.cache_memory_bytes =
+      (8 * 4 + 4) * probe->state_cache_spec(1).bytes_per_slot() + 40 * 4 * kv.bytes_per_token();
+  {
+    EngineCore sized(make_qwen35_runner(weights, nullptr), small);
+    ASSERT_EQ(sized.capacity().kv_tokens, 160);
+    ASSERT_EQ(sized.capacity().snapshot_slots, 4);
+  }
+  std::vector<SamplingParams> params = w.params;
+  for (auto& p : params) p.max_tokens = std::min(*p.max_tokens, 30);
+  std::vector<std::vector<int32_t>> prompts = w.prompts;
+  for (auto& p : prompts) p.resize(std::min<size_t>(p.size(), 60));
+  const RunResult roomy = run(make_qwen35_runner(weights, nullptr), options(0, 4), prompts, params);
+  for (int miss : {3, 1000}) {
+    SCOPED_TRACE(miss);
+    Workload learned{prompts, params};
+    const RunResult got = run(oracle_for(weights, learned, roomy, miss), small, prompts, params);
+    expect_same_outputs(got, roomy);
+    EXPECT_GT(got.stats.preemptions, 0u);
+    EXPECT_GT(got.stats.spec_accepted_tokens, 0u);
+    EXPECT_EQ(got.stats.live_slots_used, 0);
+    EXPECT_EQ(got.stats.kv_pages_used, 0);
+  }
+  (void)plain;
+}
+
+// Stop ids, eos with min_tokens, max_tokens of 1 and 2, and logprobs: a request ends where plain decoding
+// ends it, even when the stop token or the limit falls inside a run of accepted drafts.
+TEST(Speculative, StopTokensMaxTokensAndLogprobsCompose) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  Workload w = workload(512, 12, 27, false);
+  const RunResult free_run = run(make_qwen35_runner(weights, nullptr), options(0), w.prompts, w.params);
+  for (size_t i = 0; i < w.params.size(); ++i) {
+    SamplingParams& p = w.params[i];
+    const auto& tokens = free_run.outputs[i].tokens;
+    if (i % 4 == 0) p.stop_token_ids = {tokens[tokens.size() / 2]};  // stop mid-way
+    if (i % 4 == 1) p.max_tokens = 1 + int(i % 2);
+    if (i % 4 == 2) {  // the model's eos is the token it emits a few steps in, banned before min_tokens
+      p.ignore_eos = false;
+      p.min_tokens = 2;
+    }
+    p.top_logprobs = 4;
+  }
+  EngineOptions plain_options = options(0), spec_options = options(3);
+  plain_options.eos_token_ids = spec_options.eos_token_ids =
+      std::vector<int32_t>{free_run.outputs[2].tokens[3]};
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), plain_options, w.prompts, w.params);
+  const RunResult got = run(oracle_for(weights, w, free_run, 7), spec_options, w.prompts, w.params);
+  expect_same_outputs(got, plain);
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0u);
+  for (size_t i = 0; i < w.params.size(); ++i) {
+    if (i % 4 == 0) {
+      EXPECT_EQ(got.outputs[i].finish_reason, FinishReason::Stop) << i;
+    } else if (i % 4 == 1) {
+      EXPECT_EQ(int(got.outputs[i].tokens.size()), *w.params[i].max_tokens) << i;
+    }
+  }
+}
+
+// Structured output: the grammar advances only over accepted tokens, so every answer is the one plain
+// decoding gives under the same JSON constraint, and a valid JSON prefix.
+TEST(Speculative, JsonConstrainedOutputEqualsPlainDecoding) {
+  ModelWeights weights = demo_weights();
+  const int vocab = int(weights.config.vocab_size);
+  auto table = std::make_shared<TokenBytes>();
+  const std::string chars = "{}[],:\" \n0123456789-.eatrufsnlxyz";
+  for (int32_t id = 0; id < vocab; ++id) {
+    // Single characters first, then two-character pieces.
+    table->bytes.push_back(size_t(id) < chars.size() ? std::string(1, chars[size_t(id)])
+                                                     : std::string{chars[size_t(id) % chars.size()],
+                                                                   chars[size_t(id / 7) % chars.size()]});
+    table->usable.push_back(id < vocab - 8);
+  }
+  auto constraint = std::make_shared<JsonConstraint>();
+  constraint->schema = JsonSchema::any_object();
+  constraint->vocab = table;
+  Workload w = workload(vocab, 8, 29, true);
+  for (auto& p : w.params) {
+    p.json = constraint;
+    p.ignore_eos = false;
+  }
+  EngineOptions plain_options = options(0), spec_options = options(2);
+  plain_options.eos_token_ids = spec_options.eos_token_ids = std::vector<int32_t>{vocab - 1};
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), plain_options, w.prompts, w.params);
+  const RunResult got = run(oracle_for(weights, w, plain, 3), spec_options, w.prompts, w.params);
+  expect_same_outputs(got, plain);
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0u);
+  for (const auto& out : got.outputs) {
+    JsonMatcher m(constraint->schema);
+    for (int32_t t : out.tokens) {
+      if (t == vocab - 1) break;  // eos
+      EXPECT_TRUE(m.advance(table->bytes[size_t(t)])) << t;
+    }
+  }
+}
+
+// The rejection rule keeps the target's distribution: 1,200 seeded requests sample three tokens at
+// temperature 1 over the top 6 with oracle drafts (the greedy continuation, accepted about as often as the
+// target picks it). Among those whose first token is the greedy one, the second token's counts fit the
+// model's own probabilities: chi-square with 5 degrees of freedom under 30 (p < 1e-4 for a true fit).
+// Deterministic seeds.
+TEST(Speculative, SampledTokensFollowTheTargetDistribution) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  const std::vector<int32_t> prompt = {11, 300, 42, 7, 199, 5, 480, 61};
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 6;
+  p.max_tokens = 3;  // the second token comes from a verify step (no drafts when one token is left)
+  p.ignore_eos = true;
+  SamplingParams g = greedy(3, 0);
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), options(0), {prompt}, {g});
+  const int32_t first = plain.outputs[0].tokens[0];
+
+  const int n = 1200;
+  std::vector<std::vector<int32_t>> prompts(n, prompt);
+  std::vector<SamplingParams> params(n, p);
+  for (int i = 0; i < n; ++i) params[size_t(i)].seed = uint64_t(1000 + i);
+  auto oracle = std::make_unique<OracleDrafts>(weights, 1 << 30);
+  auto sequence = prompt;
+  sequence.insert(sequence.end(), plain.outputs[0].tokens.begin(), plain.outputs[0].tokens.end());
+  oracle->learn(sequence);
+  EngineOptions o = options(1);
+  o.enable_prefix_cache = false;
+  const RunResult got = run(std::move(oracle), o, prompts, params);
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0u);
+  EXPECT_LT(got.stats.spec_accepted_tokens, got.stats.spec_draft_tokens);
+
+  // The target's distribution of the second token after (prompt, first): top 6 of its logits, softmax.
+  auto backend = make_cpu_backend();
+  Qwen35Model model(weights, *backend);
+  SequenceRunner runner(model, 16);
+  auto ctx = prompt;
+  ctx.push_back(first);
+  auto logits = runner.prefill(ctx).logits;
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + 6, order.end(),
+                    [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
+  std::map<int32_t, double> prob;
+  double z = 0;
+  for (int i = 0; i < 6; ++i)
+    z += std::exp(double(logits[size_t(order[size_t(i)])] - logits[size_t(order[0])]));
+  for (int i = 0; i < 6; ++i)
+    prob[order[size_t(i)]] =
+        std::exp(double(logits[size_t(order[size_t(i)])] - logits[size_t(order[0])])) / z;
+
+  std::map<int32_t, int> counts;
+  int total = 0;
+  for (const auto& out : got.outputs) {
+    ASSERT_EQ(out.tokens.size(), 3u);
+    if (out.tokens[0] != first) continue;
+    ++counts[out.tokens[1]];
+    ++total;
+  }
+  ASSERT_GT(total, 150);
+  double chi2 = 0;
+  for (const auto& [token, q] : prob) {
+    const double expected = q * total;
+    chi2 += (counts[token] - expected) * (counts[token] - expected) / expected;
+    counts.erase(token);
+  }
+  EXPECT_TRUE(counts.empty()) << "a token outside the top 6 was sampled";
+  EXPECT_LT(chi2, 30.0) << total << " samples";
+}
+
+// Adaptive drafting: drafts that keep failing (the fixture's random MTP layer) pause; drafts that are mostly
+// right (the oracle) keep running. Same tokens either way.
+TEST(Speculative, AdaptiveModePausesFailingDraftsOnly) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  Workload w = workload(512, 6, 33, false);
+  for (auto& p : w.params) p.max_tokens = 60;
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), options(0), w.prompts, w.params);
+  EngineOptions adaptive = options(3);
+  adaptive.speculative_adaptive = true;
+  const RunResult failing = run(make_qwen35_runner(weights, nullptr), adaptive, w.prompts, w.params);
+  const RunResult good = run(oracle_for(weights, w, plain, 1000), adaptive, w.prompts, w.params);
+  expect_same_outputs(failing, plain);
+  expect_same_outputs(good, plain);
+  const uint64_t generated = 6 * 60;
+  EXPECT_LT(failing.stats.spec_drafts * 5, generated) << failing.stats.spec_drafts << " verify steps";
+  EXPECT_GT(good.stats.spec_accepted_tokens * 2, generated);
+}
+
+// SGLang's and vLLM's spellings resolve to the number of drafts; what is not supported says so by flag name.
+TEST(SpeculativeFlags, PeerSpellingsResolveAndTheRestAreRefused) {
+  auto steps = [](SpeculativeFlags f) { return speculative_steps(f); };
+  auto error = [](SpeculativeFlags f) {
+    try {
+      speculative_steps(f);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(steps({}), 0);
+  EXPECT_EQ(steps({.algorithm = "NEXTN"}), 3);
+  EXPECT_EQ(steps({.algorithm = "mtp", .num_steps = 2}), 2);
+  EXPECT_EQ(steps({.algorithm = "NEXTN", .num_steps = 3, .eagle_topk = 1, .num_draft_tokens = 4}), 3);
+  EXPECT_EQ(steps({.algorithm = "MTP", .num_draft_tokens = 5}), 4);
+  EXPECT_EQ(steps({.config_json = R"({"method":"mtp","num_speculative_tokens":2})"}), 2);
+  EXPECT_EQ(steps({.config_json = R"({"method":"qwen3_next_mtp","num_speculative_tokens":1})"}), 1);
+  EXPECT_THAT(error({.algorithm = "EAGLE3"}), ::testing::HasSubstr("only MTP (NEXTN)"));
+  EXPECT_THAT(error({.algorithm = "NEXTN", .eagle_topk = 4}),
+              ::testing::HasSubstr("--speculative-eagle-topk 4"));
+  EXPECT_THAT(error({.algorithm = "NEXTN", .num_steps = 3, .num_draft_tokens = 8}),
+              ::testing::HasSubstr("--speculative-num-draft-tokens 8"));
+  EXPECT_THAT(error({.algorithm = "NEXTN", .num_steps = 0}), ::testing::HasSubstr("--speculative-num-steps"));
+  EXPECT_THAT(error({.algorithm = "NEXTN", .num_steps = 99}), ::testing::HasSubstr("[1, 8]"));
+  EXPECT_THAT(error({.num_steps = 3}), ::testing::HasSubstr("need --speculative-algorithm"));
+  EXPECT_THAT(error({.config_json = R"({"method":"eagle","num_speculative_tokens":2})"}),
+              ::testing::HasSubstr("method 'eagle'"));
+  EXPECT_THAT(error({.config_json = R"({"method":"mtp","model":"x","num_speculative_tokens":2})"}),
+              ::testing::HasSubstr("'model' is not supported"));
+  EXPECT_THAT(error({.config_json = R"({"method":"mtp"})"}), ::testing::HasSubstr("num_speculative_tokens"));
+  EXPECT_THAT(error({.config_json = "{nope"}), ::testing::HasSubstr("not valid JSON"));
+  EXPECT_THAT(error({.algorithm = "MTP", .config_json = "{}"}), ::testing::HasSubstr("not both"));
+}
+
+// The engine refuses speculative decoding on a model without an MTP layer, at creation, with the reason.
+TEST(SpeculativeFlags, AModelWithoutMtpIsRefusedAtCreation) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe");
+  try {
+    EngineCore core(make_qwen35_runner(weights, nullptr), options(3));
+    ADD_FAILURE() << "created";
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("needs the checkpoint's MTP layer"));
+  }
+}
+
+}  // namespace
+}  // namespace moeserve
