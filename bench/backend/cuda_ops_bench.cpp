@@ -212,7 +212,7 @@ class OpsBench {
 
   // The experts of a prefill as cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx, bf16, one group per
   // expert), the alternative issue 19 names to the backend's own grouped kernel (moe_mma.cu): gate and up as
-  // one [2I][H] matrix per expert, then down. cuBLAS needs every expert's row count on the host, so this
+  // one [2I][H] matrix per expert, then down (bf16 out: cuBLAS takes bf16 C with bf16 A and B here). cuBLAS needs every expert's row count on the host, so this
   // path would cost the MoE a device-to-host sync per layer; measured here without it, routing uniform.
   void cublas_grouped_probe() {
     const int E = 256, k = 8;
@@ -245,7 +245,7 @@ class OpsBench {
       const int64_t P = n * k;
       char* x = bf16(P * H, 902);
       char* h = bf16(P * 2 * I, 903);
-      auto* y = static_cast<char*>(cuda_tools::allocate_device(*be_, size_t(P * H) * 4));
+      auto* y = static_cast<char*>(cuda_tools::allocate_device(*be_, size_t(P * H) * 2));
       std::vector<int> m1, n1, k1, lda1, ldb1, ldc1, m2, n2, k2, lda2, ldb2, ldc2, sizes;
       std::vector<const void*> a1, b1, a2, b2;
       std::vector<void*> c1, c2;
@@ -263,7 +263,7 @@ class OpsBench {
         m2.push_back(int(H)), n2.push_back(r), k2.push_back(int(I));
         lda2.push_back(int(I)), ldb2.push_back(int(2 * I)), ldc2.push_back(int(H));
         a2.push_back(down + int64_t(e) * H * I * 2), b2.push_back(h + row * 2 * I * 2);
-        c2.push_back(y + row * H * 4);
+        c2.push_back(y + row * H * 2);
         ta.push_back(CUBLAS_OP_T), tb.push_back(CUBLAS_OP_N), alpha.push_back(1.0f), beta.push_back(0.0f);
         sizes.push_back(1);
         row += r;
@@ -280,6 +280,7 @@ class OpsBench {
       auto* da2 = static_cast<const void* const*>(device_ptrs(a2));
       auto* db2 = static_cast<const void* const*>(device_ptrs(b2));
       auto* dc2 = static_cast<void* const*>(device_ptrs(c2));
+      std::pair<cublasStatus_t, cublasStatus_t> status;
       auto run = [&] {
         cublasStatus_t s1 = cublasGemmGroupedBatchedEx(
             handle, ta.data(), tb.data(), m1.data(), n1.data(), k1.data(), alpha.data(), da1, CUDA_R_16BF,
@@ -287,13 +288,15 @@ class OpsBench {
             sizes.data(), CUBLAS_COMPUTE_32F);
         cublasStatus_t s2 = cublasGemmGroupedBatchedEx(
             handle, ta.data(), tb.data(), m2.data(), n2.data(), k2.data(), alpha.data(), da2, CUDA_R_16BF,
-            lda2.data(), db2, CUDA_R_16BF, ldb2.data(), beta.data(), dc2, CUDA_R_32F, ldc2.data(), groups,
+            lda2.data(), db2, CUDA_R_16BF, ldb2.data(), beta.data(), dc2, CUDA_R_16BF, ldc2.data(), groups,
             sizes.data(), CUBLAS_COMPUTE_32F);
+        status = {s1, s2};
         return s1 == CUBLAS_STATUS_SUCCESS && s2 == CUBLAS_STATUS_SUCCESS;
       };
       cuda_tools::synchronize(*be_);
       if (!run()) {
-        std::printf("cublasGemmGroupedBatchedEx n=%lld: failed\n", (long long)n);
+        std::printf("cublasGemmGroupedBatchedEx n=%lld: status %d / %d\n", (long long)n, int(status.first),
+                    int(status.second));
         continue;
       }
       cudaDeviceSynchronize();
