@@ -762,7 +762,7 @@ TEST(Generation, ParametersTheServerDoesNotUseAreAccepted) {
   for (json bad : {json{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
                    json{{"response_format",
                          {{"type", "json_schema"},
-                          {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"maxLength", 3}}}}}}}},
+                          {"json_schema", {{"name", "x"}, {"schema", {{"type", "number"}, {"multipleOf", 3}}}}}}}},
                    json{{"modalities", {"text", "audio"}}}, json{{"priority", "urgent"}}}) {
     json body = plain;
     body.update(bad);
