@@ -25,6 +25,10 @@ void Qwen35Model::prepare_mtp() const {
 KvCacheSpec Qwen35Model::mtp_kv_cache_spec(int page_size, int64_t num_pages) const {
   KvCacheSpec spec = kv_cache_spec(page_size, num_pages);
   spec.num_layers = 1;
+  // One layer: its own FP8 scales (1.0 where the checkpoint has none), not the main stack's per-layer list.
+  const AttentionWeights* attn = weights_.mtp ? &weights_.mtp->layer.attn : nullptr;
+  spec.k_scales = {attn && attn->k_scale > 0 ? attn->k_scale : 1.0f};
+  spec.v_scales = {attn && attn->v_scale > 0 ? attn->v_scale : 1.0f};
   return spec;
 }
 

@@ -70,6 +70,27 @@ TEST_P(MtpReference, LogitsAndChainedDraftsMatchHuggingFace) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpReference, ::testing::Values("tiny-moe-mtp", "tiny-moe-vl-layout-mtp"));
 
+// The MTP layer's KV cache is one layer with one pair of scales, whatever the main stack holds (a model of
+// ten attention layers once refused its MTP cache: "10 scales for 1 attention layers").
+TEST(MtpReference, MtpKvCacheOfAStackWithSeveralAttentionLayers) {
+  ModelWeights w = load_for_reference(kFixtures + "tiny-moe-mtp");
+  const auto layers = w.layers;
+  const auto types = w.config.layer_types;
+  w.layers.insert(w.layers.end(), layers.begin(), layers.end());
+  w.config.layer_types.insert(w.config.layer_types.end(), types.begin(), types.end());
+  w.config.num_layers *= 2;
+  ASSERT_EQ(w.config.count_layers(LayerType::FullAttention), 2);
+  auto backend = make_cpu_backend();
+  Qwen35Model model(w, *backend);
+  for (DType dt : {DType::F32, DType::BF16, DType::F8_E4M3}) {
+    KvCacheSpec spec = model.mtp_kv_cache_spec(16, 4);
+    spec.dtype = dt;
+    KvCache kv(spec);
+    EXPECT_EQ(kv.spec().num_layers, 1) << dtype_name(dt);
+    EXPECT_EQ(kv.spec().k_scales.size(), 1u) << dtype_name(dt);
+  }
+}
+
 TEST(MtpReference, ABrokenMtpWeightFailsTheCheck) {
   TempDir out;
   rewrite_checkpoint(kFixtures + "tiny-moe-mtp", out.path(), [](std::vector<TensorWrite>& tensors) {

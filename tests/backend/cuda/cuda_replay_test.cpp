@@ -11,6 +11,7 @@
 #include <cmath>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <numeric>
 
 #include "backend/backend.h"
@@ -45,10 +46,20 @@ class CudaReplay : public ::testing::Test {
   void expect_replays_like_eager(const std::function<std::vector<float>(int side, int i)>& step) {
     for (int i = 0; i < kSteps; ++i) {
       std::vector<float> want = step(0, i), got;
+      landed(want);
       be[1]->run_step(kKey, [&] { got = step(1, i); });
+      landed(got);
       ASSERT_FALSE(want.empty());
       EXPECT_LE(rel_error(got, want), kSame) << "step " << i;
     }
+  }
+
+  // Host results that land only when run_step returns (argmax's ids): `append` adds them to the step's vector
+  // then, from storage the caller keeps alive until that point.
+  void after_step(std::function<void(std::vector<float>&)> append) { after_.push_back(std::move(append)); }
+  void landed(std::vector<float>& result) {
+    for (auto& f : after_) f(result);
+    after_.clear();
   }
 
   // A device copy of host data made inside the step (from the key's pool when recorded), downloaded by
@@ -62,10 +73,16 @@ class CudaReplay : public ::testing::Test {
     return p;
   }
   // Downloads the step's outputs (and any persistent state named) into one vector and frees its buffers.
+  // Inside run_step a download lands when run_step returns, so every download goes straight into the
+  // returned vector's final storage (sized once; moving the vector keeps it) and no temporary may hold one.
   std::vector<float> download_all(int side, std::vector<std::pair<const float*, size_t>> state = {}) {
-    std::vector<float> all;
-    for (auto [p, n] : outputs_) append(side, p, n, all);
-    for (auto [p, n] : state) append(side, p, n, all);
+    std::vector<std::pair<const float*, size_t>> all_parts(outputs_.begin(), outputs_.end());
+    all_parts.insert(all_parts.end(), state.begin(), state.end());
+    size_t total = 0;
+    for (auto [p, n] : all_parts) total += n;
+    std::vector<float> all(total);
+    size_t at = 0;
+    for (auto [p, n] : all_parts) be[side]->download(p, all.data() + at, n), at += n;
     outputs_.clear();
     live_.clear();
     return all;
@@ -76,13 +93,9 @@ class CudaReplay : public ::testing::Test {
   std::deque<std::vector<float>> keep;  // weight vectors outlive the backends' copies of them
 
  private:
-  void append(int side, const float* p, size_t n, std::vector<float>& all) {
-    std::vector<float> h(n);
-    be[side]->download(p, h.data(), n);
-    all.insert(all.end(), h.begin(), h.end());
-  }
   std::deque<Buffer> live_;
   std::vector<std::pair<float*, size_t>> outputs_;
+  std::vector<std::function<void(std::vector<float>&)>> after_;
 };
 
 TEST_F(CudaReplay, ElementwiseAndNorms) {
@@ -149,11 +162,12 @@ TEST_F(CudaReplay, EmbedArgmaxAndLogitsTopk) {
     const std::vector<float> temps = {0.5f + 0.1f * float(i), 1.0f, 2.0f - 0.2f * float(i)};
     float* topk = output(side, size_t(rows * logits_topk_record_floats(k)));
     b.logits_topk(x, rows, cols, temps, k, topk);
-    int32_t ids[rows];
-    b.argmax(x, rows, cols, ids);
-    std::vector<float> all = download_all(side);
-    for (int32_t id : ids) all.push_back(float(id));
-    return all;
+    auto ids = std::make_shared<std::vector<int32_t>>(rows);
+    b.argmax(x, rows, cols, ids->data());
+    after_step([ids](std::vector<float>& out) {
+      for (int32_t id : *ids) out.push_back(float(id));
+    });
+    return download_all(side);
   });
 }
 
