@@ -171,7 +171,7 @@ TEST(Generation, CompletionLogprobs) {
   ASSERT_EQ(lp["tokens"].size(), 2u);
   EXPECT_EQ(lp["tokens"][0], " it");
   EXPECT_EQ(lp["tokens"][1], " was");
-  // The winner has logit 20, the runner-up 10, the rest 0: its logprob is about -4.5e-5.
+  // The winner has logit 20, the runner-up 0, the rest -50: its logprob is about -2e-9.
   EXPECT_NEAR(lp["token_logprobs"][0].get<double>(), 0.0, 1e-3);
   EXPECT_EQ(lp["top_logprobs"][0].size(), 2u);
   EXPECT_EQ(lp["text_offset"][0], 0);
@@ -715,12 +715,12 @@ TEST(Generation, LogitBiasBansAndForcesTokens) {
     return s.post("/v1/completions", body)["choices"][0]["token_ids"];
   };
   EXPECT_EQ(greedy(nullptr), json({script[0], script[1]}));
-  // -100 on the scripted token: the model's runner-up (the next id, 10 logits behind) comes first; the script
+  // -100 on the scripted token: the model's runner-up (the next id, 20 logits behind) comes first; the script
   // then goes on from its second token.
   EXPECT_EQ(greedy({{std::to_string(script[0]), -100}}), json({script[0] + 1, script[1]}));
   // +100 on a token the model gives no weight makes it the greedy one at every step.
   EXPECT_EQ(greedy({{"42", 100}}), json({42, 42}));
-  // Sampled (T=1), +100 still wins: the model's own favourite is 80 logits behind.
+  // Sampled (T=1), +100 still wins: the model's own favourite is 30 logits behind.
   json sampled = s.post("/v1/completions", {{"prompt", kPrompt},
                                             {"max_tokens", 2},
                                             {"temperature", 1},

@@ -59,11 +59,13 @@ class ScriptedModel : public ModelRunner {
       for (int64_t p = 0; p < end; ++p) prefix.push_back(int32_t(row(s.pages, p)[0]));
       for (int64_t len = first; len <= end; ++len) {
         size_t base = out.logits.size();
-        out.logits.resize(base + size_t(vocab_), 0.0f);
-        // A clear winner, and a graded runner-up so top_logprobs has something to show.
+        // A clear winner (20), a graded runner-up so top_logprobs has something to show (0), the rest far below
+        // (-50): at temperature 1, the default, an off-script token is drawn with probability ~e^-20 per token,
+        // not the ~vocab * e^-20 = 3e-4 of a flat rest at 0, which made a full run flaky.
+        out.logits.resize(base + size_t(vocab_), -50.0f);
         int32_t next = next_after(std::span<const int32_t>(prefix.data(), size_t(len)));
         out.logits[base + size_t(next)] = 20.0f;
-        out.logits[base + size_t((next + 1) % vocab_)] = 10.0f;
+        out.logits[base + size_t((next + 1) % vocab_)] = 0.0f;
         ++out.rows;
       }
     }
