@@ -1,16 +1,13 @@
 #include "backend/cuda/fp8_lt.h"
 
-#include <cuda_fp8.h>
-
-#include "backend/cuda/common.cuh"
+#include "backend/cuda/fp8_quant.cuh"
 
 namespace moeserve::cuda {
 namespace {
 
-constexpr int kBlock = 128;  // the scale block along K, of the weights and of the activations
+constexpr int kBlock = kFp8QuantBlock;  // the scale block along K, of the weights and of the activations
 
-// One warp per (token, 128 columns): scale = amax / 448 (1 for an all-zero block), q = e4m3(x / scale).
-// Scales are token-major: s[t * (cols / 128) + b], the layout cuBLASLt's VEC128 mode reads for B.
+// One warp per (token, 128 columns) (fp8_quant.cuh). Scales are token-major: s[t * (cols / 128) + b], the layout cuBLASLt's VEC128 mode reads for B.
 __global__ void quantize_fp8_vec128(const float* __restrict__ x, int64_t n, int64_t cols,
                                     uint8_t* __restrict__ q, float* __restrict__ scales) {
   pdl_begin();
@@ -19,14 +16,9 @@ __global__ void quantize_fp8_vec128(const float* __restrict__ x, int64_t n, int6
   if (w >= n * blocks) return;
   const int lane = threadIdx.x & 31;
   const int64_t t = w / blocks, b = w % blocks, off = t * cols + b * kBlock + 4 * lane;
-  const float4 v = *reinterpret_cast<const float4*>(x + off);
-  const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-  const float scale = amax > 0.0f ? amax / 448.0f : 1.0f, inv = 1.0f / scale;
-  const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v.x * inv, v.y * inv), __NV_SATFINITE,
-                                                           __NV_E4M3);
-  const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v.z * inv, v.w * inv), __NV_SATFINITE,
-                                                           __NV_E4M3);
-  *reinterpret_cast<uint32_t*>(q + off) = uint32_t(lo) | (uint32_t(hi) << 16);
+  const float4 f = *reinterpret_cast<const float4*>(x + off);
+  const float v[4] = {f.x, f.y, f.z, f.w};
+  const float scale = quantize_e4m3_x4(v, q + off);
   if (lane == 0) scales[t * blocks + b] = scale;
 }
 

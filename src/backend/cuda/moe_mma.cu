@@ -11,8 +11,8 @@
 // per K tile, as the reference widens them. The previous WMMA kernel loaded its tiles synchronously through
 // registers and ran at 9-13% of cuBLAS; this one keeps two tiles in flight while the third is multiplied.
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 
+#include "backend/cuda/fp8_quant.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_fp8.cuh"
 
@@ -254,7 +254,7 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma(ExpertTable t, const
 // the dense FP8 prefill path and DeepGEMM do), so the MMA is mma.sync m16n8k32 e4m3 (twice bf16's rate)
 // and no tile is widened. A pipeline stage is one 128-column scale block: its products are summed in `part`
 // and added to the accumulators times the row's activation scale and the slab's weight scale.
-constexpr int kQBK = 128;               // columns (bytes) per stage = the scale block
+constexpr int kQBK = kFp8QuantBlock;    // columns (bytes) per stage = the scale block
 constexpr int kQPitch = kQBK + 16;      // 144 bytes: ldmatrix's 8 rows hit 8 bank groups
 constexpr int kQATile = kBM * kQPitch;  // bytes
 constexpr int kQBTile = kBN * kQPitch;
@@ -377,7 +377,7 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma_fp8(ExpertTable t, c
   store_tile<kGateUp>(acc, first, count, n0, kGateUp ? t.inter : t.hidden, wm, wn, out);
 }
 
-// q[row] = e4m3(in[row] / scale) per 128 columns, scale = amax / 448 (1 for zeros), scales [rows][cols / 128].
+// q[row] = in[row] in e4m3 per 128 columns (fp8_quant.cuh), scales [rows][cols / 128].
 // kGather: in is float32 x and row r is token sorted[r] / top_k's (the gate/up input); else in is bf16 h.
 template <bool kGather>
 __global__ void moe_quantize_rows(const void* __restrict__ in, int64_t rows, int64_t cols, int top_k,
@@ -398,13 +398,7 @@ __global__ void moe_quantize_rows(const void* __restrict__ in, int64_t rows, int
     const uint2 h = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(in) + r * cols + col);
     v[0] = bf16_lo_f(h.x), v[1] = bf16_hi_f(h.x), v[2] = bf16_lo_f(h.y), v[3] = bf16_hi_f(h.y);
   }
-  const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
-  const float scale = amax > 0.0f ? amax / 448.0f : 1.0f, inv = 1.0f / scale;
-  const __nv_fp8x2_storage_t lo =
-      __nv_cvt_float2_to_fp8x2(make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
-  const __nv_fp8x2_storage_t hi =
-      __nv_cvt_float2_to_fp8x2(make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
-  *reinterpret_cast<uint32_t*>(q + r * cols + col) = uint32_t(lo) | (uint32_t(hi) << 16);
+  const float scale = quantize_e4m3_x4(v, q + r * cols + col);
   if (lane == 0) scales[r * blocks + b] = scale;
 }
 
