@@ -1,5 +1,4 @@
 #include "backend/cuda/fp8_lt.h"
-
 #include "backend/cuda/fp8_quant.cuh"
 
 namespace moeserve::cuda {
@@ -7,7 +6,8 @@ namespace {
 
 constexpr int kBlock = kFp8QuantBlock;  // the scale block along K, of the weights and of the activations
 
-// One warp per (token, 128 columns) (fp8_quant.cuh). Scales are token-major: s[t * (cols / 128) + b], the layout cuBLASLt's VEC128 mode reads for B.
+// One warp per (token, 128 columns) (fp8_quant.cuh). Scales are token-major: s[t * (cols / 128) + b], the
+// layout cuBLASLt's VEC128 mode reads for B.
 __global__ void quantize_fp8_vec128(const float* __restrict__ x, int64_t n, int64_t cols,
                                     uint8_t* __restrict__ q, float* __restrict__ scales) {
   pdl_begin();
@@ -84,7 +84,7 @@ bool Fp8LtGemm::supports(const WeightView& w, int64_t n) {
 }
 
 cublasStatus_t Fp8LtGemm::run(const float* x, int64_t n, const WeightView& w, float* y, void* scratch,
-                    cudaStream_t stream) {
+                              cudaStream_t stream) {
   Plan& p = plan(w.rows, w.cols, n);
   auto* q = static_cast<uint8_t*>(scratch);
   auto* sx = reinterpret_cast<float*>(static_cast<char*>(scratch) + align256(size_t(n * w.cols)));
@@ -98,7 +98,7 @@ cublasStatus_t Fp8LtGemm::run(const float* x, int64_t n, const WeightView& w, fl
   cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
   const float one = 1.0f, zero = 0.0f;
   return cublasLtMatmul(lt_, p.desc, &one, w.data, p.a, q, p.b, &zero, y, p.c, y, p.c, &p.algo, workspace_,
-                 workspace_bytes_, stream);
+                        workspace_bytes_, stream);
 }
 
 }  // namespace moeserve::cuda

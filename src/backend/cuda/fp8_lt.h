@@ -28,7 +28,8 @@ class Fp8LtGemm {
   static size_t scratch_bytes(int64_t n, int64_t cols);
   // Quantizes x [n][w.cols] (16-byte aligned) into scratch and enqueues the GEMM into y [n][w.rows] on
   // `stream`; returns cuBLASLt's status.
-  cublasStatus_t run(const float* x, int64_t n, const WeightView& w, float* y, void* scratch, cudaStream_t stream);
+  cublasStatus_t run(const float* x, int64_t n, const WeightView& w, float* y, void* scratch,
+                     cudaStream_t stream);
 
  private:
   struct Plan {

@@ -19,12 +19,12 @@
 namespace moeserve::cuda {
 namespace {
 
-constexpr int kBM = kMoeMmaTile;  // rows of a work item
-constexpr int kBN = 128;          // weight rows per block (gate/up: 64 gate + the 64 up rows beside them)
-constexpr int kBK = 64;           // columns per pipeline stage
-constexpr int kStages = 4;  // two blocks of 4 stages fit an SM's shared memory
-constexpr int kThreads = 128;     // 4 warps: 2 (M) x 2 (N), 32 x 64 each
-constexpr int kPitch = kBK + 8;   // bf16 per shared row: 144 bytes, so ldmatrix's 8 rows hit 8 bank groups
+constexpr int kBM = kMoeMmaTile;     // rows of a work item
+constexpr int kBN = 128;             // weight rows per block (gate/up: 64 gate + the 64 up rows beside them)
+constexpr int kBK = 64;              // columns per pipeline stage
+constexpr int kStages = 4;           // two blocks of 4 stages fit an SM's shared memory
+constexpr int kThreads = 128;        // 4 warps: 2 (M) x 2 (N), 32 x 64 each
+constexpr int kPitch = kBK + 8;      // bf16 per shared row: 144 bytes, so ldmatrix's 8 rows hit 8 bank groups
 constexpr int kRawPitch = kBK + 16;  // FP8 bytes per shared row of a raw weight tile
 
 constexpr int kATileBytes = kBM * kPitch * 2;
@@ -92,8 +92,9 @@ __device__ Slab make_slab(const ExpertTable& t, int e, int64_t n0) {
 // Issues the cp.async copies of K tile k0 into one stage: the item's A rows and the slab's weight rows
 // (rows past the item or the matrix are zero-filled).
 template <WType T>
-__device__ __forceinline__ void load_stage(const __nv_bfloat16* __restrict__ A, int64_t K, int first, int count,
-                                           const Slab& s, int64_t k0, __nv_bfloat16* As, void* Bs) {
+__device__ __forceinline__ void load_stage(const __nv_bfloat16* __restrict__ A, int64_t K, int first,
+                                           int count, const Slab& s, int64_t k0, __nv_bfloat16* As,
+                                           void* Bs) {
   constexpr int kChunksA = kBM * kBK / 8;  // 16-byte chunks of bf16
 #pragma unroll
   for (int c = threadIdx.x; c < kChunksA; c += kThreads) {
@@ -108,7 +109,8 @@ __device__ __forceinline__ void load_stage(const __nv_bfloat16* __restrict__ A, 
     const int r = c / kPerRow, off = (c % kPerRow) * 16;
     const int64_t row = s.row(r);
     const bool live = row < s.rows;
-    const uint8_t* src = (s.half(r) ? s.base[1] : s.base[0]) + ((live ? row : 0) * s.cols + k0) * kBytes + off;
+    const uint8_t* src =
+        (s.half(r) ? s.base[1] : s.base[0]) + ((live ? row : 0) * s.cols + k0) * kBytes + off;
     uint8_t* dst = static_cast<uint8_t*>(Bs) + (T == WType::FP8 ? r * kRawPitch : r * kPitch * 2) + off;
     cp_async16(dst, src, live);
   }
@@ -124,7 +126,8 @@ __device__ __forceinline__ void widen_stage(const Slab& s, int block_rows, int b
     const int64_t row = s.row(r);
     const uint4 v = *reinterpret_cast<const uint4*>(raw + r * kRawPitch + off);
     float sc = 0.0f;
-    if (row < s.rows) sc = (s.half(r) ? s.scale[1] : s.scale[0])[(row / block_rows) * s.scale_cols + (k0 + off) / block_cols];
+    if (row < s.rows)
+      sc = (s.half(r) ? s.scale[1] : s.scale[0])[(row / block_rows) * s.scale_cols + (k0 + off) / block_cols];
     uint32_t w[8];
 #pragma unroll
     for (int p = 0; p < 8; ++p) {
@@ -198,7 +201,8 @@ __device__ __forceinline__ void store_tile(const float (&acc)[2][8][4], int firs
 }
 
 template <WType T, bool kGateUp>
-__global__ __launch_bounds__(kThreads) void moe_grouped_mma(ExpertTable t, const __nv_bfloat16* __restrict__ A,
+__global__ __launch_bounds__(kThreads) void moe_grouped_mma(ExpertTable t,
+                                                            const __nv_bfloat16* __restrict__ A,
                                                             const int32_t* __restrict__ items,
                                                             const int32_t* __restrict__ num_items,
                                                             void* __restrict__ out) {
@@ -241,7 +245,8 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma(ExpertTable t, const
     }
     const int next = kt + kStages - 1;
     if (next < tiles)
-      load_stage<T>(A, K, first, count, s, int64_t(next) * kBK, a_tile(next % kStages), b_stage(next % kStages));
+      load_stage<T>(A, K, first, count, s, int64_t(next) * kBK, a_tile(next % kStages),
+                    b_stage(next % kStages));
     cp_async_commit();
     mma_tile(a_tile(st), Bt, wm, wn, acc);
   }
@@ -261,8 +266,7 @@ constexpr int kQBTile = kBN * kQPitch;
 constexpr int kQSmem = kStages * (kQATile + kQBTile);
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -329,7 +333,8 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma_fp8(ExpertTable t, c
     const int st = kt % kStages;
     const int next = kt + kStages - 1;
     if (next < kblocks)
-      load_stage_q(A, K, first, count, s, int64_t(next) * kQBK, a_tile(next % kStages), b_tile(next % kStages));
+      load_stage_q(A, K, first, count, s, int64_t(next) * kQBK, a_tile(next % kStages),
+                   b_tile(next % kStages));
     cp_async_commit();
 
     const uint8_t* As = a_tile(st);
@@ -340,7 +345,7 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma_fp8(ExpertTable t, c
     for (int m = 0; m < 2; ++m)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) sx[m][hr] = __ldg(a_scales + sa[m][hr] + kt);
-    // Half the warp's n8 tiles at a time, so the block's partial sums take 32 registers, not 64.
+        // Half the warp's n8 tiles at a time, so the block's partial sums take 32 registers, not 64.
 #pragma unroll
     for (int jh = 0; jh < 2; ++jh) {
       float part[2][4][4] = {};
@@ -353,8 +358,8 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma_fp8(ExpertTable t, c
         uint32_t b[2][4];
 #pragma unroll
         for (int jp = 0; jp < 2; ++jp)
-          ldmatrix_x4(b[jp], Bs + (wn * 64 + (2 * jh + jp) * 16 + (lane & 7) + (lane >> 4) * 8) * kQPitch + kk +
-                                 ((lane >> 3) & 1) * 16);
+          ldmatrix_x4(b[jp], Bs + (wn * 64 + (2 * jh + jp) * 16 + (lane & 7) + (lane >> 4) * 8) * kQPitch +
+                                 kk + ((lane >> 3) & 1) * 16);
 #pragma unroll
         for (int jp = 0; jp < 2; ++jp)
 #pragma unroll
@@ -469,9 +474,7 @@ void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int
     // The quantized rows and their scales live in s.xb (2 bytes per gathered input element): x's for gate/up,
     // then h's for down (inter <= hidden).
     auto* q = reinterpret_cast<uint8_t*>(s.xb);
-    auto scales_of = [&](int64_t cols) {
-      return reinterpret_cast<float*>(q + (P * cols + 255) / 256 * 256);
-    };
+    auto scales_of = [&](int64_t cols) { return reinterpret_cast<float*>(q + (P * cols + 255) / 256 * 256); };
     launch_k(moe_quantize_rows<true>, blocks_for(P * (t.hidden / kQBK) * 32, 256), 256, 0, stream,
              static_cast<const void*>(x), P, t.hidden, top_k, s.sorted, q, scales_of(t.hidden));
     launch_grouped_fp8<true>(t, q, scales_of(t.hidden), s, max_items, h, stream);
