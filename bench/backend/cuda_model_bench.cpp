@@ -17,6 +17,7 @@
 #include "dummy_model.h"
 #include "engine/sampler.h"
 #include "model/qwen35.h"
+#include "storage/kv_cache.h"
 
 namespace moeserve {
 namespace {
@@ -30,6 +31,7 @@ struct Options {
   int64_t context = 256;  // prompt length before decode steps
   bool profile = true;
   bool fp8 = false;
+  std::string kv_cache_dtype = "auto";  // as serve: bf16 on the GPU
   // How decode steps pick their tokens: full-greedy / full-top-p (every logits row to the host, the sampler
   // there), greedy / top-p (rows reduced to candidates on the GPU), none (logits downloaded, nothing
   // sampled).
@@ -37,6 +39,7 @@ struct Options {
   // lm_head scale: random weights give flat rows; ~10 peaks them like a trained model's.
   float logit_scale = 1.0f;
   std::vector<int> profile_batches = {1};  // decode batch sizes of the per-op profile
+  int64_t profile_prompt = 1024;           // prompt length of the per-op prefill profile
 };
 
 using Clock = std::chrono::steady_clock;
@@ -50,6 +53,7 @@ int run(const Options& o) {
     return 0;
   }
   auto be = make_backend("cuda");
+  const DType kv_dtype = resolve_kv_cache_dtype(parse_kv_cache_dtype(o.kv_cache_dtype), be->cache_memory());
   const ModelConfig config = dummy::moe_config(o.preset, o.layers);
   const DType dt = o.fp8 ? DType::F8_E4M3 : DType::BF16;
   uint64_t seed = 1;
@@ -77,6 +81,7 @@ int run(const Options& o) {
   Qwen35Model model(weights, *be);
   cuda_tools::synchronize(*be);
   std::printf("%s\n", config.summary().c_str());
+  std::printf("KV cache: %s\n", kv_cache_dtype_name(kv_dtype).data());
   std::printf("%s weights: %.1f GB made on the GPU in %.1f s\n", dtype_name(dt).data(), weight_bytes / 1e9,
               seconds_since(t0));
   std::printf("%s\n", cuda_tools::device_summary(*be).c_str());
@@ -91,7 +96,7 @@ int run(const Options& o) {
 
   // Prefill: one sequence, one forward over the whole prompt (logits of the last token).
   for (int64_t T : o.prompts) {
-    KvCache kv(model.kv_cache_spec(page_size, T / page_size + 2));
+    KvCache kv(model.kv_cache_spec(page_size, T / page_size + 2, kv_dtype));
     StateCache state(model.state_cache_spec(1));
     std::vector<int32_t> pages(size_t(kv.spec().num_pages));
     std::iota(pages.begin(), pages.end(), 0);
@@ -123,7 +128,7 @@ int run(const Options& o) {
     for (int B : o.batches) {
       const int64_t cap = o.context + o.decode_steps + 8;
       const int64_t pages_per_seq = (cap + page_size - 1) / page_size;
-      KvCache kv(model.kv_cache_spec(page_size, pages_per_seq * B));
+      KvCache kv(model.kv_cache_spec(page_size, pages_per_seq * B, kv_dtype));
       StateCache state(model.state_cache_spec(B));
       std::vector<std::vector<int32_t>> pages(static_cast<size_t>(B));
       std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B)), next(static_cast<size_t>(B));
@@ -187,21 +192,22 @@ int run(const Options& o) {
 
   if (o.profile) {
     // Per-op time of one decode step and one prefill (each op synchronised: costs, not overlapped wall time).
-    KvCache kv(model.kv_cache_spec(page_size, 1024 / page_size + 4));
+    KvCache kv(model.kv_cache_spec(page_size, o.profile_prompt / page_size + 4, kv_dtype));
     StateCache state(model.state_cache_spec(1));
     std::vector<int32_t> pages(size_t(kv.spec().num_pages));
     std::iota(pages.begin(), pages.end(), 0);
-    auto prompt = ids(1024, 9);
+    auto prompt = ids(o.profile_prompt, 9);
     SequenceStep step{prompt, 0, pages, 0, false};
     cuda_tools::set_profiling(*be, true);
     model.forward({&step, 1}, kv, state);
-    std::printf("\nper-op GPU time, prefill of 1024 tokens:\n%s", cuda_tools::profile_report(*be).c_str());
+    std::printf("\nper-op GPU time, prefill of %ld tokens:\n%s", long(o.profile_prompt),
+                cuda_tools::profile_report(*be).c_str());
     cuda_tools::reset_profile(*be);
     cuda_tools::set_profiling(*be, false);
     for (int B : o.profile_batches) {
       // B sequences of 256 tokens (prefilled unprofiled), then 4 profiled decode steps with candidates.
       const int64_t per_seq = 256 / page_size + 2;
-      KvCache dkv(model.kv_cache_spec(page_size, per_seq * B));
+      KvCache dkv(model.kv_cache_spec(page_size, per_seq * B, kv_dtype));
       StateCache dstate(model.state_cache_spec(B));
       std::vector<std::vector<int32_t>> dpages(static_cast<size_t>(B)), dprompts(static_cast<size_t>(B));
       std::vector<SequenceStep> steps(static_cast<size_t>(B));
@@ -244,7 +250,11 @@ int main(int argc, char** argv) {
   app.add_option("--context", o.context, "prompt tokens per sequence before decoding")->capture_default_str();
   app.add_flag("!--no-profile", o.profile, "skip the per-op profile");
   app.add_flag("--fp8", o.fp8, "FP8 block-scaled weights (embeddings and lm_head bf16)");
+  app.add_option("--kv-cache-dtype", o.kv_cache_dtype, "auto (bf16 here), float32, bfloat16 or fp8_e4m3")
+      ->capture_default_str();
   app.add_option("--sampling", o.sampling, "full-greedy, full-top-p, greedy, top-p (T=1, p=0.9) or none")
+      ->capture_default_str();
+  app.add_option("--profile-prompt", o.profile_prompt, "prompt length of the per-op prefill profile")
       ->capture_default_str();
   app.add_option("--profile-batches", o.profile_batches, "decode batch sizes of the per-op profile")
       ->capture_default_str();

@@ -2,7 +2,8 @@
 // ceilings (a device-to-device copy for bandwidth, a large bf16 GEMM for tensor-core rate; both measured here
 // first). Each figure is the median over replays of a CUDA graph holding many calls, with inputs rotated so
 // that repeated calls do not run out of L2. Prints one table. Arguments name the sections to run (all by
-// default): gemv moe moe_block fp8_probe grouped_probe attention gdn; `once` runs each FP8 decode op once, for a profiler.
+// default): gemv small_gemm moe moe_block fp8_probe grouped_probe attention gdn; `once` runs each FP8 decode
+// op once, for a profiler.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -39,8 +40,8 @@ class OpsBench {
  public:
   OpsBench() : be_(make_backend("cuda")) {}
 
-  // `sections` names the groups to run (gemv moe moe_block fp8_probe grouped_probe attention gdn); empty: all. The
-  // ceilings always run: the rates are given against them.
+  // `sections` names the groups to run (gemv moe moe_block fp8_probe grouped_probe attention gdn); empty:
+  // all. The ceilings always run: the rates are given against them.
   void run(const std::vector<std::string>& sections) {
     auto on = [&](const char* name) {
       return sections.empty() || std::find(sections.begin(), sections.end(), name) != sections.end();
@@ -48,6 +49,7 @@ class OpsBench {
     std::printf("%s\n", cuda_tools::device_summary(*be_).c_str());
     ceilings();
     if (on("gemv")) gemv();
+    if (on("small_gemm")) small_gemm();
     if (on("moe")) moe();
     if (on("moe_block")) moe_block();
     if (on("fp8_probe")) fp8_blockscaled_probe();
@@ -106,6 +108,30 @@ class OpsBench {
     gemm_rate_ = 2.0 * N * N * N / s;
     add("ceiling: matmul 8192^3 (cuBLAS bf16, incl. rounding x)", s,
         fmt::format("{:7.1f} TFLOP/s", gemm_rate_ / 1e12));
+  }
+
+  // Matrices of few outputs (the router, the GDN b/a gates) at batched-decode and prefill sizes, float32
+  // throughout: the streaming GEMV below small_sgemm_min_rows, cuBLAS's SGEMM over a float32 copy from it.
+  // MOESERVE_CUDA_SMALL_SGEMM_MIN_ROWS=0 measures the GEMV at every size.
+  void small_gemm() {
+    for (auto [name, rows] : {std::pair<const char*, int64_t>{"router", 256}, {"gdn b/a", 32}}) {
+      const int64_t cols = 2048;
+      Matrix w = matrix(DType::BF16, rows, cols, 30);
+      for (int64_t n : {16, 32, 64, 128, 256, 1024, 8192}) {
+        float* x = floats(size_t(n * cols), 31);
+        auto y = be_->allocate(size_t(n * rows));
+        be_->matmul(x, n, w, y.get());  // an eager first call makes the float32 copy
+        const int reps = 8;
+        double s = time_replays(
+            *be_,
+            [&] {
+              for (int r = 0; r < reps; ++r) be_->matmul(x, n, w, y.get());
+            },
+            reps, key_++);
+        add(fmt::format("small gemm {} {}x{} bf16 n={}", name, rows, cols, n), s,
+            tflops(2.0 * n * rows * cols, s));
+      }
+    }
   }
 
   void gemv() {
@@ -212,8 +238,9 @@ class OpsBench {
 
   // The experts of a prefill as cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx, bf16, one group per
   // expert), the alternative issue 19 names to the backend's own grouped kernel (moe_mma.cu): gate and up as
-  // one [2I][H] matrix per expert, then down (bf16 out: cuBLAS takes bf16 C with bf16 A and B here). cuBLAS needs every expert's row count on the host, so this
-  // path would cost the MoE a device-to-host sync per layer; measured here without it, routing uniform.
+  // one [2I][H] matrix per expert, then down (bf16 out: cuBLAS takes bf16 C with bf16 A and B here). cuBLAS
+  // needs every expert's row count on the host, so this path would cost the MoE a device-to-host sync per
+  // layer; measured here without it, routing uniform.
   void cublas_grouped_probe() {
     const int E = 256, k = 8;
     const int64_t H = 2048, I = 512;
@@ -513,10 +540,14 @@ class OpsBench {
         float* q = floats(size_t(T * heads * hd), 44);
         float* kn = floats(size_t(T * kvh * hd), 45);
         auto out = be_->allocate(size_t(T * heads * hd));
-        double s = bench::time_direct(
-            *be_, [&] { be_->paged_attention(q, kn, kn, T, heads, kvh, hd, 0, pages, kv, 0, out.get()); });
-        add(fmt::format("attention prefill T={} ({} KV, fp32 SIMT)", T, kv_name), s,
-            tflops(4.0 * heads * hd * T * (T + 1) / 2, s));
+        for (bool tc : {false, true}) {
+          setenv("MOESERVE_CUDA_ATTENTION_TC", tc ? "1" : "0", 1);
+          double s = bench::time_direct(
+              *be_, [&] { be_->paged_attention(q, kn, kn, T, heads, kvh, hd, 0, pages, kv, 0, out.get()); });
+          add(fmt::format("attention prefill T={} ({} KV, {})", T, kv_name, tc ? "bf16 mma" : "fp32 SIMT"), s,
+              tflops(4.0 * heads * hd * T * (T + 1) / 2, s));
+        }
+        unsetenv("MOESERVE_CUDA_ATTENTION_TC");
       }
     }
   }

@@ -205,7 +205,7 @@ Footprint footprint(const ModelConfig& c, const Precision& p, int tp, int prefil
   const double hv = double(c.linear_num_value_heads) / tp;
   f.state_per_sequence =
       double(gdn) * (hv * c.linear_key_head_dim * c.linear_value_head_dim * bytes_of(p.state) +
-                     double(c.linear_conv_dim()) / tp * (c.linear_conv_kernel - 1) * 2.0);
+                     double(c.linear_conv_dim()) / tp * (c.linear_conv_kernel - 1) * bytes_of(p.state));
 
   // Working memory: ~1 GiB of CUDA context, cuBLAS and NCCL buffers; fp32 activations of one prefill chunk
   // (the residual stream and its norms, the widest projection output, the routed experts' gate/up outputs);

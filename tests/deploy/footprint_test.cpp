@@ -51,8 +51,11 @@ TEST(Footprint, Qwen35_35B_MatchesThePublishedShape) {
   EXPECT_NEAR(bf16.weights / 2 / 1e9, 34.7, 0.1);
   // 10 attention layers x K,V x 2 KV heads x 256 x 2 B = 20 KiB per token (qwen35-model.md §3.3).
   EXPECT_DOUBLE_EQ(bf16.kv_per_token, 10.0 * 2 * 2 * 256 * 2);
-  // 30 GDN layers x 32 heads x 128 x 128 fp32, plus the bf16 conv window of 3 x 8192 channels.
-  EXPECT_DOUBLE_EQ(bf16.state_per_sequence, 30.0 * 32 * 128 * 128 * 4 + 30.0 * 8192 * 3 * 2);
+  // 30 GDN layers x 32 heads x 128 x 128 fp32, plus the conv window of 3 x 8192 channels in the same dtype
+  // (storage/state_cache.h: a slot stores both in the pool's dtype).
+  EXPECT_DOUBLE_EQ(bf16.state_per_sequence, 30.0 * 32 * 128 * 128 * 4 + 30.0 * 8192 * 3 * 4);
+  Footprint bf16_state = footprint(*cfg, Precision{"bf16", "bf16", "bf16"}, 1, 8192, 16);
+  EXPECT_DOUBLE_EQ(bf16_state.state_per_sequence, bf16.state_per_sequence / 2);
 
   // FP8: 1 byte per projection weight, BF16 embeddings/lm_head/router: ~35.8 GB (the FP8 release is ~35 GB).
   Footprint fp8 = footprint(*cfg, Precision{"fp8", "bf16", "fp32"}, 1, 8192, 16);

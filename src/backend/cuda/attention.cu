@@ -1,12 +1,18 @@
-// Paged causal attention (GQA) in float32 over a cache of float32, bf16 or FP8 E4M3: new K/V rows are
-// rounded into their pages, then a flash-style kernel streams key tiles through shared memory with an online
-// softmax, widening the stored elements to float32 in registers as it loads each tile. A block takes 32 query
-// rows (token × head of one KV group) and one KV head, so each K/V tile it loads serves the whole group;
-// decode-sized calls split the key range over blocks (split-K) and a second kernel combines the partial
-// results.
+// Paged causal attention (GQA) over a cache of float32, bf16 or FP8 E4M3: new K/V rows are rounded into
+// their pages, then a flash-style kernel streams key tiles through shared memory with an online softmax. A
+// block takes a run of query rows (token × head of one KV group) and one KV head, so each K/V tile it loads
+// serves the whole group; calls with few row blocks split the key range over blocks (split-K) and a second
+// kernel combines the partial results.
+//
+// Two kernels. The float32 one (32 rows, SIMT FMAs, stored elements widened to float32 in registers) is the
+// exact path and takes decode. Prefill in bf16 mode (AttentionArgs::tensor_cores, at least one 128-row block,
+// head_dim 64..256) takes attention_tc_kernel: Q, K, V and the probabilities rounded to bf16 for mma.sync
+// m16n8k16 with float32 accumulation and a float32 softmax, as FlashAttention-2 does.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/mma_fp8.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -279,6 +285,245 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
   }
 }
 
+// ---- prefill on tensor cores -----------------------------------------------------------------------------
+constexpr int kTcRows = 128;  // query rows per block: 16 per warp
+constexpr int kTcKeys = 64;   // keys per tile
+constexpr int kTcThreads = 256;
+
+// bf16 per shared row: 16 bytes of skew, so the 8 row addresses of an ldmatrix fall in 8 bank groups.
+template <int D>
+constexpr int tc_pitch() {
+  return D + 8;
+}
+// Q, then two stages of K and V tiles.
+template <int D>
+constexpr size_t tc_smem_bytes() {
+  return size_t(kTcRows + 4 * kTcKeys) * tc_pitch<D>() * sizeof(__nv_bfloat16);
+}
+
+// Eight consecutive cache elements of type T as eight bf16 (a 16-byte shared store). bf16 pages skip this:
+// they are copied as they are with cp.async.
+template <typename T>
+struct KvBf16x8;
+template <>
+struct KvBf16x8<float> {
+  static __device__ __forceinline__ uint4 load(const void* base, int64_t i, float) {
+    const auto* p = reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+    const float4 a = __ldg(p), b = __ldg(p + 1);
+    return make_uint4(bf16x2_bits(a.x, a.y), bf16x2_bits(a.z, a.w), bf16x2_bits(b.x, b.y),
+                      bf16x2_bits(b.z, b.w));
+  }
+};
+template <>
+struct KvBf16x8<__nv_fp8_e4m3> {
+  static __device__ __forceinline__ uint4 load(const void* base, int64_t i, float scale) {
+    const uint2 w = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + i));
+    uint32_t out[4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const float2 f = fp8x2_to_float2((h < 2 ? w.x : w.y) >> (16 * (h & 1)));
+      out[h] = bf16x2_bits(f.x * scale, f.y * scale);
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+  }
+};
+
+// Key tile `tile` into one stage (Ks, then Vs): bf16 pages by cp.async (in flight until the caller waits for
+// the group), other dtypes widened through registers. Keys past kv_len are zeros: a stale page's bits could
+// be NaN, and 0 · NaN would reach O.
+template <int D, typename KV>
+__device__ __forceinline__ void load_kv_tile(const AttentionArgs& a, int kvh, int64_t tile, int64_t kv_len,
+                                             __nv_bfloat16* Ks, __nv_bfloat16* Vs) {
+  constexpr int P = tc_pitch<D>();
+  constexpr int C8 = D / 8;  // 16-byte chunks per bf16 row
+  const int64_t row_elems = int64_t(a.kv_heads) * D;
+  for (int l = threadIdx.x; l < kTcKeys * C8; l += kTcThreads) {
+    const int j = l / C8, c = l % C8;
+    const int64_t kp = tile * kTcKeys + j;
+    const bool live = kp < kv_len;
+    const int64_t off =
+        live ? (int64_t(a.pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_elems +
+                   int64_t(kvh) * D + c * 8
+             : 0;
+    if constexpr (std::is_same_v<KV, __nv_bfloat16>) {
+      cp_async16(Ks + j * P + c * 8, static_cast<const __nv_bfloat16*>(a.k_cache) + off, live);
+      cp_async16(Vs + j * P + c * 8, static_cast<const __nv_bfloat16*>(a.v_cache) + off, live);
+    } else {
+      uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+      if (live) {
+        kv = KvBf16x8<KV>::load(a.k_cache, off, a.k_scale);
+        vv = KvBf16x8<KV>::load(a.v_cache, off, a.v_scale);
+      }
+      *reinterpret_cast<uint4*>(Ks + j * P + c * 8) = kv;
+      *reinterpret_cast<uint4*>(Vs + j * P + c * 8) = vv;
+    }
+  }
+}
+
+// Warp w owns query rows 16w..16w+15 of the block. Per key tile: S = Q Kᵀ (16 x 64, float32 accumulators),
+// masked and scaled, the online softmax in the accumulators' registers (a row's four owners reduce by
+// shuffles), then O += P V with P's accumulator layout reused as the A fragment. Thread (g, q) =
+// (lane / 4, lane % 4) holds rows g and g + 8: S element e of n8 tile j is key 8j + 2q + (e % 2) of row
+// g + 8(e / 2); O element e of n8 tile j is dimension 8j + 2q + (e % 2) of the same rows. The next tile's K
+// and V load into the other stage while this one is multiplied.
+template <int D, typename KV>
+__global__ __launch_bounds__(kTcThreads) void attention_tc_kernel(AttentionArgs a) {
+  pdl_begin();
+  constexpr int P = tc_pitch<D>();
+  constexpr int C8 = D / 8;  // 16-byte chunks per bf16 row
+  extern __shared__ uint4 smem_tc[];
+  auto* Qs = reinterpret_cast<__nv_bfloat16*>(smem_tc);
+  auto* stages = Qs + kTcRows * P;  // stage s: K tile at stages + 2s·kTcKeys·P, its V tile after it
+  auto stage_k = [&](int64_t tile) { return stages + int(tile & 1) * 2 * kTcKeys * P; };
+
+  const int G = a.heads / a.kv_heads;
+  const int kvh = blockIdx.y;
+  const int64_t start = *a.start_pos;
+  const int64_t rows_total = a.T * G;
+  const int64_t rho0 = int64_t(blockIdx.x) * kTcRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q4 = lane % 4;
+
+  // Keys this block needs: up to the last query's position; this split takes a contiguous run of tiles.
+  const int64_t t_last = (imin(rho0 + kTcRows, rows_total) - 1) / G;
+  const int64_t kv_len = start + t_last + 1;
+  const int64_t tiles = (kv_len + kTcKeys - 1) / kTcKeys;
+  const int64_t per_split = (tiles + a.splits - 1) / a.splits;
+  const int64_t tile_begin = int64_t(blockIdx.z) * per_split, tile_end = imin(tiles, tile_begin + per_split);
+  if (tile_begin < tile_end)
+    load_kv_tile<D, KV>(a, kvh, tile_begin, kv_len, stage_k(tile_begin), stage_k(tile_begin) + kTcKeys * P);
+  cp_async_commit();
+
+  for (int l = threadIdx.x; l < kTcRows * C8; l += kTcThreads) {
+    const int r = l / C8, c = l % C8;
+    const int64_t rho = rho0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (rho < rows_total) {
+      const int64_t t = rho / G;
+      const int h = kvh * G + int(rho % G);
+      const auto* src = reinterpret_cast<const float4*>(a.q + (t * a.heads + h) * D + c * 8);
+      const float4 x0 = src[0], x1 = src[1];
+      v = make_uint4(bf16x2_bits(x0.x, x0.y), bf16x2_bits(x0.z, x0.w), bf16x2_bits(x1.x, x1.y),
+                     bf16x2_bits(x1.z, x1.w));
+    }
+    *reinterpret_cast<uint4*>(Qs + r * P + c * 8) = v;
+  }
+
+  int64_t qpos[2];
+  bool rvalid[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t rho = rho0 + warp * 16 + g + 8 * i;
+    rvalid[i] = rho < rows_total;
+    qpos[i] = start + rho / G;
+  }
+  const float scale = 1.0f / sqrtf(float(D));
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float o[D / 8][4] = {};
+
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    const int64_t kt0 = tile * kTcKeys;
+    if (tile + 1 < tile_end)
+      load_kv_tile<D, KV>(a, kvh, tile + 1, kv_len, stage_k(tile + 1), stage_k(tile + 1) + kTcKeys * P);
+    cp_async_commit();  // one group per iteration (empty at the last), so "all but one" is this tile's
+    cp_async_wait<1>();
+    __syncthreads();  // this tile's stage (and Qs, on the first pass) is written by every thread
+    const __nv_bfloat16* Ks = stage_k(tile);
+    const __nv_bfloat16* Vs = Ks + kTcKeys * P;
+
+    float s[kTcKeys / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D; kk += 16) {
+      uint32_t qa[4];
+      ldmatrix_x4(qa, Qs + (warp * 16 + (lane & 15)) * P + kk + (lane >> 4) * 8);
+#pragma unroll
+      for (int jp = 0; jp < kTcKeys / 16; ++jp) {
+        uint32_t b[4];  // n8 tiles 2jp and 2jp+1, k halves 0 and 1 each
+        ldmatrix_x4(b, Ks + (jp * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk + ((lane >> 3) & 1) * 8);
+        mma_bf16(s[2 * jp], qa[0], qa[1], qa[2], qa[3], b[0], b[1]);
+        mma_bf16(s[2 * jp + 1], qa[0], qa[1], qa[2], qa[3], b[2], b[3]);
+      }
+    }
+
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kTcKeys / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        const int64_t kp = kt0 + 8 * j + 2 * q4 + (e & 1);
+        s[j][e] = rvalid[i] && kp <= qpos[i] ? s[j][e] * scale : -INFINITY;
+        mx[i] = fmaxf(mx[i], s[j][e]);
+      }
+    float alpha[2], m_use[2], psum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m_run[i], mx[i]);
+      // A row with no visible key yet keeps m = -inf: its probabilities are 0 and nothing is rescaled.
+      m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[i] = __expf(m_run[i] - m_use[i]);
+      m_run[i] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < kTcKeys / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = __expf(s[j][e] - m_use[e / 2]);
+        psum[e / 2] += s[j][e];
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 1);
+      psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 2);
+      l_run[i] = l_run[i] * alpha[i] + psum[i];
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[j][0] *= alpha[0], o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+    }
+
+#pragma unroll
+    for (int kj = 0; kj < kTcKeys / 16; ++kj) {
+      const uint32_t pa[4] = {
+          bf16x2_bits(s[2 * kj][0], s[2 * kj][1]), bf16x2_bits(s[2 * kj][2], s[2 * kj][3]),
+          bf16x2_bits(s[2 * kj + 1][0], s[2 * kj + 1][1]), bf16x2_bits(s[2 * kj + 1][2], s[2 * kj + 1][3])};
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t b[4];  // keys 16kj..+15 of dimensions 16np..+7 and 16np+8..+15
+        ldmatrix_x4_trans(
+            b, Vs + (kj * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + np * 16 + (lane >> 4) * 8);
+        mma_bf16(o[2 * np], pa[0], pa[1], pa[2], pa[3], b[0], b[1]);
+        mma_bf16(o[2 * np + 1], pa[0], pa[1], pa[2], pa[3], b[2], b[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before the next iteration loads into it
+  }
+
+  const int64_t out_rows = a.T * a.heads;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t rho = rho0 + warp * 16 + g + 8 * i;
+    if (rho >= rows_total) continue;
+    const int64_t row = (rho / G) * a.heads + kvh * G + rho % G;
+    if (a.splits == 1) {
+      const float inv = 1.0f / l_run[i];
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<float2*>(a.out + row * D + 8 * j + 2 * q4) =
+            make_float2(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+    } else {
+      const int64_t prow = int64_t(blockIdx.z) * out_rows + row;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<float2*>(a.part_out + prow * D + 8 * j + 2 * q4) =
+            make_float2(o[j][2 * i], o[j][2 * i + 1]);
+      if (q4 == 0) a.part_m[prow] = m_run[i], a.part_l[prow] = l_run[i];
+    }
+  }
+}
+
 // One block per output row: weights e^(m_s − M) over the splits.
 __global__ void attention_combine_kernel(AttentionArgs a) {
   pdl_begin();
@@ -363,6 +608,25 @@ void launch_for(const AttentionArgs& a, cudaStream_t s) {
   launch_k(attention_kernel<D, KV>, grid, kThreads, bytes, s, a);
 }
 
+template <int D, typename KV>
+void launch_tc_for(const AttentionArgs& a, cudaStream_t s) {
+  constexpr size_t bytes = tc_smem_bytes<D>();
+  static bool configured = false;  // the attribute is per kernel and process
+  if (!configured) {
+    cudaFuncSetAttribute(attention_tc_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    configured = true;
+  }
+  const int G = a.heads / a.kv_heads;
+  const dim3 grid(blocks_for(a.T * G, kTcRows), unsigned(a.kv_heads), unsigned(a.splits));
+  launch_k(attention_tc_kernel<D, KV>, grid, kTcThreads, bytes, s, a);
+}
+
+// The tensor-core kernel: asked for (bf16 mode), not batched decode, at least one full block of rows.
+bool takes_tensor_cores(const AttentionArgs& a) {
+  const bool dim_ok = a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256;
+  return a.tensor_cores && !a.batch && dim_ok && a.T * (a.heads / a.kv_heads) >= kTcRows;
+}
+
 template <typename KV>
 void launch_typed(const AttentionArgs& a, cudaStream_t s) {
   const int row_elems = a.kv_heads * a.head_dim;
@@ -370,6 +634,20 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
   if (a.k_new)
     launch_k(kv_write_kernel<KV>, blocks_for(writes, 256), 256, 0, s, a.k_new, a.v_new, a.T, row_elems,
              a.start_pos, a.pages, a.page_size, a.k_cache, a.v_cache, a.k_scale, a.v_scale);
+  if (takes_tensor_cores(a)) {
+    switch (a.head_dim) {
+      case 64:
+        launch_tc_for<64, KV>(a, s);
+        break;
+      case 128:
+        launch_tc_for<128, KV>(a, s);
+        break;
+      default:
+        launch_tc_for<256, KV>(a, s);
+        break;
+    }
+    return;
+  }
   switch (a.head_dim) {
     case 32:
       launch_for<32, KV>(a, s);

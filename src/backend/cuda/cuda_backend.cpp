@@ -86,6 +86,18 @@ int64_t fp8_mma_max_rows() {
   static const int64_t v = env_rows("MOESERVE_CUDA_FP8_MMA_MAX_ROWS", 64);
   return v;
 }
+// Matrices of few outputs (router, gates, GDN b/a) take cuBLAS's float32 GEMM over a float32 copy of the
+// weights from this many rows (cuda_ops_bench small_gemm measures both sides); fewer rows stream the weights.
+// MOESERVE_CUDA_SMALL_SGEMM_MIN_ROWS moves it (0 turns the path off).
+int64_t small_sgemm_min_rows() {
+  static const int64_t v = env_rows("MOESERVE_CUDA_SMALL_SGEMM_MIN_ROWS", 64);
+  return v;
+}
+// Prefill attention in bf16 mode on tensor cores (attention.cu); MOESERVE_CUDA_ATTENTION_TC=0 keeps the
+// float32 kernel. Read at every call, so that cuda_ops_bench compares both in one process.
+bool attention_tensor_cores() {
+  return env_rows("MOESERVE_CUDA_ATTENTION_TC", 1) != 0;
+}
 // Prefill sequences of at least this many tokens run the chunked delta rule on tensor cores; shorter ones
 // the recurrent kernel (cuda_ops_bench gdn measures both). Read at every call so that the benchmark can
 // compare the two forms in one process (MOESERVE_CUDA_GDN_CHUNKED_MIN=0 takes the chunked form always).
@@ -445,6 +457,15 @@ class CudaBackend final : public Backend, public CacheMemory {
       return;
     }
     if (n <= kGemvMaxRows || v.rows < kTensorCoreMinRows) {
+      // From small_sgemm_min_rows() rows the GEMV re-reads the matrix once per group of 8 rows (167 us for
+      // the router at 1,024 tokens); cuBLAS's SGEMM is as exact (float32 products and sums, no TF32).
+      if (const float* wf = n > kGemvMaxRows ? widened_f32(v, n) : nullptr) {
+        const float one = 1.0f, zero = 0.0f;
+        if (auto op = start(label, x, n, wf, y))
+          CUBLAS_OK(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(v.rows), int(n), int(v.cols), &one, wf,
+                                int(v.cols), x, int(v.cols), &zero, y, int(v.rows)));
+        return;
+      }
       if (auto op = start(label, x, n, v.data, y)) cuda::launch_gemv(x, n, v, y, stream_);
       return;
     }
@@ -560,6 +581,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     set_cache(a, kv, layer);
     a.out = out;
     a.splits = cuda::attention_splits(T, heads, kv_heads, capacity);
+    a.tensor_cores = !fp32_matmul_ && attention_tensor_cores();
     Buffer part_out, part_m, part_l;
     if (a.splits > 1) {
       const size_t rows = size_t(a.splits * T * heads);
@@ -570,7 +592,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     }
     if (auto op = start("paged_attention", q, k_new, v_new, T, heads, kv_heads, head_dim, a.start_pos,
                         a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type, a.k_scale, a.v_scale, out,
-                        a.splits, a.part_out))
+                        a.splits, a.part_out, a.tensor_cores))
       cuda::launch_attention(a, stream_);
   }
 
@@ -1207,6 +1229,22 @@ class CudaBackend final : public Backend, public CacheMemory {
     return v;
   }
 
+  // A float32 copy of a matrix of few outputs for cuBLAS's SGEMM, made on its first use by n rows at or above
+  // small_sgemm_min_rows(); nullptr when that path is off. A step being recorded or refilled makes no copy
+  // (it would be a node of the graph): it uses one made by an earlier eager step, or streams the weights,
+  // and the op's signature tells a replay which of the two was recorded.
+  const float* widened_f32(const WeightView& v, int64_t n) {
+    const int64_t min_rows = small_sgemm_min_rows();
+    if (min_rows <= 0 || n < min_rows || v.rows >= kTensorCoreMinRows) return nullptr;
+    auto it = widened_.find(v.data);
+    if (it != widened_.end()) return it->second;
+    if (mode_ == Mode::Capture || mode_ == Mode::Fill) return nullptr;
+    auto* f = static_cast<float*>(weights_arena_.allocate(size_t(v.rows * v.cols) * sizeof(float)));
+    cuda::launch_dequant_f32(v, f, stream_);
+    widened_.emplace(v.data, f);
+    return f;
+  }
+
   const float* upload_floats(const float* host, size_t n) {
     void* d = weights_arena_.allocate(n * sizeof(float));
     copy_in(d, host, n * sizeof(float));
@@ -1307,6 +1345,7 @@ class CudaBackend final : public Backend, public CacheMemory {
   StagingArena eager_;
   std::unordered_map<const void*, WeightView> weights_;
   std::unordered_map<const void*, const float*> vectors_;
+  std::unordered_map<const void*, const float*> widened_;  // float32 copies of few-output matrices
   std::unordered_map<const void*, ExpertTableEntry> expert_tables_;
   std::map<const char*, CacheRange> caches_;  // cache allocations by base address
 

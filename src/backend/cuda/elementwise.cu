@@ -167,6 +167,14 @@ __global__ void dequant_bf16_kernel(WeightView w, __nv_bfloat16* __restrict__ ou
   out[i] = __float2bfloat16_rn(weight_at<T>(w, i / w.cols, i % w.cols));
 }
 
+template <WType T>
+__global__ void dequant_f32_kernel(WeightView w, float* __restrict__ out) {
+  pdl_begin();
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= w.rows * w.cols) return;
+  out[i] = weight_at<T>(w, i / w.cols, i % w.cols);
+}
+
 // FP8 rows of whole 16-byte vectors: one vector per thread, its block scale found by a shift (the
 // per-element kernel above divides four times per element). The same values: bf16(fp8 * scale).
 __global__ void dequant_fp8_vec_kernel(WeightView w, __nv_bfloat16* __restrict__ out) {
@@ -336,6 +344,13 @@ void launch_dequant_bf16(const WeightView& w, uint16_t* out, cudaStream_t s) {
   }
   MOESERVE_DISPATCH_WTYPE(w.type, T,
                           launch_k(dequant_bf16_kernel<T>, blocks_for(n, kThreads), kThreads, 0, s, w, o));
+}
+
+void launch_dequant_f32(const WeightView& w, float* out, cudaStream_t s) {
+  const int64_t n = w.rows * w.cols;
+  if (n == 0) return;
+  MOESERVE_DISPATCH_WTYPE(w.type, T,
+                          launch_k(dequant_f32_kernel<T>, blocks_for(n, kThreads), kThreads, 0, s, w, out));
 }
 
 void launch_argmax(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t s) {

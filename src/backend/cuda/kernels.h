@@ -40,6 +40,7 @@ void launch_add_sigmoid_gated(float* out, const float* y, const float* gate, int
 void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);
 void launch_to_bf16(const float* x, uint16_t* out, int64_t n, cudaStream_t s);
 void launch_dequant_bf16(const WeightView& w, uint16_t* out, cudaStream_t s);
+void launch_dequant_f32(const WeightView& w, float* out, cudaStream_t s);  // exact: fp8 * scale in float32
 void launch_argmax(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t s);
 // Backend::logits_topk (sampling.cu): temperatures [rows] and scratch (logits_topk_scratch_bytes) in device
 // memory; out [rows][kLogitsTopkHeaderFloats + 2k], k ≤ kLogitsTopkMax.
@@ -133,6 +134,9 @@ struct AttentionArgs {
   // pages_stride entries. k_new == nullptr: the new rows are in the cache already (attention_decode_prep).
   bool batch = false;
   int64_t pages_stride = 0;
+  // Prefill may round Q, K, V and the probabilities to bf16 for tensor cores (the backend's bf16 mode);
+  // false keeps the float32 kernel.
+  bool tensor_cores = false;
 };
 bool attention_head_dim_supported(int head_dim);
 // Splits of the key range for a call (static per shape, so that recorded steps stay valid).

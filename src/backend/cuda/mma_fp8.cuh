@@ -1,6 +1,7 @@
 #pragma once
 // The tensor-core step shared by the FP8 matmul kernels (gemm_fp8.cu, and the MoE's in moe.cu): FP8 weight
-// rows against float32 activations on mma.sync m16n8k16 bf16 with float32 accumulation.
+// rows against float32 activations on mma.sync m16n8k16 bf16 with float32 accumulation. The bf16 MMA and
+// ldmatrix wrappers serve every mma.sync kernel (moe_mma.cu, attention.cu).
 //
 // The weights enter the MMA exactly (e4m3 -> f16 -> float -> bf16 loses nothing: 4 significant bits). The
 // activations are bf16: one term (rounded, as the cuBLAS path rounds them) or three (x = hi + mid + lo, each
@@ -46,10 +47,39 @@ __device__ __forceinline__ uint32_t fp8_pair(const uint4& v, int p) {
 
 // Not volatile: the MMA is a pure function of its registers, so the compiler may schedule it among the
 // fragment loads instead of stalling on each in program order.
+// 16 bytes global -> shared without passing through registers; !valid writes zeros (src is not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const uint32_t s = uint32_t(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// Four 8x8 bf16 matrices from shared memory, one row address per lane (lanes 8i..8i+7: matrix i), as
+// mma.sync fragments; _trans delivers each matrix transposed (a row-major [k][n] tile as B's columns).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  const uint32_t s = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  const uint32_t s = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));

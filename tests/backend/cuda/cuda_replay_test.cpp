@@ -190,6 +190,10 @@ TEST_F(CudaReplay, MatmulsOfEveryDtype) {
       float* ys[] = {output(side, size_t(n * ws[0].rows)), output(side, size_t(n * second.rows))};
       b.matmul_n(x, n, pair, ys);
     }
+    // A matrix of few outputs at 96 rows: cuBLAS's SGEMM over the float32 copy the first (eager) step made.
+    const int64_t n = 96;
+    float* x = input(side, random_vector(size_t(n * cols), uint32_t(900 + i)));
+    b.matmul(x, n, second, output(side, size_t(n * second.rows)));
     return download_all(side);
   });
 }
