@@ -380,7 +380,9 @@ __global__ __launch_bounds__(kTcThreads) void attention_tc_kernel(AttentionArgs 
   const int kvh = blockIdx.y;
   const int64_t start = *a.start_pos;
   const int64_t rows_total = a.T * G;
-  const int64_t rho0 = int64_t(blockIdx.x) * kTcRows;
+  // Causal: the last rows see the most keys. Blocks start in index order, so the longest go first and the
+  // short ones fill the tail of the grid.
+  const int64_t rho0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTcRows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q4 = lane % 4;
 
   // Keys this block needs: up to the last query's position; this split takes a contiguous run of tiles.

@@ -17,6 +17,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <array>
@@ -476,7 +477,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     }
     // FP8 above the MMA kernel's rows (prefill): FP8 tensor cores, activations quantized per 1x128 block.
     if (v.type == WType::FP8 && fp8_lt_enabled() && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-        fp8_lt_->supports(v, n)) {
+        fp8_lt_supports(v, n)) {
       auto scratch = allocate((cuda::Fp8LtGemm::scratch_bytes(n, v.cols) + 3) / 4);
       if (auto op = start(label, x, n, v.data, v.scale_inv, y, scratch.get()))
         CUBLAS_OK(fp8_lt_->run(x, n, v, y, scratch.get(), stream_));
@@ -942,7 +943,9 @@ class CudaBackend final : public Backend, public CacheMemory {
   }
 
  private:
-  static constexpr size_t kCublasWorkspace = size_t(32) << 20;
+  // cuBLAS's and cuBLASLt's workspace: the block-scaled FP8 GEMM's algorithms at prefill sizes ask for more
+  // than 32 MiB (with 32 the heuristic found none and every FP8 prefill matmul fell back to widening).
+  static constexpr size_t kCublasWorkspace = size_t(64) << 20;
 
   // ---- op scopes: signature, eager error checks and profiling ------------------------------------------
   class OpScope {
@@ -992,6 +995,21 @@ class CudaBackend final : public Backend, public CacheMemory {
     const bool issue = mode_ != Mode::Fill && !(mode_ == Mode::Capture && step_failed_);
     const bool timed = issue && profiling_ && depth_ == 0;
     return OpScope(this, name, issue, timed);
+  }
+
+  // Whether cuBLASLt has a block-scaled FP8 GEMM for this shape; says once when it has none, since the
+  // fallback (weights widened to bf16) moves 5 bytes per weight and FP8 prefill then gains nothing.
+  bool fp8_lt_supports(const WeightView& v, int64_t n) {
+    if (fp8_lt_->supports(v, n)) return true;
+    static bool said = false;
+    if (!said) {
+      said = true;
+      spdlog::warn(
+          "cuBLASLt has no block-scaled FP8 GEMM for {}x{} at {} rows: FP8 prefill matmuls widen the "
+          "weights to bf16",
+          v.rows, v.cols, n);
+    }
+    return false;
   }
 
   // "matmul ROWSxCOLS" for the profile (stable storage, so the op name can be a const char*).

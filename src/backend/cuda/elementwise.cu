@@ -99,6 +99,39 @@ __global__ void gated_rms_norm_kernel(const float* o, const float* __restrict__ 
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = w[i] * (orow[i] * scale) * siluf_(zrow[i]);
 }
 
+// A warp per row for rows of whole float4s up to 512 floats (the GDN's 128-wide heads: a block per row left
+// 31 of 32 threads' work to one warp and made prefill's 262,144 rows latency-bound): each lane keeps its
+// float4s of o in registers, so o may be out.
+constexpr int kNormWarpRowsPerBlock = 4;
+__global__ void gated_rms_norm_warp_kernel(const float* o, const float* __restrict__ z, int64_t rows,
+                                           int64_t dim, const float* __restrict__ w, float eps, float* out) {
+  pdl_begin();
+  const int64_t row = blockIdx.x * int64_t(kNormWarpRowsPerBlock) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32, vecs = int(dim / 4);
+  const auto* orow = reinterpret_cast<const float4*>(o + row * dim);
+  const auto* zrow = reinterpret_cast<const float4*>(z + row * dim);
+  float4 v[4];
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = lane + 32 * i;
+    v[i] = c < vecs ? orow[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+    ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+  }
+  const float scale = 1.0f / sqrtf(warp_sum(ss) / float(dim) + eps);
+  auto* dst = reinterpret_cast<float4*>(out + row * dim);
+  const auto* w4 = reinterpret_cast<const float4*>(w);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = lane + 32 * i;
+    if (c >= vecs) break;
+    const float4 g = zrow[c], ww = w4[c];
+    dst[c] = make_float4(ww.x * (v[i].x * scale) * siluf_(g.x), ww.y * (v[i].y * scale) * siluf_(g.y),
+                         ww.z * (v[i].z * scale) * siluf_(g.z), ww.w * (v[i].w * scale) * siluf_(g.w));
+  }
+}
+
 int row_threads(int64_t dim) {
   int t = 32;
   while (t < 256 && t * 4 < dim) t *= 2;
@@ -290,6 +323,13 @@ void launch_add_rms_norm(float* h, const float* y, int64_t rows, int64_t dim, co
 void launch_gated_rms_norm(const float* o, const float* z, int64_t rows, int64_t dim, const float* w,
                            float eps, float* out, cudaStream_t s) {
   if (rows == 0) return;
+  const bool aligned = reinterpret_cast<uintptr_t>(o) % 16 == 0 && reinterpret_cast<uintptr_t>(z) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (aligned && dim % 4 == 0 && dim <= 512) {
+    launch_k(gated_rms_norm_warp_kernel, blocks_for(rows, kNormWarpRowsPerBlock), kNormWarpRowsPerBlock * 32,
+             0, s, o, z, rows, dim, w, eps, out);
+    return;
+  }
   launch_k(gated_rms_norm_kernel, unsigned(rows), row_threads(dim), 0, s, o, z, dim, w, eps, out);
 }
 

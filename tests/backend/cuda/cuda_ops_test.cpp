@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "backend/cuda/cuda_backend.h"
+#include "common/dtype.h"
 #include "cuda_test_util.h"
 #include "model/qwen35.h"
 
@@ -88,6 +89,21 @@ TEST_F(CudaOps, Fp8PrefillMatmulQuantizesActivationsPerBlock) {
       const auto got = to_host(*gpu, yd.get(), ref.size());
       EXPECT_LT(rel_error(got, ref), kFp8Activations) << rows << "x" << cols << " n=" << n;
       for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(got[size_t(3 * rows + r)], 0.0f) << "zero row, col " << r;
+      // The FP8 tensor cores' own numerics, not a fallback: the CPU over the activations as the path
+      // quantizes them (per 1x128 block, scale amax / 448, e4m3) agrees to float32 summation and the odd
+      // rounding tie; the bf16-widened path would miss by e4m3's ~3%.
+      auto xq = x;
+      for (int64_t i = 0; i < n * cols; i += 128) {
+        float amax = 0.0f;
+        for (int64_t c = i; c < i + 128; ++c) amax = std::max(amax, std::abs(x[size_t(c)]));
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        for (int64_t c = i; c < i + 128; ++c)
+          xq[size_t(c)] = fp8_e4m3_to_f32(f32_to_fp8_e4m3(x[size_t(c)] / scale)) * scale;
+      }
+      std::vector<float> ref_q(ref.size());
+      cpu->matmul(xq.data(), n, w, ref_q.data());
+      EXPECT_LT(rel_error(got, ref_q), 5e-3)
+          << rows << "x" << cols << " n=" << n << " (quantized activations)";
     }
   }
 }
@@ -96,7 +112,7 @@ TEST_F(CudaOps, NormsRopeAndElementwise) {
   const int64_t rows = 5, dim = 256, stride = 512, H = 2048;
   // Weight vectors live for the whole test: the backend keys its device copies by host address.
   auto x = random_vector(size_t(rows * stride), 1), w = random_vector(dim, 2, 0.1f);
-  auto wn = random_vector(H, 6, 0.1f), wg = random_vector(128, 9);
+  auto wn = random_vector(H, 6, 0.1f);
   auto al = random_vector(32, 16), dt = random_vector(32, 17);
   const int heads = 3, hd = 256, rot = 64;
   std::vector<float> inv_freq;
@@ -127,13 +143,18 @@ TEST_F(CudaOps, NormsRopeAndElementwise) {
     EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), kExact) << "add_rms_norm out";
     EXPECT_LT(rel_error(to_host(*gpu, hd.get(), h.size()), h_ref), kExact) << "add_rms_norm residual";
   }
-  {  // gated norm, in place
-    auto o = random_vector(12 * 128, 7), z = random_vector(12 * 128, 8);
+  // Gated norm, in place: a warp per row for dims of whole float4s up to 512 (several rows per block, a
+  // partial last block, lanes past a short row idle), a block per row otherwise. The backend keeps a weight
+  // vector's upload by address, so each case's weights live to the end of the test.
+  std::deque<std::vector<float>> norm_weights;
+  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{12, 128}, {37, 96}, {5, 512}, {9, 130}}) {
+    auto o = random_vector(size_t(rows * dim), 7), z = random_vector(size_t(rows * dim), 8);
+    const auto& wd = norm_weights.emplace_back(random_vector(size_t(dim), 9));
     auto ref = o;
-    cpu->gated_rms_norm(ref.data(), z.data(), 12, 128, wg.data(), 1e-6f, ref.data());
+    cpu->gated_rms_norm(ref.data(), z.data(), rows, dim, wd.data(), 1e-6f, ref.data());
     auto od = to_device(*gpu, o), zd = to_device(*gpu, z);
-    gpu->gated_rms_norm(od.get(), zd.get(), 12, 128, wg.data(), 1e-6f, od.get());
-    EXPECT_LT(rel_error(to_host(*gpu, od.get(), ref.size()), ref), kExact) << "gated_rms_norm";
+    gpu->gated_rms_norm(od.get(), zd.get(), rows, dim, wd.data(), 1e-6f, od.get());
+    EXPECT_LT(rel_error(to_host(*gpu, od.get(), ref.size()), ref), kExact) << "gated_rms_norm " << dim;
   }
   {  // partial RoPE at a large position
     auto q = random_vector(size_t(5 * heads * hd), 10), ref = q;
