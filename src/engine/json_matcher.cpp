@@ -54,6 +54,11 @@ enum : uint8_t {
   kNumNoPhase
 };
 
+// Without bounds an exponent has at most two digits (1e99): past that a double, which JSON parsers in Python
+// and JavaScript read numbers into, may be infinite (1e400), and the number would not compare as one. (Under
+// bounds, NumberBounds keeps numbers within a double's magnitudes already.)
+constexpr uint32_t kMaxExponentDigits = 2;
+
 bool number_accepting(uint8_t phase) {
   return phase == kNumZero || phase == kNumInt || phase == kNumFrac || phase == kNumExp;
 }
@@ -226,6 +231,7 @@ JsonMatcher::Step JsonMatcher::feed_value(State& s, uint8_t c) const {
   if ((c == '-' || is_digit(c)) && (n.types & (Node::kNumber | Node::kInteger))) {
     f.kind = Frame::kNumber;
     f.phase = kNumStart;
+    f.length = 0;  // exponent digits
     s.number.clear();
     return Step::kPass;
   }
@@ -261,6 +267,7 @@ JsonMatcher::Step JsonMatcher::feed_number(State& s, uint8_t c) const {
   Frame& f = s.stack.back();
   const Node& n = schema_->node(f.node);
   if (const uint8_t next = number_phase(f.phase, c, !(n.types & Node::kNumber)); next != kNumNoPhase) {
+    if (next == kNumExp && n.bounds < 0 && ++f.length > kMaxExponentDigits) return Step::kReject;
     f.phase = next;
     if (n.bounds < 0) return Step::kTaken;
     ++work_;
