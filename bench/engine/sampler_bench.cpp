@@ -247,6 +247,74 @@ void BM_FieldSampleToken(benchmark::State& state) {
 }
 BENCHMARK(BM_FieldSampleToken)->ArgName("field")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
 
+// A forced tool call in Qwen3.5's XML format (qwen3_coder) at the same vocabulary: the positions of a call's
+// text after its opening `<tool_call>\n<function=`, with "required" over two tools (the name still to
+// choose). Arg: 0 the function name, 1 inside a raw string parameter, 2 between parameters (the next name or
+// </function>), 3 an integer parameter in [1, 14], 4 a string parameter under a pattern.
+const char* const kCallTexts[] = {
+    "",
+    "forecast>\n<parameter=city>\nPar",
+    "forecast>\n<parameter=city>\nParis\n</parameter>\n",
+    "forecast>\n<parameter=days>\n",
+    "forecast>\n<parameter=zip>\n12",
+};
+
+std::shared_ptr<const JsonSchema> call_schema() {
+  const auto parameters = nlohmann::json::parse(R"({"type": "object", "properties": {
+      "city": {"type": "string", "maxLength": 40}, "days": {"type": "integer", "minimum": 1, "maximum": 14},
+      "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}, "zip": {"type": "string", "pattern": "^\\d{5}$"}},
+      "required": ["city"]})");
+  return JsonSchema::tool_call({{"forecast", parameters}, {"lookup", {{"type", "object"}}}},
+                               JsonSchema::CallFormat::kQwenXml, false);
+}
+
+void BM_CallVocabMask(benchmark::State& state) {
+  const auto vocab = big_table();
+  JsonMatcher m(call_schema());
+  if (!m.advance(kCallTexts[state.range(0)])) state.SkipWithError("the prefix is not accepted");
+  size_t allowed = 0;
+  const uint64_t work = m.work();
+  for (auto _ : state) {
+    allowed = 0;
+    for (size_t id = 0; id < vocab->bytes.size(); ++id)
+      allowed += vocab->usable[id] && m.accepts(vocab->bytes[id]);
+    benchmark::DoNotOptimize(allowed);
+  }
+  state.counters["allowed"] = double(allowed);
+  state.counters["work_per_token"] =
+      double(m.work() - work) / double(state.iterations()) / double(vocab->bytes.size());
+  state.SetItemsProcessed(state.iterations() * int64_t(vocab->bytes.size()));
+}
+BENCHMARK(BM_CallVocabMask)->ArgName("at")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
+
+// sample() at temperature 1 over a nearly flat row at those positions.
+void BM_CallSampleToken(benchmark::State& state) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  auto c = std::make_shared<JsonConstraint>();
+  c->schema = call_schema();
+  c->vocab = big_table();
+  p.json = c;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> noise(0, 0.05f);
+  std::vector<float> row(kQwen35Vocab);
+  for (float& l : row) l = noise(rng);
+  const std::vector<int32_t> prompt = {1};
+  std::vector<int32_t> prefix;
+  for (char ch : std::string_view(kCallTexts[state.range(0)]))
+    prefix.push_back(int32_t(std::find(c->vocab->bytes.begin(), c->vocab->bytes.end(), std::string(1, ch)) -
+                             c->vocab->bytes.begin()));
+  for (auto _ : state) {
+    state.PauseTiming();
+    Sampler s(p, prompt, 7);
+    s.constrain({kEos});
+    for (int32_t t : prefix) s.accept(t);
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(s.sample(row, {}));
+  }
+}
+BENCHMARK(BM_CallSampleToken)->ArgName("at")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace moeserve
 

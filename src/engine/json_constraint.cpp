@@ -7,6 +7,8 @@
 #include <map>
 #include <set>
 
+#include "common/parameter_type.h"
+
 namespace moeserve {
 
 using json = nlohmann::json;
@@ -31,6 +33,10 @@ uint8_t literal_type(const json& v) {
     case json::value_t::number_integer:
     case json::value_t::number_unsigned:
       return Node::kNumber | Node::kInteger;
+    case json::value_t::object:
+      return Node::kObject;
+    case json::value_t::array:
+      return Node::kArray;
     default:
       return 0;
   }
@@ -50,6 +56,22 @@ std::string describe(const json& v) {
   if (v.is_object()) return "an object";
   if (v.is_array()) return "an array";
   return v.dump();  // a number, boolean or null: short
+}
+
+// A regular expression that matches exactly the given strings: each character escaped (letters, digits and
+// non-ASCII stand for themselves), so its automaton is their trie.
+std::string literal_alternation(const std::vector<std::string>& strings) {
+  std::string pattern;
+  for (const std::string& text : strings) {
+    if (!pattern.empty()) pattern += '|';
+    pattern += "(?:";
+    for (char c : text) {
+      if (uint8_t(c) < 0x80 && !std::isalnum(uint8_t(c))) pattern += '\\';
+      pattern += c;
+    }
+    pattern += ')';
+  }
+  return pattern;
 }
 
 // Adds the trie of `strings` (text, tag) to `t` and returns its root. Built breadth-first from the sorted
@@ -108,7 +130,13 @@ uint8_t JsonSchemaNode::need() const {
 class SchemaCompiler {
  public:
   SchemaCompiler(JsonSchema& out, const json& document, const JsonSchemaLimits& limits)
-      : out_(out), document_(document), limits_(limits) {}
+      : out_(out), document_(&document), limits_(limits) {}
+
+  // Another document compiled into the same schema (a tool call's functions): its $refs are its own.
+  void set_document(const json& document) {
+    document_ = &document;
+    refs_.clear();
+  }
 
   int compile(const json& s) {
     // Before anything recurses: the C++ stack grows by one compile() per level.
@@ -153,7 +181,8 @@ class SchemaCompiler {
                                                    "maxLength",
                                                    "pattern",
                                                    "format",
-                                                   "prefixItems",      "propertyNames",
+                                                   "prefixItems",
+                                                   "propertyNames",
                                                    "additionalItems"};
       if (!kKnown.count(it.key()))
         fail(it.key(),
@@ -187,10 +216,10 @@ class SchemaCompiler {
     return index;
   }
 
-  // After compile(): the tries of what the root reaches, every node's need, and the checks that every
-  // reference and the root have a value that fits.
-  void finish() {
-    build_tries();
+  // After compile(): the tries of what the roots reach, every node's need, and the checks that every
+  // reference and the roots have a value that fits.
+  void finish(const std::vector<int>& roots = {0}) {
+    build_tries(roots);
     compute_needs();
     for (const auto& [target, index] : refs_)
       if (out_.nodes_[size_t(index)].need() == Node::kUnbounded)
@@ -199,10 +228,48 @@ class SchemaCompiler {
                                       "(required properties, minItems) contains itself without end, or nests "
                                       "deeper",
                                       brief(target), kMaxNesting));
-    if (out_.nodes_[0].need() == Node::kUnbounded)
-      throw SchemaError(
-          "max_nesting", "",
-          fmt::format("every value of the schema nests more than {} containers deep", kMaxNesting));
+    for (int root : roots)
+      if (out_.nodes_[size_t(root)].need() == Node::kUnbounded)
+        throw SchemaError(
+            "max_nesting", "",
+            fmt::format("every value of the schema nests more than {} containers deep", kMaxNesting));
+  }
+
+  // A function's arguments (the object node `root`, compiled from `parameters`) as Qwen3.5's XML parameters:
+  // the trie of "<parameter=NAME>\n" and "</function>", and per property the node of its value as the tool
+  // parser reads the text back (common/parameter_type.h): raw text for a string (its rule, or its enum's,
+  // without '<', which would end the value), JSON of the one type the parser converts to otherwise.
+  void xml_arguments(int root, const json& parameters) {
+    Node& object = out_.nodes_[size_t(root)];
+    if (!(object.types & Node::kObject) || object.values != kNone)
+      fail("parameters", "a function's parameters must be an object schema");
+    if (object.properties.size() >= kMaxObjectProperties)
+      fail("properties", fmt::format("at most {} parameters are supported", kMaxObjectProperties - 1));
+    std::vector<std::string> entries;
+    const json* listed = parameters.contains("properties") ? &parameters["properties"] : nullptr;
+    size_t p = 0;
+    if (listed)
+      for (auto it = listed->begin(); it != listed->end(); ++it, ++p) {
+        const std::string& name = it.key();
+        Enter enter(path_, "properties." + brief(name));
+        if (name.empty() || name.find_first_of("<>\n") != std::string::npos)
+          fail("properties",
+               fmt::format("the parameter name '{}' cannot be written as <parameter=NAME>", brief(name)));
+        entries.push_back("<parameter=" + name + ">\n");
+        const int value =
+            xml_value(out_.nodes_[size_t(root)].properties[p], parameter_type(it.value(), parameters));
+        out_.nodes_[size_t(root)].xml_values.push_back(value);
+      }
+    entries.push_back("</function>");
+    Tagged tagged;
+    for (size_t i = 0; i < entries.size(); ++i) tagged.emplace_back(entries[i], int8_t(i));
+    out_.nodes_[size_t(root)].xml_names = build_trie(out_.names_, std::move(tagged), true);
+  }
+
+  // A function's name as the call writes it after its forced opening, and where its arguments start.
+  static std::string call_name_text(const std::string& name, JsonSchema::CallFormat format) {
+    if (format == JsonSchema::CallFormat::kQwenXml) return name + ">\n";
+    return json(name).dump().substr(1) + ", \"arguments\": ";
   }
 
  private:
@@ -305,7 +372,7 @@ class SchemaCompiler {
     const json* body = nullptr;
     try {
       const json::json_pointer ptr(target.substr(1));
-      if (document_.contains(ptr)) body = &document_.at(ptr);
+      if (document_->contains(ptr)) body = &document_->at(ptr);
     } catch (const json::exception&) {
       fail("$ref", fmt::format("'{}' is not a JSON pointer", brief(target)));
     }
@@ -372,28 +439,142 @@ class SchemaCompiler {
       }
       if (merged_set >= 0)
         fail(keyword, fmt::format("{} mixing enum/const and typed alternatives is not supported", keyword));
-      const uint8_t cls =
-          n.types & (Node::kNumber | Node::kInteger) ? uint8_t(n.types | Node::kNumber) : n.types;
-      if (classes & cls)
-        fail(keyword, fmt::format("{} alternatives of the same type are not supported (each must start "
-                                  "differently: object, array, string, number, boolean, null)",
+      const uint8_t cls = n.types & (Node::kNumber | Node::kInteger)
+                              ? uint8_t(n.types | Node::kNumber | Node::kInteger)
+                              : n.types;
+      const uint8_t overlap = classes & cls;
+      if (!merge_same_class(merged, n, overlap))
+        fail(keyword, fmt::format("{} alternatives of the same type are not supported here (each must start "
+                                  "differently: object, array, string, number, boolean, null; strings that "
+                                  "differ only in pattern/format, and an integer with an unbounded number, "
+                                  "are)",
                                   keyword));
       classes |= cls;
-      merged.types |= n.types;
-      if (n.types & Node::kObject) {
+      const uint8_t fresh = n.types & uint8_t(~overlap);  // what merge_same_class did not take
+      merged.types |= fresh;
+      if (fresh & Node::kObject) {
         merged.names = n.names, merged.properties = n.properties;
         merged.required = n.required, merged.additional = n.additional;
       }
-      if (n.types & Node::kArray) {
+      if (fresh & Node::kArray) {
         merged.items = n.items, merged.min_items = n.min_items, merged.max_items = n.max_items;
         merged.prefix_items = n.prefix_items;
       }
-      if (n.types & (Node::kNumber | Node::kInteger)) merged.bounds = n.bounds;
-      if (n.types & Node::kString) merged.string_rule = n.string_rule;
+      if (fresh & (Node::kNumber | Node::kInteger)) merged.bounds = n.bounds;
+      if (fresh & Node::kString) merged.string_rule = n.string_rule;
     }
     out_.nodes_[size_t(index)] = std::move(merged);
     node_set_[size_t(index)] = merged_set;
     return index;
+  }
+
+  int xml_value(int property, const ParameterType& wire) {
+    const Node n = out_.nodes_[size_t(property)];
+    const uint8_t nullable = wire.nullable ? (n.types & Node::kNull) : 0;
+    Node v;
+    if (wire.type.empty() || wire.type == "string") {
+      // The text stays a string ("null" is null only where the schema says nullable, and then allowed).
+      if (!(n.types & Node::kString) || (wire.type.empty() && (n.types | Node::kInteger) != Node::kAll))
+        fail("type",
+             "the qwen3_coder format writes this parameter as text, which its schema does not allow "
+             "(give it a type)");
+      std::shared_ptr<const RegexDfa> dfa;
+      int64_t min = 0, max = -1;
+      if (const int set = node_set_[size_t(property)]; set >= 0) {
+        std::vector<std::string> strings;
+        size_t bytes = 0;
+        for (const std::string& text : sets_[size_t(set)])
+          if (const json value = json::parse(text); value.is_string()) {
+            strings.push_back(value.get<std::string>());
+            bytes += strings.back().size();
+          }
+        if (strings.empty()) fail("enum", "no value of the enum/const is a string");
+        dfa = RegexDfa::compile(literal_alternation(strings), false, bytes + 2);
+      } else if (n.string_rule >= 0) {
+        const StringRule& rule = out_.strings_[size_t(n.string_rule)];
+        dfa = rule.automaton(), min = rule.min_length(), max = rule.max_length();
+      }
+      static const auto no_angle = RegexDfa::compile("[^<]*", false);
+      dfa = dfa ? RegexDfa::intersect(*dfa, *no_angle, false, limits_.max_pattern_states * 16) : no_angle;
+      try {
+        out_.strings_.emplace_back(dfa, min, max);
+      } catch (const Error& e) {
+        fail("maxLength", e.what());
+      }
+      const StringRule& rule = out_.strings_.back();
+      if (!rule.viable(rule.start(), 0))
+        fail("pattern",
+             "no string without '<' passes this parameter's schema (the qwen3_coder format ends a "
+             "value at '<')");
+      v.types = Node::kString;
+      v.string_rule = int(out_.strings_.size()) - 1;
+      v.raw = true;
+    } else {
+      static const std::map<std::string, uint8_t> kTypes = {{"integer", Node::kInteger},
+                                                            {"number", Node::kNumber},
+                                                            {"boolean", Node::kBoolean},
+                                                            {"object", Node::kObject},
+                                                            {"array", Node::kArray}};
+      auto t = kTypes.find(wire.type);
+      const uint8_t want = t == kTypes.end() ? 0 : t->second;
+      const uint8_t has = want == Node::kInteger ? Node::kInteger | Node::kNumber : want;
+      if (!(n.types & has))
+        fail("type",
+             fmt::format("the qwen3_coder format reads this parameter as {}, which its schema does not "
+                         "allow",
+                         wire.type.empty() ? "text" : wire.type));
+      v = n;
+      v.types = uint8_t(want | nullable);
+    }
+    const int index = add();
+    node_set_[size_t(index)] = v.raw ? -1 : node_set_[size_t(property)];
+    out_.nodes_[size_t(index)] = std::move(v);
+    return index;
+  }
+
+  // A later alternative `n` of anyOf overlaps `merged` in the classes `overlap` (types that start alike). One
+  // node still holds their union exactly when the overlap is only: null or boolean (the same values);
+  // strings with the same lengths, whose automata are then united; an integer and a number without bounds
+  // (the number covers it). Containers never: the matcher would have to follow both.
+  bool merge_same_class(Node& merged, const Node& n, uint8_t overlap) {
+    if (!overlap) return true;
+    if (overlap & (Node::kObject | Node::kArray)) return false;
+    if (overlap & Node::kNumber) {
+      const bool m_open = (merged.types & Node::kNumber) && merged.bounds < 0;
+      const bool n_open = (n.types & Node::kNumber) && n.bounds < 0;
+      const bool same_integers =
+          !(merged.types & Node::kNumber) && !(n.types & Node::kNumber) && merged.bounds < 0 && n.bounds < 0;
+      if (!m_open && !n_open && !same_integers) return false;
+      if (!same_integers) {
+        merged.types = uint8_t((merged.types & ~Node::kInteger) | Node::kNumber);
+        merged.bounds = -1;
+      }
+    }
+    if (overlap & Node::kString) {
+      if (merged.string_rule < 0 || n.string_rule < 0) {
+        merged.string_rule = -1;  // one of them is any string
+      } else if (merged.string_rule != n.string_rule) {
+        const StringRule& a = out_.strings_[size_t(merged.string_rule)];
+        const StringRule& b = out_.strings_[size_t(n.string_rule)];
+        if (a.min_length() != b.min_length() || a.max_length() != b.max_length()) return false;
+        std::shared_ptr<const RegexDfa> both;
+        if (a.automaton() && b.automaton()) {
+          // A or B = all but (all but A, but B): the automata offer intersection and difference.
+          static const auto all = RegexDfa::compile("[\\s\\S]*", false);
+          const size_t room = limits_.max_pattern_states * 16;
+          try {
+            const auto not_a = RegexDfa::intersect(*all, *a.automaton(), true, room);
+            both = RegexDfa::intersect(*all, *RegexDfa::intersect(*not_a, *b.automaton(), true, room), true,
+                                       room);
+          } catch (const Error& e) {
+            fail("pattern", e.what());
+          }
+        }
+        out_.strings_.emplace_back(both, a.min_length(), a.max_length());
+        merged.string_rule = int(out_.strings_.size()) - 1;
+      }
+    }
+    return true;
   }
 
   void literals(const json& s, Node& n, int index) {
@@ -421,7 +602,14 @@ class SchemaCompiler {
     };
     auto take = [&](const json& v) {
       const uint8_t t = literal_type(v);
-      if (!t) fail(keyword, "only strings, numbers, booleans and null are supported in enum/const");
+      if (!t) fail(keyword, "a value of enum/const is not JSON");
+      // An object or array value is matched as its canonical text; the schema's own container keywords
+      // would have to be checked on it, which is not done.
+      for (const char* k :
+           {"properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems"})
+        if ((t & (Node::kObject | Node::kArray)) && s.contains(k))
+          fail(keyword,
+               fmt::format("an object or array in {} together with '{}' is not supported", keyword, k));
       if ((t & n.types) && passes(v)) set.push_back(text_of(v, keyword));
     };
     if (values) {
@@ -469,8 +657,9 @@ class SchemaCompiler {
       key += "f" + name + " ";
       dfa = format_automaton(name);
       if (!dfa)
-        fail("format", fmt::format("'format' {} is not supported (date-time, date, time, uuid, email, uri, ipv4 are)",
-                                   describe(*format)));
+        fail("format",
+             fmt::format("'format' {} is not supported (date-time, date, time, uuid, email, uri, ipv4 are)",
+                         describe(*format)));
     }
     if (pattern) {
       if (!pattern->is_string()) fail("pattern", "pattern must be a string");
@@ -561,8 +750,9 @@ class SchemaCompiler {
   void object(const json& s, Node& n) {
     // Keys are strings whatever propertyNames says; only that much of it (zod's records write it) is taken.
     if (auto names = s.find("propertyNames"); names != s.end()) {
-      const bool plain = names->is_boolean() ? names->get<bool>()
-                                             : names->is_object() && (names->empty() || *names == json{{"type", "string"}});
+      const bool plain = names->is_boolean()
+                             ? names->get<bool>()
+                             : names->is_object() && (names->empty() || *names == json{{"type", "string"}});
       if (!plain) fail("propertyNames", "propertyNames other than {\"type\": \"string\"} is not supported");
     }
     std::map<std::string_view, int> index;  // property name -> its index
@@ -641,12 +831,12 @@ class SchemaCompiler {
 
   // The value trie of each enum/const set the root reaches (sets of alternatives merged away are not built),
   // and the true/false/null words of each node that allows them.
-  void build_tries() {
+  void build_tries(const std::vector<int>& roots) {
     std::vector<int> built(sets_.size(), -1);
     std::map<uint8_t, uint32_t> words;  // by the boolean/null bits
     std::vector<bool> seen(out_.nodes_.size());
-    std::vector<int> todo = {0};
-    seen[0] = true;
+    std::vector<int> todo = roots;
+    for (int root : roots) seen[size_t(root)] = true;
     while (!todo.empty()) {
       const int i = todo.back();
       todo.pop_back();
@@ -673,6 +863,7 @@ class SchemaCompiler {
       };
       for (int c : n.properties) visit(c);
       for (int c : n.prefix_items) visit(c);
+      for (int c : n.xml_values) visit(c);
       visit(n.additional);
       visit(n.items);
     }
@@ -709,7 +900,7 @@ class SchemaCompiler {
   }
 
   JsonSchema& out_;
-  const json& document_;
+  const json* document_;
   const JsonSchemaLimits& limits_;
   std::vector<Segment> path_;
   std::map<std::string, int> refs_;             // target -> node
@@ -756,32 +947,55 @@ std::shared_ptr<const JsonSchema> JsonSchema::regex(std::string_view pattern,
   return s;
 }
 
-std::shared_ptr<const JsonSchema> JsonSchema::with_suffix(const JsonSchema& schema, std::string suffix) {
-  auto s = std::make_shared<JsonSchema>(schema);
-  s->suffix_ = std::move(suffix);
+std::shared_ptr<const JsonSchema> JsonSchema::tool_call(const std::vector<Function>& functions,
+                                                        CallFormat format, bool name_written,
+                                                        const JsonSchemaLimits& limits) {
+  if (functions.empty() || functions.size() > 127 || (name_written && functions.size() != 1))
+    throw SchemaError("tools", "", "a forced tool call is constrained over 1 to 127 functions");
+  auto s = std::make_shared<JsonSchema>();
+  const json empty = json::object();
+  SchemaCompiler c(*s, empty, limits);
+  std::vector<std::string> names;
+  for (const Function& f : functions) {
+    if (format == CallFormat::kQwenXml &&
+        (f.name.empty() || f.name.find_first_of("<>\n") != std::string::npos))
+      throw SchemaError(
+          "tools", "",
+          fmt::format("the function name '{}' cannot be written as <function=NAME>", brief(f.name)));
+    c.set_document(f.parameters);
+    try {
+      const int root = c.compile(f.parameters);
+      if (format == CallFormat::kQwenXml) c.xml_arguments(root, f.parameters);
+      s->function_roots_.push_back(root);
+    } catch (const SchemaError& e) {
+      throw SchemaError(e.keyword, e.path,
+                        fmt::format("function '{}' parameters: {}", brief(f.name), e.what()));
+    }
+    names.push_back(SchemaCompiler::call_name_text(f.name, format));
+  }
+  c.finish(s->function_roots_);
+  if (!name_written) {
+    Tagged tagged;
+    for (size_t i = 0; i < names.size(); ++i) tagged.emplace_back(names[i], int8_t(i));
+    s->function_names_ = build_trie(s->values_, std::move(tagged), false);
+  }
+  s->call_format_ = format;
+  // After "</function>" the '\n' is whitespace the root allows; after hermes arguments the '}' comes first.
+  s->suffix_ = format == CallFormat::kQwenXml ? "</tool_call>" : "}\n</tool_call>";
   return s;
 }
 
 std::shared_ptr<const JsonSchema> JsonSchema::choice(const std::vector<std::string>& choices,
                                                      const JsonSchemaLimits& limits) {
   if (choices.empty()) throw SchemaError("choice", "", "choice must list at least one string");
-  // An alternation of the choices, each character escaped (letters, digits and non-ASCII stand for
-  // themselves): its automaton is the trie of the choices.
-  std::string pattern;
   size_t bytes = 0;
   for (const std::string& choice : choices) {
     bytes += choice.size();
     if (bytes > limits.max_literal_bytes)
       throw SchemaError("choice", "",
                         fmt::format("the choices are more than {} bytes", limits.max_literal_bytes));
-    if (!pattern.empty()) pattern += '|';
-    pattern += "(?:";
-    for (char c : choice) {
-      if (uint8_t(c) < 0x80 && !std::isalnum(uint8_t(c))) pattern += '\\';
-      pattern += c;
-    }
-    pattern += ')';
   }
+  const std::string pattern = literal_alternation(choices);
   JsonSchemaLimits room = limits;
   room.max_pattern_states = std::max(limits.max_pattern_states, bytes + 2);
   try {

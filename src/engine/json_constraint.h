@@ -117,6 +117,13 @@ struct JsonSchemaNode {
   int items = -1;
   int64_t min_items = 0;
   int64_t max_items = -1;  // -1: no limit
+  // A tool call's arguments in Qwen3.5's XML format (<parameter=NAME>\nVALUE\n</parameter>): the entries
+  // "<parameter=NAME>\n" (tagged with the property's index) and "</function>" (tagged with the property
+  // count), root in the name trie; the node of each property's value as the parser reads it back.
+  uint32_t xml_names = JsonTrie::kNone;
+  std::vector<int> xml_values;
+  // The value is written as raw text, not JSON (an XML parameter's string): its string_rule never admits '<'.
+  bool raw = false;
   // The containers a value must nest (0 for a scalar), as an object and as an array: what has to fit below
   // the point where it starts.
   uint8_t need_object = kUnbounded;
@@ -139,9 +146,27 @@ class JsonSchema {
   static std::shared_ptr<const JsonSchema> choice(const std::vector<std::string>& choices,
                                                   const JsonSchemaLimits& limits = {});
   bool raw_text() const { return raw_text_; }
-  // The same schema, the value followed by fixed text (a forced tool call's "}\n</tool_call>" after its
-  // arguments): the document ends only after all of it.
-  static std::shared_ptr<const JsonSchema> with_suffix(const JsonSchema& schema, std::string suffix);
+
+  // A forced tool call: the text after the call's forced opening ("<tool_call>\n<function=" or
+  // "<tool_call>\n{\"name\": \""; with `name_written`, the opening names the one function too), in the
+  // model's format, to the end of the call: a function's name, then arguments that validate against its
+  // `parameters`, as the tool parser (text/output_parser.h) reads them back. Throws SchemaError.
+  enum class CallFormat : uint8_t { kHermes, kQwenXml };
+  struct Function {
+    std::string name;
+    nlohmann::json parameters;
+  };
+  static std::shared_ptr<const JsonSchema> tool_call(const std::vector<Function>& functions,
+                                                     CallFormat format, bool name_written,
+                                                     const JsonSchemaLimits& limits = {});
+  // Tool calls: the root node of each function's arguments, and the trie of the function names as written
+  // (tagged with their index; kNone when the name is already written).
+  bool call() const { return !function_roots_.empty(); }
+  CallFormat call_format() const { return call_format_; }
+  int function_root(int i) const { return function_roots_[size_t(i)]; }
+  uint32_t function_names() const { return function_names_; }
+
+  // Fixed text after the value (a tool call's end): the document ends only after all of it.
   const std::string& suffix() const { return suffix_; }
 
   using Node = JsonSchemaNode;
@@ -165,13 +190,30 @@ class JsonSchema {
   std::vector<StringRule> strings_;
   bool raw_text_ = false;
   std::string suffix_;
+  std::vector<int> function_roots_;
+  uint32_t function_names_ = JsonTrie::kNone;  // in values_
+  CallFormat call_format_ = CallFormat::kHermes;
 };
 
 // One level of the matcher's stack (internal to JsonMatcher). Plain data: copying a stack is a memcpy.
 struct JsonMatcherFrame {
   // kLiteral follows the value trie, kName a property name in the name trie (no other keys allowed).
-  // kText: the whole output is text a StringRule accepts (no JSON around it).
-  enum Kind : uint8_t { kRoot, kValue, kObject, kArray, kString, kNumber, kLiteral, kName, kText };
+  // kText: the whole output is text a StringRule accepts (no JSON around it). kCall: a tool call's function
+  // name; kXmlObject: its arguments as XML parameters, kXmlText one's raw text.
+  enum Kind : uint8_t {
+    kRoot,
+    kValue,
+    kObject,
+    kArray,
+    kString,
+    kNumber,
+    kLiteral,
+    kName,
+    kText,
+    kCall,
+    kXmlObject,
+    kXmlText
+  };
   Kind kind = kValue;
   uint8_t phase = 0;
   // Strings: the pending UTF-8 continuation bytes and the range the next one must be in.
@@ -233,6 +275,12 @@ class JsonMatcher {
   static bool utf8_lead(Frame& f, uint8_t c);
   static bool escape_hex(Frame& f, uint8_t c);
   Step feed_text(State& s, uint8_t c) const;
+  Step feed_call(State& s, uint8_t c) const;
+  Step feed_xml_object(State& s, uint8_t c) const;
+  Step feed_xml_text(State& s, uint8_t c) const;
+  Step raw_char(Frame& f, uint8_t c) const;
+  void start_arguments(State& s, int function) const;
+  void open_xml(Frame& f, size_t index) const;
   bool follow_rule(Frame& f, uint8_t c, uint8_t phase_before, bool raw = false) const;
   bool rule_takes(Frame& f, uint32_t cp) const;
   bool child_done(State& s) const;

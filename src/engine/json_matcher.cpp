@@ -2,6 +2,7 @@
 // byte: whitespace between tokens, then the frame on top of the stack by its kind, one function each.
 #include <algorithm>
 #include <array>
+#include <string_view>
 #include <type_traits>
 
 #include "engine/json_constraint.h"
@@ -30,6 +31,11 @@ bool is_hex(uint8_t c) {
 enum : uint8_t { kObjOpen, kObjKey, kObjColon, kObjValue, kObjAfter, kObjNext };
 // Array phases.
 enum : uint8_t { kArrOpen, kArrItem, kArrAfter };
+// XML argument phases: a "<parameter=NAME>\n" or "</function>" in the trie, the value, then its end.
+enum : uint8_t { kXmlBetween, kXmlValue, kXmlEnd };
+constexpr std::string_view kXmlValueEnd = "\n</parameter>\n";
+// Raw text phases: kRawNewline holds a '\n' that is the value's or the start of its end.
+enum : uint8_t { kRawChar, kRawNewline };
 // String phases. A \u escape's value so far is in the frame's `seen`; `count` is 1 while a high surrogate
 // waits for its low half.
 enum : uint8_t { kStrChar, kStrEscape, kStrHex1, kStrHex2, kStrHex3, kStrHex4, kStrWantBackslash, kStrWantU };
@@ -47,6 +53,11 @@ enum : uint8_t {
   kNumExp,
   kNumNoPhase
 };
+
+// Without bounds an exponent has at most two digits (1e99): past that a double, which JSON parsers in Python
+// and JavaScript read numbers into, may be infinite (1e400), and the number would not compare as one. (Under
+// bounds, NumberBounds keeps numbers within a double's magnitudes already.)
+constexpr uint32_t kMaxExponentDigits = 2;
 
 bool number_accepting(uint8_t phase) {
   return phase == kNumZero || phase == kNumInt || phase == kNumFrac || phase == kNumExp;
@@ -89,7 +100,12 @@ JsonMatcher::JsonMatcher(std::shared_ptr<const JsonSchema> schema) : schema_(std
   value.kind = schema_->raw_text() ? Frame::kText : Frame::kValue;
   value.node = 0;
   if (value.kind == Frame::kText) value.rx = schema_->string_rule(schema_->node(0).string_rule).start();
+  if (schema_->call()) {
+    value.kind = Frame::kCall;
+    value.trie = schema_->function_names();
+  }
   state_.stack.push_back(value);
+  if (schema_->call() && schema_->function_names() == kNone) start_arguments(state_, 0);
 }
 
 bool JsonMatcher::run(State& s, std::string_view bytes) const {
@@ -159,6 +175,10 @@ bool JsonMatcher::child_done(State& s) const {
     case Frame::kArray:
       ++f.count, f.phase = kArrAfter;
       return true;
+    case Frame::kXmlObject:
+      f.phase = kXmlEnd;
+      f.count = done.kind == Frame::kXmlText ? 2 : 0;  // raw text ends on the '<' after its '\n'
+      return true;
     case Frame::kObject: {
       if (f.phase == kObjValue) {
         f.phase = kObjAfter;
@@ -211,6 +231,7 @@ JsonMatcher::Step JsonMatcher::feed_value(State& s, uint8_t c) const {
   if ((c == '-' || is_digit(c)) && (n.types & (Node::kNumber | Node::kInteger))) {
     f.kind = Frame::kNumber;
     f.phase = kNumStart;
+    f.length = 0;  // exponent digits
     s.number.clear();
     return Step::kPass;
   }
@@ -246,6 +267,7 @@ JsonMatcher::Step JsonMatcher::feed_number(State& s, uint8_t c) const {
   Frame& f = s.stack.back();
   const Node& n = schema_->node(f.node);
   if (const uint8_t next = number_phase(f.phase, c, !(n.types & Node::kNumber)); next != kNumNoPhase) {
+    if (next == kNumExp && n.bounds < 0 && ++f.length > kMaxExponentDigits) return Step::kReject;
     f.phase = next;
     if (n.bounds < 0) return Step::kTaken;
     ++work_;
@@ -324,7 +346,11 @@ JsonMatcher::Step JsonMatcher::feed_string(State& s, uint8_t c) const {
 
 // The whole output as text an automaton accepts (guided_regex, choice): every byte is a character of it.
 JsonMatcher::Step JsonMatcher::feed_text(State& s, uint8_t c) const {
-  Frame& f = s.stack.back();
+  return raw_char(s.stack.back(), c);
+}
+
+// One byte of raw text (UTF-8, no escapes) under the frame's rule.
+JsonMatcher::Step JsonMatcher::raw_char(Frame& f, uint8_t c) const {
   if (f.utf8_left) {
     if (c < f.utf8_lo || c > f.utf8_hi) return Step::kReject;
     --f.utf8_left;
@@ -537,13 +563,109 @@ JsonMatcher::Step JsonMatcher::feed_array(State& s, uint8_t c) const {
   return comma ? Step::kTaken : Step::kPass;  // without a comma, this byte is the first item's
 }
 
+// The frame on top becomes function `function`'s arguments: a JSON value, or XML parameters.
+void JsonMatcher::start_arguments(State& s, int function) const {
+  Frame& f = s.stack.back();
+  f.node = schema_->function_root(function);
+  if (schema_->call_format() == JsonSchema::CallFormat::kQwenXml) {
+    open_xml(f, s.stack.size() - 1);
+  } else {
+    f.kind = Frame::kValue;
+  }
+}
+
+// A tool call's function name, followed in the trie of the names as written.
+JsonMatcher::Step JsonMatcher::feed_call(State& s, uint8_t c) const {
+  Frame& f = s.stack.back();
+  const JsonTrie& names = schema_->values();
+  const uint32_t next = step(names, f.trie, c);
+  if (next == kNone) return Step::kReject;
+  f.trie = next;
+  if (names.leaf(next)) start_arguments(s, names.tag[next]);  // no name is a prefix of another
+  return Step::kTaken;
+}
+
+// XML parameters open in the frame at `index`: as open_object, parameters whose value would not fit below
+// count as seen.
+void JsonMatcher::open_xml(Frame& f, size_t index) const {
+  const Node& n = schema_->node(f.node);
+  f.kind = Frame::kXmlObject;
+  f.phase = kXmlBetween;
+  f.trie = n.xml_names;
+  f.seen = 0;
+  work_ += n.xml_values.size();
+  for (size_t p = 0; p < n.xml_values.size(); ++p)
+    if (!fits(n.xml_values[p], index + 1)) f.seen |= uint64_t(1) << p;
+}
+
+// Each parameter at most once, "</function>" once the required ones are there. Values are JSON, or raw text
+// (kXmlText), and end with "\n</parameter>\n".
+JsonMatcher::Step JsonMatcher::feed_xml_object(State& s, uint8_t c) const {
+  Frame& f = s.stack.back();
+  const Node& n = schema_->node(f.node);
+  if (f.phase == kXmlEnd) {
+    if (uint8_t(kXmlValueEnd[size_t(f.count)]) != c) return Step::kReject;
+    if (size_t(++f.count) == kXmlValueEnd.size()) f.phase = kXmlBetween, f.trie = n.xml_names;
+    return Step::kTaken;
+  }
+  if (f.phase != kXmlBetween) return Step::kReject;
+  const size_t count = n.xml_values.size();  // the tag of "</function>"
+  const uint64_t params = (uint64_t(1) << count) - 1;
+  const bool may_close = (f.seen & n.required) == n.required;
+  const uint64_t allowed = (~f.seen & params) | (may_close ? uint64_t(1) << count : 0);
+  const JsonTrie& names = schema_->names();
+  const uint32_t next = step(names, f.trie, c);
+  if (next == kNone || !(names.below[next] & allowed)) return Step::kReject;
+  f.trie = next;
+  if (!names.leaf(next)) return Step::kTaken;
+  const int tag = names.tag[next];
+  if (size_t(tag) == count) return child_done(s) ? Step::kTaken : Step::kReject;
+  f.seen |= uint64_t(1) << tag;
+  f.phase = kXmlValue;
+  Frame v;
+  v.node = n.xml_values[size_t(tag)];
+  if (schema_->node(v.node).raw) {
+    v.kind = Frame::kXmlText;
+    v.phase = kRawChar;
+    v.rx = schema_->string_rule(schema_->node(v.node).string_rule).start();
+  }
+  s.stack.push_back(v);
+  return Step::kTaken;
+}
+
+// A parameter's raw text. Its rule admits no '<', so the first "\n<" starts its end; a '\n' waits for the
+// next byte to tell whether it is the value's.
+JsonMatcher::Step JsonMatcher::feed_xml_text(State& s, uint8_t c) const {
+  Frame& f = s.stack.back();
+  const StringRule& rule = schema_->string_rule(schema_->node(f.node).string_rule);
+  if (f.phase == kRawNewline) {
+    if (c == '<') {
+      ++work_;
+      if (!rule.complete(f.rx, f.length)) return Step::kReject;
+      return child_done(s) ? Step::kTaken : Step::kReject;
+    }
+    if (!rule_takes(f, '\n')) return Step::kReject;
+    f.phase = kRawChar;
+  }
+  if (c == '\n' && !f.utf8_left) {
+    ++work_;
+    if (!rule.complete(f.rx, f.length) && !rule.viable(rule.next(f.rx, '\n'), int64_t(f.length) + 1))
+      return Step::kReject;
+    f.phase = kRawNewline;
+    return Step::kTaken;
+  }
+  return raw_char(f, c);
+}
+
 bool JsonMatcher::feed(State& s, uint8_t c) const {
   ++work_;
   for (;;) {
     const Frame::Kind kind = s.stack.back().kind;
     // Whitespace between tokens of JSON, at most kMaxWhitespaceRun bytes in a row.
-    const bool between = (kind == Frame::kRoot && s.stack.back().count == 0) || kind == Frame::kValue ||
-                         kind == Frame::kObject || kind == Frame::kArray;
+    // (None before an XML parameter's value: the parser would keep it in the text.)
+    const bool between = (kind == Frame::kRoot && s.stack.back().count == 0) || kind == Frame::kObject ||
+                         kind == Frame::kArray ||
+                         (kind == Frame::kValue && s.stack[s.stack.size() - 2].kind != Frame::kXmlObject);
     if (is_ws(c) && between) {
       if (s.whitespace_run >= kMaxWhitespaceRun) return false;
       ++s.whitespace_run;
@@ -582,6 +704,15 @@ bool JsonMatcher::feed(State& s, uint8_t c) const {
         break;
       case Frame::kArray:
         r = feed_array(s, c);
+        break;
+      case Frame::kCall:
+        r = feed_call(s, c);
+        break;
+      case Frame::kXmlObject:
+        r = feed_xml_object(s, c);
+        break;
+      case Frame::kXmlText:
+        r = feed_xml_text(s, c);
         break;
     }
     if (r != Step::kPass) return r == Step::kTaken;

@@ -30,6 +30,10 @@ class StringRule {
   // Some code point in [lo, hi], written as the next character, keeps the string viable.
   bool any_viable(uint32_t state, int64_t length, uint32_t lo, uint32_t hi) const;
 
+  const std::shared_ptr<const RegexDfa>& automaton() const { return dfa_; }
+  int64_t min_length() const { return min_length_; }
+  int64_t max_length() const { return max_length_; }
+
  private:
   static constexpr uint32_t kNever = 0xFFFFFFFF;
   std::shared_ptr<const RegexDfa> dfa_;  // null: any text

@@ -5,7 +5,6 @@
 #include <ctime>
 #include <limits>
 
-#include "common/bounded_json.h"
 #include "common/log.h"
 #include "engine/json_constraint.h"
 #include "server/api_error.h"
@@ -149,10 +148,11 @@ std::optional<HttpResponse> OpenAiService::check_head(const HttpRequest& req) co
   if (std::string_view key = req.header("x-api-key"); !key.empty() && same_secret(key, options_.api_key)) {
     return std::nullopt;
   }
-  return error_response(ApiError(
-      401,
-      auth.empty() && req.header("x-api-key").empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key provided",
-      "authentication_error", std::nullopt, "invalid_api_key"));
+  return error_response(ApiError(401,
+                                 auth.empty() && req.header("x-api-key").empty()
+                                     ? "missing API key: send 'Authorization: Bearer <key>'"
+                                     : "incorrect API key provided",
+                                 "authentication_error", std::nullopt, "invalid_api_key"));
 }
 
 Reply OpenAiService::handle(HttpRequest& request) {
@@ -194,7 +194,8 @@ Reply OpenAiService::route(HttpRequest& req) {
   const std::string& p = req.path;
   auto method_is = [&](const char* m) {
     if (req.method != m) {
-      throw ApiError(405, fmt::format("{} {} is not allowed; use {}", req.method, p, m), "method_not_allowed");
+      throw ApiError(405, fmt::format("{} {} is not allowed; use {}", req.method, p, m),
+                     "method_not_allowed");
     }
   };
   Reply r;
@@ -254,14 +255,16 @@ Reply OpenAiService::route(HttpRequest& req) {
 
 void OpenAiService::check_model(const std::optional<std::string>& model) const {
   if (model && !model->empty() && *model != options_.served_model_name) {
-    throw ApiError(404, fmt::format("the model '{}' does not exist; this server serves '{}'", *model,
-                                    options_.served_model_name),
+    throw ApiError(404,
+                   fmt::format("the model '{}' does not exist; this server serves '{}'", *model,
+                               options_.served_model_name),
                    "not_found_error", "model", "model_not_found");
   }
 }
 
 void OpenAiService::check_generation_ready() const {
-  if (draining_) throw ApiError(503, "the server is shutting down and accepts no new requests", "service_unavailable");
+  if (draining_)
+    throw ApiError(503, "the server is shutting down and accepts no new requests", "service_unavailable");
   if (!ready_ || !engine_.load()) {
     ApiError e(503, "the model is still loading; retry shortly", "service_unavailable");
     e.retry_after_s = 5;
@@ -288,7 +291,8 @@ void OpenAiService::check_token_ids(const char* param, const std::vector<int32_t
   if (Engine* engine = engine_.load()) vocab = engine->vocab_size();
   if (tokenizer_) vocab = std::min<int64_t>(vocab, int64_t(tokenizer_->vocab_size()));
   for (int32_t id : ids) {
-    if (id >= vocab) throw invalid_param(param, "token id {} is outside the vocabulary ({} tokens)", id, vocab);
+    if (id >= vocab)
+      throw invalid_param(param, "token id {} is outside the vocabulary ({} tokens)", id, vocab);
   }
 }
 
@@ -303,7 +307,8 @@ int OpenAiService::engine_priority(int request_priority) const {
   if (!options_.enable_priority) return 0;
   if (!options_.priority_larger_first) return request_priority;
   // -INT_MIN does not exist; the smallest request value becomes the largest engine value all the same.
-  return request_priority == std::numeric_limits<int>::min() ? std::numeric_limits<int>::max() : -request_priority;
+  return request_priority == std::numeric_limits<int>::min() ? std::numeric_limits<int>::max()
+                                                             : -request_priority;
 }
 
 HttpResponse OpenAiService::health() const {
@@ -328,12 +333,13 @@ HttpResponse OpenAiService::model_info() const {
     if (d.repetition_penalty) preferred["repetition_penalty"] = *d.repetition_penalty;
   }
   // SGLang's fields, which its router and clients read.
-  return json_response({{"model_path", options_.model_path},
-                        {"tokenizer_path", options_.tokenizer_path.empty() ? options_.model_path : options_.tokenizer_path},
-                        {"is_generation", true},
-                        {"served_model_name", options_.served_model_name},
-                        {"max_model_len", max_model_len_.load()},
-                        {"preferred_sampling_params", preferred}});
+  return json_response(
+      {{"model_path", options_.model_path},
+       {"tokenizer_path", options_.tokenizer_path.empty() ? options_.model_path : options_.tokenizer_path},
+       {"is_generation", true},
+       {"served_model_name", options_.served_model_name},
+       {"max_model_len", max_model_len_.load()},
+       {"preferred_sampling_params", preferred}});
 }
 
 // One real engine step: a one-token greedy completion of token 0 through admission and the engine, so a
@@ -411,7 +417,8 @@ int64_t OpenAiService::turn_boundary(const std::vector<int32_t>& prompt) const {
 std::vector<int32_t> OpenAiService::encode(const std::string& text, bool add_special_tokens,
                                            const char* param) const {
   if (!tokenizer_) {
-    throw invalid_param(param, "this model has no tokenizer (no tokenizer.json): send token ids instead of text");
+    throw invalid_param(param,
+                        "this model has no tokenizer (no tokenizer.json): send token ids instead of text");
   }
   return tokenizer_->encode(text, add_special_tokens);
 }
@@ -425,7 +432,8 @@ HttpResponse OpenAiService::tokenize(const HttpRequest& req) {
     if (!options_.chat_template) throw invalid_param("messages", "this model has no chat template");
     // Reuse the chat validation: the same body shape minus generation parameters.
     json chat = {{"messages", body["messages"]}};
-    for (const char* key : {"tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"}) {
+    for (const char* key :
+         {"tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"}) {
       if (body.contains(key)) chat[key] = body[key];
     }
     ChatRequest cr = parse_chat_request(chat.dump());
@@ -463,8 +471,8 @@ HttpResponse OpenAiService::detokenize(const HttpRequest& req) {
   return json_response({{"prompt", tokenizer_->decode(ids, false)}});
 }
 
-std::shared_ptr<const JsonConstraint> OpenAiService::json_constraint(const ResponseFormat& format,
-                                                                   std::optional<int32_t> start_after_token) {
+std::shared_ptr<const JsonConstraint> OpenAiService::json_constraint(
+    const ResponseFormat& format, std::optional<int32_t> start_after_token) {
   if (!format.schema) return nullptr;
   if (!tokenizer_) {
     throw invalid_param("response_format", "structured output needs the model's tokenizer (tokenizer.json)");
@@ -638,35 +646,42 @@ JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
   if (!parser.reasoning_parser.empty() || !parser.tool_parser.empty()) spec.parser = parser;
   if (cr.response_format.schema) {
     if (!forced_prefix.empty()) {
-      throw invalid_param("response_format", "cannot be combined with tool_choice 'required' or a named tool");
+      throw invalid_param("response_format",
+                          "cannot be combined with tool_choice 'required' or a named tool");
     }
     // A prompt that opens the model's reasoning: the JSON is the content after </think> (as vLLM applies
     // structured output once the reasoning parser sees the reasoning end); the reasoning itself is free.
     std::optional<int32_t> after;
     if (parser.starts_in_reasoning) {
       after = tokenizer_->token_id("</think>");
-      if (!after) throw invalid_param("response_format", "the prompt opens reasoning, but </think> is not a token");
+      if (!after)
+        throw invalid_param("response_format", "the prompt opens reasoning, but </think> is not a token");
     }
     spec.params.json = json_constraint(cr.response_format, after);
   }
-  // A forced call of one function (named, or "required" with a single tool) in the hermes format: the
-  // arguments after the forced `{"name": ..., "arguments": ` are constrained to the function's parameters,
-  // then the call's end. (Qwen3.5's XML parameters and "required" over several tools are not constrained.)
-  std::optional<std::string> forced_name;
-  if (cr.tool_choice == ToolChoice::kNamed) forced_name = cr.tool_choice_name;
-  if (cr.tool_choice == ToolChoice::kRequired && cr.tools.size() == 1)
-    forced_name = cr.tools[0]["function"]["name"].get<std::string>();
-  if (!forced_prefix.empty() && forced_name && options_.tool_call_parser == "hermes") {
-    json parameters = {{"type", "object"}};
-    for (const auto& t : cr.tools)
-      if (t["function"]["name"] == *forced_name && t["function"].contains("parameters"))
-        parameters = t["function"]["parameters"];
+  // A forced call (render_chat wrote its opening) is constrained to one well-formed call in the parser's
+  // format: the function's name where "required" leaves the choice among several tools, then arguments that
+  // validate against the function's parameters as the parser reads them back, then the call's end.
+  if (!forced_prefix.empty()) {
+    std::optional<std::string> written;  // the name the opening already holds
+    if (cr.tool_choice == ToolChoice::kNamed) written = cr.tool_choice_name;
+    if (cr.tool_choice == ToolChoice::kRequired && cr.tools.size() == 1)
+      written = cr.tools[0]["function"]["name"].get<std::string>();
+    std::vector<JsonSchema::Function> functions;
+    for (const auto& t : cr.tools) {
+      const json& fn = t["function"];
+      if (written && fn["name"] != *written) continue;
+      const bool given = fn.contains("parameters") && fn["parameters"].is_object();
+      functions.push_back(
+          {fn["name"].get<std::string>(), given ? fn["parameters"] : json{{"type", "object"}}});
+    }
+    const auto format = options_.tool_call_parser == "hermes" ? JsonSchema::CallFormat::kHermes
+                                                              : JsonSchema::CallFormat::kQwenXml;
     ResponseFormat call;
     try {
-      call.schema = JsonSchema::with_suffix(*JsonSchema::compile(parse_bounded_json<nlohmann::json>(parameters.dump())),
-                                            "}\n</tool_call>");
+      call.schema = JsonSchema::tool_call(functions, format, written.has_value());
     } catch (const SchemaError& e) {
-      throw invalid_param("tools", "function '{}' parameters: {}", *forced_name, e.what());
+      throw invalid_param("tools", "{}", e.what());
     }
     auto c = std::make_shared<JsonConstraint>(*json_constraint(call, std::nullopt));
     if (auto close = tokenizer_->token_id("</tool_call>")) c->control_tokens.push_back(*close);
@@ -692,7 +707,8 @@ std::string OpenAiService::render_chat(const ChatRequest& cr, std::string* force
       }
       prompt.resize(at + text.size());
     } else {
-      prompt = options_.chat_template->render(cr.messages, tools, cr.add_generation_prompt, cr.chat_template_kwargs);
+      prompt = options_.chat_template->render(cr.messages, tools, cr.add_generation_prompt,
+                                              cr.chat_template_kwargs);
     }
   } catch (const ApiError&) {
     throw;
@@ -701,11 +717,10 @@ std::string OpenAiService::render_chat(const ChatRequest& cr, std::string* force
                    "invalid_request_error", "messages");
   }
   if (forced_prefix && (cr.tool_choice == ToolChoice::kRequired || cr.tool_choice == ToolChoice::kNamed)) {
-    // No grammar backend: force the call by writing its opening into the assistant turn. A prompt that ends
-    // inside <think> is closed first, as the non-thinking template form does. A named function (or
-    // "required" with a single tool, which can only mean that one) is written out, so the output is a call of
-    // that function whatever the model does next; "required" with several tools stops before the name, which
-    // the model chooses (not checked against tools: that would take constrained decoding).
+    // The call's opening is written into the assistant turn (chat_job constrains the rest). A prompt that
+    // ends inside <think> is closed first, as the non-thinking template form does. A named function (or
+    // "required" with a single tool, which can only mean that one) is written out; "required" with several
+    // tools stops before the name, which the model chooses among the tools.
     if (text::prompt_opens_reasoning(prompt)) prompt += "\n</think>\n\n";
     std::optional<std::string> name;
     if (cr.tool_choice == ToolChoice::kNamed) name = cr.tool_choice_name;

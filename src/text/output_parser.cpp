@@ -1,11 +1,11 @@
 #include "text/output_parser.h"
 
-#include <cmath>
 #include <map>
 #include <random>
 
 #include "common/bounded_json.h"
 #include "common/error.h"
+#include "common/parameter_type.h"
 #include "text/jinja_value.h"
 
 namespace moeserve::text {
@@ -143,9 +143,9 @@ class ReasoningStage {
 
 // ---- tool calls ---------------------------------------------------------------------------------
 
+// Per function, per parameter: the type its text is converted by (common/parameter_type.h).
 struct ToolSchemas {
-  // name -> parameter -> JSON schema type ("" when unknown)
-  std::map<std::string, std::map<std::string, std::string>> types;
+  std::map<std::string, std::map<std::string, ParameterType>> types;
 
   explicit ToolSchemas(const ordered_json& tools) {
     if (!tools.is_array()) return;
@@ -154,72 +154,20 @@ struct ToolSchemas {
       if (!fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) continue;
       auto& params = types[(*fn)["name"].get<std::string>()];
       if (!fn->contains("parameters") || !(*fn)["parameters"].is_object()) continue;
-      const auto& p = (*fn)["parameters"];
+      const nlohmann::json p = (*fn)["parameters"];
       if (!p.contains("properties") || !p["properties"].is_object()) continue;
-      for (auto it = p["properties"].begin(); it != p["properties"].end(); ++it) {
-        std::string type;
-        const auto& schema = it.value();
-        if (schema.is_object() && schema.contains("type")) {
-          const auto& ty = schema["type"];
-          if (ty.is_string()) type = ty.get<std::string>();
-          if (ty.is_array())
-            for (const auto& x : ty)
-              if (x.is_string() && x.get<std::string>() != "null") {
-                type = x.get<std::string>();
-                break;
-              }
-        }
-        params[it.key()] = type;
-      }
+      for (auto it = p["properties"].begin(); it != p["properties"].end(); ++it)
+        params[it.key()] = parameter_type(it.value(), p);
     }
   }
 
-  std::string type_of(const std::string& fn, const std::string& param) const {
+  ParameterType type_of(const std::string& fn, const std::string& param) const {
     auto f = types.find(fn);
-    if (f == types.end()) return "";
+    if (f == types.end()) return {};
     auto p = f->second.find(param);
-    return p == f->second.end() ? "" : p->second;
+    return p == f->second.end() ? ParameterType{} : p->second;
   }
 };
-
-// A parameter value as text -> JSON, by the schema type; what does not convert stays a string.
-ordered_json convert_value(const std::string& raw, const std::string& type) {
-  std::string lower;
-  for (char c : raw) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (lower == "null") return nullptr;
-  if (type == "integer" || type == "int") {
-    try {
-      size_t used = 0;
-      long long v = std::stoll(raw, &used);
-      if (used == raw.size()) return v;
-    } catch (const std::exception&) {
-    }
-    return raw;
-  }
-  if (type == "number" || type == "float") {
-    try {
-      size_t used = 0;
-      double v = std::stod(raw, &used);
-      if (used == raw.size() && std::isfinite(v)) {
-        if (v == std::floor(v) && std::fabs(v) < 9e15) return static_cast<long long>(v);
-        return v;
-      }
-    } catch (const std::exception&) {
-    }
-    return raw;
-  }
-  if (type == "boolean" || type == "bool") {
-    if (lower == "true") return true;
-    if (lower == "false") return false;
-    return raw;
-  }
-  if (type == "object" || type == "array" || type == "dict" || type == "list") {
-    auto parsed = parse_bounded_json_or_discarded<ordered_json>(raw);
-    if (!parsed.is_discarded()) return parsed;
-    return raw;
-  }
-  return raw;
-}
 
 // Text after the reasoning goes through here: plain content and <tool_call> blocks.
 class ToolStage {
@@ -372,7 +320,7 @@ class ToolStage {
       std::string value = t.substr(v, end - v);
       if (value.starts_with("\n")) value.erase(0, 1);
       if (value.ends_with("\n")) value.pop_back();
-      ordered_json converted = convert_value(value, schemas_.type_of(call_.name, pname));
+      ordered_json converted = convert_parameter(value, schemas_.type_of(call_.name, pname));
       std::string piece =
           (call_.params == 0 ? "{" : ", ") + python_json(pname) + ": " + python_json(converted);
       add_arguments(piece, d, all);
@@ -406,7 +354,8 @@ class ToolStage {
       std::string text = "{}";
       if (args.is_object()) {
         text = python_json(args);
-      } else if (args.is_string() && parse_bounded_json_or_discarded<ordered_json>(args.get<std::string>()).is_object()) {
+      } else if (args.is_string() &&
+                 parse_bounded_json_or_discarded<ordered_json>(args.get<std::string>()).is_object()) {
         text = args.get<std::string>();
       }
       add_arguments(text, d, all);

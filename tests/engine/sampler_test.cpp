@@ -303,7 +303,6 @@ TEST(Sampler, LogitBiasShiftsTheLogitsAndForcesTheCandidatesPathToTheRow) {
   EXPECT_EQ(cand.sample(logits, {}), forced);
 }
 
-
 // A fake vocabulary for the JSON constraint: the model's favourite tokens are never valid JSON.
 constexpr int32_t kEos = 9;
 std::shared_ptr<const TokenBytes> json_vocab() {
@@ -324,7 +323,9 @@ SamplingParams json_params(float temperature, const char* schema) {
 }
 
 // Logits where "x" and "hello" lead, whitespace next, and the structural tokens trail.
-std::vector<float> json_logits() { return {9, 8, 1, 1, 1, 1, 1, 6, 0.5, 2}; }
+std::vector<float> json_logits() {
+  return {9, 8, 1, 1, 1, 1, 1, 6, 0.5, 2};
+}
 
 TEST(Sampler, GreedyUnderJsonTakesTheBestValidToken) {
   for (int k : {0, 2, 4}) {  // full rows, and candidates that hold no valid token
@@ -392,18 +393,21 @@ TEST(Sampler, JsonStartsAfterTheGateToken) {
   EXPECT_EQ(s.sample(std::vector<float>{0, 9, 0, 0, 0, 0, 0, 0, 0, 0}, {}), 1);
   EXPECT_EQ(s.sample(json_logits(), {}), 7);  // now only JSON: " " leads
 }
-// A control token (an added token such as </tool_call>) is chosen only where the matcher takes its text: after
-// the value, as the schema's suffix, and then the end.
+// A control token (an added token such as </tool_call>) is chosen only where the matcher takes its text:
+// after the value, as the schema's suffix, and then the end.
 TEST(Sampler, ControlTokensOnlyWhereTheSuffixTakesThem) {
   auto v = std::make_shared<TokenBytes>(*json_vocab());
   v->bytes.push_back("</tool_call>");  // 10: an added token
   v->usable.push_back(0);
+  v->bytes.push_back("\n");  // 11
+  v->usable.push_back(1);
   SamplingParams p;
   p.temperature = 0;
   auto c = std::make_shared<JsonConstraint>();
-  c->schema = JsonSchema::with_suffix(*JsonSchema::compile(nlohmann::json::parse(
-                                          R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})")),
-                                      "}</tool_call>");
+  c->schema = JsonSchema::tool_call(
+      {{"f", nlohmann::json::parse(
+                 R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})")}},
+      JsonSchema::CallFormat::kHermes, true);
   c->vocab = v;
   c->control_tokens = {10};
   p.json = c;
@@ -411,6 +415,7 @@ TEST(Sampler, ControlTokensOnlyWhereTheSuffixTakesThem) {
   s.constrain({kEos});
   std::vector<float> logits = json_logits();
   logits.push_back(20);  // the model wants </tool_call> most of all
+  logits.push_back(0);
   std::string text;
   int32_t t = -1;
   for (int step = 0; step < 400 && t != kEos; ++step) {
@@ -419,8 +424,9 @@ TEST(Sampler, ControlTokensOnlyWhereTheSuffixTakesThem) {
     if (t != kEos) text += v->bytes[size_t(t)];
   }
   EXPECT_EQ(t, kEos) << text;
-  ASSERT_TRUE(text.ends_with("}</tool_call>")) << text;
-  const nlohmann::json args = nlohmann::json::parse(text.substr(0, text.size() - std::string("}</tool_call>").size()));
+  ASSERT_TRUE(text.ends_with("}\n</tool_call>")) << text;
+  const nlohmann::json args =
+      nlohmann::json::parse(text.substr(0, text.size() - std::string("}\n</tool_call>").size()));
   EXPECT_TRUE(args["a"].is_number_integer()) << text;
   // Without the control token listed, it is never chosen: the suffix is then unreachable in this vocabulary.
   auto closed = std::make_shared<JsonConstraint>(*c);

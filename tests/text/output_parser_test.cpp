@@ -145,6 +145,31 @@ TEST(Qwen3CoderParser, ConvertsValuesByTheToolSchema) {
   EXPECT_EQ(r.content, "");
 }
 
+// The type a value converts by comes from anyOf (pydantic's Optional[int]), $refs and string enums too, and
+// "null" is null only where the schema allows it (common/parameter_type.h, shared with the forced-call
+// constraint).
+TEST(Qwen3CoderParser, TypesFromAnyOfRefsAndEnumsAndNullOnlyWhereAllowed) {
+  const ordered_json tools =
+      ordered_json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "$defs": {"N": {"type": "integer"}},
+    "properties": {"opt": {"anyOf": [{"type": "integer"}, {"type": "null"}]}, "ref": {"$ref": "#/$defs/N"},
+      "unit": {"enum": ["c", "f"]}, "name": {"type": "string"}, "nick": {"type": ["string", "null"]},
+      "big": {"type": "integer"}}}}}])");
+  std::string out =
+      "<tool_call>\n<function=f>\n<parameter=opt>\n5\n</parameter>\n<parameter=ref>\n7\n</parameter>\n"
+      "<parameter=unit>\nc\n</parameter>\n<parameter=name>\nnull\n</parameter>\n<parameter=nick>\nNULL\n"
+      "</parameter>\n<parameter=big>\n123456789012345678901\n</parameter>\n</function>\n</tool_call>";
+  auto r = parse_all_ways(out, opts("", "qwen3_coder", false, tools));
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  auto args = ordered_json::parse(r.tool_calls[0].arguments);
+  EXPECT_EQ(args["opt"], 5);
+  EXPECT_EQ(args["ref"], 7);
+  EXPECT_EQ(args["unit"], "c");
+  EXPECT_EQ(args["name"], "null");  // a string the schema does not let be null
+  EXPECT_TRUE(args["nick"].is_null());
+  EXPECT_TRUE(args["big"].is_number()) << args.dump();  // past long long: JSON's reading
+}
+
 TEST(Qwen3CoderParser, MalformedBlockStaysContentVerbatim) {
   std::string out = "Answer: use <tool_call>\nnot a function\n</tool_call> literally.";
   auto r = parse_all_ways(out, opts("", "qwen3_coder", false, kTools));

@@ -5,6 +5,8 @@
 //                                           random ones) and documents for each, valid and not, with ajv's
 //                                           verdict: {"schemas": [...], "docs": [[schema, text, valid], ...]}
 //   node schema_oracle.mjs judge IN OUT     IN {"schemas", "docs": [[schema, text], ...]}; OUT: ajv's verdicts
+//   node schema_oracle.mjs finite SEED OUT  the schemas of `cases`, finite for a writer that never chooses to
+//                                           stop (random weights): {"schemas": [...]}
 import { readFileSync, writeFileSync } from "node:fs";
 import Ajv2020 from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
@@ -172,6 +174,9 @@ const PYDANTIC = [
     required: ["owner", "pets"], title: "Household", type: "object" },
   { properties: { when: { format: "date-time", type: "string" }, price: { exclusiveMinimum: 0, type: "number" } }, required: ["when", "price"], type: "object" },
   { properties: { color: { enum: ["red", "green"], type: "string" }, size: { const: "L" } }, required: ["color", "size"], type: "object" },
+  // Union[date, datetime] and Union[int, float]: alternatives of one type.
+  { properties: { when: { anyOf: [{ format: "date", type: "string" }, { format: "date-time", type: "string" }] },
+    n: { anyOf: [{ type: "integer" }, { type: "number" }] } }, required: ["when", "n"], type: "object" },
 ];
 
 function generate(r, s, root, depth = 0) {
@@ -243,6 +248,26 @@ function mutate(r, v) {
   return pick(r, [0, "s", null, false, [], {}]);
 }
 
+// Every value of the schema has a bounded length, so that a writer that never chooses to end a string or an
+// array (a model with random weights) still ends: strings get a maxLength, arrays a maxItems, and keys other
+// than the listed properties are not allowed (a key is a free string).
+function finite(s) {
+  if (Array.isArray(s)) return s.map(finite);
+  if (!s || typeof s !== "object") return s;
+  const out = {};
+  for (const [k, v] of Object.entries(s)) {
+    if (k === "const" || k === "enum") out[k] = v;
+    else if (k === "properties" || k === "$defs") out[k] = Object.fromEntries(Object.entries(v).map(([n, x]) => [n, finite(x)]));
+    else if (k !== "propertyNames") out[k] = finite(v);
+  }
+  const types = Array.isArray(s.type) ? s.type : [s.type];
+  if (types.includes("string") && !("maxLength" in s) && !("enum" in s) && !("const" in s))
+    out.maxLength = (s.minLength || 0) + (s.format ? 40 : s.pattern ? 20 : 8);
+  if (types.includes("array")) out.maxItems = Math.min(s.maxItems ?? Infinity, (s.minItems || 0) + 2);
+  if (types.includes("object") || "properties" in s) out.additionalProperties = false;
+  return out;
+}
+
 const [mode, a, b] = process.argv.slice(2);
 if (mode === "cases") {
   const r = rng(Number(a));
@@ -262,12 +287,17 @@ if (mode === "cases") {
     }
   });
   writeFileSync(b, JSON.stringify({ schemas: out, docs }));
+} else if (mode === "finite") {
+  const r = rng(Number(a));
+  const schemas = [...zodSchemas(), ...PYDANTIC];
+  while (schemas.length < 300) schemas.push(randomSchema(r, 2));
+  writeFileSync(b, JSON.stringify({ schemas: schemas.map(strict).map(finite) }));
 } else if (mode === "judge") {
   const input = JSON.parse(readFileSync(a, "utf8"));
   const ajv = makeAjv();
   const validators = input.schemas.map((s) => ajv.compile(s));
   writeFileSync(b, JSON.stringify(input.docs.map(([i, text]) => validators[i](JSON.parse(text)))));
 } else {
-  console.error("usage: schema_oracle.mjs cases SEED OUT | judge IN OUT");
+  console.error("usage: schema_oracle.mjs cases SEED OUT | finite SEED OUT | judge IN OUT");
   process.exit(2);
 }
