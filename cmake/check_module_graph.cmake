@@ -14,6 +14,8 @@ cmake_minimum_required(VERSION 3.25)
 if(NOT SOURCE_DIR)
   message(FATAL_ERROR "usage: cmake -DSOURCE_DIR=<source root> -P check_module_graph.cmake")
 endif()
+# A relative root ("-DSOURCE_DIR=.") made GLOB_RECURSE find nothing, and a check of no file passes.
+get_filename_component(SOURCE_DIR "${SOURCE_DIR}" ABSOLUTE)
 
 # ---- the table: component -> allowed dependencies
 file(READ "${SOURCE_DIR}/docs/architecture.md" doc)
@@ -60,6 +62,9 @@ endfunction()
 # ---- the includes
 file(GLOB_RECURSE sources RELATIVE "${SOURCE_DIR}/src" "${SOURCE_DIR}/src/*.h" "${SOURCE_DIR}/src/*.cpp"
      "${SOURCE_DIR}/src/*.cu" "${SOURCE_DIR}/src/*.cuh")
+if(NOT sources)
+  message(FATAL_ERROR "no sources under ${SOURCE_DIR}/src: SOURCE_DIR must be the source root")
+endif()
 set(edges "")
 foreach(source IN LISTS sources)
   component_of("${source}" from)

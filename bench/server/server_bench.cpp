@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../tests/server/http_client.h"
+#include "../../tests/server/http_connection.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "server/admission.h"

@@ -6,17 +6,9 @@
 #include <cctype>
 
 #include "common/error.h"
+#include "deploy/units.h"
 
 namespace moeserve::deploy {
-namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-}  // namespace
 
 const std::vector<GpuKind>& gpu_kinds() {
   // Memory is the data-sheet figure per GPU, in decimal bytes.
@@ -38,14 +30,14 @@ const std::vector<GpuKind>& gpu_kinds() {
 }
 
 const GpuKind* find_gpu(std::string_view key_or_product) {
-  std::string want = lower(key_or_product);
+  std::string want = ascii_lower(key_or_product);
   for (const auto& k : gpu_kinds())
     if (k.key == want) return &k;
   // Product names: the longest match wins ("GH200" must not resolve to "H200").
   const GpuKind* best = nullptr;
   for (const auto& k : gpu_kinds()) {
     if (k.product.empty()) continue;
-    if (want.find(lower(k.product)) != std::string::npos &&
+    if (want.find(ascii_lower(k.product)) != std::string::npos &&
         (!best || k.product.size() > best->product.size()))
       best = &k;
   }
@@ -59,7 +51,7 @@ std::string known_gpu_keys() {
 }
 
 CudaArch parse_cuda_arch(std::string_view text) {
-  std::string s = lower(text);
+  std::string s = ascii_lower(text);
   if (s.starts_with("sm_"))
     s = s.substr(3);
   else if (s.starts_with("compute_"))
@@ -87,7 +79,7 @@ bool cuda_arch_runs_on(const CudaArch& built, int gpu) {
 }
 
 std::string normalize_arch(std::string_view arch) {
-  std::string a = lower(arch);
+  std::string a = ascii_lower(arch);
   if (a == "aarch64" || a == "arm64" || a == "linux/arm64") return "aarch64";
   if (a == "x86_64" || a == "amd64" || a == "x86-64" || a == "linux/amd64") return "x86_64";
   return "";

@@ -11,12 +11,6 @@
 namespace moeserve::deploy {
 namespace {
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 // Splits "12.5GiB" into 12.5 and "gib"; fails when there is no leading number.
 std::pair<double, std::string> number_and_unit(std::string_view text, std::string_view what) {
   std::string s;
@@ -28,7 +22,7 @@ std::pair<double, std::string> number_and_unit(std::string_view text, std::strin
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + end, value);
   check(end > 0 && ec == std::errc() && ptr == s.data() + end,
         "{}: '{}' is not a number with an optional unit", what, text);
-  return {value, lower(std::string_view(s).substr(end))};
+  return {value, ascii_lower(std::string_view(s).substr(end))};
 }
 
 }  // namespace
@@ -79,6 +73,12 @@ std::string format_bytes(double bytes) {
 std::string format_seconds(double seconds) {
   if (seconds == std::floor(seconds)) return fmt::format("{}s", int64_t(seconds));
   return fmt::format("{}ms", int64_t(std::llround(seconds * 1000)));
+}
+
+std::string ascii_lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return out;
 }
 
 }  // namespace moeserve::deploy

@@ -17,6 +17,9 @@ double parse_seconds(std::string_view text, std::string_view what);
 // 35_800_000_000 -> "35.8 GB" (decimal units: what GPU and Spark data sheets use).
 std::string format_bytes(double bytes);
 
+// ASCII letters in lower case (units, GPU names and architectures compare case-insensitively).
+std::string ascii_lower(std::string_view s);
+
 // 300 -> "300s", 90 -> "90s" (the form nginx and Prometheus accept).
 std::string format_seconds(double seconds);
 

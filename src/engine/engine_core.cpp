@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/backend.h"  // kMaxLogitsTopk
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/capacity.h"
+#include "engine/request_limits.h"
 
 namespace moeserve {
 
@@ -20,23 +22,14 @@ void validate_request(const GenerateRequest& r, int64_t vocab, int64_t max_model
   const SamplingParams& p = r.params;
   check(!r.id.empty(), "the request id is empty");
   check(!r.prompt.empty(), "request {}: the prompt is empty", r.id);
+  // The messages are built only on failure (a prompt is long).
   for (size_t i = 0; i < r.prompt.size(); ++i)
-    check(r.prompt[i] >= 0 && r.prompt[i] < vocab,
-          "request {}: prompt token {} at position {} is outside the "
-          "vocabulary [0, {})",
-          r.id, r.prompt[i], i, vocab);
-  const int64_t n = int64_t(r.prompt.size());
-  check(n < max_model_len,
-        "request {}: the prompt has {} tokens, but this model's maximum context length is {} "
-        "tokens, prompt and output together",
-        r.id, n, max_model_len);
-  if (p.max_tokens) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= vocab)
+      fail("request {}: prompt position {}: {}", r.id, i, outside_vocabulary(r.prompt[i], vocab));
+  if (p.max_tokens)
     check(*p.max_tokens >= 1, "request {}: max_tokens must be at least 1, got {}", r.id, *p.max_tokens);
-    check(n + *p.max_tokens <= max_model_len,
-          "request {}: this model's maximum context length is {} tokens, but "
-          "{} were requested ({} in the prompt, {} for the output)",
-          r.id, max_model_len, n + *p.max_tokens, n, *p.max_tokens);
-  }
+  if (auto overflow = context_overflow(int64_t(r.prompt.size()), p.max_tokens, max_model_len))
+    fail("request {}: {}", r.id, overflow->message);
   check(std::isfinite(p.temperature) && p.temperature >= 0, "request {}: temperature must be >= 0, got {}",
         r.id, p.temperature);
   check(p.top_p > 0 && p.top_p <= 1, "request {}: top_p must be in (0, 1], got {}", r.id, p.top_p);
@@ -55,15 +48,14 @@ void validate_request(const GenerateRequest& r, int64_t vocab, int64_t max_model
   check(!p.prompt_logprobs || (*p.prompt_logprobs >= 0 && *p.prompt_logprobs <= kMaxLogprobs),
         "request {}: prompt_logprobs must be in [0, {}]", r.id, kMaxLogprobs);
   for (int32_t t : p.stop_token_ids)
-    check(t >= 0 && t < vocab, "request {}: stop token id {} is outside the vocabulary [0, {})", r.id, t,
-          vocab);
+    if (t < 0 || t >= vocab) fail("request {}: stop_token_ids: {}", r.id, outside_vocabulary(t, vocab));
   if (p.json)
     check(p.json->schema && p.json->vocab && int64_t(p.json->vocab->bytes.size()) <= vocab &&
               p.json->vocab->usable.size() == p.json->vocab->bytes.size(),
-          "request {}: the JSON constraint needs a schema and a token table of at most {} entries", r.id, vocab);
-  for (auto [t, bias] : p.logit_bias) {
-    check(t >= 0 && t < vocab, "request {}: logit_bias token id {} is outside the vocabulary [0, {})", r.id, t,
+          "request {}: the JSON constraint needs a schema and a token table of at most {} entries", r.id,
           vocab);
+  for (auto [t, bias] : p.logit_bias) {
+    if (t < 0 || t >= vocab) fail("request {}: logit_bias: {}", r.id, outside_vocabulary(t, vocab));
     check(std::isfinite(bias), "request {}: the logit_bias of token {} is not finite", r.id, t);
   }
 }

@@ -7,11 +7,14 @@
 #include <span>
 #include <vector>
 
-#include "model/qwen35.h"
+#include "model/forward_step.h"
 #include "storage/kv_cache.h"
 #include "storage/state_cache.h"
 
 namespace moeserve {
+
+class Backend;
+struct ModelWeights;
 
 class ModelRunner {
  public:

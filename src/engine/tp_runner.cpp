@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "common/error.h"
 #include "dist/communicator.h"
+#include "model/qwen35.h"
 
 namespace moeserve {
 namespace {

@@ -7,13 +7,12 @@
 // (the choice pipelines and encoders) happens in poll(), on the connection's IO strand. Admission may call
 // back from any thread; that path only submits to the engine.
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -99,10 +98,6 @@ class GenerationJob : public AsyncBody, public std::enable_shared_from_this<Gene
   bool cancelled_ = false;
   std::atomic<bool> done_{false};
 };
-
-// Builds the 400 vLLM answers when a prompt plus max_tokens exceeds the context.
-void check_context_length(const std::vector<int32_t>& prompt, const SamplingParams& params, int64_t max_model_len,
-                          const char* prompt_param);
 
 std::string random_id(const char* prefix);
 

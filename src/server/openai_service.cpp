@@ -1,6 +1,5 @@
 #include "server/openai_service.h"
 
-#include <cctype>
 #include <cstdlib>
 #include <ctime>
 #include <limits>
@@ -9,6 +8,7 @@
 #include "engine/json_constraint.h"
 #include "server/api_error.h"
 #include "server/messages_api.h"
+#include "server/request_checks.h"
 #include "server/responses_api.h"
 #include "server/vllm_metrics.h"
 #include "text/chat_template.h"
@@ -25,24 +25,6 @@ HttpResponse json_response(const json& j, int status = 200) {
   r.status = status;
   r.body = j.dump(-1, ' ', false, json::error_handler_t::replace);
   return r;
-}
-
-// Compares in time independent of where the strings differ, so timing does not reveal a key's prefix (only
-// its length, as with Python's hmac.compare_digest).
-bool same_secret(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-// The paths behind the key: the whole OpenAI API under /v1/ (as vLLM guards it, unknown paths included, so
-// they reveal nothing either), and the tokenizer; /health, /metrics and /version stay open for load balancers
-// and Prometheus.
-bool needs_key(std::string_view path) {
-  if (path == "/v1/health") return false;
-  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize" ||
-         path == "/reset_prefix_cache" || path == "/flush_cache";
 }
 
 // An X-Request-Id worth echoing: what tracing proxies send (a UUID, a hex id), not a header-sized blob.
@@ -64,6 +46,15 @@ SamplingParams to_engine(const SamplingSettings& s) {
   p.stop_token_ids = s.stop_token_ids;
   p.logit_bias = s.logit_bias;
   return p;
+}
+
+// n choices, each with the request's stop strings and stream settings.
+void set_choices(JobSpec& spec, int n, const SamplingSettings& sampling, const StreamSettings& stream) {
+  spec.n = n;
+  spec.stop = sampling.stop;
+  spec.include_stop_str_in_output = sampling.include_stop_str_in_output;
+  spec.skip_special_tokens = sampling.skip_special_tokens;
+  spec.stream = stream;
 }
 
 }  // namespace
@@ -133,26 +124,9 @@ void OpenAiService::configure(HttpServerOptions& http) {
 }
 
 std::optional<HttpResponse> OpenAiService::check_head(const HttpRequest& req) const {
-  if (options_.api_key.empty() || !needs_key(req.path)) return std::nullopt;
-  // Browsers send a CORS preflight without credentials; it reveals nothing and runs nothing.
-  if (req.method == "OPTIONS" && !options_.allowed_origins.empty()) return std::nullopt;
-  std::string_view auth = req.header("authorization");
-  // The scheme is case-insensitive (RFC 9110 section 11.1), the key is not.
-  constexpr std::string_view kBearer = "bearer ";
-  bool bearer = auth.size() > kBearer.size();
-  for (size_t i = 0; bearer && i < kBearer.size(); ++i) {
-    bearer = std::tolower(static_cast<unsigned char>(auth[i])) == kBearer[i];
-  }
-  if (bearer && same_secret(auth.substr(kBearer.size()), options_.api_key)) return std::nullopt;
-  // Anthropic's SDKs send the key as x-api-key.
-  if (std::string_view key = req.header("x-api-key"); !key.empty() && same_secret(key, options_.api_key)) {
-    return std::nullopt;
-  }
-  return error_response(ApiError(401,
-                                 auth.empty() && req.header("x-api-key").empty()
-                                     ? "missing API key: send 'Authorization: Bearer <key>'"
-                                     : "incorrect API key provided",
-                                 "authentication_error", std::nullopt, "invalid_api_key"));
+  auto error = api_key_error(req, options_.api_key, !options_.allowed_origins.empty());
+  if (!error) return std::nullopt;
+  return error_response(*error);
 }
 
 Reply OpenAiService::handle(HttpRequest& request) {
@@ -283,24 +257,15 @@ void OpenAiService::note_ignored(const std::vector<std::string>& names) {
   }
 }
 
-// One rule and one message for every token id a request names (prompt ids, stop_token_ids, logit_bias keys):
-// within the model's vocabulary and, when there is a tokenizer, within what it can decode. Negative ids are
-// refused while parsing.
-void OpenAiService::check_token_ids(const char* param, const std::vector<int32_t>& ids) const {
-  int64_t vocab = std::numeric_limits<int64_t>::max();
-  if (Engine* engine = engine_.load()) vocab = engine->vocab_size();
-  if (tokenizer_) vocab = std::min<int64_t>(vocab, int64_t(tokenizer_->vocab_size()));
-  for (int32_t id : ids) {
-    if (id >= vocab)
-      throw invalid_param(param, "token id {} is outside the vocabulary ({} tokens)", id, vocab);
-  }
-}
-
-void OpenAiService::check_sampling_token_ids(const SamplingParams& params) const {
-  check_token_ids("stop_token_ids", params.stop_token_ids);
-  std::vector<int32_t> biased;
-  for (auto [token, bias] : params.logit_bias) biased.push_back(token);
-  check_token_ids("logit_bias", biased);
+ServedModel OpenAiService::served() const {
+  ServedModel m;
+  m.max_model_len = max_model_len_.load();
+  if (Engine* engine = engine_.load()) m.vocab = engine->vocab_size();
+  if (tokenizer_) m.vocab = std::min<int64_t>(m.vocab, int64_t(tokenizer_->vocab_size()));
+  m.has_tokenizer = tokenizer_ != nullptr;
+  m.has_chat_template = options_.chat_template != nullptr;
+  m.tool_call_parser = options_.tool_call_parser;
+  return m;
 }
 
 int OpenAiService::engine_priority(int request_priority) const {
@@ -309,6 +274,16 @@ int OpenAiService::engine_priority(int request_priority) const {
   // -INT_MIN does not exist; the smallest request value becomes the largest engine value all the same.
   return request_priority == std::numeric_limits<int>::min() ? std::numeric_limits<int>::max()
                                                              : -request_priority;
+}
+
+JobSpec OpenAiService::new_spec(JobSpec::Kind kind, const char* id_prefix) const {
+  JobSpec spec;
+  spec.kind = kind;
+  spec.id = random_id(id_prefix);
+  spec.created = static_cast<int64_t>(std::time(nullptr));
+  spec.arrival = Clock::now();
+  spec.queue_timeout = options_.queue_timeout;
+  return spec;
 }
 
 HttpResponse OpenAiService::health() const {
@@ -346,12 +321,7 @@ HttpResponse OpenAiService::model_info() const {
 // wedged engine thread or a broken backend fails this probe where /health still answers.
 Reply OpenAiService::health_generate() {
   check_generation_ready();
-  JobSpec spec;
-  spec.kind = JobSpec::Kind::kCompletion;
-  spec.id = random_id("health-");
-  spec.created = static_cast<int64_t>(std::time(nullptr));
-  spec.arrival = Clock::now();
-  spec.queue_timeout = options_.queue_timeout;
+  JobSpec spec = new_spec(JobSpec::Kind::kCompletion, "health-");
   spec.prompts = {{0}};
   spec.prompt_texts = {""};
   spec.params.temperature = 0;
@@ -416,10 +386,7 @@ int64_t OpenAiService::turn_boundary(const std::vector<int32_t>& prompt) const {
 
 std::vector<int32_t> OpenAiService::encode(const std::string& text, bool add_special_tokens,
                                            const char* param) const {
-  if (!tokenizer_) {
-    throw invalid_param(param,
-                        "this model has no tokenizer (no tokenizer.json): send token ids instead of text");
-  }
+  check_tokenizer(served(), param);
   return tokenizer_->encode(text, add_special_tokens);
 }
 
@@ -429,7 +396,7 @@ HttpResponse OpenAiService::tokenize(const HttpRequest& req) {
   bool add_special = body.value("add_special_tokens", true);
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
-    if (!options_.chat_template) throw invalid_param("messages", "this model has no chat template");
+    check_chat_template(served());
     // Reuse the chat validation: the same body shape minus generation parameters.
     json chat = {{"messages", body["messages"]}};
     for (const char* key :
@@ -458,25 +425,24 @@ HttpResponse OpenAiService::detokenize(const HttpRequest& req) {
   if (!body.contains("tokens") || !body["tokens"].is_array()) {
     throw invalid_param("tokens", "must be an array of token ids");
   }
-  if (!tokenizer_) throw invalid_param("tokens", "this model has no tokenizer (no tokenizer.json)");
+  const ServedModel model = served();
+  check_tokenizer(model, "tokens");
   std::vector<int32_t> ids;
   for (auto& t : body["tokens"]) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
-        t.get<int64_t>() >= static_cast<int64_t>(tokenizer_->vocab_size())) {
-      throw invalid_param("tokens", "{} is not a token id of this model (vocabulary of {})", brief(t),
-                          tokenizer_->vocab_size());
+        t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      throw invalid_param("tokens", "{} is not a token id", brief(t));
     }
     ids.push_back(t.get<int32_t>());
   }
+  check_token_ids(model, "tokens", ids);
   return json_response({{"prompt", tokenizer_->decode(ids, false)}});
 }
 
 std::shared_ptr<const JsonConstraint> OpenAiService::json_constraint(
     const ResponseFormat& format, std::optional<int32_t> start_after_token) {
   if (!format.schema) return nullptr;
-  if (!tokenizer_) {
-    throw invalid_param("response_format", "structured output needs the model's tokenizer (tokenizer.json)");
-  }
+  check_tokenizer(served(), "response_format");
   check_generation_ready();
   auto c = std::make_shared<JsonConstraint>();
   c->schema = format.schema;
@@ -522,22 +488,16 @@ Reply OpenAiService::completions(HttpRequest& req) {
   CompletionRequest cr = parse_completion_request(req.body);
   note_ignored(cr.ignored);
   check_model(cr.model);
-  if (!cr.sampling.stop.empty() && !tokenizer_) {
-    throw invalid_param("stop", "stop strings need a tokenizer; this model has none (use stop_token_ids)");
-  }
-  JobSpec spec;
-  spec.kind = JobSpec::Kind::kCompletion;
-  spec.id = random_id("cmpl-");
-  spec.created = static_cast<int64_t>(std::time(nullptr));
-  spec.arrival = Clock::now();
-  spec.queue_timeout = options_.queue_timeout;
+  const ServedModel model = served();
+  if (!cr.sampling.stop.empty()) check_tokenizer(model, "stop");
+  JobSpec spec = new_spec(JobSpec::Kind::kCompletion, "cmpl-");
   for (auto& prompt : cr.prompts) {
     if (auto* text = std::get_if<std::string>(&prompt)) {
       spec.prompts.push_back(encode(*text, true, "prompt"));
       spec.prompt_texts.push_back(*text);
     } else {
       auto& ids = std::get<std::vector<int32_t>>(prompt);
-      check_token_ids("prompt", ids);
+      check_token_ids(model, "prompt", ids);
       spec.prompt_texts.push_back(tokenizer_ ? tokenizer_->decode(ids, false) : "");
       spec.prompts.push_back(ids);
     }
@@ -550,8 +510,8 @@ Reply OpenAiService::completions(HttpRequest& req) {
     // the context is an error instead).
     int64_t max_tokens = options_.default_completion_max_tokens;
     for (auto& p : spec.prompts) {
-      if (max_model_len_.load() > 0) {
-        max_tokens = std::min<int64_t>(max_tokens, max_model_len_.load() - static_cast<int64_t>(p.size()));
+      if (model.max_model_len > 0) {
+        max_tokens = std::min<int64_t>(max_tokens, model.max_model_len - static_cast<int64_t>(p.size()));
       }
     }
     spec.params.max_tokens = static_cast<int>(std::max<int64_t>(max_tokens, 1));
@@ -563,14 +523,10 @@ Reply OpenAiService::completions(HttpRequest& req) {
   }
   if (cr.prompt_logprobs) spec.params.prompt_logprobs = *cr.prompt_logprobs;
   spec.params.json = json_constraint(cr.response_format, std::nullopt);
-  for (auto& p : spec.prompts) check_context_length(p, spec.params, max_model_len_.load(), "prompt");
-  check_sampling_token_ids(spec.params);
+  for (auto& p : spec.prompts) check_context_length(model, p.size(), spec.params.max_tokens, "prompt");
+  check_sampling_token_ids(model, spec.params);
   spec.priority = engine_priority(cr.priority);
-  spec.n = cr.n;
-  spec.stop = cr.sampling.stop;
-  spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;
-  spec.skip_special_tokens = cr.sampling.skip_special_tokens;
-  spec.stream = cr.stream;
+  set_choices(spec, cr.n, cr.sampling, cr.stream);
   spec.echo = cr.echo;
   spec.return_token_ids = cr.return_token_ids;
   spec.logprobs = cr.logprobs;
@@ -601,22 +557,13 @@ Reply OpenAiService::responses(HttpRequest& req) {
 JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
   note_ignored(cr.ignored);
   check_model(cr.model);
-  if (!options_.chat_template || !tokenizer_) {
-    throw ApiError(400, "this model has no chat template or tokenizer; use /v1/completions with token ids",
-                   "invalid_request_error", "messages");
-  }
+  const ServedModel model = served();
+  check_chat_template(model);
   bool tools_on = cr.tool_choice != ToolChoice::kNone;
-  if (tools_on && options_.tool_call_parser.empty()) {
-    throw invalid_param("tool_choice", "tool calls need the server to run with --tool-call-parser");
-  }
+  check_tool_calls(model, tools_on);
   std::string forced_prefix;
   std::string prompt = render_chat(cr, &forced_prefix);
-  JobSpec spec;
-  spec.kind = JobSpec::Kind::kChat;
-  spec.id = random_id(id_prefix);
-  spec.created = static_cast<int64_t>(std::time(nullptr));
-  spec.arrival = Clock::now();
-  spec.queue_timeout = options_.queue_timeout;
+  JobSpec spec = new_spec(JobSpec::Kind::kChat, id_prefix);
   spec.prompts.push_back(encode(prompt + forced_prefix, /*add_special_tokens=*/false, "messages"));
   spec.snapshot_hint = turn_boundary(spec.prompts[0]);
   spec.prompt_texts.push_back(prompt + forced_prefix);
@@ -628,14 +575,10 @@ JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
     spec.params.top_logprobs = cr.top_logprobs;
     spec.logprobs = cr.top_logprobs;
   }
-  check_context_length(spec.prompts[0], spec.params, max_model_len_.load(), "messages");
-  check_sampling_token_ids(spec.params);
+  check_context_length(model, spec.prompts[0].size(), spec.params.max_tokens, "messages");
+  check_sampling_token_ids(model, spec.params);
   spec.priority = engine_priority(cr.priority);
-  spec.n = cr.n;
-  spec.stop = cr.sampling.stop;
-  spec.include_stop_str_in_output = cr.sampling.include_stop_str_in_output;
-  spec.skip_special_tokens = cr.sampling.skip_special_tokens;
-  spec.stream = cr.stream;
+  set_choices(spec, cr.n, cr.sampling, cr.stream);
   spec.return_token_ids = cr.return_token_ids;
   text::OutputParserOptions parser;
   parser.reasoning_parser = options_.reasoning_parser;

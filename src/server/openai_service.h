@@ -13,11 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "server/admission.h"
 #include "engine/json_constraint.h"
+#include "server/admission.h"
 #include "server/generation.h"
 #include "server/http.h"
 #include "server/openai_request.h"
+#include "server/request_checks.h"
 #include "server/responses_api.h"
 #include "server/sampling_defaults.h"
 #include "server/server_metrics.h"
@@ -67,8 +68,8 @@ std::vector<std::string> parse_allowed_origins(const std::string& flag);
 class OpenAiService {
  public:
   // engine and tokenizer may be null (tests of routing and errors; a model without tokenizer.json).
-  OpenAiService(ServiceOptions options, Engine* engine, const text::Tokenizer* tokenizer, Admission& admission,
-                ServerMetrics& metrics);
+  OpenAiService(ServiceOptions options, Engine* engine, const text::Tokenizer* tokenizer,
+                Admission& admission, ServerMetrics& metrics);
 
   Reply handle(HttpRequest& request);  // the HttpServer handler
   // Installs this service's head check (the API key, decided before a body is read) and its choice of the
@@ -78,7 +79,9 @@ class OpenAiService {
   std::optional<HttpResponse> check_head(const HttpRequest& head) const;
   // GETs (/health, /metrics, /v1/models, /version) and CORS preflights read no body and do no parsing: they
   // run inline.
-  static bool runs_inline(const HttpRequest& head) { return head.method == "GET" || head.method == "OPTIONS"; }
+  static bool runs_inline(const HttpRequest& head) {
+    return head.method == "GET" || head.method == "OPTIONS";
+  }
 
   void set_ready(bool ready) { ready_ = ready; }
   // Once loading finishes (before set_ready): the engine and the context length it settled on.
@@ -102,6 +105,8 @@ class OpenAiService {
   Reply messages(HttpRequest& request);
   // A chat request's job (tokenized prompt, parameters, parsers, constraint); its id starts with id_prefix.
   JobSpec chat_job(ChatRequest& request, const char* id_prefix);
+  // A job of `kind` arriving now, its id `id_prefix` and a random part.
+  JobSpec new_spec(JobSpec::Kind kind, const char* id_prefix) const;
   HttpResponse health() const;
   HttpResponse model_info() const;
   Reply health_generate();
@@ -116,13 +121,14 @@ class OpenAiService {
   int64_t turn_boundary(const std::vector<int32_t>& prompt) const;
   // Logs each unknown request parameter's name once, at debug level.
   void note_ignored(const std::vector<std::string>& names);
-  void check_token_ids(const char* param, const std::vector<int32_t>& ids) const;
-  void check_sampling_token_ids(const SamplingParams& params) const;  // stop_token_ids, logit_bias
+  // The model's limits and abilities the request checks (server/request_checks.h) hold a request to.
+  ServedModel served() const;
   int engine_priority(int request_priority) const;
   // The prompt text of a chat request; forced_prefix (if given) receives the text appended to force a tool
   // call (tool_choice "required" or a named function).
   std::string render_chat(const ChatRequest& request, std::string* forced_prefix) const;
-  // The engine's JSON constraint for a response_format (null for text); the token table is built on first use.
+  // The engine's JSON constraint for a response_format (null for text); the token table is built on first
+  // use.
   std::shared_ptr<const JsonConstraint> json_constraint(const ResponseFormat& format,
                                                         std::optional<int32_t> start_after_token);
 

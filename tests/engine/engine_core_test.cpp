@@ -6,10 +6,15 @@
 #include <random>
 #include <tuple>
 
+#include "engine/request_limits.h"
 #include "fake_model.h"
+#include "requests.h"
 
 namespace moeserve {
 namespace {
+
+using engine_test::concat;
+using engine_test::greedy;
 
 using fake::FakeModel;
 
@@ -62,23 +67,8 @@ struct Harness {
   std::unique_ptr<EngineCore> core;
 };
 
-SamplingParams greedy(int max_tokens) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
-
 std::vector<int32_t> random_tokens(std::mt19937& rng, int n, int vocab = 32) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = std::uniform_int_distribution<int>(1, vocab - 1)(rng);
-  return t;
-}
-
-std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
+  return engine_test::random_prompt(rng, n, vocab, /*lowest=*/1);  // 0 is the fake model's eos
 }
 
 TEST(EngineCore, GreedyMatchesReference) {
@@ -443,6 +433,11 @@ TEST(EngineCore, RejectsInvalidRequestsWithAMessage) {
   p = {};
   p.max_tokens = 5000;
   EXPECT_NE(bad({"a", {1}, p, 0, {}}).find("maximum context length"), std::string::npos);
+  // The words the server's 400 uses for the same rule (engine/request_limits.h).
+  EXPECT_EQ(bad({"a", {1}, p, 0, {}}),
+            "request a: " + context_overflow(1, 5000, h.core->capacity().max_model_len)->message);
+  EXPECT_EQ(bad({"a", {1, 99}, {}, 0, {}}),
+            "request a: prompt position 1: " + outside_vocabulary(99, 32));  // the harness's vocabulary
 }
 
 // Requests arrive over time with random lengths, sampling settings and cancellations, on a cache small

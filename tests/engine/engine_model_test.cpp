@@ -15,9 +15,14 @@
 #include "model/checkpoint.h"
 #include "model/init_model.h"
 #include "model/safetensors.h"
+#include "requests.h"
 
 namespace moeserve {
 namespace {
+
+using engine_test::concat;
+using engine_test::greedy;
+using engine_test::random_prompt;
 
 const std::string kModels = "tests/fixtures/models/";
 
@@ -48,16 +53,6 @@ EngineOptions options(int page_size = 16, bool prefix_cache = true, int max_runn
   return o;
 }
 
-SamplingParams greedy(int max_tokens, int top_logprobs = 0) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  p.logprobs = top_logprobs > 0;
-  p.top_logprobs = top_logprobs;
-  return p;
-}
-
 std::shared_ptr<OutputStream> submit(Engine& e, const std::string& id, std::vector<int32_t> prompt,
                                      SamplingParams p) {
   auto stream = std::make_shared<OutputStream>();
@@ -69,17 +64,6 @@ std::shared_ptr<OutputStream> submit(Engine& e, const std::string& id, std::vect
 
 GenerateOutput generate(Engine& e, const std::string& id, std::vector<int32_t> prompt, SamplingParams p) {
   return submit(e, id, std::move(prompt), std::move(p))->collect();
-}
-
-std::vector<int32_t> random_prompt(std::mt19937& rng, int n, int vocab) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = std::uniform_int_distribution<int>(0, vocab - 1)(rng);
-  return t;
-}
-
-std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
 }
 
 // Same tokens, and the same logprobs of each step's top alternatives up to float noise.
@@ -254,9 +238,9 @@ TEST(EngineOnModel, LogitCandidatesGiveTheFullRowTokensUnderJson) {
   auto table = std::make_shared<TokenBytes>();
   const std::string chars = "{}[],:\" \n0123456789-.eatrufsnlxyz";
   for (int32_t id = 0; id < int32_t(config.vocab_size); ++id) {
-    table->bytes.push_back(id < 256 ? std::string(1, char(id))
-                                    : std::string{chars[size_t(id) % chars.size()],
-                                                  chars[size_t(id / 7) % chars.size()]});
+    table->bytes.push_back(
+        id < 256 ? std::string(1, char(id))
+                 : std::string{chars[size_t(id) % chars.size()], chars[size_t(id / 7) % chars.size()]});
     table->usable.push_back(id < 151600);
   }
   auto constraint = std::make_shared<JsonConstraint>();
@@ -297,8 +281,8 @@ TEST(EngineOnModel, LogitCandidatesGiveTheFullRowTokensUnderJson) {
     auto engine = Engine::create(weights, o);
     for (int i = 0; i < 8; ++i) {
       SCOPED_TRACE(i);
-      expect_same_generation(generate(*engine, "c" + std::to_string(i), prompts[size_t(i)], params[size_t(i)]),
-                             want[size_t(i)]);
+      expect_same_generation(
+          generate(*engine, "c" + std::to_string(i), prompts[size_t(i)], params[size_t(i)]), want[size_t(i)]);
     }
   }
 }
@@ -344,8 +328,8 @@ TEST(EngineOnModel, MultiTurnConversationResumesFromThePreviousTurnsEnd) {
   }
 }
 
-// Preemption on the real model: 16 requests of up to 100 tokens (half sharing a 40-token prefix, some sampled with a
-// seed, two priorities, half arriving while the others run) on a KV pool of 160 tokens. Requests are
+// Preemption on the real model: 16 requests of up to 100 tokens (half sharing a 40-token prefix, some sampled
+// with a seed, two priorities, half arriving while the others run) on a KV pool of 160 tokens. Requests are
 // preempted and resume from their snapshots (or recompute), yet every request gets exactly the tokens it gets
 // on a roomy pool, every invariant holds after every step, and at the end every page and slot is back in its
 // pool.

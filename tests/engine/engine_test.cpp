@@ -5,9 +5,12 @@
 #include <thread>
 
 #include "fake_model.h"
+#include "requests.h"
 
 namespace moeserve {
 namespace {
+
+using engine_test::greedy;
 
 using fake::FakeModel;
 
@@ -17,14 +20,6 @@ EngineOptions small_options() {
   o.cache_memory_bytes = 1 << 20;
   o.max_running_requests = 8;
   return o;
-}
-
-SamplingParams greedy(int max_tokens) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
 }
 
 GenerateRequest request(const std::string& id, std::vector<int32_t> prompt, SamplingParams p,

@@ -22,9 +22,13 @@
 #include "model/init_model.h"
 #include "model/qwen35.h"
 #include "model/sequence.h"
+#include "requests.h"
 
 namespace moeserve {
 namespace {
+
+using engine_test::greedy;
+using engine_test::random_prompt;
 
 const std::string kModels = "tests/fixtures/models/";
 
@@ -39,22 +43,6 @@ EngineOptions options(int spec_steps, int page_size = 16, int max_running = 16) 
   o.speculative_num_steps = spec_steps;
   o.speculative_adaptive = false;  // every decode step drafts: the rollback paths run as often as they can
   return o;
-}
-
-SamplingParams greedy(int max_tokens, int top_logprobs = 2) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  p.logprobs = top_logprobs > 0;
-  p.top_logprobs = top_logprobs;
-  return p;
-}
-
-std::vector<int32_t> random_prompt(std::mt19937& rng, int n, int vocab) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = std::uniform_int_distribution<int>(0, vocab - 1)(rng);
-  return t;
 }
 
 // The real runner, with the MTP layer's drafts replaced by an oracle's where it knows the continuation: the
@@ -176,7 +164,7 @@ Workload workload(int vocab, int n, uint32_t seed, bool sampling) {
     auto prompt = random_prompt(rng, uniform(1, 60), vocab);
     if (i % 3 == 1) prompt.insert(prompt.begin(), shared.begin(), shared.end());
     w.prompts.push_back(prompt);
-    SamplingParams p = greedy(uniform(8, 40));
+    SamplingParams p = greedy(uniform(8, 40), 2);
     if (sampling && i % 2) {
       p.temperature = 0.8f;
       p.top_k = 40;
@@ -255,7 +243,7 @@ TEST(Speculative, MultiTurnConversationFromThePrefixCacheEqualsPlainDecoding) {
     for (int turn = 0; turn < 5; ++turn) {
       prompts.push_back(conversation);
       auto stream = std::make_shared<OutputStream>();
-      GenerateRequest r{"t" + std::to_string(turn), conversation, greedy(12), 0, {}};
+      GenerateRequest r{"t" + std::to_string(turn), conversation, greedy(12, 2), 0, {}};
       r.on_output = stream->sink();
       core.add(std::move(r));
       while (!core.idle()) {

@@ -5,9 +5,11 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "harness.h"
 #include "promtool.h"
@@ -239,15 +241,15 @@ TEST(Generation, ChatReasoningAndContent) {
 // the content is a document of the schema although the script goes on in prose.
 TEST(Generation, JsonSchemaAppliesAfterTheReasoning) {
   Server s(kThinkingTail, "The user wants JSON.\n</think>\n\nSure: here it is, {\"color\": \"blue\"} done.");
-  const json format = {
-      {"type", "json_schema"},
-      {"json_schema",
-       {{"name", "c"},
-        {"schema",
-         {{"type", "object"},
-          {"properties", {{"color", {{"enum", {"red", "blue"}}}}}},
-          {"required", {"color"}}}}}}};
-  json r = s.post("/v1/chat/completions", chat_body("Hi!", {{"response_format", format}, {"max_tokens", 200}}));
+  const json format = {{"type", "json_schema"},
+                       {"json_schema",
+                        {{"name", "c"},
+                         {"schema",
+                          {{"type", "object"},
+                           {"properties", {{"color", {{"enum", {"red", "blue"}}}}}},
+                           {"required", {"color"}}}}}}};
+  json r =
+      s.post("/v1/chat/completions", chat_body("Hi!", {{"response_format", format}, {"max_tokens", 200}}));
   const json& m = r["choices"][0]["message"];
   EXPECT_EQ(m["reasoning_content"], "The user wants JSON.") << r.dump();
   json doc = json::parse(m["content"].get<std::string>(), nullptr, false);
@@ -255,9 +257,9 @@ TEST(Generation, JsonSchemaAppliesAfterTheReasoning) {
   EXPECT_TRUE(doc["color"] == "red" || doc["color"] == "blue") << r.dump();
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
 
-  // Thinking off: constrained from the first token. The script (anchored on the thinking prompt) only says eos,
-  // which is not allowed before the document is complete, so greedy's tie-break (lowest id among equal logits)
-  // picks each byte: '{' and '"' before whitespace, 'b' before 'r', '}' since no key is left.
+  // Thinking off: constrained from the first token. The script (anchored on the thinking prompt) only says
+  // eos, which is not allowed before the document is complete, so greedy's tie-break (lowest id among equal
+  // logits) picks each byte: '{' and '"' before whitespace, 'b' before 'r', '}' since no key is left.
   json plain = s.post("/v1/chat/completions",
                       chat_body("Hi!", {{"response_format", format},
                                         {"temperature", 0},
@@ -267,9 +269,9 @@ TEST(Generation, JsonSchemaAppliesAfterTheReasoning) {
 
   // A forced tool call and a JSON answer at once cannot both hold.
   json tool = {{"type", "function"}, {"function", {{"name", "f"}}}};
-  auto bad = s.harness->post("/v1/chat/completions",
-                             chat_body("Hi!", {{"response_format", format}, {"tools", {tool}}, {"tool_choice", "required"}})
-                                 .dump());
+  auto bad = s.harness->post(
+      "/v1/chat/completions",
+      chat_body("Hi!", {{"response_format", format}, {"tools", {tool}}, {"tool_choice", "required"}}).dump());
   EXPECT_EQ(bad.status, 400) << bad.body;
   EXPECT_EQ(json::parse(bad.body)["error"]["param"], "response_format");
 }
@@ -348,7 +350,8 @@ TEST(Generation, ToolCallStreamIsOneEntryPerCallPerChunk) {
   auto call_piece = [](json function) {
     return json{{"tool_calls", {{{"function", function}, {"index", 0}}}}};
   };
-  auto expected = [&](const std::string& id, const std::string& last_arguments, json finish, json stop_reason) {
+  auto expected = [&](const std::string& id, const std::string& last_arguments, json finish,
+                      json stop_reason) {
     auto choice = [](json delta) {
       return json{{"delta", delta}, {"finish_reason", nullptr}, {"index", 0}, {"logprobs", nullptr}};
     };
@@ -390,7 +393,8 @@ TEST(Generation, ToolCallStreamIsOneEntryPerCallPerChunk) {
 
 TEST(Generation, ParallelToolCallsFalseKeepsTheFirstCall) {
   const std::string second =
-      "\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
+      "\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</"
+      "tool_call>";
   Server s(kNoThinkingTail, kToolCallText + second);
   json body = chat_body("Weather in Paris and Oslo?",
                         {{"tools", {kWeatherTool}}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
@@ -400,13 +404,15 @@ TEST(Generation, ParallelToolCallsFalseKeepsTheFirstCall) {
   json one = s.post("/v1/chat/completions", body);
   const json& calls = one["choices"][0]["message"]["tool_calls"];
   ASSERT_EQ(calls.size(), 1u) << one.dump();
-  EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()), json({{"city", "Paris"}, {"days", 3}}));
+  EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}, {"days", 3}}));
   EXPECT_EQ(one["choices"][0]["finish_reason"], "tool_calls");
   auto [chunks, done] = s.stream("/v1/chat/completions", body);
   EXPECT_TRUE(done);
   std::set<int> indexes;
   for (auto& c : chunks) {
-    for (auto& t : c["choices"][0]["delta"].value("tool_calls", json::array())) indexes.insert(t["index"].get<int>());
+    for (auto& t : c["choices"][0]["delta"].value("tool_calls", json::array()))
+      indexes.insert(t["index"].get<int>());
   }
   EXPECT_EQ(indexes, std::set<int>{0});
 }
@@ -455,7 +461,8 @@ TEST(Generation, RequestIdIsEchoedAndCorsFollowsAllowedOrigins) {
   Server s(kPrompt, " ok", {.memory_pressure_threshold = 0}, options);
   const std::string key = "Authorization: Bearer sesame";
   const std::string body = json{{"prompt", kPrompt}, {"max_tokens", 2}}.dump();
-  auto r = s.harness->post("/v1/completions", body, {key, "X-Request-Id: trace-42", "Origin: https://app.example"});
+  auto r = s.harness->post("/v1/completions", body,
+                           {key, "X-Request-Id: trace-42", "Origin: https://app.example"});
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.headers["x-request-id"], "trace-42");
   EXPECT_EQ(r.headers["access-control-allow-origin"], "https://app.example");
@@ -481,7 +488,8 @@ TEST(Generation, RequestIdIsEchoedAndCorsFollowsAllowedOrigins) {
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.headers.count("access-control-allow-origin"), 0u);
   EXPECT_EQ(parse_allowed_origins("*"), std::vector<std::string>{"*"});
-  EXPECT_EQ(parse_allowed_origins("https://a,https://b"), (std::vector<std::string>{"https://a", "https://b"}));
+  EXPECT_EQ(parse_allowed_origins("https://a,https://b"),
+            (std::vector<std::string>{"https://a", "https://b"}));
   EXPECT_THROW(parse_allowed_origins("[1]"), Error);
 }
 
@@ -502,10 +510,11 @@ TEST(Generation, NamedToolChoiceForcesTheCall) {
 }
 
 TEST(Generation, RequiredToolChoiceForcesACall) {
-  const json time_tool = {{"type", "function"},
-                          {"function",
-                           {{"name", "get_time"},
-                            {"parameters", {{"type", "object"}, {"properties", {{"zone", {{"type", "string"}}}}}}}}}};
+  const json time_tool = {
+      {"type", "function"},
+      {"function",
+       {{"name", "get_time"},
+        {"parameters", {{"type", "object"}, {"properties", {{"zone", {{"type", "string"}}}}}}}}}};
   {
     // One tool: "required" can only mean that one, so its name is written too, as for a named choice.
     Server s(kNoThinkingTail + "<tool_call>\n<function=get_weather>\n",
@@ -607,16 +616,18 @@ TEST(Generation, VllmMetricNamesMirrorTheSeriesAndPassPromtool) {
   s.stream("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 5}});
   std::string m = s.metrics();
   const std::string labels = "{model_name=\"scripted\"}";
-  for (const char* name : {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
-                           "generation_tokens_total", "time_to_first_token_seconds_count",
-                           "inter_token_latency_seconds_count", "e2e_request_latency_seconds_count"}) {
+  for (const char* name :
+       {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
+        "generation_tokens_total", "time_to_first_token_seconds_count", "inter_token_latency_seconds_count",
+        "e2e_request_latency_seconds_count"}) {
     double mine = sample_value(m, std::string("moeserve:") + name + labels);
     EXPECT_GE(mine, 0) << name;
     EXPECT_EQ(sample_value(m, std::string("vllm:") + name + labels), mine) << name;
   }
   EXPECT_EQ(sample_value(m, "vllm:generation_tokens_total" + labels), 6);
   EXPECT_EQ(sample_value(m, "vllm:time_to_first_token_seconds_count" + labels), 2);
-  EXPECT_EQ(sample_value(m, "vllm:gpu_cache_usage_perc" + labels), sample_value(m, "vllm:kv_cache_usage_perc" + labels));
+  EXPECT_EQ(sample_value(m, "vllm:gpu_cache_usage_perc" + labels),
+            sample_value(m, "vllm:kv_cache_usage_perc" + labels));
   EXPECT_EQ(sample_value(m, "vllm:time_per_output_token_seconds_count" + labels),
             sample_value(m, "vllm:inter_token_latency_seconds_count" + labels));
   EXPECT_NE(m.find("vllm:request_success_total{model_name=\"scripted\",finished_reason=\"stop\"} 2"),
@@ -643,8 +654,55 @@ TEST(Generation, TokenIdsOutsideTheVocabularyAreOne400NamingTheParameter) {
     ASSERT_EQ(r.status, 400) << r.body;
     json e = json::parse(r.body)["error"];
     EXPECT_EQ(e["param"], param);
-    EXPECT_EQ(e["message"], fmt::format("'{}': token id {} is outside the vocabulary ({} tokens)", param, past, vocab))
+    EXPECT_EQ(e["message"],
+              fmt::format("'{}': token id {} is outside the vocabulary ({} tokens)", param, past, vocab))
         << r.body;
+  }
+}
+
+// One rule, one message on every generation path: prompt + max_tokens over the context is the same 400 on
+// completions, chat completions, responses and messages, and a prompt that fills the context names the
+// prompt.
+TEST(Generation, ContextOverflowIsOneMessageOnEveryPath) {
+  Server s(kPrompt, " ok");
+  const int64_t limit = s.engine->capacity().max_model_len;
+  const json user = {{{"role", "user"}, {"content", "Hi"}}};
+  const int too_many = int(limit);  // over with any prompt
+  for (const auto& [path, body] : std::vector<std::pair<std::string, json>>{
+           {"/v1/completions", {{"prompt", kPrompt}, {"max_tokens", too_many}}},
+           {"/v1/chat/completions", {{"messages", user}, {"max_tokens", too_many}}},
+           {"/v1/responses", {{"input", user}, {"max_output_tokens", too_many}}},
+           {"/v1/messages", {{"messages", user}, {"max_tokens", too_many}}}}) {
+    auto r = s.harness->post(path, body.dump());
+    ASSERT_EQ(r.status, 400) << path << " -> " << r.body;
+    json e = json::parse(r.body)["error"];
+    EXPECT_EQ(e["param"], "max_tokens") << path;
+    std::smatch m;
+    const std::string message = e["message"];
+    ASSERT_TRUE(std::regex_match(
+        message, m,
+        std::regex("'max_tokens': this model's maximum context length is " + std::to_string(limit) +
+                   " tokens, but you requested ([0-9]+) tokens \\(([0-9]+) in the prompt, " +
+                   std::to_string(too_many) + " for the completion\\); reduce the prompt or max_tokens")))
+        << path << ": " << message;
+    EXPECT_EQ(std::stoll(m[1]), std::stoll(m[2]) + too_many) << message;
+  }
+  std::string long_text;
+  for (int64_t i = 0; i < limit; ++i) long_text += " fox";
+  for (const auto& [path, body, param] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"/v1/completions", {{"prompt", long_text}}, "prompt"},
+           {"/v1/chat/completions",
+            {{"messages", {{{"role", "user"}, {"content", long_text}}}}},
+            "messages"}}) {
+    auto r = s.harness->post(path, body.dump());
+    ASSERT_EQ(r.status, 400) << path << " -> " << r.body;
+    json e = json::parse(r.body)["error"];
+    EXPECT_EQ(e["param"], param);
+    EXPECT_NE(
+        e["message"].get<std::string>().find("'" + param + "': this model's maximum context length is " +
+                                             std::to_string(limit) + " tokens, but the prompt has "),
+        std::string::npos)
+        << e.dump();
   }
 }
 
@@ -729,12 +787,13 @@ TEST(Generation, LogitBiasBansAndForcesTokens) {
                                             {"logit_bias", {{"42", 100}}}});
   EXPECT_EQ(sampled["choices"][0]["token_ids"], json({42, 42}));
   // Chat takes it too.
-  json chat = s.post("/v1/chat/completions",
-                     chat_body("?", {{"max_tokens", 1}, {"logit_bias", {{"42", 100}}}, {"return_token_ids", true}}));
+  json chat =
+      s.post("/v1/chat/completions",
+             chat_body("?", {{"max_tokens", 1}, {"logit_bias", {{"42", 100}}}, {"return_token_ids", true}}));
   EXPECT_EQ(chat["choices"][0]["token_ids"], json({42}));
   // A token id outside the model's vocabulary is the client's error.
-  auto r = s.harness->post("/v1/completions",
-                           json{{"prompt", kPrompt}, {"logit_bias", {{"99999999", 1}}}}.dump());
+  auto r =
+      s.harness->post("/v1/completions", json{{"prompt", kPrompt}, {"logit_bias", {{"99999999", 1}}}}.dump());
   EXPECT_EQ(r.status, 400) << r.body;
   EXPECT_EQ(json::parse(r.body)["error"]["param"], "logit_bias");
 }
@@ -759,11 +818,12 @@ TEST(Generation, ParametersTheServerDoesNotUseAreAccepted) {
   EXPECT_EQ(b["choices"][0]["message"], a["choices"][0]["message"]);
   EXPECT_EQ(b["choices"][0]["message"]["content"], "Fine.");
   // Asking for what the server cannot do is still a 400, not silently different output.
-  for (json bad : {json{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
-                   json{{"response_format",
-                         {{"type", "json_schema"},
-                          {"json_schema", {{"name", "x"}, {"schema", {{"type", "number"}, {"multipleOf", 3}}}}}}}},
-                   json{{"modalities", {"text", "audio"}}}, json{{"priority", "urgent"}}}) {
+  for (json bad :
+       {json{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
+        json{{"response_format",
+              {{"type", "json_schema"},
+               {"json_schema", {{"name", "x"}, {"schema", {{"type", "number"}, {"multipleOf", 3}}}}}}}},
+        json{{"modalities", {"text", "audio"}}}, json{{"priority", "urgent"}}}) {
     json body = plain;
     body.update(bad);
     auto r = s.harness->post("/v1/chat/completions", body.dump());
@@ -775,8 +835,9 @@ TEST(Generation, ParametersTheServerDoesNotUseAreAccepted) {
 TEST(Generation, TemplateErrorsAre400NamingTheMessages) {
   Server s(kNoThinkingTail, "Fine.");
   // Qwen3.5's template raises on a conversation without a user turn and on a system message not first.
-  for (json messages : {json{{{"role", "system"}, {"content", "Be brief."}}},
-                        json{{{"role", "user"}, {"content", "Hi"}}, {{"role", "system"}, {"content", "Late."}}}}) {
+  for (json messages :
+       {json{{{"role", "system"}, {"content", "Be brief."}}},
+        json{{{"role", "user"}, {"content", "Hi"}}, {{"role", "system"}, {"content", "Late."}}}}) {
     auto r = s.harness->post("/v1/chat/completions", json{{"messages", messages}}.dump());
     EXPECT_EQ(r.status, 400) << r.body;
     json e = json::parse(r.body)["error"];

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "http_client.h"
+#include "http_connection.h"
 #include "server/admission.h"
 #include "server/http.h"
 #include "server/openai_service.h"

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <thread>
 
-#include "http_client.h"
+#include "http_connection.h"
 #include "server/http.h"
 
 namespace moeserve::server {

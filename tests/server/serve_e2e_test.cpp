@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "http_client.h"
+#include "http_connection.h"
 #include "model/safetensors.h"
 #include "promtool.h"
 #include "serve_process.h"

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "http_client.h"
+#include "http_connection.h"
 #include "serve_process.h"
 
 namespace moeserve::server {

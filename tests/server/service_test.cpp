@@ -20,7 +20,8 @@ json error_of(const testing_http::Response& r) {
   EXPECT_TRUE(j.is_object() && j.contains("error")) << r.body;
   if (!j.is_object() || !j.contains("error")) return json::object();
   auto e = j["error"];
-  EXPECT_TRUE(e.contains("message") && e.contains("type") && e.contains("param") && e.contains("code")) << r.body;
+  EXPECT_TRUE(e.contains("message") && e.contains("type") && e.contains("param") && e.contains("code"))
+      << r.body;
   return e;
 }
 
@@ -59,7 +60,8 @@ TEST(Service, ApiKeyGuardsTheApiButNotHealthOrMetrics) {
   o.api_key = "sk-secret";
   Harness h(o);
   h.service->set_ready(true);
-  for (auto headers : std::vector<std::vector<std::string>>{{}, {"Authorization: Bearer wrong"},
+  for (auto headers : std::vector<std::vector<std::string>>{{},
+                                                            {"Authorization: Bearer wrong"},
                                                             {"Authorization: sk-secret"},
                                                             {"Authorization: Bearer sk-secre"}}) {
     auto r = h.get("/v1/models", headers);
@@ -179,8 +181,10 @@ TEST(Service, GenerationRequestsValidateBeforeReadiness) {
     auto r = h.post(c.path, c.body);
     EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;
     json e = error_of(r);
-    if (*c.param) EXPECT_EQ(e["param"], c.param) << r.body;
-    else EXPECT_TRUE(e["param"].is_null()) << r.body;
+    if (*c.param)
+      EXPECT_EQ(e["param"], c.param) << r.body;
+    else
+      EXPECT_TRUE(e["param"].is_null()) << r.body;
   }
   // Long prompts: a prompt that fills the context leaves no room for output.
   std::string long_prompt = "[";
@@ -210,22 +214,62 @@ TEST(Service, MetricsCountErrorsByStatusAndPassPromtool) {
   auto r = h.get("/metrics");
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.headers["content-type"], "text/plain; version=0.0.4; charset=utf-8");
-  EXPECT_NE(r.body.find("moeserve:request_errors_total{model_name=\"tiny\",status=\"404\"} 1"), std::string::npos)
+  EXPECT_NE(r.body.find("moeserve:request_errors_total{model_name=\"tiny\",status=\"404\"} 1"),
+            std::string::npos)
       << r.body;
-  EXPECT_NE(r.body.find("moeserve:request_errors_total{model_name=\"tiny\",status=\"400\"} 1"), std::string::npos);
-  EXPECT_NE(r.body.find("moeserve:request_errors_total{model_name=\"tiny\",status=\"413\"} 1"), std::string::npos);
+  EXPECT_NE(r.body.find("moeserve:request_errors_total{model_name=\"tiny\",status=\"400\"} 1"),
+            std::string::npos);
+  EXPECT_NE(r.body.find("moeserve:request_errors_total{model_name=\"tiny\",status=\"413\"} 1"),
+            std::string::npos);
   for (const char* name :
-       {"moeserve:num_requests_running", "moeserve:num_requests_waiting", "moeserve:time_to_first_token_seconds",
-        "moeserve:inter_token_latency_seconds", "moeserve:e2e_request_latency_seconds",
-        "moeserve:request_queue_time_seconds", "moeserve:prompt_tokens_total", "moeserve:generation_tokens_total",
-        "moeserve:prefix_cache_queries_total", "moeserve:prefix_cache_hits_total", "moeserve:kv_cache_usage_perc",
-        "moeserve:state_slots_used", "moeserve:memory_used_bytes", "moeserve:memory_throttled_requests_total",
-        "moeserve:request_success_total"}) {
+       {"moeserve:num_requests_running", "moeserve:num_requests_waiting",
+        "moeserve:time_to_first_token_seconds", "moeserve:inter_token_latency_seconds",
+        "moeserve:e2e_request_latency_seconds", "moeserve:request_queue_time_seconds",
+        "moeserve:prompt_tokens_total", "moeserve:generation_tokens_total",
+        "moeserve:prefix_cache_queries_total", "moeserve:prefix_cache_hits_total",
+        "moeserve:kv_cache_usage_perc", "moeserve:state_slots_used", "moeserve:memory_used_bytes",
+        "moeserve:memory_throttled_requests_total", "moeserve:request_success_total"}) {
     EXPECT_NE(r.body.find(std::string("# TYPE ") + name + " "), std::string::npos) << name;
   }
-  ASSERT_TRUE(have_promtool()) << "promtool is missing: run scripts/install-deps.sh (Debian package prometheus)";
+  ASSERT_TRUE(have_promtool())
+      << "promtool is missing: run scripts/install-deps.sh (Debian package prometheus)";
   auto problems = promtool_problems(r.body);
   EXPECT_TRUE(problems.empty()) << testing::PrintToString(problems);
+}
+
+// The paths that take messages (chat completions, responses, messages, tokenize), asked to render `user`.
+std::vector<std::pair<std::string, json>> message_paths(const json& user) {
+  return {{"/v1/chat/completions", {{"messages", user}}},
+          {"/v1/responses", {{"input", user}}},
+          {"/v1/messages", {{"messages", user}, {"max_tokens", 5}}},
+          {"/tokenize", {{"messages", user}}}};
+}
+
+// One rule, one message: a model that cannot render messages refuses them with the same 400 on every path
+// that takes them (chat said "no chat template or tokenizer" without naming the parameter in its message,
+// /tokenize "no chat template" alone).
+TEST(Service, MessagesWithoutATokenizerAreOne400OnEveryPath) {
+  Harness h(options());
+  const json user = {{{"role", "user"}, {"content", "hi"}}};
+  for (const auto& [path, body] : message_paths(user)) {
+    auto r = h.post(path, body.dump());
+    ASSERT_EQ(r.status, 400) << path << " -> " << r.body;
+    json e = error_of(r);
+    EXPECT_EQ(e["param"], "messages") << path;
+    EXPECT_EQ(
+        e["message"],
+        "'messages': this model has no tokenizer (no tokenizer.json), so it takes and gives token ids only")
+        << path;
+  }
+  // The same rule on the other parameters that carry text.
+  auto r = h.post("/v1/completions", R"({"prompt":"text"})");
+  EXPECT_EQ(
+      error_of(r)["message"],
+      "'prompt': this model has no tokenizer (no tokenizer.json), so it takes and gives token ids only");
+  r = h.post("/detokenize", R"({"tokens":[1]})");
+  EXPECT_EQ(
+      error_of(r)["message"],
+      "'tokens': this model has no tokenizer (no tokenizer.json), so it takes and gives token ids only");
 }
 
 class TokenizerService : public ::testing::Test {
@@ -237,6 +281,21 @@ class TokenizerService : public ::testing::Test {
   }
   std::unique_ptr<text::ModelText> text_;
 };
+
+TEST_F(TokenizerService, MessagesWithoutAChatTemplateAreOne400OnEveryPath) {
+  Harness h(options(), nullptr, &text_->tokenizer);
+  const json user = {{{"role", "user"}, {"content", "hi"}}};
+  for (const auto& [path, body] : message_paths(user)) {
+    auto r = h.post(path, body.dump());
+    ASSERT_EQ(r.status, 400) << path << " -> " << r.body;
+    json e = error_of(r);
+    EXPECT_EQ(e["param"], "messages") << path;
+    EXPECT_EQ(e["message"],
+              "'messages': this model has no chat template: render the prompt and send its token ids to "
+              "/v1/completions")
+        << path;
+  }
+}
 
 TEST_F(TokenizerService, TokenizeAndDetokenizeRoundTrip) {
   Harness h(options(), nullptr, &text_->tokenizer);
@@ -254,6 +313,10 @@ TEST_F(TokenizerService, TokenizeAndDetokenizeRoundTrip) {
   r = h.post("/detokenize", R"({"tokens":[99999999]})");
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(error_of(r)["param"], "tokens");
+  EXPECT_EQ(error_of(r)["message"],
+            fmt::format("'tokens': token id 99999999 is outside the vocabulary ({} tokens)",
+                        text_->tokenizer.vocab_size()));
+  EXPECT_EQ(h.post("/detokenize", R"({"tokens":[-1]})").status, 400);
   EXPECT_EQ(h.post("/tokenize", R"({"prompt":5})").status, 400);
 }
 
