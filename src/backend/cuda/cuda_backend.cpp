@@ -579,6 +579,7 @@ class CudaBackend final : public Backend, public CacheMemory {
   void attention_decode(const float* qg, float* k, const float* v, int64_t n, int heads, int kv_heads,
                         int head_dim, const float* q_norm, const float* k_norm, float eps, int rotary_dim,
                         const float* inv_freq, std::span<const int64_t> positions,
+                        std::span<const int64_t> rope_offsets,
                         std::span<const std::span<const int32_t>> pages, KvCache& kv, int layer,
                         float* out) override {
     const auto& spec = kv.spec();
@@ -593,6 +594,8 @@ class CudaBackend final : public Backend, public CacheMemory {
           rotary_dim, head_dim);
     check(int64_t(positions.size()) == n && int64_t(pages.size()) == n,
           "attention_decode: {} sequences, {} tables", n, pages.size());
+    check(rope_offsets.empty() || int64_t(rope_offsets.size()) == n,
+          "attention_decode: {} sequences, {} offsets", n, rope_offsets.size());
     size_t stride = 1;
     for (const auto& p : pages) stride = std::max(stride, p.size());
     decode_pages_.assign(size_t(n) * stride, 0);
@@ -609,6 +612,10 @@ class CudaBackend final : public Backend, public CacheMemory {
     cuda::AttentionArgs a;
     a.T = n, a.heads = heads, a.kv_heads = kv_heads, a.head_dim = head_dim;
     a.start_pos = static_cast<const int64_t*>(stage(positions.data(), positions.size_bytes()));
+    // Staged whether or not there are offsets, so that steps with and without images replay one recording.
+    decode_rope_.assign(positions.begin(), positions.end());
+    for (size_t i = 0; i < rope_offsets.size(); ++i) decode_rope_[i] += rope_offsets[i];
+    const auto* rope_pos = static_cast<const int64_t*>(stage(decode_rope_.data(), positions.size_bytes()));
     a.pages =
         static_cast<const int32_t*>(stage(decode_pages_.data(), decode_pages_.size() * sizeof(int32_t)));
     a.num_pages = int64_t(stride);
@@ -628,9 +635,10 @@ class CudaBackend final : public Backend, public CacheMemory {
       a.part_out = part_out.get(), a.part_m = part_m.get(), a.part_l = part_l.get();
     }
     if (auto op = start("attention_decode", qg, k, v, n, heads, kv_heads, head_dim, qn, kn, eps, rotary_dim,
-                        f, a.start_pos, a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type, a.k_scale,
-                        a.v_scale, out, a.splits, a.part_out, a.q)) {
-      cuda::launch_attention_decode_prep(qg, q.get(), k, v, n, qn, kn, eps, rotary_dim, f, a, stream_);
+                        f, a.start_pos, rope_pos, a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type,
+                        a.k_scale, a.v_scale, out, a.splits, a.part_out, a.q)) {
+      cuda::launch_attention_decode_prep(qg, q.get(), k, v, n, qn, kn, eps, rotary_dim, f, rope_pos, a,
+                                         stream_);
       cuda::launch_attention(a, stream_);
     }
   }
@@ -1318,7 +1326,8 @@ class CudaBackend final : public Backend, public CacheMemory {
   bool step_failed_ = false;
   size_t downloads_seen_ = 0;
   std::vector<Deferred> deferred_;
-  std::vector<int32_t> decode_pages_;  // attention_decode's padded page tables, before staging
+  std::vector<int32_t> decode_pages_;             // attention_decode's padded page tables, before staging
+  std::vector<int64_t> decode_rope_;              // attention_decode's rope positions, before staging
 
   int64_t replays_ = 0;
   double fill_seconds_ = 0, launch_seconds_ = 0;

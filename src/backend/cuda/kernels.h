@@ -142,10 +142,12 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s);
 // Batched decode prologue for n sequences of one token: q heads (every 2*head_dim floats of qg)
 // RMS-normalised (zero-centred q_norm) and RoPE'd into q [n][heads][head_dim]; k [n][kv_heads][head_dim]
 // likewise in place (k_norm), then written with v into the cache at positions[i] of page table i (pages
-// [n][pages_stride]) of a's kv_type and scales.
+// [n][pages_stride]) of a's kv_type and scales. RoPE rotates by rope_positions[i] (device; the cache position
+// plus the sequence's M-RoPE offset).
 void launch_attention_decode_prep(const float* qg, float* q, float* k, const float* v, int64_t n,
                                   const float* q_norm, const float* k_norm, float eps, int rotary_dim,
-                                  const float* inv_freq, const AttentionArgs& a, cudaStream_t s);
+                                  const float* inv_freq, const int64_t* rope_positions,
+                                  const AttentionArgs& a, cudaStream_t s);
 
 // ---- mixture of experts (moe.cu) -------------------------------------------------------------------------
 // Device tables of per-expert weights (uniform dtype and shape).

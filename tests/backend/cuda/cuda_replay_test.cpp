@@ -269,15 +269,17 @@ TEST_F(CudaReplay, PagedAttentionAndAttentionDecodeOverChangingPagesAndPositions
                       input(side, random_vector(size_t(kv_heads * hd), seed + 1)),
                       input(side, random_vector(size_t(kv_heads * hd), seed + 2)), 1, heads, kv_heads, hd,
                       a_pos, a_pages, cache, 0, out_a);
-    // ...then a decode step of both sequences, a's one position on.
+    // ...then a decode step of both sequences, a's one position on; b rotates behind its cache index by an
+    // M-RoPE offset that changes from step to step (a staged input like the positions).
     const std::vector<int64_t> positions = {a_pos + 1, prompt + i};
+    const std::vector<int64_t> offsets = {0, -3 - 2 * i};
     const std::vector<std::span<const int32_t>> tables = {a_pages, b_now};
     float* out = output(side, size_t(2 * heads * hd));
     b.attention_decode(input(side, random_vector(size_t(2 * heads * 2 * hd), seed + 3)),
                        input(side, random_vector(size_t(2 * kv_heads * hd), seed + 4)),
                        input(side, random_vector(size_t(2 * kv_heads * hd), seed + 5)), 2, heads, kv_heads,
-                       hd, q_norm.data(), k_norm.data(), 1e-6f, rotary, inv_freq.data(), positions, tables,
-                       cache, 0, out);
+                       hd, q_norm.data(), k_norm.data(), 1e-6f, rotary, inv_freq.data(), positions, offsets,
+                       tables, cache, 0, out);
     return download_all(side);
   });
 }
