@@ -182,13 +182,13 @@ class Backend {
   // x[r][c] += bias[c] (bias in host memory, like norm weights).
   virtual void add_bias(float* x, const float* bias, int64_t rows, int64_t dim);
   // LayerNorm over rows of dim: out = (x - mean) / sqrt(var + eps) * w + b (biased variance, float32).
-  virtual void layer_norm(const float* x, int64_t rows, int64_t dim, const float* w, const float* b, float eps,
-                          float* out);
+  virtual void layer_norm(const float* x, int64_t rows, int64_t dim, const float* w, const float* b,
+                          float eps, float* out);
   // GELU in place: x·Φ(x) with the exact erf, or torch's tanh approximation.
   virtual void gelu(float* x, size_t n, bool tanh_approx);
   // NeoX RoPE in place with a per-row table: row r ([heads][head_dim] at x + r·row_stride), dims
   // [0, rotary_dim) of every head rotate pairs (j, j+half) by the angle whose cos/sin are cos[r][j] /
-  // sin[r][j] (host memory, [rows][rotary_dim/2]).
+  // sin[r][j] (backend memory, [rows][rotary_dim/2]: uploaded once, a table serves many calls).
   virtual void rope_table(float* x, int64_t rows, int64_t row_stride, int heads, int head_dim, int rotary_dim,
                           const float* cos, const float* sin);
   // Bidirectional attention within segments: rows [starts[i], starts[i+1]) attend to each other only;

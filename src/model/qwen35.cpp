@@ -258,8 +258,13 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
       } else {
         std::vector<float> cos, sin;
         mrope_table(step, cos, sin);
-        be.rope_table(qs, T, int64_t(H) * hd, H, hd, c.rotary_dim(), cos.data(), sin.data());
-        be.rope_table(ks, T, int64_t(KVH) * hd, KVH, hd, c.rotary_dim(), cos.data(), sin.data());
+        auto table = be.allocate(cos.size() + sin.size());  // [cos | sin], in the backend's memory
+        be.upload(cos.data(), table.get(), cos.size());
+        be.upload(sin.data(), table.get() + cos.size(), sin.size());
+        const float* tc = table.get();
+        const float* ts = table.get() + cos.size();
+        be.rope_table(qs, T, int64_t(H) * hd, H, hd, c.rotary_dim(), tc, ts);
+        be.rope_table(ks, T, int64_t(KVH) * hd, KVH, hd, c.rotary_dim(), tc, ts);
       }
       be.paged_attention(qs, ks, v.get() + row * KVH * hd, T, H, KVH, hd, step.start_pos, step.pages, kv,
                          attn_layer, attn.get() + row * H * hd);

@@ -302,6 +302,9 @@ std::vector<float> VisionTower::encode(std::span<const ImagePatches* const> imag
   }
 
   const int hd = c.head_dim();
+  auto rotary = b_.allocate(cos.size() + sin.size());  // [cos | sin] for every block's rope_table
+  b_.upload(cos.data(), rotary.get(), cos.size());
+  b_.upload(sin.data(), rotary.get() + cos.size(), sin.size());
   auto normed = b_.allocate(size_t(n * hidden)), qkv = b_.allocate(size_t(n * 3 * hidden));
   auto attn = b_.allocate(size_t(n * hidden)), y = b_.allocate(size_t(n * hidden));
   auto mid = b_.allocate(size_t(n * c.intermediate_size));
@@ -311,7 +314,8 @@ std::vector<float> VisionTower::encode(std::span<const ImagePatches* const> imag
     b_.add_bias(qkv.get(), blk.qkv_b.data(), n, 3 * hidden);
     // q and k rotate in place inside the interleaved [q | k | v] rows.
     for (int part = 0; part < 2; ++part)
-      b_.rope_table(qkv.get() + part * hidden, n, 3 * hidden, c.num_heads, hd, hd, cos.data(), sin.data());
+      b_.rope_table(qkv.get() + part * hidden, n, 3 * hidden, c.num_heads, hd, hd, rotary.get(),
+                    rotary.get() + cos.size());
     b_.segment_attention(qkv.get(), qkv.get() + hidden, qkv.get() + 2 * hidden, 3 * hidden, c.num_heads, hd,
                          starts, attn.get());
     b_.matmul(attn.get(), n, blk.proj, y.get());

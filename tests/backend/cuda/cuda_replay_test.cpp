@@ -284,6 +284,36 @@ TEST_F(CudaReplay, PagedAttentionAndAttentionDecodeOverChangingPagesAndPositions
   });
 }
 
+// The vision tower's ops. rope_table runs inside a recorded step when a one-token chunk carries explicit
+// M-RoPE positions; its tables are uploads, staged like any input. The segments move every step with the
+// tile count kept, so only staged tiles tell the replay where each image ends.
+TEST_F(CudaReplay, VisionTowerOpsOverChangingSegments) {
+  const int heads = 2, hd = 72;
+  const int64_t rows = 100, width = heads * hd, stride = 3 * width, dim = 64;
+  auto& bias = keep.emplace_back(random_vector(size_t(dim), 80, 0.1f));
+  auto& ln_w = keep.emplace_back(random_vector(size_t(dim), 81, 0.2f));
+  auto& ln_b = keep.emplace_back(random_vector(size_t(dim), 82, 0.1f));
+  expect_replays_like_eager([&](int side, int i) {
+    Backend& b = *be[side];
+    const uint32_t seed = uint32_t(900 + 10 * i);
+    float* x = output(side, size_t(rows * dim));
+    b.upload(random_vector(size_t(rows * dim), seed).data(), x, size_t(rows * dim));
+    b.add_bias(x, bias.data(), rows, dim);
+    float* normed = output(side, size_t(rows * dim));
+    b.layer_norm(x, rows, dim, ln_w.data(), ln_b.data(), 1e-6f, normed);
+    b.gelu(normed, size_t(rows * dim), true);
+    float* qkv = output(side, size_t(rows * stride));
+    b.upload(random_vector(size_t(rows * stride), seed + 1).data(), qkv, size_t(rows * stride));
+    const float* cos = input(side, random_vector(size_t(rows * hd / 2), seed + 2));
+    const float* sin = input(side, random_vector(size_t(rows * hd / 2), seed + 3));
+    b.rope_table(qkv, rows, stride, heads, hd, hd, cos, sin);
+    const std::vector<int64_t> starts = {0, 40 + 2 * i, rows};  // one 64-row tile per segment throughout
+    b.segment_attention(qkv, qkv + width, qkv + 2 * width, stride, heads, hd, starts,
+                        output(side, size_t(rows * width)));
+    return download_all(side);
+  });
+}
+
 TEST_F(CudaReplay, ConvDeltaRuleAndGdnDecodeOverChangingStateSlots) {
   const DeltaRuleShape s{2, 4, 32, 32};
   const int K = 4, slots = 4;
