@@ -12,7 +12,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <deque>
+#include <tuple>
 
 #include "cuda_test_util.h"
 #include "model/checkpoint.h"
