@@ -1,6 +1,8 @@
 // Vision tower throughput with random weights: images/s and patches/s for square images of the given sides,
 // one image per encode and a batch of --batch images, on the CPU or CUDA backend. --tower release is
-// Qwen3.5-35B-A3B's tower (27 blocks of 1152, 16 heads, 2048 out); --tower small the fixture's.
+// Qwen3.5-35B-A3B's tower (27 blocks of 1152, 16 heads of 72, 2048 out); --tower small the fixture's. The
+// times include the host's share of an encode (preprocessed patches in, position and rotary tables made on
+// the host, merged features back); --profile (CUDA) then prints each op's GPU time over one more encode.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +13,9 @@
 #include "backend/backend.h"
 #include "common/dtype.h"
 #include "vision/tower.h"
+#ifdef MOESERVE_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace moeserve {
 namespace {
@@ -21,6 +26,8 @@ struct Options {
   std::vector<int> sides = {448, 1024};
   int batch = 4;
   int repeats = 3;
+  std::string matmul = "bf16";
+  bool profile = false;
 };
 
 // Random weights at unit activation scale: matrices ~U(±sqrt(3/cols)), norms 1, biases and positions small.
@@ -80,12 +87,16 @@ VisionConfig tower_config(const std::string& name) {
 }
 
 int run(const Options& o) {
-  auto backend = make_backend(o.device);
+  auto backend = make_backend(o.device, {.fp32_matmul = o.matmul == "fp32"});
   RandomTower random(tower_config(o.tower));
   VisionTower tower(random.w, *backend);
   ImageProcessorConfig processor;
-  std::printf("%s tower (%d blocks of %d) on %s\n", o.tower.c_str(), random.w.config.depth,
-              random.w.config.hidden_size, backend->name());
+  std::printf("%s tower (%d blocks of %d, %d heads) on %s%s\n", o.tower.c_str(), random.w.config.depth,
+              random.w.config.hidden_size, random.w.config.num_heads, backend->name(),
+              o.device == "cuda" ? (o.matmul == "fp32" ? ", float32 matmuls" : ", bf16 tensor cores") : "");
+#ifdef MOESERVE_HAS_CUDA
+  if (o.device == "cuda") std::printf("%s\n", cuda_tools::device_summary(*backend).c_str());
+#endif
   std::printf("%8s %6s %9s %10s %12s\n", "side", "batch", "patches", "images/s", "patches/s");
   for (int side : o.sides) {
     Image img{side, side, std::vector<uint8_t>(size_t(side) * size_t(side) * 3)};
@@ -99,6 +110,15 @@ int run(const Options& o) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.repeats;
       std::printf("%8d %6d %9lld %10.2f %12.0f\n", side, batch, (long long)patches.patches(), batch / s,
                   double(batch * patches.patches()) / s);
+#ifdef MOESERVE_HAS_CUDA
+      if (o.profile && o.device == "cuda") {
+        cuda_tools::reset_profile(*backend);
+        cuda_tools::set_profiling(*backend, true);
+        tower.encode(images);
+        cuda_tools::set_profiling(*backend, false);
+        std::printf("%s", cuda_tools::profile_report(*backend).c_str());
+      }
+#endif
     }
   }
   return 0;
@@ -115,6 +135,10 @@ int main(int argc, char** argv) {
   app.add_option("--sides", o.sides, "square image sides (pixels)");
   app.add_option("--batch", o.batch, "images per encode of the batched run")->check(CLI::PositiveNumber);
   app.add_option("--repeats", o.repeats, "timed encodes per row")->check(CLI::PositiveNumber);
+  app.add_option("--matmul", o.matmul, "CUDA precision: bf16 (tensor cores) or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}))
+      ->capture_default_str();
+  app.add_flag("--profile", o.profile, "CUDA: each op's GPU time over one more encode per row");
   CLI11_PARSE(app, argc, argv);
   try {
     return moeserve::run(o);

@@ -84,10 +84,13 @@ void Backend::gdn_decode(const DeltaRuleShape& s, const float* qkv, const float*
 void Backend::attention_decode(const float* qg, float* k, const float* v, int64_t n, int heads, int kv_heads,
                                int head_dim, const float* q_norm, const float* k_norm, float eps,
                                int rotary_dim, const float* inv_freq, std::span<const int64_t> positions,
+                               std::span<const int64_t> rope_offsets,
                                std::span<const std::span<const int32_t>> pages, KvCache& kv, int layer,
                                float* out) {
   check(int64_t(positions.size()) == n && int64_t(pages.size()) == n,
         "attention_decode: {} sequences, {} tables", n, pages.size());
+  check(rope_offsets.empty() || int64_t(rope_offsets.size()) == n,
+        "attention_decode: {} sequences, {} offsets", n, rope_offsets.size());
   const int64_t hd = head_dim;
   auto q = allocate(size_t(n * heads * hd));
   rms_norm(qg, n * heads, hd, 2 * hd, q_norm, eps, true, q.get(), hd);
@@ -95,8 +98,9 @@ void Backend::attention_decode(const float* qg, float* k, const float* v, int64_
   for (int64_t i = 0; i < n; ++i) {
     float* qs = q.get() + i * heads * hd;
     float* ks = k + i * kv_heads * hd;
-    rope(qs, 1, heads, head_dim, rotary_dim, positions[size_t(i)], inv_freq);
-    rope(ks, 1, kv_heads, head_dim, rotary_dim, positions[size_t(i)], inv_freq);
+    const int64_t rope_pos = positions[size_t(i)] + (rope_offsets.empty() ? 0 : rope_offsets[size_t(i)]);
+    rope(qs, 1, heads, head_dim, rotary_dim, rope_pos, inv_freq);
+    rope(ks, 1, kv_heads, head_dim, rotary_dim, rope_pos, inv_freq);
     paged_attention(qs, ks, v + i * kv_heads * hd, 1, heads, kv_heads, head_dim, positions[size_t(i)],
                     pages[size_t(i)], kv, layer, out + i * heads * hd);
   }

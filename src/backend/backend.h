@@ -182,13 +182,13 @@ class Backend {
   // x[r][c] += bias[c] (bias in host memory, like norm weights).
   virtual void add_bias(float* x, const float* bias, int64_t rows, int64_t dim);
   // LayerNorm over rows of dim: out = (x - mean) / sqrt(var + eps) * w + b (biased variance, float32).
-  virtual void layer_norm(const float* x, int64_t rows, int64_t dim, const float* w, const float* b, float eps,
-                          float* out);
+  virtual void layer_norm(const float* x, int64_t rows, int64_t dim, const float* w, const float* b,
+                          float eps, float* out);
   // GELU in place: x·Φ(x) with the exact erf, or torch's tanh approximation.
   virtual void gelu(float* x, size_t n, bool tanh_approx);
   // NeoX RoPE in place with a per-row table: row r ([heads][head_dim] at x + r·row_stride), dims
   // [0, rotary_dim) of every head rotate pairs (j, j+half) by the angle whose cos/sin are cos[r][j] /
-  // sin[r][j] (host memory, [rows][rotary_dim/2]).
+  // sin[r][j] (backend memory, [rows][rotary_dim/2]: uploaded once, a table serves many calls).
   virtual void rope_table(float* x, int64_t rows, int64_t row_stride, int heads, int head_dim, int rotary_dim,
                           const float* cos, const float* sin);
   // Bidirectional attention within segments: rows [starts[i], starts[i+1]) attend to each other only;
@@ -211,12 +211,15 @@ class Backend {
                           std::span<float* const> conv_states, std::span<float* const> states, float* out);
   // The gated-attention core of n sequences of one token each (decode): per sequence i, its query heads
   // (every 2*head_dim floats of qg: head_dim query values, then head_dim gate values) and its key heads in k
-  // [n][kv_heads][head_dim] are RMS-normalised (zero-centred q_norm / k_norm) and RoPE'd at positions[i], the
-  // key and value rows written into pages[i] of the cache, and out [n][heads][head_dim] = attention over
-  // positions ≤ positions[i] (the gate is not applied). k is overwritten.
+  // [n][kv_heads][head_dim] are RMS-normalised (zero-centred q_norm / k_norm) and RoPE'd at positions[i] +
+  // rope_offsets[i] (empty: no offsets), the key and value rows written into pages[i] of the cache at
+  // positions[i], and out [n][heads][head_dim] = attention over positions ≤ positions[i] (the gate is not
+  // applied). k is overwritten. An offset is M-RoPE's rope_delta: text after an image rotates behind its
+  // cache index, on all three axes alike, so one position per token still describes it.
   virtual void attention_decode(const float* qg, float* k, const float* v, int64_t n, int heads, int kv_heads,
                                 int head_dim, const float* q_norm, const float* k_norm, float eps,
                                 int rotary_dim, const float* inv_freq, std::span<const int64_t> positions,
+                                std::span<const int64_t> rope_offsets,
                                 std::span<const std::span<const int32_t>> pages, KvCache& kv, int layer,
                                 float* out);
   // A mixture-of-experts feed-forward: router logits x · routerᵀ, the routed experts (as moe_experts) into

@@ -59,12 +59,13 @@ void Backend::rope_table(float* x, int64_t rows, int64_t row_stride, int heads, 
   if (rows == 0) return;
   const int half = rotary_dim / 2;
   const size_t span = size_t((rows - 1) * row_stride + int64_t(heads) * head_dim);
-  std::vector<float> h = fetch(*this, x, span);
+  std::vector<float> h = fetch(*this, x, span), hc = fetch(*this, cos, size_t(rows * half)),
+                     hs = fetch(*this, sin, size_t(rows * half));
   for (int64_t r = 0; r < rows; ++r)
     for (int hd = 0; hd < heads; ++hd) {
       float* v = &h[size_t(r * row_stride + int64_t(hd) * head_dim)];
       for (int j = 0; j < half; ++j) {
-        const float c = cos[r * half + j], s = sin[r * half + j], a = v[j], b = v[j + half];
+        const float c = hc[size_t(r * half + j)], s = hs[size_t(r * half + j)], a = v[j], b = v[j + half];
         v[j] = a * c - b * s;
         v[j + half] = b * c + a * s;
       }

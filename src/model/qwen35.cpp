@@ -229,18 +229,20 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
   float* const qkv_out[] = {qg.get(), k.get(), v.get()};
   be.matmul_n(x, n, qkv_proj, qkv_out);
 
-  // attention_decode rotates by the cache index, so a sequence whose rope positions run behind it (text
-  // after an image) takes the per-sequence path below.
+  // Decode: one token per sequence, all sequences at once. Text after an image rotates rope_delta behind its
+  // cache index (the same on all three M-RoPE axes), an offset attention_decode takes; explicit positions
+  // (image tokens) take the per-sequence path below.
   const bool fused_decode =
-      int64_t(batch.size()) == n && std::all_of(batch.begin(), batch.end(), [](const auto& s) {
-        return s.rope_delta == 0 && s.rope_positions.empty();
-      });
-  if (fused_decode) {  // decode: one token per sequence, all sequences at once
-    std::vector<int64_t> positions;
+      int64_t(batch.size()) == n &&
+      std::all_of(batch.begin(), batch.end(), [](const auto& s) { return s.rope_positions.empty(); });
+  if (fused_decode) {
+    std::vector<int64_t> positions, offsets;
     std::vector<std::span<const int32_t>> pages;
-    for (const auto& step : batch) positions.push_back(step.start_pos), pages.push_back(step.pages);
+    for (const auto& step : batch)
+      positions.push_back(step.start_pos), offsets.push_back(step.rope_delta), pages.push_back(step.pages);
     be.attention_decode(qg.get(), k.get(), v.get(), n, H, KVH, hd, w.q_norm.data(), w.k_norm.data(), eps,
-                        c.rotary_dim(), rope_inv_freq_.data(), positions, pages, kv, attn_layer, attn.get());
+                        c.rotary_dim(), rope_inv_freq_.data(), positions, offsets, pages, kv, attn_layer,
+                        attn.get());
   } else {
     auto q = be.allocate(size_t(n * H * hd));
     be.rms_norm(qg.get(), n * H, hd, 2 * hd, w.q_norm.data(), eps, true, q.get(), hd);
@@ -256,8 +258,13 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
       } else {
         std::vector<float> cos, sin;
         mrope_table(step, cos, sin);
-        be.rope_table(qs, T, int64_t(H) * hd, H, hd, c.rotary_dim(), cos.data(), sin.data());
-        be.rope_table(ks, T, int64_t(KVH) * hd, KVH, hd, c.rotary_dim(), cos.data(), sin.data());
+        auto table = be.allocate(cos.size() + sin.size());  // [cos | sin], in the backend's memory
+        be.upload(cos.data(), table.get(), cos.size());
+        be.upload(sin.data(), table.get() + cos.size(), sin.size());
+        const float* tc = table.get();
+        const float* ts = table.get() + cos.size();
+        be.rope_table(qs, T, int64_t(H) * hd, H, hd, c.rotary_dim(), tc, ts);
+        be.rope_table(ks, T, int64_t(KVH) * hd, KVH, hd, c.rotary_dim(), tc, ts);
       }
       be.paged_attention(qs, ks, v.get() + row * KVH * hd, T, H, KVH, hd, step.start_pos, step.pages, kv,
                          attn_layer, attn.get() + row * H * hd);
@@ -323,10 +330,11 @@ ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache&
   }
 
   // Decode steps (one new token per sequence) of the same batch size repeat the same device work, so the
-  // backend may record and replay them (CUDA graphs); prefill chunks vary and run directly, and so do decode
-  // steps of sequences with images (their attention runs per sequence: gated_attention).
+  // backend may record and replay them (CUDA graphs); prefill chunks vary and run directly. A sequence with
+  // images decodes in the same recording (its rope_delta is a staged input of attention_decode); a one-token
+  // prefill chunk with explicit M-RoPE positions is not a decode step.
   const bool decode = !capture_hidden && std::all_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
-    return s.tokens.size() == 1 && s.start_pos > 0 && !s.all_logits && s.rope_delta == 0 && !s.hidden;
+    return s.tokens.size() == 1 && s.start_pos > 0 && !s.all_logits && !s.hidden && s.rope_positions.empty();
   });
   ForwardOutput result;
   std::vector<float> records;

@@ -8,6 +8,7 @@
 
 #include "common/bounded_json.h"
 #include "common/dtype.h"
+#include "common/thread_pool.h"
 #include "model/safetensors.h"
 
 namespace moeserve {
@@ -206,23 +207,26 @@ std::vector<float> resampled_positions(const VisionWeights& w, int grid_h, int g
   };
   std::vector<float> ys = sample(grid_h), xs = sample(grid_w);
   std::vector<float> out(static_cast<size_t>(int64_t(grid_h) * grid_w * hidden));
-  int64_t row = 0;
-  for (int bh = 0; bh < grid_h / m; ++bh)
-    for (int bw = 0; bw < grid_w / m; ++bw)
-      for (int mh = 0; mh < m; ++mh)
-        for (int mw = 0; mw < m; ++mw, ++row) {
-          const float y = ys[size_t(bh * m + mh)], x = xs[size_t(bw * m + mw)];
-          const int y0 = int(y), x0 = int(x), y1 = std::min(y0 + 1, side - 1),
-                    x1 = std::min(x0 + 1, side - 1);
-          const float dy = y - float(y0), dx = x - float(x0);
-          const float wts[4] = {(1 - dy) * (1 - dx), (1 - dy) * dx, dy * (1 - dx), dy * dx};
-          const int idx[4] = {y0 * side + x0, y0 * side + x1, y1 * side + x0, y1 * side + x1};
-          float* dst = &out[size_t(row * hidden)];
-          for (int k = 0; k < 4; ++k) {
-            const float* src = &w.pos_embed[size_t(int64_t(idx[k]) * hidden)];
-            for (int64_t c = 0; c < hidden; ++c) dst[c] += src[c] * wts[k];
-          }
-        }
+  // Rows in merge-block order (bh, bw, mh, mw), spread over the pool: at the release's 1152 columns a 1024²
+  // image is 4096 rows of 4 table rows each, which one thread takes tens of milliseconds over (longer than
+  // the GPU's whole tower).
+  const int blocks_w = grid_w / m;
+  ThreadPool::global().parallel_for(size_t(grid_h) * size_t(grid_w), [&](size_t begin, size_t end) {
+    for (size_t row = begin; row < end; ++row) {
+      const int block = int(row / size_t(m * m)), within = int(row % size_t(m * m));
+      const int bh = block / blocks_w, bw = block % blocks_w, mh = within / m, mw = within % m;
+      const float y = ys[size_t(bh * m + mh)], x = xs[size_t(bw * m + mw)];
+      const int y0 = int(y), x0 = int(x), y1 = std::min(y0 + 1, side - 1), x1 = std::min(x0 + 1, side - 1);
+      const float dy = y - float(y0), dx = x - float(x0);
+      const float wts[4] = {(1 - dy) * (1 - dx), (1 - dy) * dx, dy * (1 - dx), dy * dx};
+      const int idx[4] = {y0 * side + x0, y0 * side + x1, y1 * side + x0, y1 * side + x1};
+      float* dst = &out[row * size_t(hidden)];
+      for (int k = 0; k < 4; ++k) {
+        const float* src = &w.pos_embed[size_t(int64_t(idx[k]) * hidden)];
+        for (int64_t c = 0; c < hidden; ++c) dst[c] += src[c] * wts[k];
+      }
+    }
+  });
   return out;
 }
 
@@ -302,6 +306,9 @@ std::vector<float> VisionTower::encode(std::span<const ImagePatches* const> imag
   }
 
   const int hd = c.head_dim();
+  auto rotary = b_.allocate(cos.size() + sin.size());  // [cos | sin] for every block's rope_table
+  b_.upload(cos.data(), rotary.get(), cos.size());
+  b_.upload(sin.data(), rotary.get() + cos.size(), sin.size());
   auto normed = b_.allocate(size_t(n * hidden)), qkv = b_.allocate(size_t(n * 3 * hidden));
   auto attn = b_.allocate(size_t(n * hidden)), y = b_.allocate(size_t(n * hidden));
   auto mid = b_.allocate(size_t(n * c.intermediate_size));
@@ -311,7 +318,8 @@ std::vector<float> VisionTower::encode(std::span<const ImagePatches* const> imag
     b_.add_bias(qkv.get(), blk.qkv_b.data(), n, 3 * hidden);
     // q and k rotate in place inside the interleaved [q | k | v] rows.
     for (int part = 0; part < 2; ++part)
-      b_.rope_table(qkv.get() + part * hidden, n, 3 * hidden, c.num_heads, hd, hd, cos.data(), sin.data());
+      b_.rope_table(qkv.get() + part * hidden, n, 3 * hidden, c.num_heads, hd, hd, rotary.get(),
+                    rotary.get() + cos.size());
     b_.segment_attention(qkv.get(), qkv.get() + hidden, qkv.get() + 2 * hidden, 3 * hidden, c.num_heads, hd,
                          starts, attn.get());
     b_.matmul(attn.get(), n, blk.proj, y.get());

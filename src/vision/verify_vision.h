@@ -30,9 +30,13 @@ struct VisionVerifyReport {
 // Whether a reference holds the vision cases (image0.pixel_values).
 bool is_vision_reference(const TensorSet& reference);
 
-// dir holds the images and reference.json (which prompt shows which images) next to the reference.
+// dir holds the images and reference.json (which prompt shows which images) next to the reference. Float
+// stages must agree within `tolerance`, absolute, or with `relative` times max(1, the stage's largest
+// reference magnitude) (bf16 tensor cores, whose roundings are relative: docs/cuda.md); pixels, grids,
+// positions and greedy tokens exactly.
 VisionVerifyReport verify_vision_reference(const Qwen35Model& model, const VisionWeights& vision,
                                            const ImageProcessorConfig& processor, const std::string& dir,
-                                           const TensorSet& reference, double tolerance, int64_t chunk);
+                                           const TensorSet& reference, double tolerance, int64_t chunk,
+                                           bool relative = false);
 
 }  // namespace moeserve

@@ -324,8 +324,10 @@ TEST_F(CpuOpsAgainstScalar, GdnDecodeFollowsConvGatesDeltaRuleAndGatedNormStepBy
 }
 
 TEST_F(CpuOpsAgainstScalar, AttentionDecodeNormalisesRotatesCachesAndAttends) {
-  // Two sequences decoded token by token from position 0 over their own scattered pages.
+  // Two sequences decoded token by token from position 0 over their own scattered pages; the second rotates
+  // 3 positions behind its cache index (M-RoPE's rope_delta after an image).
   const int heads = 4, kv_heads = 2, hd = 8, rotary = 4, page_size = 2, steps = 5, n = 2;
+  const std::vector<int64_t> offsets = {0, -3};
   KvCache kv({1, kv_heads, hd, page_size, 8});
   const std::vector<std::vector<int32_t>> tables = {{5, 1, 7}, {0, 6, 2}};
   auto q_norm = random_vector(hd, 120, 0.1f), k_norm = random_vector(hd, 121, 0.1f);
@@ -354,16 +356,18 @@ TEST_F(CpuOpsAgainstScalar, AttentionDecodeNormalisesRotatesCachesAndAttends) {
     std::vector<int64_t> positions(n, pos);
     std::vector<std::span<const int32_t>> pages = {tables[0], tables[1]};
     be->attention_decode(qg.data(), k.data(), v.data(), n, heads, kv_heads, hd, q_norm.data(), k_norm.data(),
-                         1e-6f, rotary, inv_freq.data(), positions, pages, kv, 0, out.data());
+                         1e-6f, rotary, inv_freq.data(), positions, offsets, pages, kv, 0, out.data());
     for (int i = 0; i < n; ++i) {
+      const int64_t rope_pos = pos + offsets[size_t(i)];
       for (int kh = 0; kh < kv_heads; ++kh) {
-        keys[size_t(i)].push_back(norm_rope(k_in.data() + (i * kv_heads + kh) * hd, k_norm, pos));
+        keys[size_t(i)].push_back(norm_rope(k_in.data() + (i * kv_heads + kh) * hd, k_norm, rope_pos));
         values[size_t(i)].emplace_back(v.begin() + (i * kv_heads + kh) * hd,
                                        v.begin() + (i * kv_heads + kh + 1) * hd);
       }
       for (int h = 0; h < heads; ++h) {
         const int kh = h / (heads / kv_heads);
-        auto q = norm_rope(qg.data() + (i * heads + h) * 2 * hd, q_norm, pos);  // the gate half is not read
+        auto q =
+            norm_rope(qg.data() + (i * heads + h) * 2 * hd, q_norm, rope_pos);  // the gate half is not read
         std::vector<double> score;
         for (int64_t p = 0; p <= pos; ++p) {
           const auto& key = keys[size_t(i)][size_t(p * kv_heads + kh)];

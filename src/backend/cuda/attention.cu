@@ -548,16 +548,16 @@ __global__ void attention_combine_kernel(AttentionArgs a) {
 }
 
 // Batched decode prologue: block = (head row, sequence) over the H query heads then the KV heads of each
-// sequence: zero-centred RMSNorm, RoPE at the sequence's position; K rows (and their V rows) go into the
-// cache.
+// sequence: zero-centred RMSNorm, RoPE at the sequence's rope position (its cache position plus its M-RoPE
+// offset); K rows (and their V rows) go into the cache at the cache position.
 constexpr int kMaxHeadDim = 256;
 template <typename KV>
 __global__ void attention_decode_prep_kernel(
     const float* __restrict__ qg, float* __restrict__ q, float* k, const float* __restrict__ v, int heads,
     int kv_heads, int D, const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
     int half, const float* __restrict__ inv_freq, const int64_t* __restrict__ positions,
-    const int32_t* __restrict__ pages, int64_t pages_stride, int page_size, void* k_cache, void* v_cache,
-    float k_scale, float v_scale) {
+    const int64_t* __restrict__ rope_positions, const int32_t* __restrict__ pages, int64_t pages_stride,
+    int page_size, void* k_cache, void* v_cache, float k_scale, float v_scale) {
   pdl_begin();
   __shared__ float scratch[32], row[kMaxHeadDim];
   const int hh = blockIdx.x;
@@ -572,7 +572,7 @@ __global__ void attention_decode_prep_kernel(
   const float scale = 1.0f / sqrtf(block_sum(ss, scratch) / float(D) + eps);
   for (int i = threadIdx.x; i < D; i += blockDim.x) row[i] = src[i] * scale * (1.0f + w[i]);
   __syncthreads();
-  const int64_t pos = positions[seq];
+  const int64_t pos = positions[seq], rope_pos = rope_positions[seq];
   const int64_t at =
       is_q
           ? 0
@@ -583,7 +583,7 @@ __global__ void attention_decode_prep_kernel(
     float o = row[i];
     if (i < 2 * half) {
       const int j = i < half ? i : i - half;
-      const float angle = float(pos) * inv_freq[j];
+      const float angle = float(rope_pos) * inv_freq[j];
       const float c = cosf(angle), sn = sinf(angle);
       const float a0 = row[j], b0 = row[j + half];
       o = i < half ? a0 * c - b0 * sn : b0 * c + a0 * sn;
@@ -704,13 +704,14 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
 
 void launch_attention_decode_prep(const float* qg, float* q, float* k, const float* v, int64_t n,
                                   const float* q_norm, const float* k_norm, float eps, int rotary_dim,
-                                  const float* inv_freq, const AttentionArgs& a, cudaStream_t s) {
+                                  const float* inv_freq, const int64_t* rope_positions,
+                                  const AttentionArgs& a, cudaStream_t s) {
   if (n == 0) return;
   const dim3 grid(unsigned(a.heads + a.kv_heads), unsigned(n));
   auto launch = [&](auto kernel) {
     launch_k(kernel, grid, 128, 0, s, qg, q, k, v, a.heads, a.kv_heads, a.head_dim, q_norm, k_norm, eps,
-             rotary_dim / 2, inv_freq, a.start_pos, a.pages, a.pages_stride, a.page_size, a.k_cache,
-             a.v_cache, a.k_scale, a.v_scale);
+             rotary_dim / 2, inv_freq, a.start_pos, rope_positions, a.pages, a.pages_stride, a.page_size,
+             a.k_cache, a.v_cache, a.k_scale, a.v_scale);
   };
   switch (a.kv_type) {
     case WType::BF16:

@@ -602,6 +602,7 @@ class CudaBackend final : public Backend, public CacheMemory {
   void attention_decode(const float* qg, float* k, const float* v, int64_t n, int heads, int kv_heads,
                         int head_dim, const float* q_norm, const float* k_norm, float eps, int rotary_dim,
                         const float* inv_freq, std::span<const int64_t> positions,
+                        std::span<const int64_t> rope_offsets,
                         std::span<const std::span<const int32_t>> pages, KvCache& kv, int layer,
                         float* out) override {
     const auto& spec = kv.spec();
@@ -616,6 +617,8 @@ class CudaBackend final : public Backend, public CacheMemory {
           rotary_dim, head_dim);
     check(int64_t(positions.size()) == n && int64_t(pages.size()) == n,
           "attention_decode: {} sequences, {} tables", n, pages.size());
+    check(rope_offsets.empty() || int64_t(rope_offsets.size()) == n,
+          "attention_decode: {} sequences, {} offsets", n, rope_offsets.size());
     size_t stride = 1;
     for (const auto& p : pages) stride = std::max(stride, p.size());
     decode_pages_.assign(size_t(n) * stride, 0);
@@ -632,6 +635,10 @@ class CudaBackend final : public Backend, public CacheMemory {
     cuda::AttentionArgs a;
     a.T = n, a.heads = heads, a.kv_heads = kv_heads, a.head_dim = head_dim;
     a.start_pos = static_cast<const int64_t*>(stage(positions.data(), positions.size_bytes()));
+    // Staged whether or not there are offsets, so that steps with and without images replay one recording.
+    decode_rope_.assign(positions.begin(), positions.end());
+    for (size_t i = 0; i < rope_offsets.size(); ++i) decode_rope_[i] += rope_offsets[i];
+    const auto* rope_pos = static_cast<const int64_t*>(stage(decode_rope_.data(), positions.size_bytes()));
     a.pages =
         static_cast<const int32_t*>(stage(decode_pages_.data(), decode_pages_.size() * sizeof(int32_t)));
     a.num_pages = int64_t(stride);
@@ -651,9 +658,10 @@ class CudaBackend final : public Backend, public CacheMemory {
       a.part_out = part_out.get(), a.part_m = part_m.get(), a.part_l = part_l.get();
     }
     if (auto op = start("attention_decode", qg, k, v, n, heads, kv_heads, head_dim, qn, kn, eps, rotary_dim,
-                        f, a.start_pos, a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type, a.k_scale,
-                        a.v_scale, out, a.splits, a.part_out, a.q)) {
-      cuda::launch_attention_decode_prep(qg, q.get(), k, v, n, qn, kn, eps, rotary_dim, f, a, stream_);
+                        f, a.start_pos, rope_pos, a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type,
+                        a.k_scale, a.v_scale, out, a.splits, a.part_out, a.q)) {
+      cuda::launch_attention_decode_prep(qg, q.get(), k, v, n, qn, kn, eps, rotary_dim, f, rope_pos, a,
+                                         stream_);
       cuda::launch_attention(a, stream_);
     }
   }
@@ -769,6 +777,69 @@ class CudaBackend final : public Backend, public CacheMemory {
   }
 
   // Decode-sized: the matrices as segments of one GEMV launch (the GDN and attention input projections).
+  // ---- the vision tower's ops ---------------------------------------------------------------------------
+  void add_bias(float* x, const float* bias, int64_t rows, int64_t dim) override {
+    const float* bd = vec(bias, size_t(dim));
+    if (auto op = start("add_bias", x, bd, rows, dim)) cuda::launch_add_bias(x, bd, rows, dim, stream_);
+  }
+
+  void layer_norm(const float* x, int64_t rows, int64_t dim, const float* w, const float* b, float eps,
+                  float* out) override {
+    const float* wd = vec(w, size_t(dim));
+    const float* bd = vec(b, size_t(dim));
+    if (auto op = start("layer_norm", x, rows, dim, wd, bd, eps, out))
+      cuda::launch_layer_norm(x, rows, dim, wd, bd, eps, out, stream_);
+  }
+
+  void gelu(float* x, size_t n, bool tanh_approx) override {
+    const float k_tanh = std::sqrt(2.0f / float(M_PI));  // as the CPU rounds it
+    if (auto op = start("gelu", x, n, tanh_approx))
+      cuda::launch_gelu(x, int64_t(n), tanh_approx, k_tanh, stream_);
+  }
+
+  void rope_table(float* x, int64_t rows, int64_t row_stride, int heads, int head_dim, int rotary_dim,
+                  const float* cos, const float* sin) override {
+    check(rotary_dim % 2 == 0 && rotary_dim <= head_dim, "rope_table: rotary_dim {} of head_dim {}",
+          rotary_dim, head_dim);
+    if (auto op = start("rope_table", x, rows, row_stride, heads, head_dim, rotary_dim, cos, sin))
+      cuda::launch_rope_table(x, rows, row_stride, heads, head_dim, rotary_dim, cos, sin, stream_);
+  }
+
+  // Tensor cores (q, k, v rounded to bf16) unless matmuls are float32; each segment is cut into tiles of
+  // query rows that the kernels take one per block (and head).
+  void segment_attention(const float* q, const float* k, const float* v, int64_t stride, int heads,
+                         int head_dim, std::span<const int64_t> starts, float* out) override {
+    check(starts.size() >= 2 && starts.front() == 0, "segment_attention: segment starts must begin at 0");
+    check(head_dim > 0 && head_dim <= 256, "segment_attention: head_dim {} is not supported on CUDA (≤ 256)",
+          head_dim);
+    check(starts.back() < (int64_t(1) << 31), "segment_attention: {} rows", starts.back());
+    const bool tensor_cores = !fp32_matmul_ && cuda::segment_attention_mma_supported(head_dim);
+    const int64_t per_tile = tensor_cores ? cuda::kSegmentTileRowsMma : cuda::kSegmentTileRowsSimt;
+    segment_tiles_.clear();
+    for (size_t s = 0; s + 1 < starts.size(); ++s) {
+      check(starts[s] <= starts[s + 1], "segment_attention: segment starts must not decrease");
+      for (int64_t q0 = starts[s]; q0 < starts[s + 1]; q0 += per_tile)
+        segment_tiles_.push_back({int32_t(q0), int32_t(std::min(q0 + per_tile, starts[s + 1])),
+                                  int32_t(starts[s]), int32_t(starts[s + 1])});
+    }
+    if (segment_tiles_.empty()) return;
+    cuda::SegmentAttentionArgs a;
+    a.q = q, a.k = k, a.v = v, a.stride = stride, a.rows = starts.back();
+    a.heads = heads, a.head_dim = head_dim;
+    a.tiles = static_cast<const cuda::SegmentTile*>(
+        stage(segment_tiles_.data(), segment_tiles_.size() * sizeof(cuda::SegmentTile)));
+    a.num_tiles = int64_t(segment_tiles_.size());
+    a.tensor_cores = tensor_cores;
+    a.out = out;
+    Buffer scratch;
+    if (tensor_cores)
+      scratch = allocate((cuda::segment_attention_scratch_bytes(a.rows, heads, head_dim, true) + 3) / 4);
+    a.scratch = scratch.get();
+    if (auto op = start("segment_attention", q, k, v, stride, a.rows, heads, head_dim, a.tiles, a.num_tiles,
+                        tensor_cores, a.scratch, out))
+      cuda::launch_segment_attention(a, stream_);
+  }
+
   void matmul_n(const float* x, int64_t n, std::span<const Matrix* const> ws,
                 std::span<float* const> ys) override {
     check(ws.size() == ys.size(), "matmul_n: {} matrices but {} outputs", ws.size(), ys.size());
@@ -1375,7 +1446,9 @@ class CudaBackend final : public Backend, public CacheMemory {
   bool step_failed_ = false;
   size_t downloads_seen_ = 0;
   std::vector<Deferred> deferred_;
-  std::vector<int32_t> decode_pages_;  // attention_decode's padded page tables, before staging
+  std::vector<int32_t> decode_pages_;             // attention_decode's padded page tables, before staging
+  std::vector<int64_t> decode_rope_;              // attention_decode's rope positions, before staging
+  std::vector<cuda::SegmentTile> segment_tiles_;  // segment_attention's tiles, before staging
 
   int64_t replays_ = 0;
   double fill_seconds_ = 0, launch_seconds_ = 0;

@@ -146,10 +146,51 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s);
 // Batched decode prologue for n sequences of one token: q heads (every 2*head_dim floats of qg)
 // RMS-normalised (zero-centred q_norm) and RoPE'd into q [n][heads][head_dim]; k [n][kv_heads][head_dim]
 // likewise in place (k_norm), then written with v into the cache at positions[i] of page table i (pages
-// [n][pages_stride]) of a's kv_type and scales.
+// [n][pages_stride]) of a's kv_type and scales. RoPE rotates by rope_positions[i] (device; the cache position
+// plus the sequence's M-RoPE offset).
 void launch_attention_decode_prep(const float* qg, float* q, float* k, const float* v, int64_t n,
                                   const float* q_norm, const float* k_norm, float eps, int rotary_dim,
-                                  const float* inv_freq, const AttentionArgs& a, cudaStream_t s);
+                                  const float* inv_freq, const int64_t* rope_positions,
+                                  const AttentionArgs& a, cudaStream_t s);
+
+// ---- the vision tower (vision.cu) ------------------------------------------------------------------------
+// x[r][c] += bias[c].
+void launch_add_bias(float* x, const float* bias, int64_t rows, int64_t dim, cudaStream_t s);
+// LayerNorm over rows of dim (biased variance); out may alias x.
+void launch_layer_norm(const float* x, int64_t rows, int64_t dim, const float* w, const float* b, float eps,
+                       float* out, cudaStream_t s);
+// GELU in place, exact (erf) or tanh-approximated with k_tanh = sqrt(2/π).
+void launch_gelu(float* x, int64_t n, bool tanh_approx, float k_tanh, cudaStream_t s);
+// NeoX RoPE with per-row tables cos/sin [rows][rotary_dim/2] (device) on rows of [heads][head_dim] every
+// row_stride floats.
+void launch_rope_table(float* x, int64_t rows, int64_t row_stride, int heads, int head_dim, int rotary_dim,
+                       const float* cos, const float* sin, cudaStream_t s);
+// Bidirectional attention within segments, in tiles: query rows [q0, q1) of one segment attend to its keys
+// [lo, hi). Tiles hold kSegmentTileRowsMma query rows on tensor cores, kSegmentTileRowsSimt otherwise.
+struct SegmentTile {
+  int32_t q0, q1, lo, hi;
+};
+constexpr int kSegmentTileRowsMma = 64;
+constexpr int kSegmentTileRowsSimt = 8;
+struct SegmentAttentionArgs {
+  const float* q = nullptr;  // rows of [heads][head_dim] every `stride` floats (k and v alike)
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t stride = 0;
+  int64_t rows = 0;
+  int heads = 0, head_dim = 0;
+  const SegmentTile* tiles = nullptr;  // device
+  int64_t num_tiles = 0;
+  // bf16 tensor cores (head_dim ≤ 128; scratch holds segment_attention_scratch_bytes), or float32 SIMT
+  // (head_dim ≤ 256).
+  bool tensor_cores = false;
+  void* scratch = nullptr;
+  float* out = nullptr;  // [rows][heads][head_dim]
+};
+bool segment_attention_mma_supported(int head_dim);
+int segment_attention_padded_dim(int head_dim);
+size_t segment_attention_scratch_bytes(int64_t rows, int heads, int head_dim, bool tensor_cores);
+void launch_segment_attention(const SegmentAttentionArgs& a, cudaStream_t s);
 
 // ---- mixture of experts (moe.cu) -------------------------------------------------------------------------
 // Device tables of per-expert weights (uniform dtype and shape).

@@ -505,7 +505,6 @@ __global__ void moe_combine_kernel(const int32_t* __restrict__ ids, const float*
 template <WType T>
 void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, bool tensor_cores, int tile,
                  int64_t max_items, const MoeScratch& s, cudaStream_t stream) {
-  const int64_t P = n * top_k;
   if (tensor_cores) {
     launch_moe_grouped_mma(t, x, n, top_k, max_items, s, stream);
     return;

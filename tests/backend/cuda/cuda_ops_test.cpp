@@ -470,6 +470,9 @@ TEST_F(CudaOps, AttentionDecodeMatchesComposedOps) {
                              0, od.get());
       }
       std::vector<int64_t> positions = prompt;
+      // M-RoPE offsets (rope_delta: text after an image rotates behind its cache index), one sequence
+      // without.
+      const std::vector<int64_t> offsets = {-5, 0, -37};
       const int64_t n = int64_t(prompt.size());
       std::vector<std::span<const int32_t>> spans(tables.begin(), tables.end());
       for (int step = 0; step < 3; ++step) {
@@ -478,13 +481,13 @@ TEST_F(CudaOps, AttentionDecodeMatchesComposedOps) {
              v = random_vector(size_t(n * c.kv_heads * c.hd), seed++);
         std::vector<float> ref(size_t(n * c.heads * c.hd)), kc = k;
         cpu->attention_decode(qg.data(), kc.data(), v.data(), n, c.heads, c.kv_heads, c.hd, q_norm.data(),
-                              k_norm.data(), 1e-6f, c.rotary, inv_freq.data(), positions, spans, cpu_kv, 0,
-                              ref.data());
+                              k_norm.data(), 1e-6f, c.rotary, inv_freq.data(), positions, offsets, spans,
+                              cpu_kv, 0, ref.data());
         auto qd = to_device(*gpu, qg), kd = to_device(*gpu, k), vd = to_device(*gpu, v);
         auto out = poisoned(*gpu, ref.size());
         gpu->attention_decode(qd.get(), kd.get(), vd.get(), n, c.heads, c.kv_heads, c.hd, q_norm.data(),
-                              k_norm.data(), 1e-6f, c.rotary, inv_freq.data(), positions, spans, gpu_kv, 0,
-                              out.get());
+                              k_norm.data(), 1e-6f, c.rotary, inv_freq.data(), positions, offsets, spans,
+                              gpu_kv, 0, out.get());
         EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), bound)
             << c.heads << "/" << c.kv_heads << " hd " << c.hd << " step " << step;
         for (auto& p : positions) ++p;

@@ -273,15 +273,47 @@ TEST_F(CudaReplay, PagedAttentionAndAttentionDecodeOverChangingPagesAndPositions
                       input(side, random_vector(size_t(kv_heads * hd), seed + 1)),
                       input(side, random_vector(size_t(kv_heads * hd), seed + 2)), 1, heads, kv_heads, hd,
                       a_pos, a_pages, cache, 0, out_a);
-    // ...then a decode step of both sequences, a's one position on.
+    // ...then a decode step of both sequences, a's one position on; b rotates behind its cache index by an
+    // M-RoPE offset that changes from step to step (a staged input like the positions).
     const std::vector<int64_t> positions = {a_pos + 1, prompt + i};
+    const std::vector<int64_t> offsets = {0, -3 - 2 * i};
     const std::vector<std::span<const int32_t>> tables = {a_pages, b_now};
     float* out = output(side, size_t(2 * heads * hd));
     b.attention_decode(input(side, random_vector(size_t(2 * heads * 2 * hd), seed + 3)),
                        input(side, random_vector(size_t(2 * kv_heads * hd), seed + 4)),
                        input(side, random_vector(size_t(2 * kv_heads * hd), seed + 5)), 2, heads, kv_heads,
-                       hd, q_norm.data(), k_norm.data(), 1e-6f, rotary, inv_freq.data(), positions, tables,
-                       cache, 0, out);
+                       hd, q_norm.data(), k_norm.data(), 1e-6f, rotary, inv_freq.data(), positions, offsets,
+                       tables, cache, 0, out);
+    return download_all(side);
+  });
+}
+
+// The vision tower's ops. rope_table runs inside a recorded step when a one-token chunk carries explicit
+// M-RoPE positions; its tables are uploads, staged like any input. The segments move every step with the
+// tile count kept, so only staged tiles tell the replay where each image ends.
+TEST_F(CudaReplay, VisionTowerOpsOverChangingSegments) {
+  const int heads = 2, hd = 72;
+  const int64_t rows = 100, width = heads * hd, stride = 3 * width, dim = 64;
+  auto& bias = keep.emplace_back(random_vector(size_t(dim), 80, 0.1f));
+  auto& ln_w = keep.emplace_back(random_vector(size_t(dim), 81, 0.2f));
+  auto& ln_b = keep.emplace_back(random_vector(size_t(dim), 82, 0.1f));
+  expect_replays_like_eager([&](int side, int i) {
+    Backend& b = *be[side];
+    const uint32_t seed = uint32_t(900 + 10 * i);
+    float* x = output(side, size_t(rows * dim));
+    b.upload(random_vector(size_t(rows * dim), seed).data(), x, size_t(rows * dim));
+    b.add_bias(x, bias.data(), rows, dim);
+    float* normed = output(side, size_t(rows * dim));
+    b.layer_norm(x, rows, dim, ln_w.data(), ln_b.data(), 1e-6f, normed);
+    b.gelu(normed, size_t(rows * dim), true);
+    float* qkv = output(side, size_t(rows * stride));
+    b.upload(random_vector(size_t(rows * stride), seed + 1).data(), qkv, size_t(rows * stride));
+    const float* cos = input(side, random_vector(size_t(rows * hd / 2), seed + 2));
+    const float* sin = input(side, random_vector(size_t(rows * hd / 2), seed + 3));
+    b.rope_table(qkv, rows, stride, heads, hd, hd, cos, sin);
+    const std::vector<int64_t> starts = {0, 40 + 2 * i, rows};  // one 64-row tile per segment throughout
+    b.segment_attention(qkv, qkv + width, qkv + 2 * width, stride, heads, hd, starts,
+                        output(side, size_t(rows * width)));
     return download_all(side);
   });
 }
