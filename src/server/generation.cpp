@@ -16,7 +16,9 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 }  // namespace
 
@@ -25,8 +27,8 @@ std::string random_id(const char* prefix) {
   return fmt::format("{}{:016x}{:016x}", prefix, rng(), rng());
 }
 
-void check_context_length(const std::vector<int32_t>& prompt, const SamplingParams& params, int64_t max_model_len,
-                          const char* prompt_param) {
+void check_context_length(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                          int64_t max_model_len, const char* prompt_param) {
   if (max_model_len <= 0) return;
   auto n = static_cast<int64_t>(prompt.size());
   if (n >= max_model_len) {
@@ -36,10 +38,11 @@ void check_context_length(const std::vector<int32_t>& prompt, const SamplingPara
                         max_model_len, n);
   }
   if (params.max_tokens && n + *params.max_tokens > max_model_len) {
-    throw invalid_param("max_tokens",
-                        "this model's maximum context length is {} tokens, but you requested {} tokens ({} in "
-                        "the prompt, {} for the completion); reduce the prompt or max_tokens",
-                        max_model_len, n + *params.max_tokens, n, *params.max_tokens);
+    throw invalid_param(
+        "max_tokens",
+        "this model's maximum context length is {} tokens, but you requested {} tokens ({} in "
+        "the prompt, {} for the completion); reduce the prompt or max_tokens",
+        max_model_len, n + *params.max_tokens, n, *params.max_tokens);
   }
 }
 
@@ -82,8 +85,9 @@ void GenerationJob::on_admitted() {
     r.prompt = spec_.prompts[size_t(c.prompt_index())];
     // Completions: a snapshot before the last prompt token, so the same prompt again is a hit (the engine
     // alone would file one on the second run, for the third).
-    r.snapshot_hint = spec_.kind == JobSpec::Kind::kChat ? spec_.snapshot_hint
-                                                         : static_cast<int64_t>(r.prompt.size()) - 1;
+    r.snapshot_hint =
+        spec_.kind == JobSpec::Kind::kChat ? spec_.snapshot_hint : static_cast<int64_t>(r.prompt.size()) - 1;
+    r.images = spec_.images;
     r.params = spec_.params;
     r.priority = spec_.priority;
     if (r.params.seed) r.params.seed = *r.params.seed + static_cast<uint64_t>(c.index());
@@ -197,7 +201,8 @@ void GenerationJob::process(Event& ev, std::string& sse_out) {
 void GenerationJob::complete(Step& step) {
   auto now = Clock::now();
   ctx_.metrics->e2e.observe(seconds(now - spec_.arrival));
-  for (auto& p : spec_.prompts) ctx_.metrics->prompt_tokens_per_request.observe(static_cast<double>(p.size()));
+  for (auto& p : spec_.prompts)
+    ctx_.metrics->prompt_tokens_per_request.observe(static_cast<double>(p.size()));
   std::string error;
   for (auto& c : choices_) {
     ctx_.metrics->generation_tokens_per_request.observe(static_cast<double>(c.tokens().size()));
@@ -255,11 +260,12 @@ AsyncBody::Step GenerationJob::poll(Clock::time_point now) {
       if (queue_deadline_ && now >= *queue_deadline_) {
         // Only a request still in the queue times out; one admitted meanwhile goes ahead.
         if (ticket_->leave_if_queued()) {
-          ApiError e(503,
-                     fmt::format("the request waited {:.1f} s for a free generation slot (queue timeout); retry "
-                                 "later",
-                                 seconds(now - spec_.arrival)),
-                     "service_unavailable");
+          ApiError e(
+              503,
+              fmt::format("the request waited {:.1f} s for a free generation slot (queue timeout); retry "
+                          "later",
+                          seconds(now - spec_.arrival)),
+              "service_unavailable");
           e.retry_after_s = 1;
           return fail_with(e);
         }
@@ -269,7 +275,8 @@ AsyncBody::Step GenerationJob::poll(Clock::time_point now) {
       return step;
     }
     if (spec_.stream.stream) {
-      step.head = Head{200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}}, true};
+      step.head =
+          Head{200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}}, true};
       head_sent_ = true;
     }
   }

@@ -14,6 +14,7 @@
 #include "server/vllm_metrics.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
+#include "vision/multimodal.h"
 
 namespace moeserve::server {
 
@@ -149,10 +150,11 @@ std::optional<HttpResponse> OpenAiService::check_head(const HttpRequest& req) co
   if (std::string_view key = req.header("x-api-key"); !key.empty() && same_secret(key, options_.api_key)) {
     return std::nullopt;
   }
-  return error_response(ApiError(
-      401,
-      auth.empty() && req.header("x-api-key").empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key provided",
-      "authentication_error", std::nullopt, "invalid_api_key"));
+  return error_response(ApiError(401,
+                                 auth.empty() && req.header("x-api-key").empty()
+                                     ? "missing API key: send 'Authorization: Bearer <key>'"
+                                     : "incorrect API key provided",
+                                 "authentication_error", std::nullopt, "invalid_api_key"));
 }
 
 Reply OpenAiService::handle(HttpRequest& request) {
@@ -194,7 +196,8 @@ Reply OpenAiService::route(HttpRequest& req) {
   const std::string& p = req.path;
   auto method_is = [&](const char* m) {
     if (req.method != m) {
-      throw ApiError(405, fmt::format("{} {} is not allowed; use {}", req.method, p, m), "method_not_allowed");
+      throw ApiError(405, fmt::format("{} {} is not allowed; use {}", req.method, p, m),
+                     "method_not_allowed");
     }
   };
   Reply r;
@@ -254,14 +257,16 @@ Reply OpenAiService::route(HttpRequest& req) {
 
 void OpenAiService::check_model(const std::optional<std::string>& model) const {
   if (model && !model->empty() && *model != options_.served_model_name) {
-    throw ApiError(404, fmt::format("the model '{}' does not exist; this server serves '{}'", *model,
-                                    options_.served_model_name),
+    throw ApiError(404,
+                   fmt::format("the model '{}' does not exist; this server serves '{}'", *model,
+                               options_.served_model_name),
                    "not_found_error", "model", "model_not_found");
   }
 }
 
 void OpenAiService::check_generation_ready() const {
-  if (draining_) throw ApiError(503, "the server is shutting down and accepts no new requests", "service_unavailable");
+  if (draining_)
+    throw ApiError(503, "the server is shutting down and accepts no new requests", "service_unavailable");
   if (!ready_ || !engine_.load()) {
     ApiError e(503, "the model is still loading; retry shortly", "service_unavailable");
     e.retry_after_s = 5;
@@ -288,7 +293,8 @@ void OpenAiService::check_token_ids(const char* param, const std::vector<int32_t
   if (Engine* engine = engine_.load()) vocab = engine->vocab_size();
   if (tokenizer_) vocab = std::min<int64_t>(vocab, int64_t(tokenizer_->vocab_size()));
   for (int32_t id : ids) {
-    if (id >= vocab) throw invalid_param(param, "token id {} is outside the vocabulary ({} tokens)", id, vocab);
+    if (id >= vocab)
+      throw invalid_param(param, "token id {} is outside the vocabulary ({} tokens)", id, vocab);
   }
 }
 
@@ -303,7 +309,8 @@ int OpenAiService::engine_priority(int request_priority) const {
   if (!options_.enable_priority) return 0;
   if (!options_.priority_larger_first) return request_priority;
   // -INT_MIN does not exist; the smallest request value becomes the largest engine value all the same.
-  return request_priority == std::numeric_limits<int>::min() ? std::numeric_limits<int>::max() : -request_priority;
+  return request_priority == std::numeric_limits<int>::min() ? std::numeric_limits<int>::max()
+                                                             : -request_priority;
 }
 
 HttpResponse OpenAiService::health() const {
@@ -328,12 +335,13 @@ HttpResponse OpenAiService::model_info() const {
     if (d.repetition_penalty) preferred["repetition_penalty"] = *d.repetition_penalty;
   }
   // SGLang's fields, which its router and clients read.
-  return json_response({{"model_path", options_.model_path},
-                        {"tokenizer_path", options_.tokenizer_path.empty() ? options_.model_path : options_.tokenizer_path},
-                        {"is_generation", true},
-                        {"served_model_name", options_.served_model_name},
-                        {"max_model_len", max_model_len_.load()},
-                        {"preferred_sampling_params", preferred}});
+  return json_response(
+      {{"model_path", options_.model_path},
+       {"tokenizer_path", options_.tokenizer_path.empty() ? options_.model_path : options_.tokenizer_path},
+       {"is_generation", true},
+       {"served_model_name", options_.served_model_name},
+       {"max_model_len", max_model_len_.load()},
+       {"preferred_sampling_params", preferred}});
 }
 
 // One real engine step: a one-token greedy completion of token 0 through admission and the engine, so a
@@ -411,7 +419,8 @@ int64_t OpenAiService::turn_boundary(const std::vector<int32_t>& prompt) const {
 std::vector<int32_t> OpenAiService::encode(const std::string& text, bool add_special_tokens,
                                            const char* param) const {
   if (!tokenizer_) {
-    throw invalid_param(param, "this model has no tokenizer (no tokenizer.json): send token ids instead of text");
+    throw invalid_param(param,
+                        "this model has no tokenizer (no tokenizer.json): send token ids instead of text");
   }
   return tokenizer_->encode(text, add_special_tokens);
 }
@@ -425,7 +434,8 @@ HttpResponse OpenAiService::tokenize(const HttpRequest& req) {
     if (!options_.chat_template) throw invalid_param("messages", "this model has no chat template");
     // Reuse the chat validation: the same body shape minus generation parameters.
     json chat = {{"messages", body["messages"]}};
-    for (const char* key : {"tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"}) {
+    for (const char* key :
+         {"tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"}) {
       if (body.contains(key)) chat[key] = body[key];
     }
     ChatRequest cr = parse_chat_request(chat.dump());
@@ -463,8 +473,8 @@ HttpResponse OpenAiService::detokenize(const HttpRequest& req) {
   return json_response({{"prompt", tokenizer_->decode(ids, false)}});
 }
 
-std::shared_ptr<const JsonConstraint> OpenAiService::json_constraint(const ResponseFormat& format,
-                                                                   std::optional<int32_t> start_after_token) {
+std::shared_ptr<const JsonConstraint> OpenAiService::json_constraint(
+    const ResponseFormat& format, std::optional<int32_t> start_after_token) {
   if (!format.schema) return nullptr;
   if (!tokenizer_) {
     throw invalid_param("response_format", "structured output needs the model's tokenizer (tokenizer.json)");
@@ -534,6 +544,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
       spec.prompts.push_back(ids);
     }
   }
+  if (!cr.images.empty()) spec.images = load_images(cr.images, spec.prompts[0]);
   bool explicit_max_tokens = cr.sampling.max_tokens.has_value();
   options_.sampling_defaults.apply(cr.sampling);
   spec.params = to_engine(cr.sampling);
@@ -610,6 +621,7 @@ JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
   spec.arrival = Clock::now();
   spec.queue_timeout = options_.queue_timeout;
   spec.prompts.push_back(encode(prompt + forced_prefix, /*add_special_tokens=*/false, "messages"));
+  if (!cr.images.empty()) spec.images = load_images(cr.images, spec.prompts[0]);
   spec.snapshot_hint = turn_boundary(spec.prompts[0]);
   spec.prompt_texts.push_back(prompt + forced_prefix);
   spec.assistant_prefix = forced_prefix;
@@ -638,14 +650,16 @@ JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
   if (!parser.reasoning_parser.empty() || !parser.tool_parser.empty()) spec.parser = parser;
   if (cr.response_format.schema) {
     if (!forced_prefix.empty()) {
-      throw invalid_param("response_format", "cannot be combined with tool_choice 'required' or a named tool");
+      throw invalid_param("response_format",
+                          "cannot be combined with tool_choice 'required' or a named tool");
     }
     // A prompt that opens the model's reasoning: the JSON is the content after </think> (as vLLM applies
     // structured output once the reasoning parser sees the reasoning end); the reasoning itself is free.
     std::optional<int32_t> after;
     if (parser.starts_in_reasoning) {
       after = tokenizer_->token_id("</think>");
-      if (!after) throw invalid_param("response_format", "the prompt opens reasoning, but </think> is not a token");
+      if (!after)
+        throw invalid_param("response_format", "the prompt opens reasoning, but </think> is not a token");
     }
     spec.params.json = json_constraint(cr.response_format, after);
   }
@@ -663,8 +677,8 @@ JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
         parameters = t["function"]["parameters"];
     ResponseFormat call;
     try {
-      call.schema = JsonSchema::with_suffix(*JsonSchema::compile(parse_bounded_json<nlohmann::json>(parameters.dump())),
-                                            "}\n</tool_call>");
+      call.schema = JsonSchema::with_suffix(
+          *JsonSchema::compile(parse_bounded_json<nlohmann::json>(parameters.dump())), "}\n</tool_call>");
     } catch (const SchemaError& e) {
       throw invalid_param("tools", "function '{}' parameters: {}", *forced_name, e.what());
     }
@@ -673,6 +687,39 @@ JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
     spec.params.json = std::move(c);
   }
   return spec;
+}
+
+std::shared_ptr<const PromptImages> OpenAiService::load_images(const std::vector<ImagePart>& parts,
+                                                               std::vector<int32_t>& prompt) {
+  if (!options_.image_processor) throw invalid_param(parts[0].param, "{}", options_.images_off);
+  if (int64_t(parts.size()) > options_.max_images_per_prompt) {
+    throw invalid_param(parts[size_t(options_.max_images_per_prompt)].param,
+                        "at most {} image(s) may be provided in one prompt (--limit-mm-per-prompt), got {}",
+                        options_.max_images_per_prompt, parts.size());
+  }
+  auto images = std::make_shared<PromptImages>();
+  images->image_token = options_.image_token_id;
+  std::vector<ImageGrid> grids;
+  const int merge = options_.image_processor->merge_size;
+  for (const ImagePart& part : parts) {
+    try {
+      LoadedImage loaded = load_image_url(part.url, options_.image_fetch);
+      PromptImage& image = images->images.emplace_back();
+      image.patches = preprocess_image(loaded.image, *options_.image_processor);
+      image.hash = loaded.hash;
+      grids.push_back({image.patches.grid_h / merge, image.patches.grid_w / merge});
+    } catch (const ImageError& e) {
+      throw invalid_param(part.param, "{}", e.what());
+    }
+  }
+  const size_t placeholders = size_t(std::count(prompt.begin(), prompt.end(), options_.image_token_id));
+  if (placeholders != grids.size()) {
+    throw invalid_param(parts[0].param, "the prompt has {} image placeholders (token {}) for {} images",
+                        placeholders, options_.image_token_id, grids.size());
+  }
+  prompt = expand_image_placeholders(prompt, options_.image_token_id, grids);
+  metrics_.images.inc(double(grids.size()));
+  return images;
 }
 
 std::string OpenAiService::render_chat(const ChatRequest& cr, std::string* forced_prefix) const {
@@ -692,7 +739,8 @@ std::string OpenAiService::render_chat(const ChatRequest& cr, std::string* force
       }
       prompt.resize(at + text.size());
     } else {
-      prompt = options_.chat_template->render(cr.messages, tools, cr.add_generation_prompt, cr.chat_template_kwargs);
+      prompt = options_.chat_template->render(cr.messages, tools, cr.add_generation_prompt,
+                                              cr.chat_template_kwargs);
     }
   } catch (const ApiError&) {
     throw;

@@ -13,10 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "server/admission.h"
 #include "engine/json_constraint.h"
+#include "server/admission.h"
 #include "server/generation.h"
 #include "server/http.h"
+#include "server/image_input.h"
 #include "server/openai_request.h"
 #include "server/responses_api.h"
 #include "server/sampling_defaults.h"
@@ -54,6 +55,14 @@ struct ServiceOptions {
   std::vector<std::string> allowed_origins;
   std::string tokenizer_path;  // /get_model_info
   bool vllm_metrics = false;   // /metrics also under vLLM's names (server/vllm_metrics.h)
+
+  // Images (docs/vision.md): the image processor and the <|image_pad|> id when the engine has the vision
+  // tower; without them an image is a 400 saying `images_off`.
+  std::optional<ImageProcessorConfig> image_processor;
+  int32_t image_token_id = -1;
+  std::string images_off = "this model takes text only (its checkpoint has no vision tower)";
+  ImageFetchOptions image_fetch;
+  int max_images_per_prompt = 999;  // --limit-mm-per-prompt '{"image": N}' (vLLM's default)
 };
 
 // serve's API key: the --api-key flag when given, else $MOESERVE_API_KEY, else $VLLM_API_KEY (so a vLLM
@@ -67,8 +76,8 @@ std::vector<std::string> parse_allowed_origins(const std::string& flag);
 class OpenAiService {
  public:
   // engine and tokenizer may be null (tests of routing and errors; a model without tokenizer.json).
-  OpenAiService(ServiceOptions options, Engine* engine, const text::Tokenizer* tokenizer, Admission& admission,
-                ServerMetrics& metrics);
+  OpenAiService(ServiceOptions options, Engine* engine, const text::Tokenizer* tokenizer,
+                Admission& admission, ServerMetrics& metrics);
 
   Reply handle(HttpRequest& request);  // the HttpServer handler
   // Installs this service's head check (the API key, decided before a body is read) and its choice of the
@@ -78,7 +87,9 @@ class OpenAiService {
   std::optional<HttpResponse> check_head(const HttpRequest& head) const;
   // GETs (/health, /metrics, /v1/models, /version) and CORS preflights read no body and do no parsing: they
   // run inline.
-  static bool runs_inline(const HttpRequest& head) { return head.method == "GET" || head.method == "OPTIONS"; }
+  static bool runs_inline(const HttpRequest& head) {
+    return head.method == "GET" || head.method == "OPTIONS";
+  }
 
   void set_ready(bool ready) { ready_ = ready; }
   // Once loading finishes (before set_ready): the engine and the context length it settled on.
@@ -122,7 +133,12 @@ class OpenAiService {
   // The prompt text of a chat request; forced_prefix (if given) receives the text appended to force a tool
   // call (tool_choice "required" or a named function).
   std::string render_chat(const ChatRequest& request, std::string* forced_prefix) const;
-  // The engine's JSON constraint for a response_format (null for text); the token table is built on first use.
+  // A request's images fetched, decoded and preprocessed (on the request thread, not an IO thread), and the
+  // prompt's placeholders expanded to each image's tokens; ApiError 400 naming the part on a bad image.
+  std::shared_ptr<const PromptImages> load_images(const std::vector<ImagePart>& parts,
+                                                  std::vector<int32_t>& prompt);
+  // The engine's JSON constraint for a response_format (null for text); the token table is built on first
+  // use.
   std::shared_ptr<const JsonConstraint> json_constraint(const ResponseFormat& format,
                                                         std::optional<int32_t> start_after_token);
 
