@@ -23,9 +23,11 @@ namespace moeserve::server {
 class ServeProcess {
  public:
   // cwd: where it runs ("" = here); extra_env: "NAME=value" entries added to this process's environment.
+  // command: another subcommand ("route") runs with `args` alone (no --host and --port of serve's).
   explicit ServeProcess(std::vector<std::string> args, const std::string& cwd = "",
-                        std::vector<std::string> extra_env = {}) {
-    std::vector<std::string> argv_s = {MOESERVE_BINARY, "serve", "--host", "127.0.0.1", "--port", "0"};
+                        std::vector<std::string> extra_env = {}, const std::string& command = "serve") {
+    std::vector<std::string> argv_s = {MOESERVE_BINARY, command};
+    if (command == "serve") argv_s.insert(argv_s.end(), {"--host", "127.0.0.1", "--port", "0"});
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
@@ -75,6 +77,17 @@ class ServeProcess {
           }
         }
       }
+      if (poll_exit()) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  // Waits until the output contains `text`; false if it exited or timed out first.
+  bool wait_for(const std::string& text, std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (output().find(text) != std::string::npos) return true;
       if (poll_exit()) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
