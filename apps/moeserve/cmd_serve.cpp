@@ -800,7 +800,6 @@ void add_no_effect_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o) 
   flag("--enforce-eager", "the CUDA backend decides where it uses graphs");
   flag("--enable-torch-compile", "nothing is compiled at start");
   flag("--skip-server-warmup", "there is no warmup");
-  flag("--language-model-only", "moeserve serves text only");
   flag("--enable-ep-moe", "the experts are sharded by --tp");
   flag("--enable-expert-parallel", "the experts are sharded by --tp");
   flag("--log-requests", "request logging follows --log-level");
@@ -827,8 +826,7 @@ void add_no_effect_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o) 
   option("--generation-config", "no effect yet");
   option("--uvicorn-log-level", "use --log-level");
   option("--max-log-len", "request logging follows --log-level");
-  option("--limit-mm-per-prompt", "moeserve serves text only");
-  option("--mm-encoder-tp-mode", "moeserve serves text only");
+  option("--mm-encoder-tp-mode", "the vision tower runs on one device, unsharded");
   option("--download-dir", "moeserve reads a local checkpoint directory");
   option("--revision", "moeserve reads a local checkpoint directory");
 }
@@ -848,6 +846,28 @@ std::string serve_flag_hint(const std::string& flag) {
   for (const auto& [names, hint] : hints)
     if (std::find(names.begin(), names.end(), flag) != names.end()) return hint;
   return "";
+}
+
+// --limit-mm-per-prompt (vLLM) / --limit-mm-data-per-request (SGLang): a JSON object of counts per modality.
+// Images are the one modality here; a limit on another is noted as having no effect.
+int image_limit(const std::string& flag, std::vector<std::string>& no_effect) {
+  nlohmann::json limits;
+  try {
+    limits = parse_bounded_json<nlohmann::json>(flag);
+  } catch (const std::exception& e) {
+    fail("--limit-mm-per-prompt {}: not JSON ({}); expected e.g. '{{\"image\": 4}}'", flag, e.what());
+  }
+  check(limits.is_object(), "--limit-mm-per-prompt {}: expected an object such as '{{\"image\": 4}}'", flag);
+  int images = 999;
+  for (const auto& [modality, value] : limits.items()) {
+    check(value.is_number_integer() && value.get<int64_t>() >= 0 && value.get<int64_t>() <= 1'000'000,
+          "--limit-mm-per-prompt: {} must be a count, got {}", modality, value.dump());
+    if (modality == "image")
+      images = value.get<int>();
+    else
+      no_effect.push_back(fmt::format("--limit-mm-per-prompt {}: this server takes images only", modality));
+  }
+  return images;
 }
 
 // What the peers' spellings mean once all flags are in: one model, one memory rule, one chunk size, one
@@ -925,28 +945,6 @@ void resolve_peer_flags(ServeOptions& o, const CLI::App& cmd, const std::string&
   std::sort(o.no_effect.begin(), o.no_effect.end());
   o.no_effect.erase(std::unique(o.no_effect.begin(), o.no_effect.end()), o.no_effect.end());
   for (const auto& line : o.no_effect) spdlog::info("no effect here: {}", line);
-}
-
-// --limit-mm-per-prompt (vLLM) / --limit-mm-data-per-request (SGLang): a JSON object of counts per modality.
-// Images are the one modality here; a limit on another is noted as having no effect.
-int image_limit(const std::string& flag, std::vector<std::string>& no_effect) {
-  nlohmann::json limits;
-  try {
-    limits = parse_bounded_json<nlohmann::json>(flag);
-  } catch (const std::exception& e) {
-    fail("--limit-mm-per-prompt {}: not JSON ({}); expected e.g. '{{\"image\": 4}}'", flag, e.what());
-  }
-  check(limits.is_object(), "--limit-mm-per-prompt {}: expected an object such as '{{\"image\": 4}}'", flag);
-  int images = 999;
-  for (const auto& [modality, value] : limits.items()) {
-    check(value.is_number_integer() && value.get<int64_t>() >= 0 && value.get<int64_t>() <= 1'000'000,
-          "--limit-mm-per-prompt: {} must be a count, got {}", modality, value.dump());
-    if (modality == "image")
-      images = value.get<int>();
-    else
-      no_effect.push_back(fmt::format("--limit-mm-per-prompt {}: this server takes images only", modality));
-  }
-  return images;
 }
 
 void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std::string& positional_model) {

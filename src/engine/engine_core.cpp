@@ -145,15 +145,11 @@ void EngineCore::validate(const GenerateRequest& request) const {
 
 MultimodalPrompt EngineCore::layout_images(const GenerateRequest& request) const {
   const PromptImages& images = *request.images;
-  check(model_->has_vision(),
-        "request {}: this server takes no images (the model has no vision tower, or it "
-        "runs with --language-model-only)",
+  check(model_->has_vision(), "request {}: this model runs without a vision tower: it takes no images",
         request.id);
   check(!spec_, "request {}: images are not supported with speculative decoding yet", request.id);
   check(images.image_token >= 0 && images.image_token < vocab_,
-        "request {}: image token {} is outside the "
-        "vocabulary",
-        request.id, images.image_token);
+        "request {}: image token {} is outside the vocabulary", request.id, images.image_token);
   const int merge = model_->vision_merge_size();
   std::vector<ImageGrid> grids;
   for (const PromptImage& image : images.images) {
@@ -173,6 +169,7 @@ MultimodalPrompt EngineCore::layout_images(const GenerateRequest& request) const
 
 void EngineCore::add(GenerateRequest request) {
   auto r = std::make_unique<Request>();
+  if (request.images) r->mm = layout_images(request);  // before the prompt moves into r
   r->id = std::move(request.id);
   r->tokens = std::move(request.prompt);
   r->prompt_len = int64_t(r->tokens.size());
@@ -192,7 +189,6 @@ void EngineCore::add(GenerateRequest request) {
   }
   if (request.images) {
     // The sampler above saw the image tokens; from here on the rows hold the prefix cache's keys.
-    r->mm = layout_images(request);
     r->images = std::move(request.images);
     size_t row = 0;
     for (const PromptImage& image : r->images->images) {

@@ -708,7 +708,7 @@ std::shared_ptr<const PromptImages> OpenAiService::load_images(const std::vector
       image.patches = preprocess_image(loaded.image, *options_.image_processor);
       image.hash = loaded.hash;
       grids.push_back({image.patches.grid_h / merge, image.patches.grid_w / merge});
-    } catch (const ImageError& e) {
+    } catch (const Error& e) {  // ImageError, or a preprocessing check: the image's fault either way
       throw invalid_param(part.param, "{}", e.what());
     }
   }
