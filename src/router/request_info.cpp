@@ -38,9 +38,12 @@ void append_content(std::string& out, const json& content) {
         out += text->get_ref<const std::string&>();
       } else if (auto image = part.find("image_url"); image != part.end()) {
         // OpenAI's {"url": ...}, or the URL itself (vLLM, the Responses API's input_image).
-        auto url = image->is_object() ? image->find("url") : image;
-        append_image(out, url != image->end() && url->is_string() ? url->get_ref<const std::string&>()
-                                                                  : image->dump());
+        const json* url = &*image;
+        if (image->is_object()) {
+          auto it = image->find("url");
+          url = it != image->end() ? &*it : nullptr;
+        }
+        append_image(out, url && url->is_string() ? url->get_ref<const std::string&>() : image->dump());
       } else if (auto source = part.find("source"); source != part.end() && source->is_object()) {
         // Anthropic's image block: base64 data or a url.
         auto data = source->find("data");

@@ -164,7 +164,8 @@ TEST(RequestInfo, RefusesJsonBeyondTheLimitsAndIgnoresFieldsOfOtherTypes) {
   EXPECT_TRUE(odd.model.empty());
   EXPECT_TRUE(odd.session.empty());
   std::string text(odd.key.begin(), odd.key.end());
-  EXPECT_EQ(text, "\n{\"url\":3}\n");
+  EXPECT_EQ(text.substr(0, 8), "\n<image ") << text;  // an image whatever its URL's type
+  EXPECT_EQ(text.back(), '\n');
 }
 
 TEST(RequestInfo, ReadsLoadReportedByServers) {

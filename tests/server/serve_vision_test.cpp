@@ -250,6 +250,38 @@ TEST(ServeVision, LanguageModelOnlyAndFetchingOffRefuseWhatTheyTurnOff) {
   }
 }
 
+// The Responses API's input_image and an Anthropic image block (base64 source) reach the tower as chat
+// image parts do: their tokens are in the prompt, and a malformed one is a 400 naming it.
+TEST(ServeVision, ResponsesInputImageAndMessagesImageBlock) {
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--chat-template",
+                  "tests/fixtures/chat-templates/qwen3_5.jinja"});
+  const std::string data = base64(fixture_image(1));  // 70 image tokens
+  json responses = {{"model", "moeserve-demo"},
+                    {"max_output_tokens", 2},
+                    {"input",
+                     {{{"role", "user"},
+                       {"content",
+                        {{{"type", "input_text"}, {"text", "What is this?"}},
+                         {{"type", "input_image"}, {"image_url", "data:image/png;base64," + data}}}}}}}};
+  auto r = Connection(p->port()).roundtrip("POST", "/v1/responses", responses.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_GT(json::parse(r.body)["usage"]["input_tokens"].get<int>(), 70) << r.body;
+  json messages = {
+      {"model", "moeserve-demo"},
+      {"max_tokens", 2},
+      {"messages",
+       {{{"role", "user"},
+         {"content",
+          {{{"type", "image"}, {"source", {{"type", "base64"}, {"media_type", "image/png"}, {"data", data}}}},
+           {{"type", "text"}, {"text", "What is this?"}}}}}}}};
+  r = Connection(p->port()).roundtrip("POST", "/v1/messages", messages.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_GT(json::parse(r.body)["usage"]["input_tokens"].get<int>(), 70) << r.body;
+  messages["messages"][0]["content"][0]["source"]["data"] = "AAAA";
+  r = Connection(p->port()).roundtrip("POST", "/v1/messages", messages.dump());
+  EXPECT_EQ(r.status, 400) << r.body;
+}
+
 // The official OpenAI SDK sends a data-URL image to the demo model's random tower, straight and through
 // `moeserve route` (tests/server/js/vision_test.mjs says what it checks).
 TEST(ServeVision, OfficialOpenAiSdkSendsImagesThroughServeAndRoute) {
