@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
 
 #include "backend/backend.h"
 #include "command.h"
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "dist/communicator.h"
@@ -36,6 +38,7 @@
 #include "text/chat_template.h"
 #include "text/model_text.h"
 #include "text/output_parser.h"
+#include "vision/tower.h"
 
 namespace moeserve::app {
 namespace {
@@ -106,6 +109,14 @@ struct ServeOptions {
   uint64_t seed = 0;
   std::string quantization;       // "fp8": the checkpoint must be FP8 (nothing is quantized at load)
   std::string system_root = "/";  // where /proc and /sys are read (tests play a machine)
+  // Images (docs/vision.md).
+  std::string limit_mm_per_prompt;  // vLLM's '{"image": N}' (SGLang: --limit-mm-data-per-request)
+  int max_images_per_prompt = 999;  // what it resolves to (vLLM's default)
+  bool language_model_only = false;
+  bool disable_image_fetch = false;
+  double max_image_mb = 20;               // encoded bytes per image (OpenAI's limit)
+  int64_t max_image_pixels = 89'478'485;  // decoded, PIL's MAX_IMAGE_PIXELS
+  double image_fetch_timeout_s = 5;       // vLLM's VLLM_IMAGE_FETCH_TIMEOUT
   // Peers' flags that change nothing here, as "--flag value: why", logged once each at start.
   std::vector<std::string> no_effect;
 };
@@ -239,9 +250,10 @@ std::string dtype_name(const ModelConfig& c) {
 
 // The demo model: the tiny preset with the real Qwen3 vocabulary, random weights made in memory.
 ModelWeights demo_weights(const text::Tokenizer& tokenizer, const text::ModelText& text, uint64_t seed,
-                          bool mtp) {
+                          bool mtp, bool vision) {
   ModelConfig config = preset_config("tiny");
-  if (mtp) config.mtp_num_layers = 1;  // random like the rest: speculative decoding runs, its drafts fail
+  if (mtp) config.mtp_num_layers = 1;      // random like the rest: speculative decoding runs, its drafts fail
+  if (vision) add_mrope_sections(config);  // text alone rotates as before: its three positions are equal
   config.vocab_size =
       (static_cast<int64_t>(tokenizer.vocab_size()) + 255) / 256 * 256;  // padded, as Qwen does
   // 32K context: the default cache budget (every running request at full length) stays ~256 MiB, so a demo
@@ -373,6 +385,8 @@ void check_flags(const ServeOptions& o) {
       "--max-buffered-body-mb {} is below --max-request-body-mb {}: the largest request could never be read",
       o.max_buffered_body_mb, o.max_request_body_mb);
   check(o.max_connections > 0, "--max-connections {}: expected at least 1", o.max_connections);
+  check(o.max_image_mb > 0 && o.max_image_pixels > 0 && o.image_fetch_timeout_s > 0,
+        "--max-image-mb, --max-image-pixels and --image-fetch-timeout must be positive");
   check_engine_options(engine_options_of(o));
 }
 
@@ -410,7 +424,62 @@ ServedText load_text(const ServeOptions& o) {
   return served;
 }
 
-server::ServiceOptions service_options_of(const ServeOptions& o,
+// Why serve loads no vision tower under these flags ("" when it does, if the checkpoint has one).
+std::string images_off_by_flags(const ServeOptions& o) {
+  return o.language_model_only      ? "this server runs with --language-model-only: images are not accepted"
+         : o.load_format == "dummy" ? "random weights (--load-format dummy) have no vision tower"
+         : o.group.tp > 1           ? "images are served on one rank so far (without --tp)"
+         : o.speculative_steps > 0  ? "images are not served with speculative decoding yet"
+                                    : "";
+}
+
+// The checkpoint's vision tower config when serve loads it; `why_not` says otherwise why.
+std::optional<VisionConfig> served_vision(const ServeOptions& o, std::string& why_not) {
+  why_not = images_off_by_flags(o);
+  auto config = o.model.empty() || o.model == kDemo ? std::nullopt : VisionConfig::from_dir(o.model);
+  if (!config && why_not.empty()) why_not = "this model takes text only (its checkpoint has no vision tower)";
+  return why_not.empty() ? config : std::nullopt;
+}
+
+// The demo's vision tokens (the Qwen3 tokenizer's), or empty when it serves no images.
+std::map<std::string, int64_t> demo_vision_tokens(const ServeOptions& o, const text::Tokenizer& tokenizer) {
+  std::map<std::string, int64_t> ids;
+  if (!images_off_by_flags(o).empty()) return ids;
+  for (const char* name : {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"}) {
+    auto id = tokenizer.token_id(name);
+    if (!id) return {};
+    ids[name] = *id;
+  }
+  return ids;
+}
+
+void set_image_options(const ServeOptions& o, const std::optional<text::ModelText>& text,
+                       server::ServiceOptions& service) {
+  std::string why_not;
+  if (o.model == kDemo) {
+    auto ids = text ? demo_vision_tokens(o, text->tokenizer) : std::map<std::string, int64_t>{};
+    why_not = images_off_by_flags(o);
+    if (!ids.empty()) {
+      service.image_processor = ImageProcessorConfig{};
+      service.image_token_id = int32_t(ids["<|image_pad|>"]);
+    } else if (why_not.empty()) {
+      why_not = "the demo's tokenizer has no vision tokens";
+    }
+  } else if (auto vision = served_vision(o, why_not)) {
+    service.image_processor = ImageProcessorConfig::from_dir(o.model);
+    service.image_processor->merge_size = vision->spatial_merge_size;
+    service.image_token_id = vision->image_token_id;
+  }
+  service.images_off = why_not;
+  service.max_images_per_prompt = o.max_images_per_prompt;
+  service.image_fetch.allow_fetch = !o.disable_image_fetch;
+  service.image_fetch.max_bytes = static_cast<size_t>(o.max_image_mb * 1024 * 1024);
+  service.image_fetch.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(o.image_fetch_timeout_s * 1000));
+  service.image_fetch.decode.max_pixels = o.max_image_pixels;
+}
+
+server::ServiceOptions service_options_of(const ServeOptions& o, const std::optional<text::ModelText>& text,
                                           std::shared_ptr<const text::ChatTemplate> chat_template) {
   const bool demo = o.model == kDemo;
   server::ServiceOptions service_options;
@@ -431,10 +500,12 @@ server::ServiceOptions service_options_of(const ServeOptions& o,
   service_options.allowed_origins = server::parse_allowed_origins(o.allowed_origins);
   service_options.tokenizer_path = o.tokenizer;
   service_options.vllm_metrics = o.vllm_metrics;
+  set_image_options(o, text, service_options);
   if (!demo && !o.model.empty()) {
     service_options.sampling_defaults = server::SamplingDefaults::load(o.model);
     if (!service_options.sampling_defaults.empty()) {
-      spdlog::info("sampling defaults from generation_config.json: {}", service_options.sampling_defaults.summary());
+      spdlog::info("sampling defaults from generation_config.json: {}",
+                   service_options.sampling_defaults.summary());
     }
   }
   return service_options;
@@ -485,21 +556,39 @@ void watch_device_memory(const ServeOptions& o, Backend& backend, server::Memory
   }
 }
 
-ModelWeights load_weights(const ServeOptions& o, const std::optional<text::ModelText>& text,
-                          Backend& backend) {
+struct LoadedModel {
+  ModelWeights weights;
+  std::optional<VisionWeights> vision;  // the tower, when served_vision says so
+};
+
+LoadedModel load_model(const ServeOptions& o, const std::optional<text::ModelText>& text, Backend& backend) {
   if (o.model == kDemo) {
-    Progress p("building the demo model (random weights, Qwen3 vocabulary)");
-    return demo_weights(text->tokenizer, *text, o.seed, o.speculative_steps > 0);
+    Progress p("building the demo model (random weights, Qwen3 vocabulary, a random vision tower)");
+    auto vision_tokens = demo_vision_tokens(o, text->tokenizer);
+    LoadedModel demo{
+        demo_weights(text->tokenizer, *text, o.seed, o.speculative_steps > 0, !vision_tokens.empty()),
+        std::nullopt};
+    if (!vision_tokens.empty()) {
+      DummyVision vision = make_dummy_vision(demo.weights.config, o.seed, vision_tokens);
+      demo.vision = load_vision_weights(vision.tensors, *VisionConfig::from_json(vision.config));
+    }
+    return demo;
   }
   if (o.load_format == "dummy") {
     const std::string shape = o.preset.empty() ? o.model + "/config.json" : "preset " + o.preset;
     Progress p("building random weights for " + shape + " (--load-format dummy)");
-    return dummy_weights(
-        o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json") : preset_config(o.preset), o.seed,
-        backend);
+    return {dummy_weights(
+                o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json") : preset_config(o.preset),
+                o.seed, backend),
+            std::nullopt};
   }
   Progress p("loading weights from " + o.model);
-  return load_checkpoint(o.model);
+  std::string why_not;
+  auto vision_config = served_vision(o, why_not);
+  if (!vision_config) return {load_checkpoint(o.model), std::nullopt};
+  Checkpoint checkpoint = open_checkpoint(o.model);
+  VisionWeights vision = load_vision_weights(checkpoint.tensors, *vision_config);
+  return {std::move(checkpoint.weights), std::move(vision)};
 }
 
 // Weights and caches are in place: a server already past its pressure threshold would answer every request
@@ -554,7 +643,7 @@ int serve(const ServeOptions& o) {
   // Text first (fast): the tokenizer, the chat template and the stop ids.
   ServedText served = load_text(o);
   std::optional<text::ModelText>& text = served.text;
-  server::ServiceOptions service_options = service_options_of(o, served.chat_template);
+  server::ServiceOptions service_options = service_options_of(o, served.text, served.chat_template);
   server::ServerMetrics metrics(service_options.served_model_name);
   auto memory = std::make_shared<server::MemoryMonitor>(o.system_root);
   server::Admission admission(admission_options_of(o, service_options), memory);
@@ -579,7 +668,16 @@ int serve(const ServeOptions& o) {
   EngineOptions engine_options = engine_options_of(o);
   engine_options.backend = backend.get();
   watch_device_memory(o, *backend, *memory);
-  ModelWeights weights = load_weights(o, text, *backend);
+  LoadedModel loaded = load_model(o, text, *backend);
+  ModelWeights& weights = loaded.weights;
+  if (loaded.vision) {
+    engine_options.vision = &*loaded.vision;
+    spdlog::info("vision tower: {} blocks of {}; images up to {} per prompt, fetching {}",
+                 loaded.vision->config.depth, loaded.vision->config.hidden_size, o.max_images_per_prompt,
+                 o.disable_image_fetch ? "off (data: URLs only)" : "on");
+  } else {
+    spdlog::info("images: off ({})", service_options.images_off);
+  }
 
   if (o.total_mem_fraction > 0) {
     engine_options.cache_memory_bytes = cache_budget_of_total_share(o, *backend, *memory);
@@ -702,7 +800,6 @@ void add_no_effect_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o) 
   flag("--enforce-eager", "the CUDA backend decides where it uses graphs");
   flag("--enable-torch-compile", "nothing is compiled at start");
   flag("--skip-server-warmup", "there is no warmup");
-  flag("--language-model-only", "moeserve serves text only");
   flag("--enable-ep-moe", "the experts are sharded by --tp");
   flag("--enable-expert-parallel", "the experts are sharded by --tp");
   flag("--log-requests", "request logging follows --log-level");
@@ -729,8 +826,7 @@ void add_no_effect_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o) 
   option("--generation-config", "no effect yet");
   option("--uvicorn-log-level", "use --log-level");
   option("--max-log-len", "request logging follows --log-level");
-  option("--limit-mm-per-prompt", "moeserve serves text only");
-  option("--mm-encoder-tp-mode", "moeserve serves text only");
+  option("--mm-encoder-tp-mode", "the vision tower runs on one device, unsharded");
   option("--download-dir", "moeserve reads a local checkpoint directory");
   option("--revision", "moeserve reads a local checkpoint directory");
 }
@@ -750,6 +846,28 @@ std::string serve_flag_hint(const std::string& flag) {
   for (const auto& [names, hint] : hints)
     if (std::find(names.begin(), names.end(), flag) != names.end()) return hint;
   return "";
+}
+
+// --limit-mm-per-prompt (vLLM) / --limit-mm-data-per-request (SGLang): a JSON object of counts per modality.
+// Images are the one modality here; a limit on another is noted as having no effect.
+int image_limit(const std::string& flag, std::vector<std::string>& no_effect) {
+  nlohmann::json limits;
+  try {
+    limits = parse_bounded_json<nlohmann::json>(flag);
+  } catch (const std::exception& e) {
+    fail("--limit-mm-per-prompt {}: not JSON ({}); expected e.g. '{{\"image\": 4}}'", flag, e.what());
+  }
+  check(limits.is_object(), "--limit-mm-per-prompt {}: expected an object such as '{{\"image\": 4}}'", flag);
+  int images = 999;
+  for (const auto& [modality, value] : limits.items()) {
+    check(value.is_number_integer() && value.get<int64_t>() >= 0 && value.get<int64_t>() <= 1'000'000,
+          "--limit-mm-per-prompt: {} must be a count, got {}", modality, value.dump());
+    if (modality == "image")
+      images = value.get<int>();
+    else
+      no_effect.push_back(fmt::format("--limit-mm-per-prompt {}: this server takes images only", modality));
+  }
+  return images;
 }
 
 // What the peers' spellings mean once all flags are in: one model, one memory rule, one chunk size, one
@@ -822,6 +940,8 @@ void resolve_peer_flags(ServeOptions& o, const CLI::App& cmd, const std::string&
                                                          : "cpu (no GPU visible, or a build without CUDA)");
   }
   o.speculative_steps = speculative_steps(o.speculative);
+  if (!o.limit_mm_per_prompt.empty())
+    o.max_images_per_prompt = image_limit(o.limit_mm_per_prompt, o.no_effect);
   std::sort(o.no_effect.begin(), o.no_effect.end());
   o.no_effect.erase(std::unique(o.no_effect.begin(), o.no_effect.end()), o.no_effect.end());
   for (const auto& line : o.no_effect) spdlog::info("no effect here: {}", line);
@@ -885,10 +1005,12 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
   cmd.add_option(
       "--api-key", o->api_key,
       "require 'Authorization: Bearer KEY' on the API (else env MOESERVE_API_KEY, then VLLM_API_KEY)");
-  cmd.add_option("--allowed-origins", o->allowed_origins,
-                 "CORS: origins allowed to call the API, as vLLM takes them ('[\"*\"]', or a comma-separated list)");
-  cmd.add_flag("--vllm-metrics", o->vllm_metrics,
-               "also export /metrics under vLLM's names (vllm:num_requests_running, ...) for vLLM dashboards");
+  cmd.add_option(
+      "--allowed-origins", o->allowed_origins,
+      "CORS: origins allowed to call the API, as vLLM takes them ('[\"*\"]', or a comma-separated list)");
+  cmd.add_flag(
+      "--vllm-metrics", o->vllm_metrics,
+      "also export /metrics under vLLM's names (vllm:num_requests_running, ...) for vLLM dashboards");
   cmd.add_option("--max-running-requests,--max-num-seqs", o->max_running_requests,
                  "sequences the engine runs at once (GDN state slots)")
       ->capture_default_str();
@@ -1000,6 +1122,19 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
                  "num-steps + 1 (SGLang's spelling of the same)");
   cmd.add_option("--speculative-config", o->speculative.config_json,
                  R"(vLLM's: '{"method":"mtp","num_speculative_tokens":N}')");
+  cmd.add_option("--limit-mm-per-prompt,--limit-mm-data-per-request", o->limit_mm_per_prompt,
+                 R"(images per prompt: '{"image": N}' (default 999; 0 refuses images))");
+  cmd.add_flag("--language-model-only", o->language_model_only,
+               "skip the vision tower (less memory); requests with images get 400");
+  cmd.add_flag("--disable-image-fetch", o->disable_image_fetch,
+               "images only as data: URLs; http(s) image URLs get 400");
+  cmd.add_option("--max-image-mb", o->max_image_mb, "encoded bytes per image (data: or fetched)")
+      ->capture_default_str();
+  cmd.add_option("--max-image-pixels", o->max_image_pixels,
+                 "decoded pixels per image, checked before decoding")
+      ->capture_default_str();
+  cmd.add_option("--image-fetch-timeout", o->image_fetch_timeout_s, "seconds for one image URL's whole fetch")
+      ->capture_default_str();
   cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")
       ->capture_default_str();
   cmd.add_option("--system-root", o->system_root,

@@ -24,14 +24,16 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "vision/preprocess.h"
 
 namespace moeserve {
 
 struct ModelWeights;
+struct VisionWeights;
 class Backend;
 struct JsonConstraint;  // engine/json_constraint.h
-class ModelRunner;  // engine/model_runner.h: what the engine needs from a model (the real one or a test
-                    // double)
+class ModelRunner;      // engine/model_runner.h: what the engine needs from a model (the real one or a test
+                        // double)
 
 struct SamplingParams {
   float temperature = 1.0f;        // 0 = greedy (argmax)
@@ -42,9 +44,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;  //                                          logit -= frequency * count
   float repetition_penalty = 1.0f;  // HF/vLLM semantics, over prompt + generated: logit /= p if > 0 else *= p
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias): logit += bias, after the penalties
-  std::optional<uint64_t> seed;     // same seed -> same tokens, whatever else shares the batch
-  std::optional<int> max_tokens;    // new tokens; unset = until the context (max_model_len) is full
-  int min_tokens = 0;               // eos and stop ids are suppressed until this many tokens exist
+  std::optional<uint64_t> seed;   // same seed -> same tokens, whatever else shares the batch
+  std::optional<int> max_tokens;  // new tokens; unset = until the context (max_model_len) is full
+  int min_tokens = 0;             // eos and stop ids are suppressed until this many tokens exist
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;  // finish "stop" on any of these, in addition to the model's eos ids
   bool logprobs = false;                // logprob of each sampled token
@@ -58,6 +60,20 @@ struct SamplingParams {
 
 struct GenerateOutput;
 
+// The images of a prompt (docs/vision.md), preprocessed on the caller's thread. The prompt holds, for the
+// k-th image, a run of image_token as long as its merged grid (patches / merge²); the engine encodes the
+// images on its thread and places their features there. The hash (of the decoded pixels) keys the prefix
+// cache: the run's cache keys derive from it, so the same picture hits the cache and a different one never
+// does.
+struct PromptImage {
+  ImagePatches patches;
+  std::array<uint64_t, 2> hash{};
+};
+struct PromptImages {
+  int32_t image_token = -1;
+  std::vector<PromptImage> images;
+};
+
 struct GenerateRequest {
   std::string id;               // unique among live requests; cancel() takes it
   std::vector<int32_t> prompt;  // token ids, at least one
@@ -70,6 +86,8 @@ struct GenerateRequest {
   // generation prompt begins. The next turn repeats the prompt up to there but not beyond (the template
   // re-renders the assistant turn), so a snapshot at the end of the prompt alone would never be hit.
   int64_t snapshot_hint = 0;
+  // The prompt's images, or null for text (shared by the n choices of one request).
+  std::shared_ptr<const PromptImages> images;
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };
@@ -147,9 +165,9 @@ struct EngineOptions {
   // KV cache elements: F32, BF16 or F8_E4M3; unset = auto (BF16 where the backend keeps the caches in its own
   // memory, a GPU; float32 in host memory, the CPU reference).
   std::optional<DType> kv_cache_dtype;
-  int chunked_prefill_size = 2048;           // prompt tokens of one request per step
-  int max_prefill_tokens = 8192;             // prompt tokens of all requests per step
-  int64_t max_model_len = 0;                 // prompt + output limit; 0 = the model's max_position_embeddings
+  int chunked_prefill_size = 2048;  // prompt tokens of one request per step
+  int max_prefill_tokens = 8192;    // prompt tokens of all requests per step
+  int64_t max_model_len = 0;        // prompt + output limit; 0 = the model's max_position_embeddings
   SchedulePolicy policy = SchedulePolicy::Fcfs;
   bool enable_prefix_cache = true;
   int max_queued_requests = 0;                        // submit() throws when this many wait; 0 = unlimited
@@ -166,6 +184,11 @@ struct EngineOptions {
   // Benchmarks only (bench/; serve and generate never set it): the first N drafts of every verify step are
   // accepted whatever the model says, to time steps at a chosen acceptance length. -1 = off.
   int benchmark_forced_acceptance = -1;
+  // The vision tower (docs/vision.md), or null: prompts with images are refused. Must outlive the engine.
+  const VisionWeights* vision = nullptr;
+  // Vision patches the tower encodes per engine step: whole images, in arrival order, until this many (at
+  // least one image), so a burst of large images spreads over steps that also decode other sequences.
+  int vision_patches_per_step = 16384;
 };
 
 // The rules on EngineOptions that need no model (Engine::create applies them too): a caller checks its flags
@@ -200,8 +223,8 @@ struct EngineStats {
   int64_t kv_pages_used = 0;    // referenced by running requests
   int64_t kv_pages_cached = 0;  // held only by the prefix cache (evictable)
   int64_t kv_pages_free = 0;
-  int64_t kv_tokens_total = 0;     // positions the KV cache holds (pages x page size)
-  int64_t kv_bytes_per_token = 0;  // K and V of every attention layer, in the stored dtype
+  int64_t kv_tokens_total = 0;            // positions the KV cache holds (pages x page size)
+  int64_t kv_bytes_per_token = 0;         // K and V of every attention layer, in the stored dtype
   std::string_view kv_dtype = "float32";  // what the pages store: "float32", "bfloat16" or "fp8_e4m3"
   int live_slots_total = 0;
   int live_slots_used = 0;
@@ -215,15 +238,20 @@ struct EngineStats {
   uint64_t requests_finished = 0;  // any reason
   uint64_t requests_aborted = 0;
   uint64_t preemptions = 0;
-  uint64_t steps = 0;                   // forward passes
-  uint64_t step_sequences = 0;          // Σ over forward passes of their batch size (mean = this / steps)
-  std::array<uint64_t, kStepBatchBuckets> steps_by_batch{};  // forward passes by batch size (step_batch_bucket)
+  uint64_t steps = 0;           // forward passes
+  uint64_t step_sequences = 0;  // Σ over forward passes of their batch size (mean = this / steps)
+  std::array<uint64_t, kStepBatchBuckets>
+      steps_by_batch{};                 // forward passes by batch size (step_batch_bucket)
   uint64_t sampled_from_full_rows = 0;  // tokens whose candidates did not decide them (logit_candidates)
   // Speculative decoding (vLLM's spec_decode counters); mean acceptance length = 1 + accepted / drafts.
   uint64_t spec_drafts = 0;                     // verify steps with drafts
   uint64_t spec_draft_tokens = 0;               // tokens drafted
   uint64_t spec_accepted_tokens = 0;            // drafted tokens accepted
   std::vector<uint64_t> spec_accepted_per_pos;  // [i]: drafts accepted at position i of their step
+  // Images (docs/vision.md).
+  uint64_t images_encoded = 0;
+  uint64_t image_patches_encoded = 0;
+  double image_encode_seconds = 0;  // the tower's time on the engine thread
 };
 
 class Engine {

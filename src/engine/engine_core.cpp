@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "backend/backend.h"  // kMaxLogitsTopk
@@ -58,6 +59,17 @@ void validate_request(const GenerateRequest& r, int64_t vocab, int64_t max_model
     if (t < 0 || t >= vocab) fail("request {}: logit_bias: {}", r.id, outside_vocabulary(t, vocab));
     check(std::isfinite(bias), "request {}: the logit_bias of token {} is not finite", r.id, t);
   }
+}
+
+// The prefix cache's key of row j of an image's run: negative, so never a token id, and 31 bits of the
+// image's content hash mixed with j (splitmix64's finaliser), so a different image parts from the cached path
+// at its first row (but for a 2^-31 chance per row).
+int32_t image_cache_key(const std::array<uint64_t, 2>& hash, int64_t j) {
+  uint64_t x = hash[0] ^ (hash[1] + 0x9e3779b97f4a7c15ull * uint64_t(j + 1));
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return -1 - int32_t(x & 0x7fffffff);
 }
 
 }  // namespace
@@ -119,10 +131,36 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
 
 void EngineCore::validate(const GenerateRequest& request) const {
   validate_request(request, vocab_, capacity_.max_model_len);
+  if (request.images) layout_images(request);
+}
+
+MultimodalPrompt EngineCore::layout_images(const GenerateRequest& request) const {
+  const PromptImages& images = *request.images;
+  check(model_->has_vision(), "request {}: this model runs without a vision tower: it takes no images",
+        request.id);
+  check(!spec_, "request {}: images are not supported with speculative decoding yet", request.id);
+  check(images.image_token >= 0 && images.image_token < vocab_,
+        "request {}: image token {} is outside the vocabulary", request.id, images.image_token);
+  const int merge = model_->vision_merge_size();
+  std::vector<ImageGrid> grids;
+  for (const PromptImage& image : images.images) {
+    const ImagePatches& p = image.patches;
+    check(p.grid_t == 1 && p.grid_h % merge == 0 && p.grid_w % merge == 0 &&
+              int64_t(p.pixel_values.size()) % std::max<int64_t>(p.patches(), 1) == 0,
+          "request {}: an image of {}x{}x{} patches does not merge by {}", request.id, p.grid_t, p.grid_h,
+          p.grid_w, merge);
+    grids.push_back({p.grid_h / merge, p.grid_w / merge});
+  }
+  try {
+    return MultimodalPrompt::make(request.prompt, images.image_token, grids, {}, model_->hidden_size());
+  } catch (const Error& e) {
+    fail("request {}: {}", request.id, e.what());
+  }
 }
 
 void EngineCore::add(GenerateRequest request) {
   auto r = std::make_unique<Request>();
+  if (request.images) r->mm = layout_images(request);  // before the prompt moves into r
   r->id = std::move(request.id);
   r->tokens = std::move(request.prompt);
   r->prompt_len = int64_t(r->tokens.size());
@@ -140,9 +178,70 @@ void EngineCore::add(GenerateRequest request) {
     end.insert(end.end(), r->params.stop_token_ids.begin(), r->params.stop_token_ids.end());
     r->sampler->constrain(std::move(end));
   }
+  if (request.images) {
+    // The sampler above saw the image tokens; from here on the rows hold the prefix cache's keys.
+    r->images = std::move(request.images);
+    size_t row = 0;
+    for (const PromptImage& image : r->images->images) {
+      const int64_t n = image.patches.tokens(model_->vision_merge_size());
+      for (int64_t j = 0; j < n; ++j)
+        r->tokens[size_t(r->mm->image_rows[row++])] = image_cache_key(image.hash, j);
+    }
+  }
   Request* raw = r.get();
   check(requests_.emplace(raw->id, std::move(r)).second, "a request with id {} is already running", raw->id);
-  scheduler_->enqueue(raw);
+  if (raw->encoded())
+    scheduler_->enqueue(raw);
+  else
+    encoding_.push_back(raw);
+}
+
+void EngineCore::encode_images() {
+  if (encoding_.empty()) return;
+  // Whole images in arrival order, up to the step's patch budget (at least one).
+  std::vector<const ImagePatches*> batch;
+  std::vector<Request*> owners;
+  int64_t patches = 0;
+  for (Request* r : encoding_) {
+    for (size_t k = r->images_encoded; k < r->images->images.size(); ++k) {
+      const ImagePatches& p = r->images->images[k].patches;
+      if (!batch.empty() && patches + p.patches() > options_.vision_patches_per_step) break;
+      batch.push_back(&p);
+      owners.push_back(r);
+      patches += p.patches();
+    }
+    if (patches >= options_.vision_patches_per_step) break;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<float> features;
+  try {
+    features = model_->encode_images(batch);
+  } catch (const std::exception& e) {
+    spdlog::error("engine: vision encoding failed: {}", e.what());
+    owners.erase(std::unique(owners.begin(), owners.end()), owners.end());
+    for (Request* r : owners)
+      finish(r, FinishReason::Error, false, fmt::format("vision encoding failed: {}", e.what()));
+    return;
+  }
+  counters_.image_encode_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  counters_.images_encoded += batch.size();
+  counters_.image_patches_encoded += uint64_t(patches);
+  const int merge = model_->vision_merge_size();
+  const int64_t hidden = model_->hidden_size();
+  size_t offset = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const size_t n = size_t(batch[i]->tokens(merge) * hidden);
+    check(offset + n <= features.size(), "engine: the vision tower returned {} values for more images",
+          features.size());
+    std::vector<float>& into = owners[i]->mm->features;
+    into.insert(into.end(), features.begin() + ptrdiff_t(offset), features.begin() + ptrdiff_t(offset + n));
+    offset += n;
+    ++owners[i]->images_encoded;
+  }
+  for (Request* r : encoding_)
+    if (r->encoded()) scheduler_->enqueue(r);
+  std::erase_if(encoding_, [](const Request* r) { return r->encoded(); });
 }
 
 bool EngineCore::cancel(const std::string& id) {
@@ -176,6 +275,7 @@ struct EngineCore::LogitsRow {
 };
 
 void EngineCore::step() {
+  encode_images();
   std::vector<ScheduledChunk> plan = scheduler_->schedule();
   if (plan.empty()) {
     // Nothing runs and nothing can be admitted: only a request larger than the whole cache does this, and
@@ -189,11 +289,24 @@ void EngineCore::step() {
   std::vector<SequenceStep> batch;
   batch.reserve(plan.size());
   std::vector<std::vector<int32_t>> trails(plan.size());
+  std::vector<std::vector<int32_t>> model_tokens(plan.size());  // image rows: the image token, not the key
+  std::vector<PromptChunk> chunks(plan.size());
   for (size_t i = 0; i < plan.size(); ++i) {
     Request* r = plan[i].request;
     SequenceStep s;
     s.tokens = std::span<const int32_t>(r->tokens.data() + r->computed, size_t(plan[i].tokens));
     s.start_pos = r->computed;
+    if (r->mm) {
+      if (r->computed + plan[i].tokens == int64_t(r->tokens.size()) && r->computed >= r->prompt_len) {
+        s.rope_delta = r->mm->rope_delta;  // a decode step: text after the images
+      } else {
+        for (int64_t j = 0; j < plan[i].tokens; ++j)
+          model_tokens[i].push_back(r->model_token(r->computed + j));
+        s.tokens = model_tokens[i];
+        chunks[i] = prompt_chunk(*r->mm, r->computed, r->computed + plan[i].tokens);
+        chunks[i].apply(s);
+      }
+    }
     s.pages = r->cache.pages;
     s.state_slot = r->cache.slot;
     s.all_logits = r->prompt_logprobs_pending;
@@ -250,8 +363,10 @@ void EngineCore::step() {
       for (int64_t j = 0; j < rows; ++j) {
         int64_t predicted = r->computed + j + 1;  // row j predicts this position
         if (predicted < r->prompt_len)
-          r->prompt_logprobs.push_back(compute_logprobs(
-              {row + j * vocab_, size_t(vocab_)}, r->tokens[size_t(predicted)], *r->params.prompt_logprobs));
+          r->prompt_logprobs.push_back(
+              compute_logprobs({row + j * vocab_, size_t(vocab_)},
+                               r->images ? r->model_token(predicted) : r->tokens[size_t(predicted)],
+                               *r->params.prompt_logprobs));
       }
     }
     LogitsRow last;
@@ -452,6 +567,7 @@ void EngineCore::finish(Request* r, FinishReason reason, bool keep, std::string 
 }
 
 void EngineCore::finish(Request* r, GenerateOutput final_event, bool keep) {
+  std::erase(encoding_, r);
   scheduler_->remove(r, keep);
   ++counters_.requests_finished;
   if (final_event.finish_reason == FinishReason::Abort) ++counters_.requests_aborted;
@@ -465,7 +581,7 @@ void EngineCore::finish(Request* r, GenerateOutput final_event, bool keep) {
 EngineStats EngineCore::stats() const {
   EngineStats s = counters_;
   s.running = int(scheduler_->running().size());
-  s.queued = int(scheduler_->waiting().size());
+  s.queued = int(scheduler_->waiting().size() + encoding_.size());
   s.kv_pages_total = cache_->pages_total();
   s.kv_pages_used = cache_->pages_in_sequences();
   s.kv_pages_cached = cache_->pages_cached_only();
@@ -507,9 +623,14 @@ void EngineCore::check_invariants() const {
   for (const Request* r : scheduler_->waiting())
     check(!r->running && !r->cache.active() && r->computed == 0,
           "engine: waiting request {} holds cache state", r->id);
-  check(scheduler_->running().size() + scheduler_->waiting().size() == requests_.size(),
-        "engine: {} running + {} waiting, but {} live requests", scheduler_->running().size(),
-        scheduler_->waiting().size(), requests_.size());
+  for (const Request* r : encoding_)
+    check(!r->running && !r->cache.active() && !r->encoded(),
+          "engine: request {} waits for its images but "
+          "holds cache state or has them all",
+          r->id);
+  check(scheduler_->running().size() + scheduler_->waiting().size() + encoding_.size() == requests_.size(),
+        "engine: {} running + {} waiting + {} encoding images, but {} live requests",
+        scheduler_->running().size(), scheduler_->waiting().size(), encoding_.size(), requests_.size());
   cache_->check_invariants(running);
 }
 

@@ -67,6 +67,10 @@ class EngineCore {
   void finish(Request* r, GenerateOutput final_event, bool keep);
   void finish(Request* r, FinishReason reason, bool keep, std::string error = {});
   void emit(Request* r, GenerateOutput out);  // queues it for deliver()
+  // Images: the prompt's layout and cache keys (add), and one step's share of the vision tower's work, which
+  // hands requests whose images are all encoded to the scheduler.
+  MultimodalPrompt layout_images(const GenerateRequest& request) const;
+  void encode_images();
 
   std::unique_ptr<ModelRunner> model_;
   EngineOptions options_;
@@ -78,6 +82,7 @@ class EngineCore {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Speculator> spec_;  // when speculative_num_steps > 0
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
+  std::vector<Request*> encoding_;  // requests waiting for their images' features, in arrival order
   std::mt19937_64 seed_source_{std::random_device{}()};
   uint64_t next_arrival_ = 0;
   EngineStats counters_;

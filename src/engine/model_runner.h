@@ -10,11 +10,13 @@
 #include "model/forward_step.h"
 #include "storage/kv_cache.h"
 #include "storage/state_cache.h"
+#include "vision/preprocess.h"
 
 namespace moeserve {
 
 class Backend;
 struct ModelWeights;
+struct VisionWeights;  // vision/tower.h
 
 class ModelRunner {
  public:
@@ -41,10 +43,17 @@ class ModelRunner {
   virtual KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const;
   virtual ForwardOutput mtp_forward(std::span<const SequenceStep> batch, std::span<const float> hidden,
                                     KvCache& mtp_kv);
+
+  // The vision tower (docs/vision.md), when the model has one: a batch of images to their merged features,
+  // concatenated in order, [Σ tokens][hidden_size] in host memory.
+  virtual bool has_vision() const { return false; }
+  virtual int vision_merge_size() const { return 2; }
+  virtual std::vector<float> encode_images(std::span<const ImagePatches* const> images);
 };
 
 // The real model: Qwen35Model over `weights` (which must outlive it) on `backend`, or on a CPU backend of its
-// own when backend is null.
-std::unique_ptr<ModelRunner> make_qwen35_runner(const ModelWeights& weights, Backend* backend);
+// own when backend is null; with the vision tower when `vision` is given (it must outlive the runner).
+std::unique_ptr<ModelRunner> make_qwen35_runner(const ModelWeights& weights, Backend* backend,
+                                                const VisionWeights* vision = nullptr);
 
 }  // namespace moeserve

@@ -1,8 +1,12 @@
-// The engine on the real model: Qwen35Model on the CPU backend.
+// The engine on the real model: Qwen35Model (and its vision tower) on the backend.
+#include <optional>
+
 #include "backend/backend.h"
+#include "common/error.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "model/qwen35.h"
+#include "vision/tower.h"
 
 namespace moeserve {
 
@@ -10,10 +14,17 @@ namespace {
 
 class Qwen35Runner : public ModelRunner {
  public:
-  Qwen35Runner(const ModelWeights& weights, Backend* backend)
+  Qwen35Runner(const ModelWeights& weights, Backend* backend, const VisionWeights* vision)
       : weights_(weights),
         owned_backend_(backend ? nullptr : make_cpu_backend()),
-        model_(weights, backend ? *backend : *owned_backend_) {}
+        model_(weights, backend ? *backend : *owned_backend_) {
+    if (vision) {
+      check(vision->config.out_hidden_size == weights.config.hidden_size,
+            "the vision tower's out_hidden_size {} is not the language model's hidden size {}",
+            vision->config.out_hidden_size, weights.config.hidden_size);
+      tower_.emplace(*vision, model_.backend());
+    }
+  }
 
   int64_t vocab_size() const override { return weights_.config.vocab_size; }
   int64_t max_position_embeddings() const override { return weights_.config.max_position_embeddings; }
@@ -43,6 +54,12 @@ class Qwen35Runner : public ModelRunner {
     auto device = model_.backend().device_memory();
     return device ? int64_t(device->free_bytes) : ModelRunner::cache_memory_available();
   }
+  bool has_vision() const override { return tower_.has_value(); }
+  int vision_merge_size() const override { return tower_ ? tower_->config().spatial_merge_size : 2; }
+  std::vector<float> encode_images(std::span<const ImagePatches* const> images) override {
+    check(tower_.has_value(), "this model has no vision tower");
+    return tower_->encode(images);
+  }
   int default_logit_candidates() const override {
     return model_.backend().cache_memory() != nullptr ? kMaxLogitsTopk : 0;  // logits on a device
   }
@@ -51,16 +68,18 @@ class Qwen35Runner : public ModelRunner {
   const ModelWeights& weights_;
   std::unique_ptr<Backend> owned_backend_;
   Qwen35Model model_;
+  std::optional<VisionTower> tower_;
 };
 
 }  // namespace
 
-std::unique_ptr<ModelRunner> make_qwen35_runner(const ModelWeights& weights, Backend* backend) {
-  return std::make_unique<Qwen35Runner>(weights, backend);
+std::unique_ptr<ModelRunner> make_qwen35_runner(const ModelWeights& weights, Backend* backend,
+                                                const VisionWeights* vision) {
+  return std::make_unique<Qwen35Runner>(weights, backend, vision);
 }
 
 std::unique_ptr<Engine> Engine::create(const ModelWeights& weights, const EngineOptions& options) {
-  return create(make_qwen35_runner(weights, options.backend), options);
+  return create(make_qwen35_runner(weights, options.backend, options.vision), options);
 }
 
 }  // namespace moeserve

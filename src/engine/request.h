@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
+#include "vision/multimodal.h"
 
 namespace moeserve {
 
@@ -38,6 +39,18 @@ struct Request {
   std::vector<LogprobEntry> prompt_logprobs;
 
   DraftState spec;  // speculative decoding (engine/speculative.h)
+
+  // Images (docs/vision.md). At the image rows, `tokens` holds the prefix cache's keys (negative, derived
+  // from each image's hash) and the model sees images->image_token; mm lays the prompt out (M-RoPE positions,
+  // image rows) and gathers the features as the engine encodes the images, images_encoded of them so far.
+  std::shared_ptr<const PromptImages> images;
+  std::optional<MultimodalPrompt> mm;
+  size_t images_encoded = 0;
+  bool encoded() const { return !images || images_encoded == images->images.size(); }
+  int32_t model_token(int64_t i) const {
+    const int32_t t = tokens[size_t(i)];
+    return t < 0 ? images->image_token : t;
+  }
 
   int64_t generated() const { return int64_t(tokens.size()) - prompt_len; }
   int64_t uncomputed() const { return int64_t(tokens.size()) - computed; }

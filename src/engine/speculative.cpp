@@ -92,6 +92,10 @@ ForwardOutput ModelRunner::mtp_forward(std::span<const SequenceStep>, std::span<
   fail("this model has no MTP layer");
 }
 
+std::vector<float> ModelRunner::encode_images(std::span<const ImagePatches* const>) {
+  fail("this model has no vision tower");
+}
+
 namespace {
 
 KvCacheSpec with_dtype(KvCacheSpec spec, DType dtype) {

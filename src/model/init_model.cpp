@@ -469,11 +469,7 @@ ModelConfig init_model(ModelConfig config, const std::string& dir, const InitMod
     config.eos_token_ids = tokenizer.eos;
   }
   prepare(config, options.dtype);
-  if (options.vision && config.mrope_section.empty()) {
-    // Interleaved M-RoPE sections in the release's proportions ([11, 11, 10] of 32 frequencies).
-    const int half = config.rotary_dim() / 2, hw = int(std::lround(half * 11.0 / 32.0));
-    config.mrope_section = {hw, hw, half - 2 * hw};
-  }
+  if (options.vision) add_mrope_sections(config);
   auto tensors = checkpoint_tensors(config, options.seed, options.dtype, true, options.vision);
   write_safetensors_dir(dir, tensors, options.max_shard_bytes);
   json written = options.vision ? vision_config_json(config, tokenizer) : config.to_json();
@@ -497,17 +493,44 @@ ModelConfig init_model(ModelConfig config, const std::string& dir, const InitMod
   return config;
 }
 
-ModelWeights make_dummy_weights(ModelConfig config, uint64_t seed, DType dtype) {
-  prepare(config, dtype);
+namespace {
+
+std::shared_ptr<TensorSet> in_memory(std::vector<TensorWrite> tensors) {
   auto set = std::make_shared<TensorSet>();
-  for (auto& t : checkpoint_tensors(config, seed, dtype, true)) {
+  for (auto& t : tensors) {
     size_t n = t.nbytes();
     std::shared_ptr<uint8_t[]> buffer(new uint8_t[n]);
     t.fill(buffer.get());
     set->add(TensorInfo{t.name, t.dtype, t.shape, buffer.get(), n, "dummy weights"});
     set->keep_alive(std::move(buffer));
   }
+  return set;
+}
+
+}  // namespace
+
+ModelWeights make_dummy_weights(ModelConfig config, uint64_t seed, DType dtype) {
+  prepare(config, dtype);
+  auto set = in_memory(checkpoint_tensors(config, seed, dtype, true));
   return std::move(assemble_checkpoint(std::move(config), set, "dummy weights").weights);
+}
+
+void add_mrope_sections(ModelConfig& config) {
+  if (!config.mrope_section.empty()) return;
+  // [11, 11, 10] of 32 frequencies in the release.
+  const int half = config.rotary_dim() / 2, hw = int(std::lround(half * 11.0 / 32.0));
+  config.mrope_section = {hw, hw, half - 2 * hw};
+}
+
+DummyVision make_dummy_vision(const ModelConfig& config, uint64_t seed,
+                              const std::map<std::string, int64_t>& token_ids) {
+  std::vector<Planned> planned;
+  plan_vision(config, planned);
+  std::vector<TensorWrite> tensors;
+  for (const auto& t : planned) materialize(t, config, seed, DType::BF16, tensors);
+  TokenizerFacts tokenizer;
+  tokenizer.ids = token_ids;
+  return {in_memory(std::move(tensors)), vision_config_json(config, tokenizer)};
 }
 
 }  // namespace moeserve

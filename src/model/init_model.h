@@ -7,6 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,8 @@
 #include "model/weights.h"
 
 namespace moeserve {
+
+class TensorSet;
 
 // tiny, small, 35b-a3b, 122b-a10b, 397b-a17b, dense-0.8b (shapes: docs/checkpoints.md). layers > 0 keeps the
 // first N layers (every 4th one attention, as in the full model). An unknown name is an error listing them.
@@ -41,5 +46,19 @@ ModelConfig init_model(ModelConfig config, const std::string& dir, const InitMod
 
 // The same weights in memory, owned by the result's storage; no files.
 ModelWeights make_dummy_weights(ModelConfig config, uint64_t seed, DType dtype = DType::BF16);
+
+// Interleaved M-RoPE sections in the release's proportions, when `config` has none (a vision model needs
+// them).
+void add_mrope_sections(ModelConfig& config);
+
+// The vision tower --vision writes, in memory (the demo model's): the model.visual.* tensors (BF16) and the
+// config.json root it would write (vision_config and the vision token ids, taken by name from `token_ids`
+// when given). vision/tower.h reads both.
+struct DummyVision {
+  std::shared_ptr<const TensorSet> tensors;
+  nlohmann::json config;
+};
+DummyVision make_dummy_vision(const ModelConfig& config, uint64_t seed,
+                              const std::map<std::string, int64_t>& token_ids);
 
 }  // namespace moeserve

@@ -1,5 +1,7 @@
 #include "router/request_info.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -13,6 +15,19 @@ namespace {
 
 using json = nlohmann::json;
 
+// An image's place in the key: a 128-bit digest of its URL (a data: URL's bytes are the encoded image), so
+// the key stays short whatever the image's size, the same image in the next turn keeps the conversation's
+// prefix, and a different image never looks like a shared one. (The backend's cache keys on the decoded
+// pixels; the router does not decode images.)
+void append_image(std::string& out, std::string_view url) {
+  uint64_t a = 0xcbf29ce484222325ull, b = 0x6a09e667f3bcc909ull;
+  for (unsigned char c : url) {
+    a = (a ^ c) * 0x100000001b3ull;
+    b = (b ^ c) * 0x9e3779b97f4a7c15ull;
+  }
+  out += fmt::format("<image {:016x}{:016x}>", a, b);
+}
+
 void append_content(std::string& out, const json& content) {
   if (content.is_string()) {
     out += content.get_ref<const std::string&>();
@@ -22,9 +37,19 @@ void append_content(std::string& out, const json& content) {
       if (auto text = part.find("text"); text != part.end() && text->is_string()) {
         out += text->get_ref<const std::string&>();
       } else if (auto image = part.find("image_url"); image != part.end()) {
-        // Different images must not look like a shared prefix.
-        auto url = image->find("url");  // end() unless an object
-        out += url != image->end() && url->is_string() ? url->get_ref<const std::string&>() : image->dump();
+        // OpenAI's {"url": ...}, or the URL itself (vLLM, the Responses API's input_image).
+        const json* url = &*image;
+        if (image->is_object()) {
+          auto it = image->find("url");
+          url = it != image->end() ? &*it : nullptr;
+        }
+        append_image(out, url && url->is_string() ? url->get_ref<const std::string&>() : image->dump());
+      } else if (auto source = part.find("source"); source != part.end() && source->is_object()) {
+        // Anthropic's image block: base64 data or a url.
+        auto data = source->find("data");
+        if (data == source->end()) data = source->find("url");
+        append_image(out, data != source->end() && data->is_string() ? data->get_ref<const std::string&>()
+                                                                     : source->dump());
       }
     }
   }

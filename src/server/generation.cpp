@@ -68,6 +68,7 @@ void GenerationJob::on_admitted() {
     // alone would file one on the second run, for the third).
     r.snapshot_hint =
         spec_.kind == JobSpec::Kind::kChat ? spec_.snapshot_hint : static_cast<int64_t>(r.prompt.size()) - 1;
+    r.images = spec_.images;
     r.params = spec_.params;
     r.priority = spec_.priority;
     if (r.params.seed) r.params.seed = *r.params.seed + static_cast<uint64_t>(c.index());

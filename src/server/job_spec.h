@@ -26,9 +26,10 @@ struct JobSpec {
   Clock::time_point arrival;
   std::chrono::milliseconds queue_timeout{0};
 
-  std::vector<std::vector<int32_t>> prompts;  // one per prompt of a batch (chat: one)
-  int64_t snapshot_hint = 0;                  // chat: where the generation prompt begins (GenerateRequest)
-  std::vector<std::string> prompt_texts;      // for echo: the prompt as text
+  std::vector<std::vector<int32_t>> prompts;   // one per prompt of a batch (chat: one)
+  int64_t snapshot_hint = 0;                   // chat: where the generation prompt begins (GenerateRequest)
+  std::shared_ptr<const PromptImages> images;  // chat: the prompt's images (null for text)
+  std::vector<std::string> prompt_texts;       // for echo: the prompt as text
   int n = 1;
   SamplingParams params;  // per choice; choice i of a seeded request uses seed + i
   int priority = 0;       // engine priority of every choice (smaller first)

@@ -26,6 +26,17 @@ std::string plain_text(const json& v, const std::string& param) {
   return text;
 }
 
+// An image block's source as an image URL: base64 data (a data: URL of its media_type) or a url.
+std::string image_url(const json& block, const std::string& param) {
+  const json* source = present(block, "source");
+  if (!source || !source->is_object()) throw invalid_param(param, "is required");
+  const std::string type = required_string(*source, "type", param + ".type");
+  if (type == "url") return required_string(*source, "url", param + ".url");
+  if (type != "base64") throw invalid_param(param + ".type", "must be base64 or url, got {}", brief(type));
+  return "data:" + required_string(*source, "media_type", param + ".media_type") + ";base64," +
+         required_string(*source, "data", param + ".data");
+}
+
 // One Anthropic message -> chat messages (a user turn's tool results become tool messages first).
 void append_message(const json& m, const std::string& p, json& out) {
   if (!m.is_object()) throw invalid_param(p, "must be an object");
@@ -40,6 +51,7 @@ void append_message(const json& m, const std::string& p, json& out) {
   if (!content->is_array())
     throw invalid_param(p + ".content", "must be a string or an array of content blocks");
   std::string text, thinking;
+  json parts = json::array();  // with images: text and image_url parts in order
   json calls = json::array();
   for (size_t i = 0; i < content->size(); ++i) {
     const json& b = (*content)[i];
@@ -49,6 +61,9 @@ void append_message(const json& m, const std::string& p, json& out) {
     const std::string t = type->get<std::string>();
     if (t == "text") {
       text += required_string(b, "text", bp + ".text");
+    } else if (t == "image" && role == "user") {
+      if (!text.empty()) parts.push_back({{"type", "text"}, {"text", std::exchange(text, "")}});
+      parts.push_back({{"type", "image_url"}, {"image_url", {{"url", image_url(b, bp + ".source")}}}});
     } else if (t == "tool_result" && role == "user") {
       const json* result = present(b, "content");
       out.push_back({{"role", "tool"},
@@ -67,8 +82,9 @@ void append_message(const json& m, const std::string& p, json& out) {
       throw invalid_param(bp + ".type", "a {} message cannot carry a {} block here", role, brief(*type));
     }
   }
-  if (role == "user" && text.empty()) return;  // tool results only
-  json msg = {{"role", role}, {"content", text}};
+  if (role == "user" && text.empty() && parts.empty()) return;  // tool results only
+  if (!parts.empty() && !text.empty()) parts.push_back({{"type", "text"}, {"text", text}});
+  json msg = {{"role", role}, {"content", parts.empty() ? json(text) : parts}};
   if (!thinking.empty()) msg["reasoning_content"] = thinking;
   if (!calls.empty()) msg["tool_calls"] = std::move(calls);
   out.push_back(std::move(msg));

@@ -18,13 +18,20 @@ namespace {
 
 const char* type_name(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::discarded: return "invalid";
-    default: return "a number";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::discarded:
+      return "invalid";
+    default:
+      return "a number";
   }
 }
 
@@ -147,7 +154,8 @@ std::vector<int32_t> token_ids(const json& v, const std::string& param) {
 // {"token id": bias, ...} as OpenAI defines it: decimal token-id keys, biases in [-100, 100] added to the
 // logits (-100 in effect bans a token, +100 in effect forces it). Sorted by token id.
 std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v) {
-  if (!v.is_object()) throw invalid_param("logit_bias", "must be an object of token id -> bias, got {}", type_name(v));
+  if (!v.is_object())
+    throw invalid_param("logit_bias", "must be an object of token id -> bias, got {}", type_name(v));
   std::vector<std::pair<int32_t, float>> out;
   for (auto it = v.begin(); it != v.end(); ++it) {
     const std::string& key = it.key();
@@ -170,7 +178,8 @@ std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v) {
 void parse_sampling(Fields& f, SamplingSettings& s, bool chat) {
   if (auto v = f.number("temperature", 0, 2)) s.temperature = *v, s.given.temperature = true;
   if (auto v = f.number("top_p", 0, 1, /*lo_open=*/true)) s.top_p = *v, s.given.top_p = true;
-  if (auto v = f.integer("top_k", -1, INT32_MAX)) s.top_k = *v < 0 ? 0 : static_cast<int>(*v), s.given.top_k = true;
+  if (auto v = f.integer("top_k", -1, INT32_MAX))
+    s.top_k = *v < 0 ? 0 : static_cast<int>(*v), s.given.top_k = true;
   if (auto v = f.number("min_p", 0, 1)) s.min_p = *v, s.given.min_p = true;
   if (auto v = f.number("presence_penalty", -2, 2)) s.presence_penalty = *v;
   if (auto v = f.number("frequency_penalty", -2, 2)) s.frequency_penalty = *v;
@@ -207,7 +216,8 @@ void parse_sampling(Fields& f, SamplingSettings& s, bool chat) {
       if (stop.empty()) throw invalid_param("stop", "stop strings must not be empty");
       // Every generated token is checked against every stop string: their length bounds that work per token.
       if (stop.size() > kMaxStopBytes) {
-        throw invalid_param("stop", "a stop string may have at most {} bytes, got {}", kMaxStopBytes, stop.size());
+        throw invalid_param("stop", "a stop string may have at most {} bytes, got {}", kMaxStopBytes,
+                            stop.size());
       }
     }
   }
@@ -244,7 +254,8 @@ void parse_harmless(Fields& f) {
   f.ignore_typed("prediction", T::object);  // predicted outputs only make generation faster
   f.ignore_typed("audio", T::object);       // output audio settings: with modalities ["text"], unused
   if (const json* v = f.get("modalities")) {
-    if (!v->is_array()) throw invalid_param("modalities", "must be an array of strings, got {}", type_name(*v));
+    if (!v->is_array())
+      throw invalid_param("modalities", "must be an array of strings, got {}", type_name(*v));
     for (auto& m : *v) {
       if (m != "text") throw invalid_param("modalities", "this model outputs text only, got {}", brief(m));
     }
@@ -273,21 +284,26 @@ void parse_structured_outputs(Fields& f, ResponseFormat& out) {
       if (key == "json" || key == "regex" || key == "choice" || key == "json_object") {
         asks.push_back({"structured_outputs." + key, key, &*it});
       } else {
-        throw invalid_param("structured_outputs", "'{}' is not supported (json, regex, choice and json_object are)",
-                            key);
+        throw invalid_param("structured_outputs",
+                            "'{}' is not supported (json, regex, choice and json_object are)", key);
       }
     }
   }
-  for (const auto& [key, kind] : std::initializer_list<std::pair<const char*, const char*>>{
-           {"guided_json", "json"}, {"guided_regex", "regex"}, {"guided_choice", "choice"}, {"regex", "regex"}})
+  for (const auto& [key, kind] :
+       std::initializer_list<std::pair<const char*, const char*>>{{"guided_json", "json"},
+                                                                  {"guided_regex", "regex"},
+                                                                  {"guided_choice", "choice"},
+                                                                  {"regex", "regex"}})
     if (const json* v = f.get(key)) asks.push_back({key, kind, v});
-  if (f.has("guided_grammar")) throw invalid_param("guided_grammar", "grammars are not supported; use a JSON schema or a regex");
+  if (f.has("guided_grammar"))
+    throw invalid_param("guided_grammar", "grammars are not supported; use a JSON schema or a regex");
   f.ignore("guided_grammar");
   if (asks.empty()) return;
   const Ask& ask = asks[0];
   if (asks.size() > 1 || out.schema) {
-    throw invalid_param(ask.param, "only one of response_format, structured_outputs, guided_json, guided_regex, "
-                                   "guided_choice and regex may be given");
+    throw invalid_param(ask.param,
+                        "only one of response_format, structured_outputs, guided_json, guided_regex, "
+                        "guided_choice and regex may be given");
   }
   try {
     if (ask.kind == "json_object") {
@@ -295,8 +311,9 @@ void parse_structured_outputs(Fields& f, ResponseFormat& out) {
       out.schema = JsonSchema::any_object();
     } else if (ask.kind == "json") {
       // A schema, or a string holding one (vLLM takes both).
-      const json schema = ask.value->is_string() ? parse_bounded_json<nlohmann::json>(ask.value->get<std::string>())
-                                                 : parse_bounded_json<nlohmann::json>(ask.value->dump());
+      const json schema = ask.value->is_string()
+                              ? parse_bounded_json<nlohmann::json>(ask.value->get<std::string>())
+                              : parse_bounded_json<nlohmann::json>(ask.value->dump());
       out.type = ResponseFormat::Type::kJsonSchema;
       out.schema = JsonSchema::compile(schema);
     } else if (ask.kind == "regex") {
@@ -307,7 +324,8 @@ void parse_structured_outputs(Fields& f, ResponseFormat& out) {
       if (!ask.value->is_array()) throw invalid_param(ask.param, "must be an array of strings");
       std::vector<std::string> choices;
       for (const json& c : *ask.value) {
-        if (!c.is_string()) throw invalid_param(ask.param, "must be an array of strings, got {}", type_name(c));
+        if (!c.is_string())
+          throw invalid_param(ask.param, "must be an array of strings, got {}", type_name(c));
         choices.push_back(c.get<std::string>());
       }
       out.type = ResponseFormat::Type::kRegex;
@@ -355,7 +373,8 @@ ResponseFormat parse_response_format(Fields& f) {
         throw invalid_param("response_format", "json_schema.schema: {}", e.what());
       }
     } else if (type != "text") {
-      throw invalid_param("response_format", "type must be 'text', 'json_object' or 'json_schema', got '{}'", type);
+      throw invalid_param("response_format", "type must be 'text', 'json_object' or 'json_schema', got '{}'",
+                          type);
     }
   }
   parse_structured_outputs(f, out);
@@ -363,14 +382,16 @@ ResponseFormat parse_response_format(Fields& f) {
   // output it did not ask for.
   for (const char* key : {"ebnf", "structural_tag", "json_schema"}) {
     if (f.has(key)) {
-      throw invalid_param(key, "is not supported; for JSON output use response_format (json_object or json_schema)");
+      throw invalid_param(
+          key, "is not supported; for JSON output use response_format (json_object or json_schema)");
     }
     f.ignore(key);
   }
   // Decoding controls of vLLM and SGLang that this server does not implement; their no-op values (false, [],
   // a length_penalty of 1) are what clients send by default and pass.
-  for (std::string key : {"use_beam_search", "length_penalty", "bad_words", "allowed_token_ids", "logits_processors",
-                          "truncate_prompt_tokens", "custom_logit_processor", "lora_path"}) {
+  for (std::string key :
+       {"use_beam_search", "length_penalty", "bad_words", "allowed_token_ids", "logits_processors",
+        "truncate_prompt_tokens", "custom_logit_processor", "lora_path"}) {
     const json* v = f.get(key);
     bool noop = !v || (v->is_boolean() && !v->get<bool>()) || (v->is_array() && v->empty()) ||
                 (key == "length_penalty" && v->is_number() && v->get<double>() == 1.0);
@@ -385,11 +406,14 @@ void check_best_of(Fields& f, int n) {
   }
 }
 
-// Message content: a string, null, or an array of text parts (joined). Other parts (images, audio) are
-// rejected: the model is text-only.
-json normalise_content(const json& content, const std::string& param) {
+// Message content: a string, null, or an array of parts. Text parts are joined; an image_url part (its
+// `image_url` an object with a `url`, or the URL itself as vLLM also takes it) becomes an {"type": "image"}
+// part, which the chat template renders as the model's vision placeholder, and its URL goes to `images` in
+// prompt order. Other parts (audio, video, files) are refused.
+json normalise_content(const json& content, const std::string& param, std::vector<ImagePart>& images) {
   if (content.is_null() || content.is_string()) return content;
   if (!content.is_array()) throw invalid_param(param, "must be a string or an array of content parts");
+  json parts = json::array();
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
     const json& part = content[i];
@@ -397,17 +421,31 @@ json normalise_content(const json& content, const std::string& param) {
     if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
       throw invalid_param(p, "must be an object with a string 'type'");
     }
+    if (part["type"] == "image_url") {
+      const json* url = part.contains("image_url") ? &part["image_url"] : nullptr;
+      if (url && url->is_object() && url->contains("url")) url = &(*url)["url"];
+      if (!url || !url->is_string())
+        throw invalid_param(p + ".image_url", "must be an object with a string 'url'");
+      if (!text.empty()) parts.push_back({{"type", "text"}, {"text", std::exchange(text, "")}});
+      parts.push_back({{"type", "image"}});
+      images.push_back({url->get<std::string>(), p + ".image_url"});
+      continue;
+    }
     if (part["type"] != "text") {
-      throw invalid_param(p + ".type", "content part '{}' is not supported: this model takes text only",
+      throw invalid_param(p + ".type",
+                          "content part '{}' is not supported: this server takes text and image_url parts",
                           part["type"].get<std::string>());
     }
-    if (!part.contains("text") || !part["text"].is_string()) throw invalid_param(p + ".text", "must be a string");
+    if (!part.contains("text") || !part["text"].is_string())
+      throw invalid_param(p + ".text", "must be a string");
     text += part["text"].get<std::string>();
   }
-  return text;
+  if (parts.empty()) return text;
+  if (!text.empty()) parts.push_back({{"type", "text"}, {"text", text}});
+  return parts;
 }
 
-json parse_messages(const json* v, std::vector<std::string>& ignored) {
+json parse_messages(const json* v, std::vector<std::string>& ignored, std::vector<ImagePart>& images) {
   if (!v) throw invalid_param("messages", "is required");
   if (!v->is_array() || v->empty()) throw invalid_param("messages", "must be a non-empty array");
   json out = json::array();
@@ -420,16 +458,18 @@ json parse_messages(const json* v, std::vector<std::string>& ignored) {
     static const std::set<std::string> kRoles = {"system", "developer", "user", "assistant", "tool"};
     if (!role) throw invalid_param(p + ".role", "is required");
     if (!kRoles.count(*role)) {
-      throw invalid_param(p + ".role", "must be one of system, developer, user, assistant, tool; got '{}'", *role);
+      throw invalid_param(p + ".role", "must be one of system, developer, user, assistant, tool; got '{}'",
+                          *role);
     }
     json msg = {{"role", *role == "developer" ? "system" : *role}};
     const json* content = f.get("content");
-    msg["content"] = content ? normalise_content(*content, p + ".content") : json(nullptr);
+    msg["content"] = content ? normalise_content(*content, p + ".content", images) : json(nullptr);
     if (auto name = f.string("name")) msg["name"] = *name;
     if (auto reasoning = f.string("reasoning_content")) msg["reasoning_content"] = *reasoning;
     if (auto reasoning = f.string("reasoning")) msg["reasoning_content"] = *reasoning;
     if (const json* calls = f.get("tool_calls")) {
-      if (*role != "assistant") throw invalid_param(p + ".tool_calls", "only assistant messages carry tool calls");
+      if (*role != "assistant")
+        throw invalid_param(p + ".tool_calls", "only assistant messages carry tool calls");
       if (!calls->is_array()) throw invalid_param(p + ".tool_calls", "must be an array");
       json norm = json::array();
       for (size_t j = 0; j < calls->size(); ++j) {
@@ -439,7 +479,8 @@ json parse_messages(const json* v, std::vector<std::string>& ignored) {
           throw invalid_param(cp + ".function", "is required");
         }
         const json& fn = c["function"];
-        if (!fn.contains("name") || !fn["name"].is_string()) throw invalid_param(cp + ".function.name", "is required");
+        if (!fn.contains("name") || !fn["name"].is_string())
+          throw invalid_param(cp + ".function.name", "is required");
         json args = fn.contains("arguments") ? fn["arguments"] : json("{}");
         // Templates want arguments as a mapping; clients send the JSON text OpenAI returned.
         if (args.is_string()) {
@@ -476,8 +517,10 @@ json parse_tools(const json* v) {
     const json& t = (*v)[i];
     std::string p = fmt::format("tools[{}]", i);
     if (!t.is_object()) throw invalid_param(p, "must be an object");
-    if (!t.contains("type") || t["type"] != "function") throw invalid_param(p + ".type", "must be 'function'");
-    if (!t.contains("function") || !t["function"].is_object()) throw invalid_param(p + ".function", "is required");
+    if (!t.contains("type") || t["type"] != "function")
+      throw invalid_param(p + ".type", "must be 'function'");
+    if (!t.contains("function") || !t["function"].is_object())
+      throw invalid_param(p + ".function", "is required");
     const json& fn = t["function"];
     if (!fn.contains("name") || !fn["name"].is_string() || fn["name"].get<std::string>().empty()) {
       throw invalid_param(p + ".function.name", "must be a non-empty string");
@@ -501,21 +544,28 @@ void parse_tool_choice(const json* v, ChatRequest& r) {
   }
   if (v->is_string()) {
     std::string s = v->get<std::string>();
-    if (s == "none") r.tool_choice = ToolChoice::kNone;
-    else if (s == "auto") r.tool_choice = ToolChoice::kAuto;
-    else if (s == "required") r.tool_choice = ToolChoice::kRequired;
-    else throw invalid_param("tool_choice", "must be 'none', 'auto', 'required' or a named function; got '{}'", s);
+    if (s == "none")
+      r.tool_choice = ToolChoice::kNone;
+    else if (s == "auto")
+      r.tool_choice = ToolChoice::kAuto;
+    else if (s == "required")
+      r.tool_choice = ToolChoice::kRequired;
+    else
+      throw invalid_param("tool_choice", "must be 'none', 'auto', 'required' or a named function; got '{}'",
+                          s);
   } else if (v->is_object()) {
     if (!v->contains("function") || !(*v)["function"].is_object() || !(*v)["function"].contains("name") ||
         !(*v)["function"]["name"].is_string()) {
-      throw invalid_param("tool_choice", "a named tool choice is {{\"type\": \"function\", \"function\": "
-                                         "{{\"name\": ...}}}}");
+      throw invalid_param("tool_choice",
+                          "a named tool choice is {{\"type\": \"function\", \"function\": "
+                          "{{\"name\": ...}}}}");
     }
     r.tool_choice = ToolChoice::kNamed;
     r.tool_choice_name = (*v)["function"]["name"].get<std::string>();
     bool found = false;
     for (auto& t : r.tools) found |= t["function"]["name"] == r.tool_choice_name;
-    if (!found) throw invalid_param("tool_choice", "names tool '{}', which is not in tools", r.tool_choice_name);
+    if (!found)
+      throw invalid_param("tool_choice", "names tool '{}', which is not in tools", r.tool_choice_name);
   } else {
     throw invalid_param("tool_choice", "must be a string or an object, got {}", type_name(*v));
   }
@@ -532,7 +582,8 @@ json parse_json_object(std::string_view body) {
   try {
     j = parse_bounded_json<json>(body);
   } catch (const JsonParseError& e) {
-    throw ApiError(400, fmt::format("the request body is not acceptable JSON: {}", e.what()), "invalid_request_error");
+    throw ApiError(400, fmt::format("the request body is not acceptable JSON: {}", e.what()),
+                   "invalid_request_error");
   }
   if (!j.is_object()) {
     throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", type_name(j)),
@@ -558,16 +609,36 @@ CompletionRequest parse_completion_request(std::string_view body) {
     } else {
       for (size_t i = 0; i < prompt->size(); ++i) {
         const json& item = (*prompt)[i];
-        if (item.is_string()) r.prompts.emplace_back(item.get<std::string>());
-        else if (item.is_array() && !item.empty()) r.prompts.emplace_back(token_ids(item, fmt::format("prompt[{}]", i)));
-        else throw invalid_param("prompt", "must be a string, an array of strings, token ids, or arrays of token ids");
+        if (item.is_string())
+          r.prompts.emplace_back(item.get<std::string>());
+        else if (item.is_array() && !item.empty())
+          r.prompts.emplace_back(token_ids(item, fmt::format("prompt[{}]", i)));
+        else
+          throw invalid_param("prompt",
+                              "must be a string, an array of strings, token ids, or arrays of token ids");
       }
     }
   } else {
-    throw invalid_param("prompt", "must be a non-empty string, array of strings, token ids, or arrays of token ids");
+    throw invalid_param("prompt",
+                        "must be a non-empty string, array of strings, token ids, or arrays of token ids");
   }
   for (auto& p : r.prompts) {
-    if (auto* s = std::get_if<std::string>(&p); s && s->empty()) throw invalid_param("prompt", "must not be empty");
+    if (auto* s = std::get_if<std::string>(&p); s && s->empty())
+      throw invalid_param("prompt", "must not be empty");
+  }
+  // SGLang's image_data (its /generate field): the images of a single prompt, whose image placeholder tokens
+  // (one per image) take them in order. Each is a URL or {"url": ...}.
+  if (const json* images = f.get("image_data")) {
+    const json list = images->is_array() ? *images : json::array({*images});
+    for (size_t i = 0; i < list.size(); ++i) {
+      const json* url = &list[i];
+      if (url->is_object() && url->contains("url")) url = &(*url)["url"];
+      std::string p = images->is_array() ? fmt::format("image_data[{}]", i) : "image_data";
+      if (!url->is_string()) throw invalid_param(p, "must be an image URL (data:, http:, https:)");
+      r.images.push_back({url->get<std::string>(), p});
+    }
+    if (!r.images.empty() && r.prompts.size() != 1)
+      throw invalid_param("image_data", "goes with a single prompt");
   }
   if (auto v = f.integer("n", 1, kMaxN)) r.n = static_cast<int>(*v);
   check_best_of(f, r.n);
@@ -578,7 +649,8 @@ CompletionRequest parse_completion_request(std::string_view body) {
   if (f.has("suffix")) throw invalid_param("suffix", "is not supported");
   parse_sampling(f, r.sampling, /*chat=*/false);
   parse_stream(f, r.stream, r.ignored);
-  if (r.sampling.max_tokens && *r.sampling.max_tokens == 0) throw invalid_param("max_tokens", "must be at least 1");
+  if (r.sampling.max_tokens && *r.sampling.max_tokens == 0)
+    throw invalid_param("max_tokens", "must be at least 1");
   if (auto v = f.string("user")) r.user = *v;
   r.priority = parse_priority(f);
   r.response_format = parse_response_format(f);
@@ -592,7 +664,7 @@ ChatRequest parse_chat_request(std::string_view body) {
   Fields f(j);
   ChatRequest r;
   r.model = f.string("model");
-  r.messages = parse_messages(f.get("messages"), r.ignored);
+  r.messages = parse_messages(f.get("messages"), r.ignored, r.images);
   r.tools = parse_tools(f.get("tools"));
   parse_tool_choice(f.get("tool_choice"), r);
   if (auto v = f.integer("n", 1, kMaxN)) r.n = static_cast<int>(*v);
@@ -628,8 +700,9 @@ ChatRequest parse_chat_request(std::string_view body) {
   if (auto v = f.string("user")) r.user = *v;
   r.priority = parse_priority(f);
   if (f.has("functions") || f.has("function_call")) {
-    throw invalid_param(f.has("functions") ? "functions" : "function_call",
-                        "the legacy function-calling parameters are not supported; use tools and tool_choice");
+    throw invalid_param(
+        f.has("functions") ? "functions" : "function_call",
+        "the legacy function-calling parameters are not supported; use tools and tool_choice");
   }
   parse_harmless(f);
   f.finish(r.ignored);

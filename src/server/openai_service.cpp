@@ -13,6 +13,7 @@
 #include "server/vllm_metrics.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
+#include "vision/multimodal.h"
 
 namespace moeserve::server {
 
@@ -502,6 +503,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
       spec.prompts.push_back(ids);
     }
   }
+  if (!cr.images.empty()) spec.images = load_images(cr.images, spec.prompts[0]);
   bool explicit_max_tokens = cr.sampling.max_tokens.has_value();
   options_.sampling_defaults.apply(cr.sampling);
   spec.params = to_engine(cr.sampling);
@@ -565,6 +567,7 @@ JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
   std::string prompt = render_chat(cr, &forced_prefix);
   JobSpec spec = new_spec(JobSpec::Kind::kChat, id_prefix);
   spec.prompts.push_back(encode(prompt + forced_prefix, /*add_special_tokens=*/false, "messages"));
+  if (!cr.images.empty()) spec.images = load_images(cr.images, spec.prompts[0]);
   spec.snapshot_hint = turn_boundary(spec.prompts[0]);
   spec.prompt_texts.push_back(prompt + forced_prefix);
   spec.assistant_prefix = forced_prefix;
@@ -631,6 +634,39 @@ JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
     spec.params.json = std::move(c);
   }
   return spec;
+}
+
+std::shared_ptr<const PromptImages> OpenAiService::load_images(const std::vector<ImagePart>& parts,
+                                                               std::vector<int32_t>& prompt) {
+  if (!options_.image_processor) throw invalid_param(parts[0].param, "{}", options_.images_off);
+  if (int64_t(parts.size()) > options_.max_images_per_prompt) {
+    throw invalid_param(parts[size_t(options_.max_images_per_prompt)].param,
+                        "at most {} image(s) may be provided in one prompt (--limit-mm-per-prompt), got {}",
+                        options_.max_images_per_prompt, parts.size());
+  }
+  auto images = std::make_shared<PromptImages>();
+  images->image_token = options_.image_token_id;
+  std::vector<ImageGrid> grids;
+  const int merge = options_.image_processor->merge_size;
+  for (const ImagePart& part : parts) {
+    try {
+      LoadedImage loaded = load_image_url(part.url, options_.image_fetch);
+      PromptImage& image = images->images.emplace_back();
+      image.patches = preprocess_image(loaded.image, *options_.image_processor);
+      image.hash = loaded.hash;
+      grids.push_back({image.patches.grid_h / merge, image.patches.grid_w / merge});
+    } catch (const Error& e) {  // ImageError, or a preprocessing check: the image's fault either way
+      throw invalid_param(part.param, "{}", e.what());
+    }
+  }
+  const size_t placeholders = size_t(std::count(prompt.begin(), prompt.end(), options_.image_token_id));
+  if (placeholders != grids.size()) {
+    throw invalid_param(parts[0].param, "the prompt has {} image placeholders (token {}) for {} images",
+                        placeholders, options_.image_token_id, grids.size());
+  }
+  prompt = expand_image_placeholders(prompt, options_.image_token_id, grids);
+  metrics_.images.inc(double(grids.size()));
+  return images;
 }
 
 std::string OpenAiService::render_chat(const ChatRequest& cr, std::string* forced_prefix) const {

@@ -17,6 +17,7 @@
 #include "server/admission.h"
 #include "server/generation.h"
 #include "server/http.h"
+#include "server/image_input.h"
 #include "server/openai_request.h"
 #include "server/request_checks.h"
 #include "server/responses_api.h"
@@ -55,6 +56,14 @@ struct ServiceOptions {
   std::vector<std::string> allowed_origins;
   std::string tokenizer_path;  // /get_model_info
   bool vllm_metrics = false;   // /metrics also under vLLM's names (server/vllm_metrics.h)
+
+  // Images (docs/vision.md): the image processor and the <|image_pad|> id when the engine has the vision
+  // tower; without them an image is a 400 saying `images_off`.
+  std::optional<ImageProcessorConfig> image_processor;
+  int32_t image_token_id = -1;
+  std::string images_off = "this model takes text only (its checkpoint has no vision tower)";
+  ImageFetchOptions image_fetch;
+  int max_images_per_prompt = 999;  // --limit-mm-per-prompt '{"image": N}' (vLLM's default)
 };
 
 // serve's API key: the --api-key flag when given, else $MOESERVE_API_KEY, else $VLLM_API_KEY (so a vLLM
@@ -127,6 +136,10 @@ class OpenAiService {
   // The prompt text of a chat request; forced_prefix (if given) receives the text appended to force a tool
   // call (tool_choice "required" or a named function).
   std::string render_chat(const ChatRequest& request, std::string* forced_prefix) const;
+  // A request's images fetched, decoded and preprocessed (on the request thread, not an IO thread), and the
+  // prompt's placeholders expanded to each image's tokens; ApiError 400 naming the part on a bad image.
+  std::shared_ptr<const PromptImages> load_images(const std::vector<ImagePart>& parts,
+                                                  std::vector<int32_t>& prompt);
   // The engine's JSON constraint for a response_format (null for text); the token table is built on first
   // use.
   std::shared_ptr<const JsonConstraint> json_constraint(const ResponseFormat& format,

@@ -38,24 +38,34 @@ size_t ResponseStore::size() const {
 
 namespace {
 
-// An input message's content: a string, or parts whose text is joined (input_text, output_text).
-std::string content_text(const json& content, const std::string& param) {
+// An input message's content: a string, or parts whose text is joined (input_text, output_text), or with
+// input_image parts the chat content parts (text and image_url) in order.
+json content_text(const json& content, const std::string& param) {
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) throw invalid_param(param, "must be a string or an array of content parts");
   std::string text;
+  json parts = json::array();
   for (size_t i = 0; i < content.size(); ++i) {
     const json& part = content[i];
     std::string p = fmt::format("{}[{}]", param, i);
     const json* type = part.is_object() ? present(part, "type") : nullptr;
     if (!type || !type->is_string()) throw invalid_param(p, "must be an object with a string 'type'");
     const std::string t = type->get<std::string>();
+    if (t == "input_image") {
+      if (!text.empty()) parts.push_back({{"type", "text"}, {"text", std::exchange(text, "")}});
+      parts.push_back({{"type", "image_url"},
+                       {"image_url", {{"url", required_string(part, "image_url", p + ".image_url")}}}});
+      continue;
+    }
     if (t != "input_text" && t != "output_text" && t != "text") {
-      throw invalid_param(p + ".type", "content part '{}' is not supported: this model takes text only",
-                          brief(*type));
+      throw invalid_param(
+          p + ".type", "content part '{}' is not supported: this server takes text and images", brief(*type));
     }
     text += required_string(part, "text", p + ".text");
   }
-  return text;
+  if (parts.empty()) return text;
+  if (!text.empty()) parts.push_back({{"type", "text"}, {"text", text}});
+  return parts;
 }
 
 // Input items -> chat messages, appended to `messages`.

@@ -25,22 +25,27 @@ constexpr const char* kSpecLength = "moeserve:spec_decode_mean_acceptance_length
 ServerMetrics::ServerMetrics(const std::string& model_name)
     : registry_(Labels{{"model_name", model_name}}),
       ttft(registry_.histogram("moeserve:time_to_first_token_seconds",
-                               "Time from receiving a request to its first generated token.", latency_buckets())),
-      itl(registry_.histogram("moeserve:inter_token_latency_seconds", "Time between consecutive output tokens.",
-                              fine_latency_buckets())),
+                               "Time from receiving a request to its first generated token.",
+                               latency_buckets())),
+      itl(registry_.histogram("moeserve:inter_token_latency_seconds",
+                              "Time between consecutive output tokens.", fine_latency_buckets())),
       e2e(registry_.histogram("moeserve:e2e_request_latency_seconds",
                               "Time from receiving a request to its last token.", latency_buckets())),
       queue_time(registry_.histogram("moeserve:request_queue_time_seconds",
-                                     "Time a request waited for admission (concurrency limit).", latency_buckets())),
-      prompt_tokens_per_request(registry_.histogram("moeserve:request_prompt_tokens",
-                                                    "Prompt tokens per finished request.", token_count_buckets())),
-      generation_tokens_per_request(registry_.histogram(
-          "moeserve:request_generation_tokens", "Generated tokens per finished request.", token_count_buckets())),
+                                     "Time a request waited for admission (concurrency limit).",
+                                     latency_buckets())),
+      prompt_tokens_per_request(registry_.histogram(
+          "moeserve:request_prompt_tokens", "Prompt tokens per finished request.", token_count_buckets())),
+      generation_tokens_per_request(registry_.histogram("moeserve:request_generation_tokens",
+                                                        "Generated tokens per finished request.",
+                                                        token_count_buckets())),
       prompt_tokens(registry_.counter("moeserve:prompt_tokens_total", "Prompt tokens of admitted requests.")),
       generation_tokens(registry_.counter("moeserve:generation_tokens_total", "Generated tokens.")),
-      step_batch_size(registry_.histogram("moeserve:engine_step_batch_size",
-                                          "Sequences in each engine forward pass (prefill chunks and decodes).",
-                                          step_batch_buckets())),
+      images(registry_.counter("moeserve:images_total",
+                               "Images in requests the server accepted (decoded and preprocessed).")),
+      step_batch_size(registry_.histogram(
+          "moeserve:engine_step_batch_size",
+          "Sequences in each engine forward pass (prefill chunks and decodes).", step_batch_buckets())),
       seen_steps_by_batch_(kStepBatchBuckets, 0) {
   // Register the remaining families up front so /metrics lists them before the first request.
   registry_.gauge(kRunning, "Sequences generating in the engine.");
@@ -53,8 +58,10 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
                     {{"status", "429"}});
   registry_.counter("moeserve:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.");
   registry_.counter("moeserve:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.");
-  registry_.gauge("moeserve:kv_cache_usage_perc", "Fraction of KV-cache pages used by running requests (0..1).");
-  registry_.gauge("moeserve:kv_cache_cached_perc", "Fraction of KV-cache pages held only by the prefix cache.");
+  registry_.gauge("moeserve:kv_cache_usage_perc",
+                  "Fraction of KV-cache pages used by running requests (0..1).");
+  registry_.gauge("moeserve:kv_cache_cached_perc",
+                  "Fraction of KV-cache pages held only by the prefix cache.");
   registry_.gauge("moeserve:kv_cache_capacity_tokens",
                   "Token positions the KV cache holds (pages x page size).");
   registry_.gauge("moeserve:kv_cache_bytes_per_token",
@@ -73,7 +80,11 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
   registry_.counter(kSpecAccepted, "Drafted tokens accepted.");
   registry_.gauge(kSpecLength,
                   "Mean tokens per verify step since start: 1 + accepted / drafts (0: none yet).");
-  registry_.gauge("moeserve:memory_used_bytes", "Used memory of the most pressured source (cgroup, host or GPU).");
+  registry_.counter("moeserve:image_encoded_total", "Images the vision tower encoded.");
+  registry_.counter("moeserve:image_patches_encoded_total", "Vision patches the tower encoded.");
+  registry_.counter("moeserve:image_encode_seconds_total", "Time the vision tower ran on the engine thread.");
+  registry_.gauge("moeserve:memory_used_bytes",
+                  "Used memory of the most pressured source (cgroup, host or GPU).");
   registry_.gauge("moeserve:memory_total_bytes", "Memory limit of that source.");
   registry_.gauge("moeserve:memory_pressure_threshold_ratio",
                   "Used/total above which new requests are refused with 503 (0: off).");
@@ -82,14 +93,16 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
 }
 
 void ServerMetrics::request_finished(const std::string& finish_reason) {
-  registry_.counter("moeserve:request_success_total", "Finished requests by finish reason.",
-                    {{"finished_reason", finish_reason}})
+  registry_
+      .counter("moeserve:request_success_total", "Finished requests by finish reason.",
+               {{"finished_reason", finish_reason}})
       .inc();
 }
 
 void ServerMetrics::request_error(int status) {
-  registry_.counter("moeserve:request_errors_total", "Responses with an error status, by status.",
-                    {{"status", std::to_string(status)}})
+  registry_
+      .counter("moeserve:request_errors_total", "Responses with an error status, by status.",
+               {{"status", std::to_string(status)}})
       .inc();
 }
 
@@ -121,6 +134,11 @@ void ServerMetrics::collect() {
     advance("moeserve:engine_steps_total", engine->steps, seen_steps_);
     advance("moeserve:num_preemptions_total", engine->preemptions, seen_preemptions_);
     advance("moeserve:sampled_from_full_rows_total", engine->sampled_from_full_rows, seen_full_rows_);
+    advance("moeserve:image_encoded_total", engine->images_encoded, seen_images_encoded_);
+    advance("moeserve:image_patches_encoded_total", engine->image_patches_encoded, seen_image_patches_);
+    Counter& encode_seconds = reg.counter("moeserve:image_encode_seconds_total", "");
+    if (engine->image_encode_seconds > encode_seconds.value())
+      encode_seconds.inc(engine->image_encode_seconds - encode_seconds.value());
     advance(kSpecDrafts, engine->spec_drafts, seen_spec_drafts_);
     advance(kSpecDraftTokens, engine->spec_draft_tokens, seen_spec_draft_tokens_);
     advance(kSpecAccepted, engine->spec_accepted_tokens, seen_spec_accepted_);

@@ -40,6 +40,7 @@ class ServerMetrics {
   Histogram& generation_tokens_per_request;
   Counter& prompt_tokens;
   Counter& generation_tokens;
+  Counter& images;             // images in accepted requests
   Histogram& step_batch_size;  // mirrored from the engine's per-step counts at scrape time
 
   // Mirrors engine and admission state at scrape time. Either source may be absent (tests, startup).
@@ -54,6 +55,7 @@ class ServerMetrics {
   // Last engine counter values seen, to advance our counters by the difference.
   uint64_t seen_queries_ = 0, seen_hits_ = 0, seen_steps_ = 0, seen_preemptions_ = 0, seen_full_rows_ = 0;
   uint64_t seen_step_sequences_ = 0;
+  uint64_t seen_images_encoded_ = 0, seen_image_patches_ = 0;
   uint64_t seen_spec_drafts_ = 0, seen_spec_draft_tokens_ = 0, seen_spec_accepted_ = 0;
   std::vector<uint64_t> seen_spec_per_pos_;
   std::vector<uint64_t> seen_steps_by_batch_;

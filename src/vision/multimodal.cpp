@@ -54,7 +54,7 @@ MultimodalPrompt MultimodalPrompt::make(std::vector<int32_t> tokens, int32_t ima
     i += run;
   }
   check(image == grids.size(), "the prompt has {} images for {} given", image, grids.size());
-  check(int64_t(features.size()) == int64_t(p.image_rows.size()) * hidden,
+  check(features.empty() || int64_t(features.size()) == int64_t(p.image_rows.size()) * hidden,
         "{} image feature values for {} image tokens of {}", features.size(), p.image_rows.size(), hidden);
   p.rope_delta = next - T;
   p.tokens = std::move(tokens);
@@ -70,17 +70,24 @@ void PromptChunk::apply(SequenceStep& step) const {
 
 PromptChunk prompt_chunk(const MultimodalPrompt& p, int64_t begin, int64_t end) {
   const int64_t T = int64_t(p.tokens.size()), n = end - begin;
-  check(begin >= 0 && begin < end && end <= T, "prompt chunk [{}, {}) of {} tokens", begin, end, T);
+  check(begin >= 0 && begin < end, "prompt chunk [{}, {}) of {} tokens", begin, end, T);
   PromptChunk c;
   auto first = std::lower_bound(p.image_rows.begin(), p.image_rows.end(), int32_t(begin));
   auto last = std::lower_bound(first, p.image_rows.end(), int32_t(end));
   for (auto it = first; it != last; ++it) c.feature_rows.push_back(int32_t(*it - begin));
   const size_t index = size_t(first - p.image_rows.begin());
-  c.features = std::span<const float>(p.features)
-                   .subspan(index * size_t(p.hidden), c.feature_rows.size() * size_t(p.hidden));
+  check(c.feature_rows.empty() || p.features.size() == p.image_rows.size() * size_t(p.hidden),
+        "prompt chunk [{}, {}): the images' features are missing", begin, end);
+  if (!c.feature_rows.empty())
+    c.features = std::span<const float>(p.features)
+                     .subspan(index * size_t(p.hidden), c.feature_rows.size() * size_t(p.hidden));
   c.positions.resize(size_t(3 * n));
-  for (int axis = 0; axis < 3; ++axis)
-    std::copy_n(p.positions.begin() + axis * T + begin, n, c.positions.begin() + axis * n);
+  const int64_t in_prompt = std::clamp<int64_t>(T - begin, 0, n);
+  for (int axis = 0; axis < 3; ++axis) {
+    if (in_prompt > 0)
+      std::copy_n(p.positions.begin() + axis * T + begin, in_prompt, c.positions.begin() + axis * n);
+    for (int64_t i = in_prompt; i < n; ++i) c.positions[size_t(axis * n + i)] = begin + i + p.rope_delta;
+  }
   return c;
 }
 

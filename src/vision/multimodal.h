@@ -8,9 +8,9 @@
 #include <span>
 #include <vector>
 
+#include "model/qwen35.h"
 #include "storage/kv_cache.h"
 #include "storage/state_cache.h"
-#include "model/qwen35.h"
 
 namespace moeserve {
 
@@ -29,18 +29,23 @@ std::vector<int32_t> expand_image_placeholders(std::span<const int32_t> tokens, 
 struct MultimodalPrompt {
   std::vector<int32_t> tokens;      // placeholders expanded
   std::vector<int32_t> image_rows;  // the prompt index of every image token, ascending
-  std::vector<float> features;      // [image_rows.size()][hidden]: the images' merged features in order
-  std::vector<int64_t> positions;   // [3][tokens]
-  int64_t rope_delta = 0;           // decode positions: cache index + rope_delta on every axis
+  // [image_rows.size()][hidden]: the images' merged features in order; empty until the tower ran (serving
+  // lays the prompt out when a request arrives and encodes its images later).
+  std::vector<float> features;
+  std::vector<int64_t> positions;  // [3][tokens]
+  int64_t rope_delta = 0;          // decode positions: cache index + rope_delta on every axis
   int64_t hidden = 0;
 
   // Builds positions and rows; every maximal run of image_token is one image, matched in order to grids.
-  // Throws Error when runs and grids disagree.
+  // Throws Error when runs and grids disagree, or when features are given and are not one row per image
+  // token.
   static MultimodalPrompt make(std::vector<int32_t> tokens, int32_t image_token,
                                std::span<const ImageGrid> grids, std::vector<float> features, int64_t hidden);
 };
 
-// The SequenceStep fields of the prompt chunk [begin, end); the step's spans point into this.
+// The SequenceStep fields of the chunk [begin, end); the step's spans point into this. The chunk may run past
+// the prompt (a preempted request recomputing its generated tokens): those rows are text at index +
+// rope_delta. The prompt's features must be present when the chunk holds image rows.
 struct PromptChunk {
   std::vector<int32_t> feature_rows;
   std::span<const float> features;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common/bounded_json.h"
 #include "common/error.h"
@@ -108,6 +109,42 @@ TEST(RequestInfo, RendersChatMessagesSoTurnsSharePrefixes) {
   EXPECT_TRUE(junk.key.empty());
 }
 
+// An image is a short digest of its URL in the key: the same image (a data: URL's bytes) in the next turn
+// keeps the conversation's prefix, a different one of the same size parts at once, and a large one stays
+// short.
+TEST(RequestInfo, ImagesKeyByADigestOfTheirBytes) {
+  KeyEncoder bytes;
+  BodyNeeds needs{.key = true};
+  auto chat = [&](const std::string& url, const std::string& more) {
+    nlohmann::json body = {{"messages",
+                            {{{"role", "user"},
+                              {"content",
+                               {{{"type", "image_url"}, {"image_url", {{"url", url}}}},
+                                {{"type", "text"}, {"text", "what?"}}}}}}}};
+    if (!more.empty()) body["messages"].push_back({{"role", "user"}, {"content", more}});
+    auto key = describe_request(body.dump(), "", needs, bytes).key;
+    return std::string(key.begin(), key.end());
+  };
+  const std::string a = "data:image/png;base64," + std::string(1 << 20, 'A');
+  const std::string b = "data:image/png;base64," + std::string(1 << 20, 'B');
+  const std::string first = chat(a, "");
+  EXPECT_LT(first.size(), 100u) << "a 1 MB image is a short digest in the key";
+  EXPECT_EQ(chat(a, "and then?").substr(0, first.size()), first);
+  const std::string other = chat(b, "");
+  EXPECT_EQ(other.size(), first.size());
+  EXPECT_NE(other, first);
+  // The Responses API's input_image (image_url a string) and Anthropic's base64 source key the same way.
+  auto responses = describe_request(
+      R"({"messages":[{"role":"user","content":[{"type":"input_image","image_url":")" + a + R"("}]}]})", "",
+      needs, bytes);
+  auto anthropic = describe_request(
+      R"({"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","data":"x"}}]}]})",
+      "", needs, bytes);
+  EXPECT_LT(responses.key.size(), 100u);
+  EXPECT_LT(anthropic.key.size(), 100u);
+  EXPECT_NE(std::string(anthropic.key.begin(), anthropic.key.end()).find("<image "), std::string::npos);
+}
+
 // Bodies from clients are parsed with limits: nesting or key counts beyond them are an error (a 400 from the
 // router) rather than a crash or seconds of work; fields of unexpected types are ignored.
 TEST(RequestInfo, RefusesJsonBeyondTheLimitsAndIgnoresFieldsOfOtherTypes) {
@@ -127,7 +164,8 @@ TEST(RequestInfo, RefusesJsonBeyondTheLimitsAndIgnoresFieldsOfOtherTypes) {
   EXPECT_TRUE(odd.model.empty());
   EXPECT_TRUE(odd.session.empty());
   std::string text(odd.key.begin(), odd.key.end());
-  EXPECT_EQ(text, "\n{\"url\":3}\n");
+  EXPECT_EQ(text.substr(0, 8), "\n<image ") << text;  // an image whatever its URL's type
+  EXPECT_EQ(text.back(), '\n');
 }
 
 TEST(RequestInfo, ReadsLoadReportedByServers) {

@@ -1,6 +1,7 @@
 // Request parsing and validation: every field of the issue, and the 400s that name the parameter.
-#include <gtest/gtest.h>
+#include "server/openai_request.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,7 +11,6 @@
 #include "common/error.h"
 #include "engine/json_constraint.h"
 #include "server/api_error.h"
-#include "server/openai_request.h"
 #include "server/sampling_defaults.h"
 
 namespace moeserve::server {
@@ -30,8 +30,12 @@ ApiError error_of(Parse parse, const std::string& body) {
   return ApiError(0, "", "");
 }
 
-ApiError completion_error(const std::string& body) { return error_of(parse_completion_request, body); }
-ApiError chat_error(const std::string& body) { return error_of(parse_chat_request, body); }
+ApiError completion_error(const std::string& body) {
+  return error_of(parse_completion_request, body);
+}
+ApiError chat_error(const std::string& body) {
+  return error_of(parse_chat_request, body);
+}
 
 TEST(CompletionRequest, ParsesEveryPromptShape) {
   auto r = parse_completion_request(R"({"model":"m","prompt":"hello"})");
@@ -120,7 +124,8 @@ TEST(CompletionRequest, InvalidValuesNameTheParameter) {
            {R"({"prompt":"x","seed":"1"})", "seed"},
            {R"({"prompt":"x","stream":"yes"})", "stream"},
            {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
-           {R"({"prompt":"x","stream":true,"stream_options":{"include_usage":1}})", "stream_options.include_usage"},
+           {R"({"prompt":"x","stream":true,"stream_options":{"include_usage":1}})",
+            "stream_options.include_usage"},
            {R"({"prompt":"x","suffix":"y"})", "suffix"},
            {R"({"prompt":"x","logit_bias":[1]})", "logit_bias"},
            {R"({"prompt":"x","logit_bias":{"a5":1}})", "logit_bias"},
@@ -174,7 +179,8 @@ TEST(CompletionRequest, BodiesPastTheJsonLimitsAre400sThatSayWhich) {
   ASSERT_TRUE(args.param);
   EXPECT_EQ(*args.param, "messages[0].tool_calls[0].function.arguments");
   // A value in an error is quoted by at most a few dozen bytes.
-  ApiError bias = completion_error(R"({"prompt":"x","logit_bias":{"5":")" + std::string(100'000, 'u') + R"("}})");
+  ApiError bias =
+      completion_error(R"({"prompt":"x","logit_bias":{"5":")" + std::string(100'000, 'u') + R"("}})");
   EXPECT_LT(std::string(bias.what()).size(), 200u);
 }
 
@@ -190,7 +196,8 @@ TEST(CompletionRequest, StopStringsAreBoundedInLength) {
 }
 
 TEST(CompletionRequest, ParsesLogitBiasAndPriority) {
-  auto r = parse_completion_request(R"({"prompt":"x","logit_bias":{"50":-100,"7":2.5,"0":100},"priority":-3})");
+  auto r =
+      parse_completion_request(R"({"prompt":"x","logit_bias":{"50":-100,"7":2.5,"0":100},"priority":-3})");
   EXPECT_EQ(r.sampling.logit_bias,
             (std::vector<std::pair<int32_t, float>>{{0, 100.0f}, {7, 2.5f}, {50, -100.0f}}));
   EXPECT_EQ(r.priority, -3);
@@ -232,7 +239,8 @@ TEST(ChatRequest, NoOpValuesOfUnsupportedControlsPassAndGivenSamplingIsRecorded)
 TEST(SamplingDefaults, GenerationConfigFillsOnlyWhatTheRequestLeftUnset) {
   auto dir = std::filesystem::temp_directory_path() / ("moeserve-gencfg-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  std::ofstream(dir / "generation_config.json") << R"({"do_sample":true,"temperature":0.6,"top_p":0.95,"top_k":20,
+  std::ofstream(dir / "generation_config.json")
+      << R"({"do_sample":true,"temperature":0.6,"top_p":0.95,"top_k":20,
       "eos_token_id":[1,2]})";
   SamplingDefaults d = SamplingDefaults::load(dir.string());
   EXPECT_EQ(d.summary(), "temperature=0.6 top_p=0.95 top_k=20");
@@ -249,8 +257,8 @@ TEST(SamplingDefaults, GenerationConfigFillsOnlyWhatTheRequestLeftUnset) {
 }
 
 TEST(RequestBody, MalformedJsonIs400WithoutParam) {
-  for (const char* body : {"", "{", "{\"prompt\": }", "[1,2]", "\"str\"", "null", "{\"a\":1}garbage",
-                           "\xff\xfe{}"}) {
+  for (const char* body :
+       {"", "{", "{\"prompt\": }", "[1,2]", "\"str\"", "null", "{\"a\":1}garbage", "\xff\xfe{}"}) {
     ApiError e = completion_error(body);
     EXPECT_EQ(e.status, 400) << body;
     EXPECT_FALSE(e.param) << body;
@@ -293,53 +301,89 @@ TEST(ChatRequest, ToolChoiceDefaults) {
   EXPECT_EQ(r.tool_choice, ToolChoice::kRequired);
 }
 
+// Image parts become {"type": "image"} parts for the chat template, their URLs listed in prompt order with
+// the parameter that names them; text-only content stays a string.
+TEST(ChatRequest, ImagePartsAreListedInPromptOrder) {
+  ChatRequest r = parse_chat_request(R"({"messages":[
+      {"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"data:1"}},
+                                {"type":"text","text":"b"},{"type":"text","text":"c"}]},
+      {"role":"assistant","content":"ok"},
+      {"role":"user","content":[{"type":"image_url","image_url":"http://x/2.png"},{"type":"text","text":"d"}]}]})");
+  ASSERT_EQ(r.images.size(), 2u);
+  EXPECT_EQ(r.images[0].url, "data:1");
+  EXPECT_EQ(r.images[0].param, "messages[0].content[1].image_url");
+  EXPECT_EQ(r.images[1].url, "http://x/2.png");
+  EXPECT_EQ(r.images[1].param, "messages[2].content[0].image_url");
+  EXPECT_EQ(r.messages[0]["content"].dump(),
+            R"([{"type":"text","text":"a"},{"type":"image"},{"type":"text","text":"bc"}])");
+  EXPECT_EQ(r.messages[1]["content"], "ok");
+  EXPECT_EQ(r.messages[2]["content"].dump(), R"([{"type":"image"},{"type":"text","text":"d"}])");
+  ChatRequest text =
+      parse_chat_request(R"({"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]})");
+  EXPECT_TRUE(text.images.empty());
+  EXPECT_EQ(text.messages[0]["content"], "x");
+}
+
 TEST(ChatRequest, InvalidValuesNameTheParameter) {
   struct Case {
     const char* body;
     const char* param;
   };
   const std::string user = R"("messages":[{"role":"user","content":"x"}])";
-  for (auto c : std::vector<Case>{
-           {R"({})", "messages"},
-           {R"({"messages":[]})", "messages"},
-           {R"({"messages":"hi"})", "messages"},
-           {R"({"messages":[5]})", "messages[0]"},
-           {R"({"messages":[{"content":"x"}]})", "messages[0].role"},
-           {R"({"messages":[{"role":"wizard","content":"x"}]})", "messages[0].role"},
-           {R"({"messages":[{"role":"user","content":5}]})", "messages[0].content"},
-           {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})",
-            "messages[0].content[0].type"},
-           {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", "messages[0].tool_calls"},
-           {R"({"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{"}}]}]})",
-            "messages[0].tool_calls[0].function.arguments"},
-           {R"({"messages":[{"role":"user","content":"x"}],"tools":{}})", "tools"},
-           {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools[0].function"},
-           {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"retrieval"}]})", "tools[0].type"},
-           {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes",
-               "tools":[{"type":"function","function":{"name":"f"}}]})", "tool_choice"},
-           {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice"},
-           {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function","function":{"name":"g"}},
-               "tools":[{"type":"function","function":{"name":"f"}}]})", "tool_choice"},
-           {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
-           {R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", "logprobs"},
-           {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})", "chat_template_kwargs"},
-           {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})", "response_format"},
-           {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
-               "json_schema":{"name":"p","schema":{"type":"string","pattern":"(?=a)b"}}}})", "response_format"},
-           {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
-               "json_schema":{"schema":{"type":"string"}}}})", "response_format"},
-           {R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", "functions"},
-           {R"({"messages":[{"role":"user","content":"x"}],"guided_grammar":"root ::= x"})", "guided_grammar"},
-           {R"({"messages":[{"role":"user","content":"x"}],"guided_choice":["a",1]})", "guided_choice"},
-           {R"({"messages":[{"role":"user","content":"x"}],"regex":"(a"})", "regex"},
-           {R"({"messages":[{"role":"user","content":"x"}],"structured_outputs":{"grammar":"x"}})", "structured_outputs"},
-           {R"({"messages":[{"role":"user","content":"x"}],"guided_regex":"a","guided_choice":["a"]})", "guided_regex"},
-           {R"({"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"no"})", "parallel_tool_calls"},
-           {R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":3})", "reasoning_effort"},
-           {R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":0})", "max_tokens"},
-           {R"({"messages":[{"role":"user","content":"x"}],"continue_final_message":true})",
-            "continue_final_message"},
-       }) {
+  for (
+      auto c : std::vector<Case>{
+          {R"({})", "messages"},
+          {R"({"messages":[]})", "messages"},
+          {R"({"messages":"hi"})", "messages"},
+          {R"({"messages":[5]})", "messages[0]"},
+          {R"({"messages":[{"content":"x"}]})", "messages[0].role"},
+          {R"({"messages":[{"role":"wizard","content":"x"}]})", "messages[0].role"},
+          {R"({"messages":[{"role":"user","content":5}]})", "messages[0].content"},
+          {R"({"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"x"}}]}]})",
+           "messages[0].content[0].type"},
+          {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"detail":"low"}}]}]})",
+           "messages[0].content[0].image_url"},
+          {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", "messages[0].tool_calls"},
+          {R"({"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{"}}]}]})",
+           "messages[0].tool_calls[0].function.arguments"},
+          {R"({"messages":[{"role":"user","content":"x"}],"tools":{}})", "tools"},
+          {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})",
+           "tools[0].function"},
+          {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"retrieval"}]})", "tools[0].type"},
+          {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes",
+               "tools":[{"type":"function","function":{"name":"f"}}]})",
+           "tool_choice"},
+          {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice"},
+          {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function","function":{"name":"g"}},
+               "tools":[{"type":"function","function":{"name":"f"}}]})",
+           "tool_choice"},
+          {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
+          {R"({"messages":[{"role":"user","content":"x"}],"logprobs":3})", "logprobs"},
+          {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})",
+           "chat_template_kwargs"},
+          {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})",
+           "response_format"},
+          {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+               "json_schema":{"name":"p","schema":{"type":"string","pattern":"(?=a)b"}}}})",
+           "response_format"},
+          {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+               "json_schema":{"schema":{"type":"string"}}}})",
+           "response_format"},
+          {R"({"messages":[{"role":"user","content":"x"}],"functions":[]})", "functions"},
+          {R"({"messages":[{"role":"user","content":"x"}],"guided_grammar":"root ::= x"})", "guided_grammar"},
+          {R"({"messages":[{"role":"user","content":"x"}],"guided_choice":["a",1]})", "guided_choice"},
+          {R"({"messages":[{"role":"user","content":"x"}],"regex":"(a"})", "regex"},
+          {R"({"messages":[{"role":"user","content":"x"}],"structured_outputs":{"grammar":"x"}})",
+           "structured_outputs"},
+          {R"({"messages":[{"role":"user","content":"x"}],"guided_regex":"a","guided_choice":["a"]})",
+           "guided_regex"},
+          {R"({"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"no"})",
+           "parallel_tool_calls"},
+          {R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":3})", "reasoning_effort"},
+          {R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":0})", "max_tokens"},
+          {R"({"messages":[{"role":"user","content":"x"}],"continue_final_message":true})",
+           "continue_final_message"},
+      }) {
     ApiError e = chat_error(c.body);
     EXPECT_EQ(e.status, 400) << c.body;
     ASSERT_TRUE(e.param) << c.body << ": " << e.what();
@@ -349,7 +393,8 @@ TEST(ChatRequest, InvalidValuesNameTheParameter) {
 
 TEST(ChatRequest, ParsesResponseFormat) {
   const std::string head = R"({"messages":[{"role":"user","content":"x"}],)";
-  EXPECT_EQ(parse_chat_request(head + R"("response_format":{"type":"text"}})").response_format.schema, nullptr);
+  EXPECT_EQ(parse_chat_request(head + R"("response_format":{"type":"text"}})").response_format.schema,
+            nullptr);
   auto object = parse_chat_request(head + R"("response_format":{"type":"json_object"}})").response_format;
   EXPECT_EQ(object.type, ResponseFormat::Type::kJsonObject);
   EXPECT_NE(object.schema, nullptr);
@@ -375,7 +420,8 @@ TEST(ChatRequest, ParsesVllmAndSglangStructuredOutputs) {
     JsonMatcher m(f.schema);
     return m.advance(text) && m.can_end();
   };
-  auto so = parse_chat_request(head + R"("structured_outputs":{"regex":"[0-9]{3}","json":null}})").response_format;
+  auto so =
+      parse_chat_request(head + R"("structured_outputs":{"regex":"[0-9]{3}","json":null}})").response_format;
   EXPECT_EQ(so.type, ResponseFormat::Type::kRegex);
   EXPECT_TRUE(matches(so, "123"));
   EXPECT_FALSE(matches(so, "12"));
@@ -392,7 +438,8 @@ TEST(ChatRequest, ParsesVllmAndSglangStructuredOutputs) {
   // zod's z.number().int() bounds, once a 400.
   auto zod = parse_chat_request(head + R"("response_format":{"type":"json_schema","json_schema":{"name":"n",
       "schema":{"type":"object","properties":{"n":{"type":"integer","minimum":-9007199254740991,
-      "maximum":9007199254740991}},"required":["n"],"additionalProperties":false}}}})").response_format;
+      "maximum":9007199254740991}},"required":["n"],"additionalProperties":false}}}})")
+                 .response_format;
   EXPECT_TRUE(matches(zod, R"({"n": 42})"));
 }
 

@@ -131,9 +131,9 @@ TEST_F(ServeFlags, VllmRecipeLineStartsWithItsMeaning) {
        {"chunked_prefill_size=4096", "max_prefill_tokens=4096", "prefix_cache=on", "reasoning_parser=qwen3",
         "tool_call_parser=qwen3_coder", "priority=smaller first"})
     EXPECT_NE(out.find(setting), std::string::npos) << setting << "\n" << out;
-  for (const char* ignored :
-       {"--enable-auto-tool-choice", "--enable-prefix-caching", "--language-model-only"})
+  for (const char* ignored : {"--enable-auto-tool-choice", "--enable-prefix-caching"})
     EXPECT_NE(out.find(std::string("no effect here: ") + ignored), std::string::npos) << ignored;
+  EXPECT_NE(out.find("images: off (this server runs with --language-model-only"), std::string::npos) << out;
   auto models = json::parse(Connection(p.port()).roundtrip("GET", "/v1/models").body);
   EXPECT_EQ(models["data"][0]["id"], "qwen3.5");
 }

@@ -13,10 +13,11 @@ namespace moeserve::server {
 
 class ServeProcess : public peers::ChildProcess {
  public:
-  // cwd: where it runs ("" = here); extra_env: "NAME=value" entries added to this process's environment.
+  // cwd: where it runs ("" = here); extra_env: "NAME=value" entries added to this process's environment;
+  // command: the subcommand (another, e.g. "route", takes its own --host/--port among args).
   explicit ServeProcess(std::vector<std::string> args, const std::string& cwd = "",
-                        std::vector<std::string> extra_env = {})
-      : ChildProcess(serve_argv(std::move(args)), {.cwd = cwd, .env = std::move(extra_env)}) {}
+                        std::vector<std::string> extra_env = {}, const std::string& command = "serve")
+      : ChildProcess(command_argv(command, std::move(args)), {.cwd = cwd, .env = std::move(extra_env)}) {}
 
   // Waits for "moeserve ready: ... url=http://127.0.0.1:PORT"; false if it exited or timed out first. The
   // default timeout is a hang guard: loading is slow on a loaded 2-core machine.
@@ -30,12 +31,17 @@ class ServeProcess : public peers::ChildProcess {
     banner_ = line->substr(line->find("moeserve ready:"));
     return true;
   }
+  // Waits until a line of the output holds `text`; false if it exited or timed out first (a hang guard).
+  bool wait_for(const std::string& text, std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    return wait_for_line(text, timeout).has_value();
+  }
   uint16_t port() const { return port_; }
   const std::string& banner() const { return banner_; }
 
  private:
-  static std::vector<std::string> serve_argv(std::vector<std::string> args) {
-    std::vector<std::string> argv = {MOESERVE_BINARY, "serve", "--host", "127.0.0.1", "--port", "0"};
+  static std::vector<std::string> command_argv(const std::string& command, std::vector<std::string> args) {
+    std::vector<std::string> argv = {MOESERVE_BINARY, command};
+    if (command == "serve") argv.insert(argv.end(), {"--host", "127.0.0.1", "--port", "0"});
     argv.insert(argv.end(), args.begin(), args.end());
     return argv;
   }

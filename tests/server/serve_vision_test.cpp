@@ -1,0 +1,314 @@
+// End to end with images (docs/vision.md): the real `moeserve serve` binary on the tiny-moe-vl-image fixture
+// (a vision tower, no tokenizer: token-id prompts with SGLang's image_data), checked against the Hugging Face
+// reference's greedy tokens; the prefix cache keyed by image content; bad images, a stalled image URL and the
+// image flags, each a clear 4xx with the server still up.
+#include <gtest/gtest.h>
+#include <png.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "http_client.h"
+#include "loopback.h"
+#include "model/safetensors.h"
+#include "serve_process.h"
+
+namespace moeserve::server {
+namespace {
+
+using json = nlohmann::json;
+using testing_http::Connection;
+
+const char* kVisionModel = "tests/fixtures/models/tiny-moe-vl-image";
+constexpr int32_t kImageToken = 507;  // reference.json: special_token_ids.image
+
+std::vector<int32_t> reference_ids(const std::string& name) {
+  auto set = TensorSet::open_file(std::string(kVisionModel) + "/reference.safetensors");
+  const TensorInfo* t = set.find(name);
+  EXPECT_NE(t, nullptr) << name;
+  std::vector<int32_t> ids;
+  if (!t) return ids;
+  auto* p = reinterpret_cast<const int64_t*>(t->data);
+  for (int64_t i = 0; i < t->numel(); ++i) ids.push_back(static_cast<int32_t>(p[i]));
+  return ids;
+}
+
+// The prompt as a client sends it: each image's run of image tokens is one placeholder.
+std::vector<int32_t> collapse_image_runs(const std::vector<int32_t>& ids) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] != kImageToken || i == 0 || ids[i - 1] != kImageToken) out.push_back(ids[i]);
+  return out;
+}
+
+std::string base64(const std::string& bytes) {
+  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t n = uint32_t(uint8_t(bytes[i])) << 16;
+    if (i + 1 < bytes.size()) n |= uint32_t(uint8_t(bytes[i + 1])) << 8;
+    if (i + 2 < bytes.size()) n |= uint8_t(bytes[i + 2]);
+    out += kAlphabet[(n >> 18) & 63];
+    out += kAlphabet[(n >> 12) & 63];
+    out += i + 1 < bytes.size() ? kAlphabet[(n >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? kAlphabet[n & 63] : '=';
+  }
+  return out;
+}
+
+std::string png_data_url(const std::string& png) {
+  return "data:image/png;base64," + base64(png);
+}
+
+std::string fixture_image(int k) {
+  std::ifstream in(std::string(kVisionModel) + "/image" + std::to_string(k) + ".png", std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A PNG of random pixels (libpng's simplified writer).
+std::string random_png(int width, int height, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> pixels(size_t(width) * height * 3);
+  for (auto& p : pixels) p = uint8_t(rng());
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  image.width = uint32_t(width);
+  image.height = uint32_t(height);
+  image.format = PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  EXPECT_TRUE(png_image_write_to_memory(&image, nullptr, &size, 0, pixels.data(), 0, nullptr));
+  std::string out(size, '\0');
+  EXPECT_TRUE(png_image_write_to_memory(&image, out.data(), &size, 0, pixels.data(), 0, nullptr));
+  out.resize(size);
+  return out;
+}
+
+json completion(uint16_t port, const std::vector<int32_t>& prompt, const std::vector<std::string>& images,
+                int max_tokens, int expect_status = 200) {
+  json body = {{"prompt", prompt}, {"image_data", images}, {"max_tokens", max_tokens},
+               {"temperature", 0}, {"ignore_eos", true},   {"return_token_ids", true}};
+  auto r = Connection(port).roundtrip("POST", "/v1/completions", body.dump());
+  EXPECT_EQ(r.status, expect_status) << r.body;
+  return json::parse(r.body, nullptr, false);
+}
+
+double metric(uint16_t port, const std::string& name) {
+  std::string body = Connection(port).roundtrip("GET", "/metrics").body;
+  for (size_t at = 0; (at = body.find(name, at)) != std::string::npos; at += name.size()) {
+    if (at > 0 && body[at - 1] != '\n') continue;
+    size_t eol = body.find('\n', at);
+    std::string line = body.substr(at, eol - at);
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+std::unique_ptr<ServeProcess> start(std::vector<std::string> args) {
+  auto p = std::make_unique<ServeProcess>(std::move(args));
+  EXPECT_TRUE(p->wait_ready()) << p->output();
+  return p;
+}
+
+// A loopback peer for image URLs: answers each connection with `reply` (nothing: it accepts and stalls),
+// holding every connection open until it is destroyed.
+class ImagePeer {
+ public:
+  explicit ImagePeer(std::string reply) : reply_(std::move(reply)) {
+    fd_ = peers::listen_loopback(port_);
+    thread_ = std::thread([this] {
+      for (;;) {
+        int c = accept(fd_, nullptr, nullptr);
+        if (c < 0) return;
+        held_.push_back(c);
+        if (!reply_.empty()) {
+          char request[4096];
+          (void)!read(c, request, sizeof request);
+          (void)!write(c, reply_.data(), reply_.size());
+        }
+      }
+    });
+  }
+  ~ImagePeer() {
+    shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    for (int c : held_) close(c);
+    close(fd_);
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/image.png"; }
+
+ private:
+  std::string reply_;
+  uint16_t port_ = 0;
+  int fd_ = -1;
+  std::vector<int> held_;
+  std::thread thread_;
+};
+
+// Chunks of 32 tokens split both images' runs (72 and 70 tokens): the chunks take their own rows' features.
+TEST(ServeVision, GreedyCompletionWithImagesEqualsTheReference) {
+  auto p = start({"--model", kVisionModel, "--chunked-prefill-size", "32"});
+  const std::vector<std::string> images = {png_data_url(fixture_image(0)), png_data_url(fixture_image(1))};
+  struct Case {
+    const char* prompt;
+    const char* gen;
+    std::vector<std::string> images;
+  } cases[] = {{"prompt0", "gen0", {images[1]}}, {"prompt1", "gen1", images}};
+  for (const Case& c : cases) {
+    auto full = reference_ids(std::string(c.prompt) + ".input_ids");
+    auto expected = reference_ids(std::string(c.gen) + ".output_ids");
+    json r = completion(p->port(), collapse_image_runs(full), c.images, int(expected.size()));
+    EXPECT_EQ(r["choices"][0]["token_ids"], json(expected)) << c.gen;
+    EXPECT_EQ(r["usage"]["prompt_tokens"], full.size()) << "placeholders expanded to the images' tokens";
+  }
+  EXPECT_EQ(metric(p->port(), "moeserve:images_total"), 3);
+  EXPECT_EQ(metric(p->port(), "moeserve:image_encoded_total"), 3);
+  EXPECT_EQ(metric(p->port(), "moeserve:image_patches_encoded_total"), 280 + 288 + 280);
+  EXPECT_GT(metric(p->port(), "moeserve:image_encode_seconds_total"), 0);
+}
+
+TEST(ServeVision, TheSameImageHitsThePrefixCacheADifferentOneOfTheSameSizeNever) {
+  auto p = start({"--model", kVisionModel});
+  // prompt0: 4 text tokens, image 1's 70 tokens (100x72 pixels), 12 text tokens.
+  const auto prompt = collapse_image_runs(reference_ids("prompt0.input_ids"));
+  const std::string a = png_data_url(random_png(100, 72, 1)), b = png_data_url(random_png(100, 72, 2));
+  auto cached = [](const json& r) {
+    return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  };
+  json first = completion(p->port(), prompt, {a}, 4);
+  EXPECT_EQ(first["usage"]["prompt_tokens"], 86);
+  json other = completion(p->port(), prompt, {b}, 4);
+  EXPECT_EQ(other["usage"]["prompt_tokens"], 86);
+  EXPECT_LE(cached(other), 4) << "a different image of the same size must not reuse the first one's rows";
+  json again = completion(p->port(), prompt, {a}, 4);
+  EXPECT_GT(cached(again), 74) << "the same image again is served from the cache past its rows";
+  EXPECT_EQ(again["choices"][0]["token_ids"], first["choices"][0]["token_ids"]);
+}
+
+TEST(ServeVision, BadImagesAndUnanswerableUrlsAreClear400sAndTheServerStaysUp) {
+  auto p = start(
+      {"--model", kVisionModel, "--image-fetch-timeout", "1", "--limit-mm-per-prompt", R"({"image": 2})"});
+  const auto prompt = collapse_image_runs(reference_ids("prompt0.input_ids"));
+  auto message = [](const json& r) { return r["error"]["message"].get<std::string>(); };
+
+  json r = completion(p->port(), prompt, {"data:image/png;base64,AAAAAAAA"}, 1, 400);
+  EXPECT_NE(message(r).find("image_data[0]"), std::string::npos) << r.dump();
+  r = completion(p->port(), prompt, {"data:text/plain;base64," + base64(fixture_image(1))}, 1, 400);
+  EXPECT_NE(message(r).find("image"), std::string::npos) << r.dump();
+  r = completion(p->port(), prompt, {"ftp://example.com/a.png"}, 1, 400);
+  r = completion(p->port(), prompt, {png_data_url(fixture_image(1)), png_data_url(fixture_image(1))}, 1, 400);
+  EXPECT_NE(message(r).find("placeholders"), std::string::npos) << r.dump();
+  std::vector<std::string> three(3, png_data_url(fixture_image(1)));
+  r = completion(p->port(), prompt, three, 1, 400);
+  EXPECT_NE(message(r).find("at most 2"), std::string::npos) << r.dump();
+  {
+    ImagePeer stalls("");
+    r = completion(p->port(), prompt, {stalls.url()}, 1, 400);
+    EXPECT_NE(message(r).find("image_data[0]"), std::string::npos) << r.dump();
+  }
+  {
+    ImagePeer huge("HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: 104857600\r\n\r\n" +
+                   std::string(65536, 'x'));
+    r = completion(p->port(), prompt, {huge.url()}, 1, 400);
+    EXPECT_NE(message(r).find("image_data[0]"), std::string::npos) << r.dump();
+  }
+  {
+    ImagePeer png("HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: " +
+                  std::to_string(fixture_image(1).size()) + "\r\nConnection: close\r\n\r\n" +
+                  fixture_image(1));
+    auto expected = reference_ids("gen0.output_ids");
+    r = completion(p->port(), prompt, {png.url()}, int(expected.size()));
+    EXPECT_EQ(r["choices"][0]["token_ids"], json(expected)) << "a fetched image is the same as inline";
+  }
+  EXPECT_EQ(Connection(p->port()).roundtrip("GET", "/health").status, 200);
+}
+
+TEST(ServeVision, LanguageModelOnlyAndFetchingOffRefuseWhatTheyTurnOff) {
+  {
+    auto p = start({"--model", kVisionModel, "--language-model-only"});
+    const auto prompt = collapse_image_runs(reference_ids("prompt0.input_ids"));
+    json r = completion(p->port(), prompt, {png_data_url(fixture_image(1))}, 1, 400);
+    EXPECT_NE(r["error"]["message"].get<std::string>().find("--language-model-only"), std::string::npos)
+        << r.dump();
+    // Text still works.
+    auto text = reference_ids("prompt0.input_ids");
+    text.resize(4);
+    completion(p->port(), text, {}, 2);
+  }
+  {
+    auto p = start({"--model", kVisionModel, "--disable-image-fetch"});
+    json r = completion(p->port(), collapse_image_runs(reference_ids("prompt0.input_ids")),
+                        {"http://127.0.0.1:9/image.png"}, 1, 400);
+    EXPECT_NE(r["error"]["message"].get<std::string>().find("fetch"), std::string::npos) << r.dump();
+  }
+}
+
+// The Responses API's input_image and an Anthropic image block (base64 source) reach the tower as chat
+// image parts do: their tokens are in the prompt, and a malformed one is a 400 naming it.
+TEST(ServeVision, ResponsesInputImageAndMessagesImageBlock) {
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--chat-template",
+                  "tests/fixtures/chat-templates/qwen3_5.jinja"});
+  const std::string data = base64(fixture_image(1));  // 70 image tokens
+  json responses = {{"model", "moeserve-demo"},
+                    {"max_output_tokens", 2},
+                    {"input",
+                     {{{"role", "user"},
+                       {"content",
+                        {{{"type", "input_text"}, {"text", "What is this?"}},
+                         {{"type", "input_image"}, {"image_url", "data:image/png;base64," + data}}}}}}}};
+  auto r = Connection(p->port()).roundtrip("POST", "/v1/responses", responses.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_GT(json::parse(r.body)["usage"]["input_tokens"].get<int>(), 70) << r.body;
+  json messages = {
+      {"model", "moeserve-demo"},
+      {"max_tokens", 2},
+      {"messages",
+       {{{"role", "user"},
+         {"content",
+          {{{"type", "image"}, {"source", {{"type", "base64"}, {"media_type", "image/png"}, {"data", data}}}},
+           {{"type", "text"}, {"text", "What is this?"}}}}}}}};
+  r = Connection(p->port()).roundtrip("POST", "/v1/messages", messages.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_GT(json::parse(r.body)["usage"]["input_tokens"].get<int>(), 70) << r.body;
+  messages["messages"][0]["content"][0]["source"]["data"] = "AAAA";
+  r = Connection(p->port()).roundtrip("POST", "/v1/messages", messages.dump());
+  EXPECT_EQ(r.status, 400) << r.body;
+}
+
+// The official OpenAI SDK sends a data-URL image to the demo model's random tower, straight and through
+// `moeserve route` (tests/server/js/vision_test.mjs says what it checks).
+TEST(ServeVision, OfficialOpenAiSdkSendsImagesThroughServeAndRoute) {
+  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0)
+      << "node is missing: run scripts/install-deps.sh";
+  ASSERT_TRUE(std::filesystem::exists("tests/server/js/node_modules/openai/package.json"))
+      << "the npm SDK is missing: run tests/server/js/install.sh (scripts/fetch-test-data.sh does)";
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--chat-template",
+                  "tests/fixtures/chat-templates/qwen3_5.jinja"});
+  const uint16_t router_port = peers::free_port();
+  ServeProcess router({"--host", "127.0.0.1", "--port", std::to_string(router_port), "--workers", "1",
+                       "--backend", "http://127.0.0.1:" + std::to_string(p->port())},
+                      "", {}, "route");
+  ASSERT_TRUE(router.wait_for("route: listening on")) << router.output();
+  for (uint16_t port : {p->port(), router_port}) {
+    std::string cmd = "node tests/server/js/vision_test.mjs http://127.0.0.1:" + std::to_string(port) +
+                      " moeserve-demo 2>&1";
+    FILE* f = popen(cmd.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string out;
+    char buf[1024];
+    while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+    int status = pclose(f);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << "\nserver:\n" << p->output();
+    EXPECT_NE(out.find("all vision SDK checks passed"), std::string::npos) << out;
+  }
+}
+
+}  // namespace
+}  // namespace moeserve::server
