@@ -16,6 +16,10 @@ namespace {
 
 constexpr int kMaxLogprobs = 20;  // OpenAI's limit for top_logprobs
 
+// A step full of decodes still carries this fraction of the token budget in prefill chunks (1/8: such a
+// step runs at most 12.5% over the budget, and waiting prompts keep moving).
+constexpr int kMinPrefillShare = 8;
+
 void validate_request(const GenerateRequest& r, int64_t vocab, int64_t max_model_len) {
   const SamplingParams& p = r.params;
   check(!r.id.empty(), "the request id is empty");
@@ -60,10 +64,11 @@ void validate_request(const GenerateRequest& r, int64_t vocab, int64_t max_model
   if (p.json)
     check(p.json->schema && p.json->vocab && int64_t(p.json->vocab->bytes.size()) <= vocab &&
               p.json->vocab->usable.size() == p.json->vocab->bytes.size(),
-          "request {}: the JSON constraint needs a schema and a token table of at most {} entries", r.id, vocab);
-  for (auto [t, bias] : p.logit_bias) {
-    check(t >= 0 && t < vocab, "request {}: logit_bias token id {} is outside the vocabulary [0, {})", r.id, t,
+          "request {}: the JSON constraint needs a schema and a token table of at most {} entries", r.id,
           vocab);
+  for (auto [t, bias] : p.logit_bias) {
+    check(t >= 0 && t < vocab, "request {}: logit_bias token id {} is outside the vocabulary [0, {})", r.id,
+          t, vocab);
     check(std::isfinite(bias), "request {}: the logit_bias of token {} is not finite", r.id, t);
   }
 }
@@ -118,8 +123,9 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
           options_.benchmark_forced_acceptance);
   }
   SchedulerOptions so;
-  so.chunked_prefill_size = std::max(options_.chunked_prefill_size, 1);
-  so.max_prefill_tokens = std::max(options_.max_prefill_tokens, so.chunked_prefill_size);
+  so.max_num_batched_tokens = capacity_.max_num_batched_tokens;
+  so.min_prefill_tokens = std::max(so.max_num_batched_tokens / kMinPrefillShare, 1);
+  so.chunked_prefill_size = capacity_.chunked_prefill_size;
   so.max_running_requests = capacity_.live_slots;
   so.policy = options_.policy;
   scheduler_ = std::make_unique<Scheduler>(*cache_, so);
@@ -231,6 +237,7 @@ void EngineCore::step() {
   }
   ++counters_.steps;
   counters_.step_sequences += plan.size();
+  for (const auto& c : plan) counters_.step_tokens += uint64_t(c.tokens);
   ++counters_.steps_by_batch[size_t(step_batch_bucket(plan.size()))];
 
   const float* row = out.logits.data();
@@ -482,6 +489,7 @@ EngineStats EngineCore::stats() const {
   s.kv_bytes_per_token = cache_->kv().spec().bytes_per_token();
   s.kv_dtype = kv_cache_dtype_name(capacity_.kv_dtype);
   s.live_slots_total = cache_->slots().live_total();
+  s.max_num_batched_tokens = capacity_.max_num_batched_tokens;
   s.live_slots_used = cache_->slots().live_used();
   s.snapshot_slots_total = cache_->slots().snapshot_total();
   s.snapshot_slots_used = cache_->slots().snapshot_used();
