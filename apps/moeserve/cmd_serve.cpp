@@ -58,7 +58,7 @@ struct ServeOptions {
   std::string api_key;
   std::string allowed_origins;
   bool vllm_metrics = false;
-  int max_running_requests = 16;
+  int max_running_requests = 0;  // an upper bound on what the cache budget holds; 0 = kMaxRunningRequests
   int max_queued_requests = 256;
   int max_concurrency = 0;
   double queue_timeout_s = 60;
@@ -92,8 +92,8 @@ struct ServeOptions {
   // messages.
   double total_mem_fraction = 0;
   std::string total_mem_flag;
-  int chunked_prefill_size = 2048;
-  int max_prefill_tokens = 8192;
+  int chunked_prefill_size = 0;    // 0: the step budget
+  int max_num_batched_tokens = 0;  // tokens per step; 0: the engine's default for the device
   bool disable_prefix_cache = false;
   dist::GroupOptions group;  // --tp, --nnodes, --node-rank, --dist-init-addr (docs/tp.md)
   std::string schedule_policy = "fcfs";
@@ -122,6 +122,9 @@ struct ServeOptions {
 };
 
 constexpr const char* kDemo = "demo";
+// Without --max-running-requests, the cache budget decides how many sequences run, up to this many: the
+// largest decode batch measured (docs/cuda.md); vLLM's default max_num_seqs is 256 too.
+constexpr int kMaxRunningRequests = 256;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -335,11 +338,13 @@ int64_t cache_budget_of_total_share(const ServeOptions& o, Backend& backend, ser
 EngineOptions engine_options_of(const ServeOptions& o) {
   EngineOptions engine_options;
   engine_options.page_size = o.page_size;
-  engine_options.max_running_requests = o.max_running_requests;
+  engine_options.max_running_requests =
+      o.max_running_requests > 0 ? o.max_running_requests : kMaxRunningRequests;
+  engine_options.running_from_memory = true;
   engine_options.mem_fraction = o.mem_fraction;
   engine_options.cache_memory_bytes = static_cast<int64_t>(o.cache_memory_gb * (1 << 30));
   engine_options.chunked_prefill_size = o.chunked_prefill_size;
-  engine_options.max_prefill_tokens = o.max_prefill_tokens;
+  engine_options.max_num_batched_tokens = o.max_num_batched_tokens;
   engine_options.max_model_len = o.max_model_len;
   engine_options.enable_prefix_cache = !o.disable_prefix_cache;
   engine_options.policy = o.schedule_policy == "lpm" ? SchedulePolicy::Lpm : SchedulePolicy::Fcfs;
@@ -514,6 +519,7 @@ server::ServiceOptions service_options_of(const ServeOptions& o, const std::opti
 server::AdmissionOptions admission_options_of(const ServeOptions& o,
                                               const server::ServiceOptions& service_options) {
   server::AdmissionOptions admission_options;
+  // Until the engine has sized its running set (serve() then sets it): no request runs before that anyway.
   admission_options.max_running = o.max_concurrency > 0 ? o.max_concurrency : o.max_running_requests;
   admission_options.max_queued = o.max_queued_requests;
   admission_options.queue_timeout = service_options.queue_timeout;
@@ -701,6 +707,7 @@ int serve(const ServeOptions& o) {
     p.finish(engine->capacity().summary());
   }
   const EngineCapacity& cap = engine->capacity();
+  if (o.max_concurrency == 0) admission.set_max_running(cap.live_slots);
 
   Engine* engine_ptr = engine.get();
   metrics.set_sources([engine_ptr] { return std::optional<EngineStats>(engine_ptr->stats()); }, &admission);
@@ -708,10 +715,10 @@ int serve(const ServeOptions& o) {
   check_memory_after_load(o, *memory);
   spdlog::info(
       "settings: model={} served as {}, device={}, tp={}, max_model_len={}, max_running_requests={}, "
-      "chunked_prefill_size={}, max_prefill_tokens={}, prefix_cache={}, reasoning_parser={}, "
+      "max_num_batched_tokens={}, chunked_prefill_size={}, prefix_cache={}, reasoning_parser={}, "
       "tool_call_parser={}, priority={}",
       demo ? "demo" : o.model, service_options.served_model_name, o.device, group->size(), cap.max_model_len,
-      o.max_running_requests, o.chunked_prefill_size, std::max(o.max_prefill_tokens, o.chunked_prefill_size),
+      cap.live_slots, cap.max_num_batched_tokens, cap.chunked_prefill_size,
       engine_options.enable_prefix_cache ? "on" : "off",
       o.reasoning_parser.empty() ? "off" : o.reasoning_parser,
       o.tool_call_parser.empty() ? "off" : o.tool_call_parser,
@@ -903,21 +910,25 @@ void resolve_peer_flags(ServeOptions& o, const CLI::App& cmd, const std::string&
     }
   }
 
+  check(!given("--max-running-requests") || o.max_running_requests > 0,
+        "max running requests must be positive, got {}", o.max_running_requests);
   if (given("--chunked-prefill-size")) {
     check(o.chunked_prefill_size > 0 || o.chunked_prefill_size == -1,
           "--chunked-prefill-size {}: expected a positive token count, or -1 (off)", o.chunked_prefill_size);
     // SGLang's -1: every prompt is prefilled whole, in one step.
     if (o.chunked_prefill_size == -1) o.chunked_prefill_size = 1 << 30;
+    // SGLang's chunk is its prefill step: it bounds the step too, unless --max-prefill-tokens does.
+    if (!given("--max-prefill-tokens")) o.max_num_batched_tokens = o.chunked_prefill_size;
   }
   if (given("--max-num-batched-tokens")) {
     check(!given("--chunked-prefill-size") && !given("--max-prefill-tokens"),
           "--max-num-batched-tokens and {} both set the prefill step: give one",
           given("--chunked-prefill-size") ? "--chunked-prefill-size" : "--max-prefill-tokens");
-    check(o.chunked_prefill_size > 0, "--max-num-batched-tokens {}: expected a positive token count",
-          o.chunked_prefill_size);
-    // vLLM's one knob bounds both a request's chunk and the whole step.
-    o.max_prefill_tokens = o.chunked_prefill_size;
   }
+  for (const char* flag : {"--max-num-batched-tokens", "--max-prefill-tokens"})
+    if (given(flag))
+      check(o.max_num_batched_tokens > 0, "{} {}: expected a positive token count", flag,
+            o.max_num_batched_tokens);
 
   // vLLM's priority: smaller first (ours). SGLang's: larger first unless
   // --schedule-low-priority-values-first.
@@ -1012,10 +1023,11 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
       "--vllm-metrics", o->vllm_metrics,
       "also export /metrics under vLLM's names (vllm:num_requests_running, ...) for vLLM dashboards");
   cmd.add_option("--max-running-requests,--max-num-seqs", o->max_running_requests,
-                 "sequences the engine runs at once (GDN state slots)")
-      ->capture_default_str();
-  cmd.add_option("--max-concurrency", o->max_concurrency,
-                 "generations admitted at once; more wait in the queue (default: --max-running-requests)");
+                 "the most sequences the engine runs at once (GDN state slots); fewer when the cache budget "
+                 "holds fewer at 8K tokens each (default: what it holds, up to 256)");
+  cmd.add_option(
+      "--max-concurrency", o->max_concurrency,
+      "generations admitted at once; more wait in the queue (default: the engine's running requests)");
   cmd.add_option("--max-queued-requests", o->max_queued_requests,
                  "requests that may wait for admission; more get 429")
       ->capture_default_str();
@@ -1083,12 +1095,12 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
   cmd.add_option("--cache-memory-gb", o->cache_memory_gb,
                  "memory for the KV cache and state slots (wins over --mem-fraction)");
   cmd.add_option("--chunked-prefill-size", o->chunked_prefill_size,
-                 "prompt tokens per request per step (-1: whole prompts)")
-      ->capture_default_str();
-  cmd.add_option("--max-num-batched-tokens", o->chunked_prefill_size,
-                 "vLLM's: sets --chunked-prefill-size and --max-prefill-tokens to the same count");
-  cmd.add_option("--max-prefill-tokens", o->max_prefill_tokens, "prompt tokens per step")
-      ->capture_default_str();
+                 "prompt tokens per request per step, and tokens per step unless --max-prefill-tokens is "
+                 "given (-1: whole prompts; default: the step's)");
+  cmd.add_option("--max-num-batched-tokens", o->max_num_batched_tokens,
+                 "tokens per step: every decode, then prefill chunks in the rest (default 8192 on a GPU, "
+                 "2048 on the CPU)");
+  cmd.add_option("--max-prefill-tokens", o->max_num_batched_tokens, "SGLang's: --max-num-batched-tokens");
   cmd.add_flag("--disable-prefix-cache,--disable-radix-cache,--no-enable-prefix-caching",
                o->disable_prefix_cache, "turn the radix prefix cache off");
   cmd.add_option("--tp,--tp-size,--tensor-parallel-size", o->group.tp,

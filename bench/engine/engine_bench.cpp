@@ -26,7 +26,7 @@ EngineOptions options(bool prefix_cache = true) {
   o.cache_memory_bytes = 256 << 20;
   o.max_running_requests = 32;
   o.chunked_prefill_size = 512;
-  o.max_prefill_tokens = 2048;
+  o.max_num_batched_tokens = 2048;
   o.max_model_len = 4096;
   o.enable_prefix_cache = prefix_cache;
   return o;

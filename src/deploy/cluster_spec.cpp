@@ -269,7 +269,7 @@ ClusterSpec ClusterSpec::parse(const json& root, const std::string& source, cons
     m.max_model_len = s.integer("max_model_len", 32768, 1, int64_t(1) << 30);
     m.max_running_requests = int(s.integer("max_running_requests", 16, 1, 1 << 20));
     m.mem_fraction = s.number("mem_fraction", 0.85, 0.05, 1.0);
-    m.prefill_chunk = int(s.integer("prefill_chunk", 8192, 16, 1 << 20));
+    m.prefill_chunk = int(s.integer("prefill_chunk", 0, 16, 1 << 20));
     m.port = int(s.integer("port", 30000, 1, 65535));
     m.dist_port = int(s.integer("dist_port", 29500, 1, 65535));
     m.experimental = s.boolean("experimental", false);

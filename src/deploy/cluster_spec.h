@@ -38,7 +38,7 @@ struct ModelSpec {
   int64_t max_model_len = 32768;
   int max_running_requests = 16;
   double mem_fraction = 0.85;
-  int prefill_chunk = 8192;
+  int prefill_chunk = 0;  // tokens per step (serve --max-num-batched-tokens); 0 = the GPU kind's step_tokens
   std::vector<std::vector<std::string>> replicas;  // each replica: its nodes, rank order
   int tp = 1;                                      // GPUs per replica (derived from the nodes when not given)
   int port = 30000;

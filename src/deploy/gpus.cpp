@@ -15,7 +15,8 @@ const std::vector<GpuKind>& gpu_kinds() {
   static const std::vector<GpuKind> kinds = {
       {"gb10", "GB10", 121, "aarch64", 128'000'000'000, true, true, true,
        "DGX Spark: unified LPDDR5x shared with the OS; x86 images die with 'Illegal instruction'; NVFP4 "
-       "kernels built for sm_100 fail with CUDA error 700 (use FP8 or kernels built for sm_121)"},
+       "kernels built for sm_100 fail with CUDA error 700 (use FP8 or kernels built for sm_121)",
+       2048},
       {"h200", "H200", 90, "x86_64", 141'000'000'000, false, true, false, ""},
       {"h100", "H100", 90, "x86_64", 80'000'000'000, false, true, false, ""},
       {"gh200", "GH200", 90, "aarch64", 96'000'000'000, false, true, false, "Grace Hopper: aarch64 host"},
@@ -24,7 +25,8 @@ const std::vector<GpuKind>& gpu_kinds() {
       {"rtx-pro-6000", "RTX PRO 6000", 120, "x86_64", 96'000'000'000, false, true, true, ""},
       {"l40s", "L40S", 89, "x86_64", 48'000'000'000, false, true, false, ""},
       {"a100", "A100", 80, "x86_64", 80'000'000'000, false, false, false, "no FP8 tensor cores: serve BF16"},
-      {"cpu", "", 0, "", 0, false, false, false, "CPU backend: correct but slow; memory is the node's RAM"},
+      {"cpu", "", 0, "", 0, false, false, false, "CPU backend: correct but slow; memory is the node's RAM",
+       2048},
   };
   return kinds;
 }

@@ -19,6 +19,9 @@ struct GpuKind {
   bool fp8;                // FP8 (E4M3) tensor cores: sm_89 and newer
   bool nvfp4;              // FP4 tensor cores: Blackwell (sm_100, sm_120, sm_121)
   std::string note;        // caveats operators hit
+  // serve's tokens per step (--max-num-batched-tokens) on this kind: 8192 where a step of that size stays
+  // ~0.1-0.2 s, 2048 where it would stall every running request for ~1 s (docs/engine.md, "Scheduler").
+  int step_tokens = 8192;
 };
 
 // The table of known kinds; find_gpu matches the key or, case-insensitively, the product name.

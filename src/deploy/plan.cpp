@@ -213,7 +213,7 @@ Plan make_plan(const ClusterSpec& c) {
       q.concurrency = m.max_running_requests;
       q.memory = memory;
       q.mem_fraction = m.mem_fraction;
-      q.prefill_chunk = m.prefill_chunk;
+      q.prefill_chunk = step_tokens(m, *leader);
       FitResult fit = check_fit(q);
       if (!fit.fits) {
         std::string key = fmt::format(

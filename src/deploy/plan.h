@@ -56,6 +56,8 @@ nlohmann::json render_grafana_dashboard(const ClusterSpec& c);
 
 // Whether the node's gpu kind is a GPU ("cpu" is not): its server runs --device cuda.
 bool node_has_gpu(const NodeSpec& n);
+// The model's tokens per step on that node: prefill_chunk, or the node's GPU kind's step_tokens.
+int step_tokens(const ModelSpec& m, const NodeSpec& n);
 
 // Why a replica's launch files cannot start today, or "": `moeserve serve` refuses --tp > 1 with --device
 // cuda (NCCL is not wired into serve yet) and runs CPU ranks only under mpirun (docs/tp.md).

@@ -43,7 +43,7 @@ std::vector<std::string> serve_argv(const ClusterSpec& c, const Assignment& a) {
   // every request at a 0.85 cap: the threshold sits a margin above the static share instead.
   v.insert(v.end(), {"--memory-pressure-threshold", fmt::format("{:.2f}", pressure_threshold(m))});
   v.insert(v.end(), {"--kv-cache-dtype", m.precision.kv});
-  if (m.prefill_chunk != 8192) v.insert(v.end(), {"--chunked-prefill-size", std::to_string(m.prefill_chunk)});
+  v.insert(v.end(), {"--max-num-batched-tokens", std::to_string(step_tokens(m, *a.leader))});
   v.insert(v.end(), m.extra_args.begin(), m.extra_args.end());
   return v;
 }
@@ -117,6 +117,12 @@ std::string command_lines(const std::vector<std::string>& argv, const std::strin
 bool node_has_gpu(const NodeSpec& n) {
   const GpuKind* kind = find_gpu(n.gpu);
   return kind && kind->compute_capability > 0;
+}
+
+int step_tokens(const ModelSpec& m, const NodeSpec& n) {
+  if (m.prefill_chunk > 0) return m.prefill_chunk;
+  const GpuKind* kind = find_gpu(n.gpu);
+  return kind ? kind->step_tokens : 8192;
 }
 
 std::string tp_launch_limit(const ModelSpec& m, const NodeSpec& leader) {

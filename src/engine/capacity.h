@@ -10,8 +10,10 @@
 namespace moeserve {
 
 // Sizes the caches for a model whose caches look like kv (num_pages ignored) and state (num_slots ignored).
-// State slots come first: max_running_requests live slots, then the snapshot slots (fewer if the budget is
-// short, down to none); the rest of the budget becomes KV pages. Throws moeserve::Error when one
+// State slots come first: max_running_requests live slots (with running_from_memory, as many as the budget
+// holds at running_context tokens each, at most that), then the snapshot slots (fewer if the budget is
+// short, down to none); the rest of the budget becomes KV pages. Also resolves the scheduler's step budget
+// (by where kv.memory says the caches live). Throws moeserve::Error when one
 // max_model_len request cannot fit; when max_model_len was left to the model it shrinks to what fits instead.
 // available_memory is what "fraction of memory" refers to (MemAvailable on CPU).
 EngineCapacity size_caches(const KvCacheSpec& kv, const StateCacheSpec& state, const EngineOptions& options,

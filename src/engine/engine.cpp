@@ -42,10 +42,12 @@ int step_batch_bucket(size_t sequences) {
 std::string EngineCapacity::summary() const {
   return fmt::format(
       "KV cache {} pages x {} tokens = {} tokens ({:.1f} MiB, {}); GDN state {} live + {} snapshot slots "
-      "({:.1f} MiB{}); max model length {}",
+      "({:.1f} MiB{}); max model length {}; max running requests {}{}; {} tokens per step",
       kv_pages, page_size, kv_tokens, kv_bytes / 1048576.0, kv_cache_dtype_name(kv_dtype), live_slots,
-      snapshot_slots, state_bytes / 1048576.0, state_dtype == StateDtype::BF16 ? ", bf16" : "",
-      max_model_len);
+      snapshot_slots, state_bytes / 1048576.0, state_dtype == StateDtype::BF16 ? ", bf16" : "", max_model_len,
+      live_slots,
+      running_context > 0 ? fmt::format(" (sized from the budget at {} tokens each)", running_context) : "",
+      max_num_batched_tokens);
 }
 
 struct Engine::Impl {

@@ -159,15 +159,23 @@ struct EngineOptions {
   // max_running_requests full contexts, capped at a quarter of available memory.
   int64_t cache_memory_bytes = 0;
   double mem_fraction = 0.0;
-  int max_running_requests = 32;  // = live GDN state slots
+  // Running requests, one live GDN state slot each (= live slots). With running_from_memory this is an upper
+  // bound: as many run as the budget holds, each with its state slots and running_context tokens of KV
+  // (docs/engine.md, "Memory budget"); else exactly this many.
+  int max_running_requests = 32;
+  bool running_from_memory = false;
+  int64_t running_context = 0;  // KV tokens planned per running request; 0 = min(max_model_len, 8192)
   int snapshot_slots = -1;  // GDN state snapshots the prefix cache may hold; -1 = 2 x max_running_requests
   StateDtype state_dtype = StateDtype::F32;  // live and snapshot slots alike
   // KV cache elements: F32, BF16 or F8_E4M3; unset = auto (BF16 where the backend keeps the caches in its own
   // memory, a GPU; float32 in host memory, the CPU reference).
   std::optional<DType> kv_cache_dtype;
-  int chunked_prefill_size = 2048;  // prompt tokens of one request per step
-  int max_prefill_tokens = 8192;    // prompt tokens of all requests per step
-  int64_t max_model_len = 0;        // prompt + output limit; 0 = the model's max_position_embeddings
+  // Tokens per forward step (vLLM's max_num_batched_tokens): every decode first, then prefill chunks in what
+  // is left, at least an eighth of it (engine/scheduler.h). 0 = by where the caches live: 8192 in a GPU's
+  // memory, 2048 in host memory (docs/engine.md, "Scheduler"). Raised to chunked_prefill_size when below.
+  int max_num_batched_tokens = 0;
+  int chunked_prefill_size = 0;  // prompt tokens of one request per step; 0 = max_num_batched_tokens
+  int64_t max_model_len = 0;     // prompt + output limit; 0 = the model's max_position_embeddings
   SchedulePolicy policy = SchedulePolicy::Fcfs;
   bool enable_prefix_cache = true;
   int max_queued_requests = 0;                        // submit() throws when this many wait; 0 = unlimited
@@ -207,6 +215,12 @@ struct EngineCapacity {
   int64_t state_bytes = 0;  // live + snapshot slots
   StateDtype state_dtype = StateDtype::F32;
   int64_t max_model_len = 0;
+  // The running-request count's origin: 0 when max_running_requests was taken as given, else the KV tokens
+  // per request it was sized for from the budget (EngineOptions::running_from_memory).
+  int64_t running_context = 0;
+  // The scheduler's step limits as resolved (EngineOptions::max_num_batched_tokens, chunked_prefill_size).
+  int max_num_batched_tokens = 0;
+  int chunked_prefill_size = 0;
   std::string summary() const;  // one line for the log
 };
 
@@ -226,8 +240,9 @@ struct EngineStats {
   int64_t kv_tokens_total = 0;            // positions the KV cache holds (pages x page size)
   int64_t kv_bytes_per_token = 0;         // K and V of every attention layer, in the stored dtype
   std::string_view kv_dtype = "float32";  // what the pages store: "float32", "bfloat16" or "fp8_e4m3"
-  int live_slots_total = 0;
+  int live_slots_total = 0;               // = the most requests that run at once (EngineCapacity::live_slots)
   int live_slots_used = 0;
+  int max_num_batched_tokens = 0;  // the step budget (EngineCapacity::max_num_batched_tokens)
   int snapshot_slots_total = 0;
   int snapshot_slots_used = 0;
   uint64_t prefix_cache_queries = 0;  // prompt tokens looked up (vllm:prefix_cache_queries)
@@ -240,6 +255,7 @@ struct EngineStats {
   uint64_t preemptions = 0;
   uint64_t steps = 0;           // forward passes
   uint64_t step_sequences = 0;  // Σ over forward passes of their batch size (mean = this / steps)
+  uint64_t step_tokens = 0;     // Σ over forward passes of their tokens (decodes, drafts, prefill)
   std::array<uint64_t, kStepBatchBuckets>
       steps_by_batch{};                 // forward passes by batch size (step_batch_bucket)
   uint64_t sampled_from_full_rows = 0;  // tokens whose candidates did not decide them (logit_candidates)

@@ -19,6 +19,10 @@ namespace {
 
 constexpr int kMaxLogprobs = 20;  // OpenAI's limit for top_logprobs
 
+// A step full of decodes still carries this fraction of the token budget in prefill chunks (1/8: such a
+// step runs at most 12.5% over the budget, and waiting prompts keep moving).
+constexpr int kMinPrefillShare = 8;
+
 void validate_request(const GenerateRequest& r, int64_t vocab, int64_t max_model_len) {
   const SamplingParams& p = r.params;
   check(!r.id.empty(), "the request id is empty");
@@ -122,8 +126,9 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
           options_.benchmark_forced_acceptance);
   }
   SchedulerOptions so;
-  so.chunked_prefill_size = std::max(options_.chunked_prefill_size, 1);
-  so.max_prefill_tokens = std::max(options_.max_prefill_tokens, so.chunked_prefill_size);
+  so.max_num_batched_tokens = capacity_.max_num_batched_tokens;
+  so.min_prefill_tokens = std::max(so.max_num_batched_tokens / kMinPrefillShare, 1);
+  so.chunked_prefill_size = capacity_.chunked_prefill_size;
   so.max_running_requests = capacity_.live_slots;
   so.policy = options_.policy;
   scheduler_ = std::make_unique<Scheduler>(*cache_, so);
@@ -336,6 +341,7 @@ void EngineCore::step() {
   }
   ++counters_.steps;
   counters_.step_sequences += plan.size();
+  for (const auto& c : plan) counters_.step_tokens += uint64_t(c.tokens);
   ++counters_.steps_by_batch[size_t(step_batch_bucket(plan.size()))];
 
   const float* row = out.logits.data();
@@ -590,6 +596,7 @@ EngineStats EngineCore::stats() const {
   s.kv_bytes_per_token = cache_->kv().spec().bytes_per_token();
   s.kv_dtype = kv_cache_dtype_name(capacity_.kv_dtype);
   s.live_slots_total = cache_->slots().live_total();
+  s.max_num_batched_tokens = capacity_.max_num_batched_tokens;
   s.live_slots_used = cache_->slots().live_used();
   s.snapshot_slots_total = cache_->slots().snapshot_total();
   s.snapshot_slots_used = cache_->slots().snapshot_used();

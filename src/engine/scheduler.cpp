@@ -50,11 +50,17 @@ void Scheduler::remove(Request* r, bool keep) {
   }
 }
 
-void Scheduler::drop_from_plan(Request* r, int64_t& budget, std::vector<ScheduledChunk>& plan) {
-  auto it = std::find_if(plan.begin(), plan.end(), [&](const auto& c) { return c.request == r; });
-  if (it == plan.end()) return;
-  if (r->uncomputed() > 1) budget += it->tokens;
-  plan.erase(it);
+int64_t Scheduler::prefill_room(const Step& step) const {
+  const int64_t share =
+      std::max<int64_t>(options_.max_num_batched_tokens - step.decode_tokens, options_.min_prefill_tokens);
+  return share - step.prefill_tokens;
+}
+
+void Scheduler::drop_from_plan(Request* r, Step& step) {
+  auto it = std::find_if(step.plan.begin(), step.plan.end(), [&](const auto& c) { return c.request == r; });
+  if (it == step.plan.end()) return;
+  (r->uncomputed() > 1 ? step.prefill_tokens : step.decode_tokens) -= it->tokens;
+  step.plan.erase(it);
 }
 
 void Scheduler::preempt(Request* r) {
@@ -98,8 +104,7 @@ std::vector<Request*> Scheduler::admission_order() {
   return order;
 }
 
-bool Scheduler::wait_for_shared_prefill(Request* w, int64_t hit, int64_t& budget,
-                                        std::vector<ScheduledChunk>& plan) {
+bool Scheduler::wait_for_shared_prefill(Request* w, int64_t hit, Step& step) {
   for (Request* r : running_) {
     if (r->uncomputed() <= 1 || r->prompt_logprobs_pending) continue;  // not prefilling
     const auto mismatch =
@@ -109,9 +114,9 @@ bool Scheduler::wait_for_shared_prefill(Request* w, int64_t hit, int64_t& budget
     if (point - hit < kMinBranchCheckpoint || point <= r->computed) continue;
     // r stops at the point to file a snapshot there (keeping an earlier stop another waiter asked for).
     if (r->checkpoint_at <= r->computed || r->checkpoint_at > point) r->checkpoint_at = point;
-    for (auto& c : plan) {
+    for (auto& c : step.plan) {
       if (c.request == r && r->computed + c.tokens > r->checkpoint_at) {
-        budget += r->computed + c.tokens - r->checkpoint_at;
+        step.prefill_tokens -= r->computed + c.tokens - r->checkpoint_at;
         c.tokens = r->checkpoint_at - r->computed;
       }
     }
@@ -120,13 +125,13 @@ bool Scheduler::wait_for_shared_prefill(Request* w, int64_t hit, int64_t& budget
   return false;
 }
 
-Scheduler::Admission Scheduler::admit(Request* r, int64_t& budget, std::vector<ScheduledChunk>& plan) {
+Scheduler::Admission Scheduler::admit(Request* r, Step& step) {
   const int64_t len = int64_t(r->tokens.size());
   const int64_t max_hit = r->prompt_logprobs_pending ? 0 : len - 1;
   const auto peek = cache_.peek(r->tokens, max_hit);
-  if (max_hit > 0 && cache_.prefix_cache_enabled() && wait_for_shared_prefill(r, peek.length, budget, plan))
+  if (max_hit > 0 && cache_.prefix_cache_enabled() && wait_for_shared_prefill(r, peek.length, step))
     return Admission::Deferred;
-  int64_t n = std::min({len - peek.length, chunk_limit(r), budget});
+  int64_t n = std::min({len - peek.length, chunk_limit(r), prefill_room(step)});
   r->checkpoint_at = 0;
   const int64_t branch = std::min(peek.kv_length, len - 1);
   if (max_hit > 0 && branch - peek.length >= kMinBranchCheckpoint) {
@@ -134,8 +139,8 @@ Scheduler::Admission Scheduler::admit(Request* r, int64_t& budget, std::vector<S
     n = std::min(n, branch - peek.length);
   }
   // The caller's turn boundary (after a nearer branch point, which advance() moves on from).
-  if (max_hit > 0 && cache_.prefix_cache_enabled() && r->snapshot_hint - peek.length >= kMinBranchCheckpoint &&
-      r->checkpoint_at == 0) {
+  if (max_hit > 0 && cache_.prefix_cache_enabled() &&
+      r->snapshot_hint - peek.length >= kMinBranchCheckpoint && r->checkpoint_at == 0) {
     r->checkpoint_at = r->snapshot_hint;
     n = std::min(n, r->snapshot_hint - peek.length);
   }
@@ -150,63 +155,71 @@ Scheduler::Admission Scheduler::admit(Request* r, int64_t& budget, std::vector<S
   r->running = true;
   erase_value(waiting_, r);
   running_.push_back(r);
-  if (r->uncomputed() > 1) budget -= n;
-  plan.push_back({r, n});
+  (r->uncomputed() > 1 ? step.prefill_tokens : step.decode_tokens) += n;
+  step.plan.push_back({r, n});
   return Admission::Admitted;
 }
 
-std::vector<ScheduledChunk> Scheduler::schedule() {
-  std::vector<ScheduledChunk> plan;
-  for (;;) {
-    plan.clear();
-    int64_t budget = options_.max_prefill_tokens;
+bool Scheduler::reserve_or_preempt(Request* r, int64_t tokens, Step& step) {
+  bool reserved = cache_.reserve(r->cache, r->computed + tokens);
+  while (!reserved) {
+    Request* victim = pick_victim(r);
+    if (victim == nullptr) break;
+    drop_from_plan(victim, step);
+    preempt(victim);
+    reserved = cache_.reserve(r->cache, r->computed + tokens);
+  }
+  return reserved;
+}
 
+void Scheduler::plan_decode(Request* r, Step& step) {
+  // A decode step with drafts verifies them too (engine/speculative.h).
+  const int64_t n = r->spec.verify.empty() ? r->uncomputed() : int64_t(r->spec.verify.size());
+  if (!reserve_or_preempt(r, n, step)) {
+    preempt(r);  // everyone left has precedence: r gives way, its progress cached
+    return;
+  }
+  step.plan.push_back({r, n});
+  step.decode_tokens += n;
+}
+
+void Scheduler::plan_prefill(Request* r, Step& step) {
+  int64_t n = std::min({r->uncomputed(), chunk_limit(r), prefill_room(step)});
+  if (r->checkpoint_at > r->computed) n = std::min(n, r->checkpoint_at - r->computed);
+  if (n <= 0 || !reserve_or_preempt(r, n, step)) return;  // no room or no pages: it waits a step
+  step.plan.push_back({r, n});
+  step.prefill_tokens += n;
+}
+
+std::vector<ScheduledChunk> Scheduler::schedule() {
+  for (;;) {
+    Step step;
     std::vector<Request*> order = running_;
     std::stable_sort(order.begin(), order.end(), [&](Request* a, Request* b) { return before(a, b); });
-    for (Request* r : order) {
-      if (!r->running) continue;  // preempted by a request ahead of it
-      const bool prefill = r->uncomputed() > 1;
-      // A decode step with drafts verifies them too (engine/speculative.h).
-      int64_t n = prefill || r->spec.verify.empty() ? r->uncomputed() : int64_t(r->spec.verify.size());
-      if (prefill) {
-        n = std::min({n, chunk_limit(r), budget});
-        if (r->checkpoint_at > r->computed) n = std::min(n, r->checkpoint_at - r->computed);
-        if (n <= 0) continue;
-      }
-      bool reserved = cache_.reserve(r->cache, r->computed + n);
-      while (!reserved) {
-        Request* victim = pick_victim(r);
-        if (victim == nullptr) break;
-        drop_from_plan(victim, budget, plan);
-        preempt(victim);
-        reserved = cache_.reserve(r->cache, r->computed + n);
-      }
-      if (!reserved) {
-        // Everyone left has precedence: a decode gives way (its progress is cached), a prefill waits a step.
-        if (!prefill) preempt(r);
-        continue;
-      }
-      plan.push_back({r, n});
-      if (prefill) budget -= n;
-    }
+    // Decodes first, then prefill chunks in what the budget has left; each pass in precedence order. A
+    // request skipped here is one preempted by a request ahead of it.
+    for (Request* r : order)
+      if (r->running && r->uncomputed() <= 1) plan_decode(r, step);
+    for (Request* r : order)
+      if (r->running && r->uncomputed() > 1) plan_prefill(r, step);
 
     for (Request* r : admission_order()) {
-      if (budget <= 0) break;
+      if (prefill_room(step) <= 0) break;
       Admission admission = Admission::NoRoom;
       for (;;) {
         if (int(running_.size()) < options_.max_running_requests) {
-          admission = admit(r, budget, plan);
+          admission = admit(r, step);
           if (admission != Admission::NoRoom) break;
         }
         // No slot or no pages: a running request of strictly lower priority gives way.
         Request* victim = pick_victim(nullptr);
         if (victim == nullptr || victim->priority <= r->priority) break;
-        drop_from_plan(victim, budget, plan);
+        drop_from_plan(victim, step);
         preempt(victim);
       }
       if (admission == Admission::NoRoom) break;  // keep the queue order; retry next step
     }
-    if (!plan.empty() || running_.empty()) return plan;
+    if (!step.plan.empty() || running_.empty()) return std::move(step.plan);
     // Every running request waits for pages the others hold: give the least important one's back and retry.
     // Each round either plans something or shrinks running_, so this ends.
     preempt(pick_victim(nullptr));

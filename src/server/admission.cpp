@@ -78,6 +78,16 @@ std::vector<std::shared_ptr<Admission::Ticket>> Admission::admit_waiting_locked(
   return admitted;
 }
 
+void Admission::set_max_running(int max_running) {
+  std::vector<std::shared_ptr<Ticket>> admitted;
+  {
+    std::lock_guard lock(mutex_);
+    options_.max_running = max_running;
+    admitted = admit_waiting_locked();
+  }
+  for (auto& t : admitted) t->on_admitted_();
+}
+
 Admission::Ticket::State Admission::Ticket::state() const {
   std::lock_guard lock(owner_.mutex_);
   return state_;

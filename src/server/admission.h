@@ -64,6 +64,8 @@ class Admission {
   // Throws ApiError 429 (queue full), 503 (memory pressure or draining), 400 (weight above max_running).
   std::shared_ptr<Ticket> enter(int weight, std::function<void()> on_admitted);
 
+  // The sequence cap, once the engine has sized its running set (serve starts listening before that).
+  void set_max_running(int max_running);
   void set_draining(bool draining);
   bool draining() const;
   const AdmissionOptions& options() const { return options_; }

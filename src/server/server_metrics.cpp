@@ -71,6 +71,13 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
   registry_.gauge("moeserve:state_snapshots_used", "GDN state snapshots held by the prefix cache.");
   registry_.gauge("moeserve:state_snapshots_capacity", "GDN state snapshot slots.");
   registry_.counter("moeserve:engine_steps_total", "Engine forward passes.");
+  registry_.counter("moeserve:engine_step_tokens_total",
+                    "Tokens of every engine forward pass (decodes, drafts, prefill chunks).");
+  registry_.gauge("moeserve:max_running_requests",
+                  "Sequences the engine runs at once at most: what the cache budget holds, capped by "
+                  "--max-running-requests.");
+  registry_.gauge("moeserve:max_num_batched_tokens",
+                  "Tokens per engine step: every decode, then prefill chunks in the rest.");
   registry_.counter("moeserve:num_preemptions_total", "Requests preempted for lack of cache space.");
   registry_.counter("moeserve:sampled_from_full_rows_total",
                     "Tokens the GPU's top logit candidates could not decide (the full row was fetched).");
@@ -132,6 +139,7 @@ void ServerMetrics::collect() {
     advance("moeserve:prefix_cache_queries_total", engine->prefix_cache_queries, seen_queries_);
     advance("moeserve:prefix_cache_hits_total", engine->prefix_cache_hits, seen_hits_);
     advance("moeserve:engine_steps_total", engine->steps, seen_steps_);
+    advance("moeserve:engine_step_tokens_total", engine->step_tokens, seen_step_tokens_);
     advance("moeserve:num_preemptions_total", engine->preemptions, seen_preemptions_);
     advance("moeserve:sampled_from_full_rows_total", engine->sampled_from_full_rows, seen_full_rows_);
     advance("moeserve:image_encoded_total", engine->images_encoded, seen_images_encoded_);
@@ -171,6 +179,8 @@ void ServerMetrics::collect() {
         .set(1);
     reg.gauge("moeserve:state_slots_used", "").set(engine->live_slots_used);
     reg.gauge("moeserve:state_slots_capacity", "").set(engine->live_slots_total);
+    reg.gauge("moeserve:max_running_requests", "").set(engine->live_slots_total);
+    reg.gauge("moeserve:max_num_batched_tokens", "").set(engine->max_num_batched_tokens);
     reg.gauge("moeserve:state_snapshots_used", "").set(engine->snapshot_slots_used);
     reg.gauge("moeserve:state_snapshots_capacity", "").set(engine->snapshot_slots_total);
   }

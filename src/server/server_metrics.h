@@ -54,6 +54,7 @@ class ServerMetrics {
   Admission* admission_ = nullptr;
   // Last engine counter values seen, to advance our counters by the difference.
   uint64_t seen_queries_ = 0, seen_hits_ = 0, seen_steps_ = 0, seen_preemptions_ = 0, seen_full_rows_ = 0;
+  uint64_t seen_step_tokens_ = 0;
   uint64_t seen_step_sequences_ = 0;
   uint64_t seen_images_encoded_ = 0, seen_image_patches_ = 0;
   uint64_t seen_spec_drafts_ = 0, seen_spec_draft_tokens_ = 0, seen_spec_accepted_ = 0;

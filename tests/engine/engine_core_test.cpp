@@ -30,7 +30,7 @@ struct Harness {
     o.cache_memory_bytes = 1 << 20;
     o.max_running_requests = 16;
     o.chunked_prefill_size = 32;
-    o.max_prefill_tokens = 64;
+    o.max_num_batched_tokens = 64;
     return o;
   }
 
@@ -134,7 +134,7 @@ TEST(EngineCore, TenTurnConversationHitsEveryEarlierTurn) {
 
 TEST(EngineCore, RepeatedPromptHitsFromTheThirdTime) {
   EngineOptions o = Harness::defaults();
-  o.chunked_prefill_size = o.max_prefill_tokens = 256;  // one chunk: no snapshot inside the prompt
+  o.chunked_prefill_size = o.max_num_batched_tokens = 256;  // one chunk: no snapshot inside the prompt
   Harness h(o);
   std::mt19937 rng(4);
   auto prompt = random_tokens(rng, 80);
@@ -150,7 +150,7 @@ TEST(EngineCore, RepeatedPromptHitsFromTheThirdTime) {
 // answer): the snapshot the caller asks for at that boundary is what the next turn and a repeat hit.
 TEST(EngineCore, TurnBoundaryHintServesTheNextTurnAndARepeat) {
   EngineOptions o = Harness::defaults();
-  o.chunked_prefill_size = o.max_prefill_tokens = 256;  // one chunk: no chunk-boundary snapshots
+  o.chunked_prefill_size = o.max_num_batched_tokens = 256;  // one chunk: no chunk-boundary snapshots
   Harness h(o);
   std::mt19937 rng(8);
   const std::vector<int32_t> generation_prompt = {5, 6, 7};
@@ -184,7 +184,7 @@ TEST(EngineCore, SharedSystemPromptGetsASnapshotAtTheBranchPoint) {
 
 TEST(EngineCore, SimultaneousRequestsComputeTheirSharedPromptOnce) {
   EngineOptions o = Harness::defaults();
-  o.chunked_prefill_size = o.max_prefill_tokens = 256;
+  o.chunked_prefill_size = o.max_num_batched_tokens = 256;
   Harness h(o);
   std::mt19937 rng(9);
   auto prompt = random_tokens(rng, 80);
@@ -440,6 +440,211 @@ TEST(EngineCore, RejectsInvalidRequestsWithAMessage) {
             "request a: prompt position 1: " + outside_vocabulary(99, 32));  // the harness's vocabulary
 }
 
+// How many tokens arrived on a stream since the last call, appended to `into`; *finished set when the final
+// event came.
+int take_tokens(OutputStream& stream, std::vector<int32_t>& into, bool* finished = nullptr) {
+  int n = 0;
+  while (auto out = stream.try_next()) {
+    n += int(out->tokens.size());
+    into.insert(into.end(), out->tokens.begin(), out->tokens.end());
+    if (finished && out->finished) *finished = true;
+  }
+  return n;
+}
+
+int64_t total(const std::vector<int64_t>& step) {
+  int64_t sum = 0;
+  for (int64_t n : step) sum += n;
+  return sum;
+}
+
+// The step budget: every decoding request decodes in every step while a long prompt prefills in the rest of
+// the budget, so the prompt's chunks are budget - decodes tokens and its first token comes when they add up.
+TEST(EngineCore, DecodesRunEveryStepAndPrefillFillsTheRestOfTheBudget) {
+  EngineOptions o = Harness::defaults();
+  o.max_num_batched_tokens = 16;
+  o.chunked_prefill_size = 0;  // the step budget
+  Harness h(o);
+  std::mt19937 rng(21);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<OutputStream>> decoders;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(random_tokens(rng, 4));
+    decoders.push_back(h.submit("d" + std::to_string(i), prompts.back(), greedy(60)));
+  }
+  std::vector<std::vector<int32_t>> got(decoders.size());
+  auto all_decoding = [&] {
+    return std::all_of(got.begin(), got.end(), [](const auto& t) { return !t.empty(); });
+  };
+  for (int step = 0; step < 10 && !all_decoding(); ++step) {
+    h.step();
+    for (size_t i = 0; i < decoders.size(); ++i) take_tokens(*decoders[i], got[i]);
+  }
+  ASSERT_TRUE(all_decoding()) << "8 short prompts did not all start decoding";
+
+  const auto long_prompt = random_tokens(rng, 100);
+  auto long_stream = h.submit("long", long_prompt, greedy(3));
+  std::vector<int32_t> long_tokens;
+  int steps = 0;
+  for (bool first = false; !first;) {
+    ASSERT_LT(steps, 100);
+    h.step();
+    ++steps;
+    for (size_t i = 0; i < decoders.size(); ++i)
+      EXPECT_EQ(take_tokens(*decoders[i], got[i]), 1) << "decoder " << i << " skipped step " << steps;
+    first = take_tokens(*long_stream, long_tokens) > 0;
+    const auto& batch = h.model->steps_log.back();
+    ASSERT_EQ(batch.size(), 9u);
+    if (!first) EXPECT_EQ(total(batch), 16) << "step " << steps;  // the budget, filled
+    EXPECT_LE(total(batch), 16) << "step " << steps;
+  }
+  EXPECT_EQ(steps, (100 + 7) / 8);  // chunks of 16 - 8 decodes
+  h.run_until_idle();
+  for (size_t i = 0; i < decoders.size(); ++i) {
+    take_tokens(*decoders[i], got[i]);
+    EXPECT_EQ(got[i], h.model->expected_greedy(prompts[i], 60)) << i;
+  }
+  take_tokens(*long_stream, long_tokens);
+  EXPECT_EQ(long_tokens, h.model->expected_greedy(long_prompt, 3));
+  EXPECT_EQ(h.core->stats().preemptions, 0u);
+}
+
+// When decodes alone fill the budget, a waiting prompt still gets an eighth of it per step: the step runs
+// over the budget by that much, and no decode is dropped for it.
+TEST(EngineCore, PromptsKeepAShareOfAStepFullOfDecodes) {
+  EngineOptions o = Harness::defaults();
+  o.max_num_batched_tokens = 16;  // a prefill share of 2
+  o.chunked_prefill_size = 0;
+  o.max_running_requests = 20;
+  Harness h(o);
+  std::mt19937 rng(22);
+  std::vector<std::shared_ptr<OutputStream>> decoders;
+  for (int i = 0; i < 16; ++i)
+    decoders.push_back(h.submit("d" + std::to_string(i), random_tokens(rng, 3), greedy(40)));
+  std::vector<std::vector<int32_t>> got(decoders.size());
+  auto all_decoding = [&] {
+    return std::all_of(got.begin(), got.end(), [](const auto& t) { return !t.empty(); });
+  };
+  for (int step = 0; step < 10 && !all_decoding(); ++step) {
+    h.step();
+    for (size_t i = 0; i < decoders.size(); ++i) take_tokens(*decoders[i], got[i]);
+  }
+  ASSERT_TRUE(all_decoding());
+
+  const auto prompt = random_tokens(rng, 20);
+  auto waiting = h.submit("prompt", prompt, greedy(4));
+  std::vector<int32_t> tokens;
+  int steps = 0;
+  for (bool first = false; !first;) {
+    ASSERT_LT(steps, 100);
+    h.step();
+    ++steps;
+    for (size_t i = 0; i < decoders.size(); ++i)
+      EXPECT_EQ(take_tokens(*decoders[i], got[i]), 1) << "decoder " << i << " skipped step " << steps;
+    first = take_tokens(*waiting, tokens) > 0;
+    EXPECT_EQ(total(h.model->steps_log.back()), 16 + 2) << "step " << steps;
+  }
+  EXPECT_EQ(steps, 20 / 2);
+  h.run_until_idle();
+  take_tokens(*waiting, tokens);
+  EXPECT_EQ(tokens, h.model->expected_greedy(prompt, 4));
+}
+
+// Random arrivals: every step holds every decoding request once, no prefill chunk above the request chunk,
+// and no more tokens than the budget (or the decodes plus the prefill share); the tokens are the reference.
+TEST(EngineCore, StepsKeepTheBudgetTheChunkSizeAndEveryDecode) {
+  EngineOptions o = Harness::defaults();
+  o.max_num_batched_tokens = 24;  // a prefill share of 3
+  o.chunked_prefill_size = 10;
+  o.max_running_requests = 12;
+  Harness h(o);
+  std::mt19937 rng(23);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  struct Live {
+    std::vector<int32_t> prompt;
+    int max_tokens = 0;
+    std::shared_ptr<OutputStream> stream;
+    std::vector<int32_t> tokens;
+  };
+  std::map<std::string, Live> live;
+  int full_steps = 0, checked = 0;
+  for (int step = 0; step < 400; ++step) {
+    if (step < 300 && uniform(0, 2) == 0) {
+      std::string id = "r" + std::to_string(step);
+      Live l{random_tokens(rng, uniform(1, 60)), uniform(1, 25), nullptr, {}};
+      l.stream = h.submit(id, l.prompt, greedy(l.max_tokens));
+      live[id] = std::move(l);
+    }
+    int decoding = 0;
+    for (auto& [id, l] : live) decoding += !l.tokens.empty();
+    const size_t passes = h.model->steps_log.size();
+    h.step();
+    if (h.model->steps_log.size() == passes) continue;  // idle
+    const auto& batch = h.model->steps_log.back();
+    for (int64_t n : batch) EXPECT_LE(n, 10);
+    EXPECT_LE(total(batch), std::max<int64_t>(24, decoding + 3)) << "step " << step;
+    full_steps += total(batch) == 24;
+    for (auto it = live.begin(); it != live.end();) {
+      Live& l = it->second;
+      bool finished = false;
+      const bool was_decoding = !l.tokens.empty();
+      const int n = take_tokens(*l.stream, l.tokens, &finished);
+      if (was_decoding) EXPECT_EQ(n, 1) << it->first << " at step " << step;
+      if (!finished) {
+        ++it;
+        continue;
+      }
+      EXPECT_EQ(l.tokens, h.model->expected_greedy(l.prompt, l.max_tokens)) << it->first;
+      ++checked;
+      it = live.erase(it);
+    }
+  }
+  h.run_until_idle();
+  EXPECT_GT(checked, 60);
+  EXPECT_GT(full_steps, 20);  // the budget did bind
+  EXPECT_EQ(h.core->stats().preemptions, 0u);
+}
+
+// Sized from the budget: as many running requests as it holds with their state slots (live and the two
+// snapshots each) and running_context tokens of KV, after one max_model_len request's pages; requests of
+// that length then run that many at a time and none is preempted.
+TEST(EngineCore, RunningRequestsSizedFromTheBudgetRunWithoutPreemption) {
+  const FakeModel model;
+  const int64_t slot = model.state_cache_spec(0).bytes_per_slot();
+  const int64_t page = model.kv_cache_spec(4, 0).bytes_per_page();
+  const int64_t per_request = 3 * slot + 8 * page;  // 32 tokens in pages of 4
+  EngineOptions o = Harness::defaults();
+  o.running_from_memory = true;
+  o.running_context = 32;
+  o.max_model_len = 64;
+  o.max_running_requests = 64;
+  o.cache_memory_bytes = (64 / 4 + 1 - 8) * page + 5 * per_request + per_request / 2;
+  {
+    EngineOptions capped = o;
+    capped.max_running_requests = 3;
+    EXPECT_EQ(Harness(capped).core->capacity().live_slots, 3);
+  }
+  Harness h(o);
+  EXPECT_EQ(h.core->capacity().live_slots, 5);
+  EXPECT_EQ(h.core->capacity().running_context, 32);
+  std::mt19937 rng(24);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (int i = 0; i < 12; ++i) {
+    prompts.push_back(random_tokens(rng, 20));
+    streams.push_back(h.submit("r" + std::to_string(i), prompts.back(), greedy(12)));
+  }
+  int most = 0;
+  for (int i = 0; i < 1000 && !h.core->idle(); ++i) {
+    h.step();
+    most = std::max(most, h.core->stats().running);
+  }
+  EXPECT_EQ(most, 5);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(streams[i]->collect().tokens, h.model->expected_greedy(prompts[i], 12)) << i;
+  EXPECT_EQ(h.core->stats().preemptions, 0u);
+}
+
 // Requests arrive over time with random lengths, sampling settings and cancellations, on a cache small
 // enough to evict and preempt; every invariant is checked after every step, and every greedy request that
 // finishes must match the reference.
@@ -450,7 +655,7 @@ TEST(EngineCore, RandomSoakKeepsEveryInvariant) {
   o.snapshot_slots = 5;
   o.max_model_len = 160;
   o.chunked_prefill_size = 16;
-  o.max_prefill_tokens = 40;
+  o.max_num_batched_tokens = 40;
   for (SchedulePolicy policy : {SchedulePolicy::Fcfs, SchedulePolicy::Lpm}) {
     o.policy = policy;
     Harness h(o);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <random>
 
 #include "common/error.h"
@@ -47,7 +48,7 @@ EngineOptions options(int page_size = 16, bool prefix_cache = true, int max_runn
   o.cache_memory_bytes = 16 << 20;
   o.max_running_requests = max_running;
   o.chunked_prefill_size = 32;
-  o.max_prefill_tokens = 96;
+  o.max_num_batched_tokens = 96;
   o.max_model_len = 512;
   o.enable_prefix_cache = prefix_cache;
   return o;
@@ -467,6 +468,48 @@ TEST(EngineCapacity, Bf16KvHoldsTwiceTheFloat32TokensAtThe35bShape) {
         static_cast<long long>(sized(dtype, 16).kv_tokens), most);
     EXPECT_GT(most, 0);
   }
+}
+
+// Running requests sized from a 64 GiB budget at the 35B-A3B shape (serve's rule): each gets its live slot,
+// its snapshot slots and 8192 tokens of KV after one 262,144-token request's pages, and one more would not
+// fit; a narrower KV or state buys more of them.
+TEST(EngineCapacity, RunningRequestsSizedFromTheBudgetAtThe35bShape) {
+  KvCacheSpec kv;
+  kv.num_layers = 10, kv.num_kv_heads = 2, kv.head_dim = 256;
+  const int64_t budget = int64_t(64) << 30, context = 8192, model_len = 262144;
+  auto sized = [&](DType kv_dtype, DType state_dtype, bool from_memory, int running) {
+    kv.dtype = kv_dtype;
+    StateCacheSpec state{30, 8192, 4, 32, 128, 128, 0};
+    state.dtype = state_dtype;
+    EngineOptions o;
+    o.cache_memory_bytes = budget;
+    o.max_running_requests = running;
+    o.running_from_memory = from_memory;
+    return size_caches(kv, state, o, model_len, 0);
+  };
+  std::map<std::pair<DType, DType>, int> running;
+  for (DType state_dtype : {DType::F32, DType::BF16}) {
+    for (DType kv_dtype : kKvDtypes) {
+      const EngineCapacity cap = sized(kv_dtype, state_dtype, true, 100000);
+      const int n = cap.live_slots;
+      EXPECT_EQ(cap.running_context, context);
+      EXPECT_GT(cap.snapshot_slots, 0);  // two per request, or half of what the live slots leave
+      EXPECT_LE(cap.snapshot_slots, 2 * n);
+      // n requests of 8K tokens and one of the full length fit in the pages; n + 1 do not.
+      const int64_t pages = context / 16, extra = model_len / 16 + 1 - pages;
+      EXPECT_GE(cap.kv_pages, n * pages + extra);
+      EXPECT_LT(sized(kv_dtype, state_dtype, false, n + 1).kv_pages, (n + 1) * pages + extra);
+      EXPECT_EQ(sized(kv_dtype, state_dtype, true, 16).live_slots, 16);  // the cap
+      running[{kv_dtype, state_dtype}] = n;
+      std::printf("35B-A3B, 64 GiB, KV %s, state %s: %d running requests at 8K tokens each\n",
+                  std::string(kv_cache_dtype_name(kv_dtype)).c_str(),
+                  state_dtype == DType::F32 ? "f32" : "bf16", n);
+    }
+  }
+  auto at = [&](DType kv_dtype, DType state_dtype) { return running[{kv_dtype, state_dtype}]; };
+  EXPECT_GT(at(DType::BF16, DType::F32), at(DType::F32, DType::F32));
+  EXPECT_GT(at(DType::F8_E4M3, DType::F32), at(DType::BF16, DType::F32));
+  EXPECT_GT(at(DType::BF16, DType::BF16), at(DType::BF16, DType::F32));
 }
 
 // EngineOptions::state_dtype = BF16: a budget holds the same slots in half the bytes (the rest becomes KV

@@ -64,6 +64,8 @@ class FakeModel : public ModelRunner {
 
   ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
     ForwardOutput out;
+    auto& record = steps_log.emplace_back();
+    for (const auto& s : batch) record.push_back(int64_t(s.tokens.size()));
     const int ps = kv.spec().page_size;
     auto row = [&](std::span<const int32_t> pages, int64_t pos) {
       check(pos / ps < int64_t(pages.size()), "fake model: position {} beyond the page table", pos);
@@ -105,6 +107,7 @@ class FakeModel : public ModelRunner {
   }
 
   int64_t steps = 0;
+  std::vector<std::vector<int64_t>> steps_log;  // per forward pass: each sequence's token count, batch order
 
  private:
   int64_t vocab_;

@@ -38,7 +38,7 @@ EngineOptions options(int spec_steps, int page_size = 16, int max_running = 16) 
   o.cache_memory_bytes = 16 << 20;
   o.max_running_requests = max_running;
   o.chunked_prefill_size = 32;
-  o.max_prefill_tokens = 96;
+  o.max_num_batched_tokens = 96;
   o.max_model_len = 512;
   o.speculative_num_steps = spec_steps;
   o.speculative_adaptive = false;  // every decode step drafts: the rollback paths run as often as they can

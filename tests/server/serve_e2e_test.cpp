@@ -1,6 +1,7 @@
 // End to end: the real `moeserve serve` binary on a loopback port, with the tiny-moe fixture (no tokenizer:
 // token-id prompts, checked against the Hugging Face reference) and the demo model (the real Qwen3 tokenizer
 // and chat template), driven by raw HTTP and by the official OpenAI npm SDK.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -240,6 +241,40 @@ TEST(ServeTinyMoe, CacheFlagsReachTheEngineAndBadValuesAreRefused) {
     EXPECT_NE(bad.wait_exit(std::chrono::seconds(30)), 0);
     EXPECT_NE(bad.output().find(std::string(flag) + ": '" + value + "'"), std::string::npos) << bad.output();
   }
+}
+
+std::string banner_value(const std::string& banner, const std::string& key) {
+  size_t at = banner.find(" " + key + "=");
+  if (at == std::string::npos) return "";
+  at += key.size() + 2;
+  return banner.substr(at, banner.find(' ', at) - at);
+}
+
+// The running set comes from the cache budget (at the model's 4096 tokens each, here), up to
+// --max-running-requests: logged, exported, and what admission control lets in.
+TEST(ServeTinyMoe, RunningRequestsAreWhatTheCacheHoldsUpToTheFlag) {
+  const std::string model = "{model_name=\"tests/fixtures/models/tiny-moe\"}";
+  auto p = start({"--model", kTinyMoe, "--cache-memory-gb", "0.01"});
+  const int n = std::stoi(banner_value(p->banner(), "state_slots"));
+  EXPECT_GT(n, 1);
+  EXPECT_LT(n, 256);  // the budget decided, not the cap
+  EXPECT_NE(p->output().find(fmt::format("max_running_requests={},", n)), std::string::npos) << p->output();
+  EXPECT_NE(p->output().find("sized from the budget at 4096 tokens each"), std::string::npos) << p->output();
+  EXPECT_EQ(metric(p->port(), "moeserve:max_running_requests" + model), n);
+  EXPECT_EQ(metric(p->port(), "moeserve:max_num_batched_tokens" + model), 2048);  // the CPU's default
+  json too_many =
+      post_json(p->port(), "/v1/completions", {{"prompt", {1, 2, 3}}, {"max_tokens", 1}, {"n", n + 1}}, 400);
+  EXPECT_NE(too_many.dump().find(fmt::format("at most {} at once", n)), std::string::npos) << too_many.dump();
+  EXPECT_EQ(
+      post_json(p->port(), "/v1/completions", {{"prompt", {1, 2, 3}}, {"max_tokens", 1}, {"n", n}})["choices"]
+          .size(),
+      size_t(n));
+
+  auto twice = start({"--model", kTinyMoe, "--cache-memory-gb", "0.02"});
+  EXPECT_GE(std::stoi(banner_value(twice->banner(), "state_slots")), 2 * n - 1);
+  auto capped = start({"--model", kTinyMoe, "--cache-memory-gb", "0.02", "--max-num-seqs", "2"});
+  EXPECT_EQ(banner_value(capped->banner(), "state_slots"), "2");
+  EXPECT_EQ(metric(capped->port(), "moeserve:max_running_requests" + model), 2);
 }
 
 // A threshold the loaded server is already past would turn every request away with 503: serve says so and

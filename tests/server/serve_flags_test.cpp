@@ -100,7 +100,7 @@ TEST_F(ServeFlags, SglangReferenceLaunchLineStartsWithItsMeaning) {
   EXPECT_NE(out.find(fmt::format("cache memory {} bytes", budget)), std::string::npos) << out;
   EXPECT_EQ(banner_field(p.banner(), "kv_tokens"), kv_tokens_for_budget(budget));
   for (const char* setting :
-       {"device=cpu", "tp=1", "chunked_prefill_size=8192", "max_prefill_tokens=8192",
+       {"device=cpu", "tp=1", "chunked_prefill_size=8192", "max_num_batched_tokens=8192",
         "reasoning_parser=qwen3", "tool_call_parser=qwen3_coder", "priority=larger first"})
     EXPECT_NE(out.find(setting), std::string::npos) << setting << "\n" << out;
   for (const char* ignored : {"--trust-remote-code", "--enable-metrics", "--attention-backend triton",
@@ -128,8 +128,8 @@ TEST_F(ServeFlags, VllmRecipeLineStartsWithItsMeaning) {
   // One vLLM knob bounds the chunk and the step; its parser names are ours under other names; its priority
   // runs smaller first.
   for (const char* setting :
-       {"chunked_prefill_size=4096", "max_prefill_tokens=4096", "prefix_cache=on", "reasoning_parser=qwen3",
-        "tool_call_parser=qwen3_coder", "priority=smaller first"})
+       {"chunked_prefill_size=4096", "max_num_batched_tokens=4096", "prefix_cache=on",
+        "reasoning_parser=qwen3", "tool_call_parser=qwen3_coder", "priority=smaller first"})
     EXPECT_NE(out.find(setting), std::string::npos) << setting << "\n" << out;
   for (const char* ignored : {"--enable-auto-tool-choice", "--enable-prefix-caching"})
     EXPECT_NE(out.find(std::string("no effect here: ") + ignored), std::string::npos) << ignored;
