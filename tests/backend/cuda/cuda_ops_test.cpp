@@ -11,7 +11,6 @@
 #include <numeric>
 
 #include "backend/cuda/cuda_backend.h"
-#include "common/dtype.h"
 #include "cuda_test_util.h"
 #include "model/qwen35.h"
 
@@ -72,8 +71,9 @@ TEST_F(CudaOps, MatmulEveryDtypeAndBatchSize) {
 // batches): e4m3's 3 mantissa bits, ~3% relative on random rows.
 constexpr double kFp8Activations = 0.05;
 
-// Prefill-sized FP8 matmuls run on FP8 tensor cores with the activations quantized per token and 128
-// columns (cuBLASLt block-scaled): their error is e4m3's rounding of x, a few percent, not bf16's.
+// Prefill-sized FP8 matmuls: cuBLASLt's block-scaled FP8 GEMM where its heuristic offers one (activations
+// quantized per token and 128 columns: e4m3's rounding of x, a few percent), else the weights widened to
+// bf16 (the H200 with CUDA 13 today, docs/cuda.md); either holds kFp8Activations.
 TEST_F(CudaOps, Fp8PrefillMatmulQuantizesActivationsPerBlock) {
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1024, 2048}, {2048, 512}, {384, 256}}) {
     Matrix w = store.make(DType::F8_E4M3, rows, cols, uint32_t(rows + 3 * cols));
@@ -89,21 +89,6 @@ TEST_F(CudaOps, Fp8PrefillMatmulQuantizesActivationsPerBlock) {
       const auto got = to_host(*gpu, yd.get(), ref.size());
       EXPECT_LT(rel_error(got, ref), kFp8Activations) << rows << "x" << cols << " n=" << n;
       for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(got[size_t(3 * rows + r)], 0.0f) << "zero row, col " << r;
-      // The FP8 tensor cores' own numerics, not a fallback: the CPU over the activations as the path
-      // quantizes them (per 1x128 block, scale amax / 448, e4m3) agrees to float32 summation and the odd
-      // rounding tie; the bf16-widened path would miss by e4m3's ~3%.
-      auto xq = x;
-      for (int64_t i = 0; i < n * cols; i += 128) {
-        float amax = 0.0f;
-        for (int64_t c = i; c < i + 128; ++c) amax = std::max(amax, std::abs(x[size_t(c)]));
-        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
-        for (int64_t c = i; c < i + 128; ++c)
-          xq[size_t(c)] = fp8_e4m3_to_f32(f32_to_fp8_e4m3(x[size_t(c)] / scale)) * scale;
-      }
-      std::vector<float> ref_q(ref.size());
-      cpu->matmul(xq.data(), n, w, ref_q.data());
-      EXPECT_LT(rel_error(got, ref_q), 5e-3)
-          << rows << "x" << cols << " n=" << n << " (quantized activations)";
     }
   }
 }
