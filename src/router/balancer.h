@@ -21,6 +21,10 @@
 #include "router/config.h"
 #include "router/prefix_tree.h"
 
+namespace moeserve {
+class MetricsRegistry;
+}
+
 namespace moeserve::router {
 
 using Clock = std::chrono::steady_clock;
@@ -150,8 +154,8 @@ class Balancer {
   bool available(const Backend& backend);        // could pick() choose it now (ignoring models and tried)?
   int in_flight() const;
 
-  nlohmann::json describe() const;   // GET /backends
-  std::string metrics_text() const;  // GET /metrics (Prometheus text exposition 0.0.4)
+  nlohmann::json describe() const;                       // GET /backends
+  void export_metrics(MetricsRegistry& registry) const;  // GET /metrics: the balancer's series, in order
 
   const RouterConfig& config() const { return config_; }
 

@@ -27,6 +27,7 @@
 #include "common/bounded_json.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "router/request_info.h"
 #include "router/router.h"
 
@@ -850,17 +851,14 @@ struct Router::Impl {
 
   // The balancer's page and the router's own connection and memory gauges.
   std::string metrics_text() const {
-    std::string text = balancer.metrics_text();
-    fmt::format_to(std::back_inserter(text),
-                   "# HELP moeserve_router_client_connections Client connections open (--max-connections).\n"
-                   "# TYPE moeserve_router_client_connections gauge\n"
-                   "moeserve_router_client_connections {}\n"
-                   "# HELP moeserve_router_request_body_bytes Request body bytes held in memory "
-                   "(--max-body-memory).\n"
-                   "# TYPE moeserve_router_request_body_bytes gauge\n"
-                   "moeserve_router_request_body_bytes {}\n",
-                   connections.load(), body_budget.used());
-    return text;
+    MetricsRegistry registry;
+    balancer.export_metrics(registry);
+    registry.gauge("moeserve_router_client_connections", "Client connections open (--max-connections).")
+        .set(static_cast<double>(connections.load()));
+    registry
+        .gauge("moeserve_router_request_body_bytes", "Request body bytes held in memory (--max-body-memory).")
+        .set(static_cast<double>(body_budget.used()));
+    return registry.render();
   }
 
   // The key was checked from the request head (access_refusal).

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "server/admission.h"
-#include "server/metrics.h"
+#include "common/metrics.h"
 
 namespace moeserve {
 struct EngineStats;

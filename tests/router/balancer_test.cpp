@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/metrics.h"
+
 namespace moeserve::router {
 namespace {
 
@@ -311,7 +313,9 @@ TEST(Balancer, DescribesBackendsAndRendersMetrics) {
   auto described = balancer.describe();
   ASSERT_EQ(described.size(), 2u);
   EXPECT_EQ(described[0]["state"], "healthy");
-  std::string metrics = balancer.metrics_text();
+  MetricsRegistry registry;
+  balancer.export_metrics(registry);
+  std::string metrics = registry.render();
   EXPECT_NE(metrics.find(
                 "moeserve_router_backend_requests_total{backend=\"http://127.0.0.1:9000\",status=\"200\"} 1"),
             std::string::npos);

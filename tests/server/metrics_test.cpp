@@ -1,10 +1,11 @@
 // The metrics registry renders valid Prometheus exposition: checked by parsing and by promtool itself.
+#include "common/metrics.h"
+
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "promtool.h"
-#include "server/metrics.h"
 
 namespace moeserve::server {
 namespace {
@@ -30,6 +31,21 @@ TEST(Metrics, SameNameAndLabelsIsTheSameMetric) {
   Counter& b = reg.counter("x_total", "x", {{"k", "v"}});
   EXPECT_EQ(&a, &b);
   EXPECT_THROW(reg.gauge("x_total", "x"), std::exception);
+}
+
+TEST(Metrics, DeclaredFamiliesRenderBeforeTheirFirstSample) {
+  // The router lists every family it reports, samples or not (its retries before the first retry).
+  MetricsRegistry reg;
+  reg.declare("retries_total", "Retries.", MetricsRegistry::Type::kCounter);
+  reg.declare("wait_seconds", "Wait.", MetricsRegistry::Type::kHistogram, {0.5});
+  EXPECT_EQ(reg.render(),
+            "# HELP retries_total Retries.\n# TYPE retries_total counter\n"
+            "# HELP wait_seconds Wait.\n# TYPE wait_seconds histogram\n");
+  reg.counter("retries_total", "Retries.", {{"reason", "503"}}).inc();
+  EXPECT_NE(reg.render().find("# TYPE retries_total counter\nretries_total{reason=\"503\"} 1\n"),
+            std::string::npos)
+      << reg.render();
+  EXPECT_THROW(reg.histogram("wait_seconds", "Wait.", {1.0}), std::exception);  // declared with other buckets
 }
 
 TEST(Metrics, HistogramBucketsAreCumulative) {

@@ -3,11 +3,15 @@
 // and chat template), driven by raw HTTP and by the official OpenAI npm SDK.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "http_connection.h"
@@ -597,6 +601,209 @@ TEST_F(ServeDemo, ForcedHermesCallsValidateAgainstTheParameters) {
     EXPECT_GE(args["days"].get<int>(), 1);
     EXPECT_LE(args["days"].get<int>(), 7);
   }
+}
+
+// The arguments of a streamed chat completion's one tool call: its name and the pieces put together.
+std::pair<std::string, std::string> streamed_call(const std::string& sse) {
+  std::string name, arguments;
+  for (const std::string& data : sse_data(sse)) {
+    if (data == "[DONE]") continue;
+    const json chunk = json::parse(data);
+    if (chunk["choices"].empty()) continue;
+    const json& delta = chunk["choices"][0]["delta"];
+    if (!delta.contains("tool_calls")) continue;
+    for (const json& call : delta["tool_calls"]) {
+      EXPECT_EQ(call["index"], 0) << data;
+      if (call["function"].contains("name")) name += call["function"]["name"].get<std::string>();
+      if (call["function"].contains("arguments"))
+        arguments += call["function"]["arguments"].get<std::string>();
+    }
+  }
+  return {name, arguments};
+}
+
+// A forced call in Qwen3.5's XML format (qwen3_coder, the deployment's parser) is constrained: with random
+// weights, whole and streamed, the parameters the parser reads back validate against the function's schema.
+TEST_F(ServeDemo, ForcedQwenXmlCallsValidateAgainstTheParameters) {
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--tool-call-parser", "qwen3_coder"});
+  const json parameters = {
+      {"type", "object"},
+      {"properties",
+       {{"city", {{"type", "string"}, {"minLength", 1}, {"maxLength", 12}}},
+        {"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 7}}},
+        {"unit", {{"type", "string"}, {"enum", {"celsius", "fahrenheit"}}}},
+        {"hourly", {{"type", "boolean"}}},
+        {"note", {{"anyOf", {{{"type", "string"}, {"maxLength", 4}}, {{"type", "null"}}}}}}}},
+      {"required", {"city", "days", "unit"}}};
+  const json tool = {{"type", "function"}, {"function", {{"name", "forecast"}, {"parameters", parameters}}}};
+  auto check = [&parameters](const std::string& arguments) {
+    const json args = json::parse(arguments, nullptr, false);
+    ASSERT_TRUE(args.is_object()) << arguments;
+    ASSERT_TRUE(args["city"].is_string()) << arguments;
+    const std::string city = args["city"];
+    EXPECT_GE(city.size(), 1u) << arguments;  // bytes >= code points >= 1
+    EXPECT_EQ(city.find('<'), std::string::npos) << arguments;
+    ASSERT_TRUE(args["days"].is_number_integer()) << arguments;
+    EXPECT_GE(args["days"].get<int>(), 1) << arguments;
+    EXPECT_LE(args["days"].get<int>(), 7) << arguments;
+    EXPECT_TRUE(args["unit"] == "celsius" || args["unit"] == "fahrenheit") << arguments;
+    if (args.contains("hourly")) {
+      EXPECT_TRUE(args["hourly"].is_boolean()) << arguments;
+    }
+    if (args.contains("note")) {
+      EXPECT_TRUE(args["note"].is_null() || args["note"].is_string()) << arguments;
+    }
+    for (const auto& [key, value] : args.items())
+      EXPECT_TRUE(parameters["properties"].contains(key)) << arguments;
+  };
+  for (int seed = 0; seed < 6; ++seed) {
+    json body = {
+        {"messages", {{{"role", "user"}, {"content", "Forecast?"}}}},
+        {"max_tokens", 400},
+        {"temperature", 1},
+        {"seed", seed},
+        {"tools", {tool}},
+        {"tool_choice",
+         seed % 2 ? json("required") : json{{"type", "function"}, {"function", {{"name", "forecast"}}}}}};
+    if (seed < 4) {
+      const json r = post_json(p->port(), "/v1/chat/completions", body);
+      const json& calls = r["choices"][0]["message"]["tool_calls"];
+      ASSERT_EQ(calls.size(), 1u) << r.dump();
+      EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls") << r.dump();
+      EXPECT_EQ(calls[0]["function"]["name"], "forecast");
+      check(calls[0]["function"]["arguments"].get<std::string>());
+    } else {
+      body["stream"] = true;
+      auto s = Connection(p->port()).roundtrip("POST", "/v1/chat/completions", body.dump());
+      ASSERT_EQ(s.status, 200) << s.body;
+      auto [name, arguments] = streamed_call(s.body);
+      EXPECT_EQ(name, "forecast") << s.body;
+      check(arguments);
+    }
+  }
+  // A parameter schema the format cannot carry exactly is a 400 naming the function, not an unchecked call.
+  json bad_tool = tool;
+  bad_tool["function"]["parameters"]["properties"]["n"] = {{"enum", {1, 2}}};
+  const json bad = {{"messages", {{{"role", "user"}, {"content", "Forecast?"}}}},
+                    {"tools", {bad_tool}},
+                    {"tool_choice", "required"}};
+  const json e = post_json(p->port(), "/v1/chat/completions", bad, 400);
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("forecast"), std::string::npos) << e.dump();
+}
+
+// "required" over several tools lets the model choose the function, in both formats; the arguments are then
+// that function's.
+TEST_F(ServeDemo, RequiredChoosesAmongSeveralTools) {
+  const json lookup = {{"type", "function"},
+                       {"function",
+                        {{"name", "lookup"},
+                         {"parameters",
+                          {{"type", "object"},
+                           {"properties", {{"id", {{"type", "integer"}, {"minimum", 0}, {"maximum", 9}}}}},
+                           {"required", {"id"}}}}}}};
+  const json search = {{"type", "function"},
+                       {"function",
+                        {{"name", "search"},
+                         {"parameters",
+                          {{"type", "object"},
+                           {"properties", {{"q", {{"type", "string"}, {"maxLength", 8}}}}},
+                           {"required", {"q"}}}}}}};
+  for (const char* parser : {"hermes", "qwen3_coder"}) {
+    auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--tool-call-parser", parser});
+    std::set<std::string> chosen;
+    for (int seed = 0; seed < 8; ++seed) {
+      const json body = {{"messages", {{{"role", "user"}, {"content", "Find it."}}}},
+                         {"max_tokens", 300},
+                         {"temperature", 1},
+                         {"seed", seed},
+                         {"tools", {lookup, search}},
+                         {"tool_choice", "required"}};
+      const json r = post_json(p->port(), "/v1/chat/completions", body);
+      const json& calls = r["choices"][0]["message"]["tool_calls"];
+      ASSERT_EQ(calls.size(), 1u) << parser << " " << r.dump();
+      const std::string name = calls[0]["function"]["name"];
+      chosen.insert(name);
+      const json args = json::parse(calls[0]["function"]["arguments"].get<std::string>(), nullptr, false);
+      ASSERT_TRUE(args.is_object()) << r.dump();
+      ASSERT_EQ(args.size(), 1u) << r.dump();
+      if (name == "lookup") {
+        ASSERT_TRUE(args["id"].is_number_integer()) << r.dump();
+        EXPECT_GE(args["id"].get<int>(), 0);
+        EXPECT_LE(args["id"].get<int>(), 9);
+      } else {
+        EXPECT_EQ(name, "search") << r.dump();
+        ASSERT_TRUE(args["q"].is_string()) << r.dump();
+      }
+    }
+    EXPECT_EQ(chosen.size(), 2u) << parser << ": eight seeds chose only one of the two tools";
+  }
+}
+
+// The randomized proof: random weights answer 300 schemas (zod's, pydantic's and random ones; strings,
+// arrays and keys bounded so that a writer that never chooses to stop still ends), two seeded samples each;
+// ajv must accept every answer.
+TEST_F(ServeDemo, RandomWeightsAnswersValidateWithAjv) {
+  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0)
+      << "node is missing: run scripts/install-deps.sh";
+  ASSERT_TRUE(std::filesystem::exists("tests/engine/js/node_modules/ajv/package.json"))
+      << "ajv is missing: run tests/engine/js/install.sh (scripts/fetch-test-data.sh does)";
+  const auto dir = std::filesystem::temp_directory_path() / ("moeserve-proof-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string oracle = "node tests/engine/js/schema_oracle.mjs ";
+  ASSERT_EQ(std::system((oracle + "finite 11 " + (dir / "schemas.json").string()).c_str()), 0);
+  json cases;
+  std::ifstream(dir / "schemas.json") >> cases;
+  const json& schemas = cases["schemas"];
+  ASSERT_EQ(schemas.size(), 300u);
+
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.25"});
+  std::vector<json> answers(schemas.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next++) < schemas.size();) {
+      const json body = {
+          {"messages", {{{"role", "user"}, {"content", "Answer in JSON."}}}},
+          {"max_tokens", 600},
+          {"temperature", 1},
+          {"seed", i},
+          {"n", 2},
+          {"chat_template_kwargs", {{"enable_thinking", false}}},
+          {"response_format",
+           {{"type", "json_schema"}, {"json_schema", {{"name", "a"}, {"schema", schemas[i]}}}}}};
+      answers[i] = post_json(p->port(), "/v1/chat/completions", body);
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 4; ++t) workers.emplace_back(worker);
+  for (auto& t : workers) t.join();
+
+  json judge = {{"schemas", schemas}, {"docs", json::array()}};
+  size_t unfinished = 0;
+  for (size_t i = 0; i < answers.size(); ++i)
+    for (const json& choice : answers[i]["choices"]) {
+      if (choice["finish_reason"] != "stop") {
+        ++unfinished;
+        ADD_FAILURE() << "did not finish: " << choice.dump() << "\nschema " << schemas[i].dump();
+        continue;
+      }
+      judge["docs"].push_back({i, choice["message"]["content"]});
+    }
+  EXPECT_EQ(unfinished, 0u);
+  ASSERT_EQ(judge["docs"].size() + unfinished, 600u);
+  std::ofstream(dir / "answers.json") << judge.dump();
+  ASSERT_EQ(std::system(
+                (oracle + "judge " + (dir / "answers.json").string() + " " + (dir / "verdicts.json").string())
+                    .c_str()),
+            0);
+  json verdicts;
+  std::ifstream(dir / "verdicts.json") >> verdicts;
+  size_t invalid = 0;
+  for (size_t k = 0; k < verdicts.size(); ++k)
+    if (!verdicts[k].get<bool>() && ++invalid <= 20)
+      ADD_FAILURE() << "ajv refuses: " << judge["docs"][k][1].get<std::string>() << "\nschema "
+                    << schemas[judge["docs"][k][0].get<size_t>()].dump();
+  EXPECT_EQ(invalid, 0u);
+  std::filesystem::remove_all(dir);
 }
 
 // Structured output with random weights: unconstrained, the model writes garbage; constrained, every answer

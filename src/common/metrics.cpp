@@ -1,4 +1,4 @@
-#include "server/metrics.h"
+#include "common/metrics.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 
 #include "common/error.h"
 
-namespace moeserve::server {
+namespace moeserve {
 
 Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)) {
   for (size_t i = 0; i < bounds_.size(); ++i) {
@@ -26,8 +26,8 @@ void Histogram::observe(double v) {
 }
 
 void Histogram::add(std::span<const uint64_t> per_bucket, double sum) {
-  check(per_bucket.size() == bounds_.size() + 1, "histogram: {} bucket counts for {} buckets", per_bucket.size(),
-        bounds_.size() + 1);
+  check(per_bucket.size() == bounds_.size() + 1, "histogram: {} bucket counts for {} buckets",
+        per_bucket.size(), bounds_.size() + 1);
   uint64_t n = 0;
   for (size_t i = 0; i < per_bucket.size(); ++i) {
     buckets_[i].fetch_add(per_bucket[i], std::memory_order_relaxed);
@@ -54,6 +54,12 @@ MetricsRegistry::Family& MetricsRegistry::family(const std::string& name, const 
   f->bounds = bounds;
   families_.push_back(std::move(f));
   return *families_.back();
+}
+
+void MetricsRegistry::declare(const std::string& name, const std::string& help, Type type,
+                              const std::vector<double>& bounds) {
+  std::lock_guard lock(mutex_);
+  family(name, help, type, bounds);
 }
 
 Counter& MetricsRegistry::counter(const std::string& name, const std::string& help, const Labels& labels) {
@@ -99,10 +105,14 @@ std::string escape_label_value(const std::string& s) {
   std::string out;
   out.reserve(s.size());
   for (char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -110,9 +120,12 @@ std::string escape_label_value(const std::string& s) {
 std::string escape_help(const std::string& s) {
   std::string out;
   for (char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -191,13 +204,13 @@ std::string MetricsRegistry::render() {
 }
 
 std::vector<double> latency_buckets() {
-  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-          2.5,   5.0,   7.5,  10.0, 20.0, 40.0, 80.0, 120.0};
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
+          0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 120.0};
 }
 
 std::vector<double> fine_latency_buckets() {
-  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
-          0.075,  0.1,   0.15,   0.2,   0.3,  0.4,   0.5,  0.75,  1.0,  2.5,  5.0, 10.0};
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+          0.1,    0.15,  0.2,    0.3,   0.4,  0.5,   0.75, 1.0,   2.5,  5.0,  10.0};
 }
 
 std::vector<double> token_count_buckets() {
@@ -206,4 +219,4 @@ std::vector<double> token_count_buckets() {
   return b;
 }
 
-}  // namespace moeserve::server
+}  // namespace moeserve

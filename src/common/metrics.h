@@ -2,6 +2,8 @@
 // A small Prometheus registry: counters, gauges and fixed-bucket histograms, optionally labelled, rendered as
 // text exposition format 0.0.4. Updates are lock-free atomics (the hot path observes from engine and IO
 // threads); creating a new label combination takes a lock once, after which the returned reference is stable.
+// `moeserve serve` keeps one for its lifetime; `moeserve route` fills one per scrape from its balancer's
+// state.
 
 #include <atomic>
 #include <cstdint>
@@ -15,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-namespace moeserve::server {
+namespace moeserve {
 
 using Labels = std::vector<std::pair<std::string, std::string>>;
 
@@ -63,6 +65,8 @@ class Histogram {
 
 class MetricsRegistry {
  public:
+  enum class Type { kCounter, kGauge, kHistogram };
+
   // const_labels go on every sample (e.g. model_name), the way vLLM labels all its metrics.
   explicit MetricsRegistry(Labels const_labels = {});
 
@@ -73,13 +77,17 @@ class MetricsRegistry {
   Histogram& histogram(const std::string& name, const std::string& help, const std::vector<double>& bounds,
                        const Labels& labels = {});
 
+  // A family with no samples yet: its HELP and TYPE render all the same, so the exposition lists what it
+  // reports before the first event.
+  void declare(const std::string& name, const std::string& help, Type type,
+               const std::vector<double>& bounds = {});
+
   // Collectors run at the start of render(), to refresh gauges that mirror state owned elsewhere.
   void add_collector(std::function<void()> collect);
 
   std::string render();
 
  private:
-  enum class Type { kCounter, kGauge, kHistogram };
   struct Family {
     std::string name, help;
     Type type;
@@ -103,4 +111,4 @@ std::vector<double> latency_buckets();       // 1 ms .. 120 s
 std::vector<double> fine_latency_buckets();  // 0.5 ms .. 10 s, for inter-token latency
 std::vector<double> token_count_buckets();   // 1 .. 262144, powers of two
 
-}  // namespace moeserve::server
+}  // namespace moeserve
