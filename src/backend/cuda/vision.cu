@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/mma_fp8.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -175,42 +176,6 @@ __global__ void to_heads_bf16_kernel(const float* __restrict__ q, const float* _
   }
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const uint32_t s = uint32_t(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_one() {
-  asm volatile("cp.async.wait_group 1;" ::: "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  const uint32_t s = uint32_t(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  const uint32_t s = uint32_t(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-// c += a·b, m16n8k16, bf16 in, float32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // Shared rows of DP + 8 bf16: (DP + 8) / 8 is odd, so the 8 rows one ldmatrix reads start in 8 distinct
 // 16-byte bank groups.
 template <int DP>
@@ -267,7 +232,7 @@ __global__ __launch_bounds__(kMmaThreads) void segment_attention_mma_kernel(
       load(vs + (buf ^ 1) * kMmaKeys * P, vh, next, t.hi);
     }
     cp_async_commit();  // possibly empty: wait_group 1 then always means "all but the next tile"
-    cp_async_wait_one();
+    cp_async_wait<1>();
     __syncthreads();
     if (j == 0) {
 #pragma unroll
@@ -288,8 +253,8 @@ __global__ __launch_bounds__(kMmaThreads) void segment_attention_mma_kernel(
       for (int np = 0; np < 4; ++np) {
         uint32_t b[4];
         ldmatrix_x4(b, kt + (np * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk * 16 + ((lane >> 3) & 1) * 8);
-        mma_bf16(s[2 * np], qf[kk], b[0], b[1]);
-        mma_bf16(s[2 * np + 1], qf[kk], b[2], b[3]);
+        mma_bf16(s[2 * np], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[1]);
+        mma_bf16(s[2 * np + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[2], b[3]);
       }
 
     // Online softmax in base 2: this thread holds rows g (c = 0, 1) and g + 8 (c = 2, 3) of 16 keys.
@@ -325,16 +290,16 @@ __global__ __launch_bounds__(kMmaThreads) void segment_attention_mma_kernel(
       // O += P V: the score accumulators of keys 16kk..16kk+15 are the A fragment of k-step kk.
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const uint32_t a[4] = {bf16x2_bits(s[2 * kk][0], s[2 * kk][1]), bf16x2_bits(s[2 * kk][2], s[2 * kk][3]),
+                             bf16x2_bits(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             bf16x2_bits(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int dp = 0; dp < kSteps; ++dp) {
         uint32_t b[4];
         ldmatrix_x4_trans(
             b, vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + dp * 16 + (lane >> 4) * 8);
-        mma_bf16(o[2 * dp], a, b[0], b[1]);
-        mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
+        mma_bf16(o[2 * dp], a[0], a[1], a[2], a[3], b[0], b[1]);
+        mma_bf16(o[2 * dp + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
       }
     }
     __syncthreads();  // this tile's buffers are refilled by the next iteration's loads
