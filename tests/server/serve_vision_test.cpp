@@ -16,7 +16,7 @@
 #include <random>
 #include <thread>
 
-#include "http_client.h"
+#include "http_connection.h"
 #include "loopback.h"
 #include "model/safetensors.h"
 #include "serve_process.h"
