@@ -6,8 +6,9 @@ namespace {
 
 constexpr int kBlock = kFp8QuantBlock;  // the scale block along K, of the weights and of the activations
 
-// One warp per (token, 128 columns) (fp8_quant.cuh). Scales are token-major: s[t * (cols / 128) + b], the
-// layout cuBLASLt's VEC128 mode reads for B.
+// One warp per (token, 128 columns) (fp8_quant.cuh). Scales are token-fastest: s[b * n + t], the layout
+// cuBLASLt's VEC128 mode reads for B (the outer dimension contiguous, as DeepGEMM's and PyTorch's 1x128
+// activation scales are; token-major scales gave results off by a factor of ~20).
 __global__ void quantize_fp8_vec128(const float* __restrict__ x, int64_t n, int64_t cols,
                                     uint8_t* __restrict__ q, float* __restrict__ scales) {
   pdl_begin();
@@ -19,7 +20,7 @@ __global__ void quantize_fp8_vec128(const float* __restrict__ x, int64_t n, int6
   const float4 f = *reinterpret_cast<const float4*>(x + off);
   const float v[4] = {f.x, f.y, f.z, f.w};
   const float scale = quantize_e4m3_x4(v, q + off);
-  if (lane == 0) scales[t * blocks + b] = scale;
+  if (lane == 0) scales[b * n + t] = scale;
 }
 
 size_t align256(size_t v) {
@@ -67,6 +68,13 @@ Fp8LtGemm::Plan& Fp8LtGemm::plan(int64_t rows, int64_t cols, int64_t n) {
   cublasLtMatmulPreferenceCreate(&pref);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
                                        sizeof(workspace_bytes_));
+  // The heuristic offers no block-scaled algorithm while the scale pointers are unset (CUDA 13 on the H200):
+  // any device address stands in for them here; run() sets the real ones per call.
+  const void* placeholder = workspace_;
+  cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder,
+                                 sizeof(placeholder));
+  cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder,
+                                 sizeof(placeholder));
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
   p.ok = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &heur, &found) ==
@@ -79,7 +87,10 @@ Fp8LtGemm::Plan& Fp8LtGemm::plan(int64_t rows, int64_t cols, int64_t n) {
 
 bool Fp8LtGemm::supports(const WeightView& w, int64_t n) {
   if (!lt_ || w.type != WType::FP8 || w.block_rows != kBlock || w.block_cols != kBlock) return false;
-  if (w.rows % kBlock != 0 || w.cols % kBlock != 0 || n <= 0) return false;
+  // Whole blocks, and column blocks in fours: with 2 (K = 256) cuBLASLt's kernels for 128 tokens and more gave
+  // wrong results on the H200 (CudaOps.Fp8PrefillMatmulAtSmallModelShapes); PyTorch requires the scales'
+  // leading dimension in fours for this mode too. The deployment's K (2048, 4096, 512) are all in fours.
+  if (w.rows % kBlock != 0 || w.cols % (4 * kBlock) != 0 || n <= 0) return false;
   return plan(w.rows, w.cols, n).ok;
 }
 
