@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -146,6 +147,7 @@ class DevicePool {
     if (!list.empty()) {
       p = list.back();
       list.pop_back();
+      idle_bytes_ -= size;
     } else {
       if (cudaMalloc(&p, size) != cudaSuccess) {
         cudaGetLastError();
@@ -162,8 +164,12 @@ class DevicePool {
     auto it = live_.find(p);
     if (it == live_.end()) return;
     free_[it->second].push_back(p);
+    idle_bytes_ += it->second;
     live_.erase(it);
   }
+  // Bytes held in the free lists: given back to the device when an allocation fails (release_cached), so
+  // they count as free for memory-pressure sensing. Read from any thread.
+  size_t idle_bytes() const { return idle_bytes_.load(std::memory_order_relaxed); }
   size_t held_bytes() const {
     size_t total = 0;
     for (const auto& [p, size] : blocks_) total += size;
@@ -185,16 +191,19 @@ class DevicePool {
         blocks_.erase(p);
       }
     free_.clear();
+    idle_bytes_ = 0;
   }
   void free_all() {
     for (const auto& [p, size] : blocks_) cudaFree(p);
     blocks_.clear();
     free_.clear();
+    idle_bytes_ = 0;
     live_.clear();
   }
   std::unordered_map<size_t, std::vector<void*>> free_;
   std::unordered_map<void*, size_t> live_;
   std::unordered_map<void*, size_t> blocks_;
+  std::atomic<size_t> idle_bytes_{0};
 };
 
 // Long-lived device memory handed out by bumping through large chunks (weights, expert tables).
@@ -389,7 +398,9 @@ class CudaBackend final : public Backend, public CacheMemory {
       cudaGetLastError();  // clear this thread's error: the figure is optional
       return std::nullopt;
     }
-    return MemoryInfo{free_b, total_b};
+    // The activation pool's cached free blocks are the process's to reuse or give back, not pressure: a
+    // server that has run one 8K-token prefill would otherwise count those gigabytes as used for good.
+    return MemoryInfo{std::min<uint64_t>(total_b, free_b + pool_.idle_bytes()), total_b};
   }
 
   // CacheMemory
