@@ -175,7 +175,7 @@ class OpsBench {
         experts.push_back(
             {matrix(dt, I, H, 100 + 3 * e), matrix(dt, I, H, 101 + 3 * e), matrix(dt, H, I, 102 + 3 * e)});
       const double expert_bytes = 3.0 * H * I * dtype_size(dt);
-      for (int64_t n : {1, 4, 16, 32, 64, 128, 256, 2048, 8192}) {
+      for (int64_t n : {1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192}) {
         const int variants = n <= 64 ? 8 : 1;  // fresh routing per call
         std::vector<float*> logits;
         for (int v = 0; v < variants; ++v) logits.push_back(floats(size_t(n * E), 200 + v, 3.0f));
@@ -194,7 +194,7 @@ class OpsBench {
         const double flops = 2.0 * double(n) * k * 3 * H * I;
         const std::string path = n * k >= cuda_tools::moe_tensor_core_min_pairs(dt) ? "mma" : "simt";
         add(fmt::format("moe E=256 top8 {} n={} ({})", dtype_name(dt), n, path), s,
-            n <= 256 ? gbs(touched * expert_bytes, s) + fmt::format(" {:.0f} experts", touched)
+            n <= 1024 ? gbs(touched * expert_bytes, s) + fmt::format(" {:.0f} experts", touched)
                      : tflops(flops, s));
       }
     }

@@ -758,7 +758,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     const int64_t P = n * top_k;
     const bool tc = !fp32_matmul_ && P >= cuda_tools::moe_tensor_core_min_pairs(experts[0].gate.dtype) &&
                     cuda::moe_mma_supported(table);
-    const int tile = cuda::moe_tile(n, top_k, table.experts, tc);
+    const int tile = cuda::moe_tile(table, n, top_k, tc, fp32_matmul_);
     const int64_t max_items = cuda::moe_max_items(P, table.experts, tile);
     auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
     auto ids = ints(P), weights = allocate(size_t(P)), sorted = ints(P), pair_row = ints(P);
@@ -778,7 +778,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     s.y = y.get();
     if (auto op = start("moe_experts", router_logits, top_k, renormalize, x, n, out, tc, s.ids, s.h, s.y,
                         table.gate))
-      cuda::launch_moe(table, router_logits, top_k, renormalize, x, n, tc, s, out, stream_);
+      cuda::launch_moe(table, router_logits, top_k, renormalize, x, n, tile, tc, s, out, stream_);
   }
 
   void add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows,
@@ -1518,7 +1518,7 @@ void reset_profile(Backend& b) {
 int64_t moe_tensor_core_min_pairs(DType weights) {
   static const char* env = std::getenv("MOESERVE_CUDA_MOE_MMA_MIN_PAIRS");
   if (env) return std::atoll(env);
-  return weights == DType::F8_E4M3 ? 1024 : 256;
+  return weights == DType::F8_E4M3 ? 4096 : 256;
 }
 
 void set_graphs(Backend& b, bool on) {

@@ -217,10 +217,13 @@ struct MoeScratch {
   uint16_t* xb = nullptr;        // [P][hidden] bf16 gathered inputs (tensor-core path)
   float* y = nullptr;            // [P][hidden]
 };
-constexpr int kMoeSimtTile = 8;  // tokens per work item, SIMT path
-constexpr int kMoeMmaTile = 64;  // tokens per work item, tensor-core path
-// Rows per work item for n tokens: kMoeMmaTile, kMoeSimtTile, or 1 when pairs are spread thin (decode).
-int moe_tile(int64_t n, int top_k, int experts, bool tensor_cores);
+constexpr int kMoeSimtTile = 8;     // tokens per work item, SIMT path
+constexpr int kMoeMmaMidTile = 16;  // tokens per work item, FP8 mid-size MMA path with many pairs per expert
+constexpr int kMoeMmaTile = 64;     // tokens per work item, tensor-core path
+// Rows per work item for n tokens: kMoeMmaTile, kMoeMmaMidTile, kMoeSimtTile, or 1 when pairs are spread thin
+// (decode).
+// exact (BackendOptions::fp32_matmul): no path that rounds the activations.
+int moe_tile(const ExpertTable& t, int64_t n, int top_k, bool tensor_cores, bool exact);
 int64_t moe_max_items(int64_t pairs, int experts, int tile);
 bool moe_mma_supported(const ExpertTable& t);
 // The tensor-core experts (moe_mma.cu) over the plan's items: gathers x as bf16 into s.xb, h = silu(gate) *
@@ -240,6 +243,6 @@ void launch_moe_decode(const ExpertTable& t, const float* router_logits, int top
                        const float* x, int64_t n, const MoeDecodeShared& shared, const MoeScratch& s,
                        float* out, cudaStream_t stream);
 void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize, const float* x,
-                int64_t n, bool tensor_cores, const MoeScratch& s, float* out, cudaStream_t stream);
+                int64_t n, int tile, bool tensor_cores, const MoeScratch& s, float* out, cudaStream_t stream);
 
 }  // namespace moeserve::cuda

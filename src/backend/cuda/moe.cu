@@ -368,6 +368,16 @@ __device__ __forceinline__ bool reduce_warps(float (&v)[kVals], float (*red)[kVa
   return true;
 }
 
+// kNT token tiles of 8: a work item's ≤ 8 kNT rows share each weight fragment. kNT 2 (items of 16, when most
+// experts get more than 8 tokens, as at decode batch 256) halves the expert re-reads and takes the
+// activations as one bf16 term: three terms made the kernel MMA-bound there (571 vs 533 us at 2,048 pairs),
+// and the path it replaces, the grouped GEMM, rounds them to e4m3.
+template <int kNT>
+constexpr int moe_mma_terms() {
+  return kNT == 1 ? kMoeMmaTerms : 1;
+}
+
+template <int kNT>
 __global__ __launch_bounds__(kMoeMmaGateUpSplits * 32) void moe_fp8_gate_up_mma(
     ExpertTable t, const float* __restrict__ x, int top_k, const int32_t* __restrict__ sorted,
     const int32_t* __restrict__ items, const int32_t* __restrict__ num_items, float* __restrict__ h) {
@@ -388,38 +398,50 @@ __global__ __launch_bounds__(kMoeMmaGateUpSplits * 32) void moe_fp8_gate_up_mma(
     up[i] = static_cast<const uint8_t*>(uv.data) + row * K + 16 * q;
   }
   const float *gs = fp8_scale_row(gv, row_base), *us = fp8_scale_row(uv, row_base);
-  const float* xr = x + int64_t(sorted[first + imin(g, count - 1)] / top_k) * K;
-  float ag[2][1][4] = {}, au[2][1][4] = {};
+  const float* xr[kNT];
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) xr[j] = x + int64_t(sorted[first + imin(g + 8 * j, count - 1)] / top_k) * K;
+  float ag[2][kNT][4] = {}, au[2][kNT][4] = {};
   for (int c = warp; c < int(K / kMmaChunk); c += splits) {
     const int64_t k0 = int64_t(c) * kMmaChunk;
     uint4 wg[4][2], wu[4][2];
     load_w_fragment(gp, k0, wg);
     load_w_fragment(up, k0, wu);
-    uint32_t xf[1][kMoeMmaTerms][2][8];
-    load_x_fragment<kMoeMmaTerms>(xr, k0, q, g < count, xf[0]);
-    float pg[2][1][4] = {}, pu[2][1][4] = {};
-    mma_chunk<1, kMoeMmaTerms>(wg, xf, pg);
-    mma_chunk<1, kMoeMmaTerms>(wu, xf, pu);
+    constexpr int kTerms = moe_mma_terms<kNT>();
+    uint32_t xf[kNT][kTerms][2][8];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) load_x_fragment<kTerms>(xr[j], k0, q, g + 8 * j < count, xf[j]);
+    float pg[2][kNT][4] = {}, pu[2][kNT][4] = {};
+    mma_chunk<kNT, kTerms>(wg, xf, pg);
+    mma_chunk<kNT, kTerms>(wu, xf, pu);
     const float sg = __ldg(gs + c), su = __ldg(us + c);
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        ag[m][0][i] = fmaf(sg, pg[m][0][i], ag[m][0][i]), au[m][0][i] = fmaf(su, pu[m][0][i], au[m][0][i]);
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          ag[m][j][i] = fmaf(sg, pg[m][j][i], ag[m][j][i]), au[m][j][i] = fmaf(su, pu[m][j][i], au[m][j][i]);
   }
-  __shared__ float red[kMoeMmaGateUpSplits][16][32];
-  float v[16];
+  constexpr int kVals = 8 * kNT;  // per lane: 2 m tiles x kNT token tiles x 4
+  __shared__ float red[kMoeMmaGateUpSplits][2 * kVals][32];
+  float v[2 * kVals];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = ag[i / 4][0][i % 4], v[8 + i] = au[i / 4][0][i % 4];
-  if (!reduce_warps<16>(v, red)) return;
+  for (int i = 0; i < kVals; ++i) {
+    const int m = i / (4 * kNT), j = (i / 4) % kNT;
+    v[i] = ag[m][j][i % 4], v[kVals + i] = au[m][j][i % 4];
+  }
+  if (!reduce_warps<2 * kVals>(v, red)) return;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int64_t row = row_base + 16 * (i / 4) + g + 8 * ((i % 4) >> 1);
-    const int b = 2 * q + (i & 1);
-    if (row < t.inter && b < count) h[int64_t(first + b) * t.inter + row] = siluf_(v[i]) * v[8 + i];
+  for (int i = 0; i < kVals; ++i) {
+    const int m = i / (4 * kNT), j = (i / 4) % kNT;
+    const int64_t row = row_base + 16 * m + g + 8 * ((i % 4) >> 1);
+    const int b = 8 * j + 2 * q + (i & 1);
+    if (row < t.inter && b < count) h[int64_t(first + b) * t.inter + row] = siluf_(v[i]) * v[kVals + i];
   }
 }
 
+template <int kNT>
 __global__ __launch_bounds__(kMoeMmaDownSplits *
                              32) void moe_fp8_down_mma(ExpertTable t, const float* __restrict__ h,
                                                        const int32_t* __restrict__ items,
@@ -439,31 +461,39 @@ __global__ __launch_bounds__(kMoeMmaDownSplits *
     dp[i] =
         static_cast<const uint8_t*>(dv.data) + imin<int64_t>(row_base + g + 8 * i, t.hidden - 1) * K + 16 * q;
   const float* ds = fp8_scale_row(dv, row_base);
-  const float* hr = h + int64_t(first + imin(g, count - 1)) * K;
-  float acc[2][1][4] = {};
+  const float* hr[kNT];
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) hr[j] = h + int64_t(first + imin(g + 8 * j, count - 1)) * K;
+  float acc[2][kNT][4] = {};
   for (int c = warp; c < int(K / kMmaChunk); c += splits) {
     const int64_t k0 = int64_t(c) * kMmaChunk;
     uint4 wd[4][2];
     load_w_fragment(dp, k0, wd);
-    uint32_t xf[1][kMoeMmaTerms][2][8];
-    load_x_fragment<kMoeMmaTerms>(hr, k0, q, g < count, xf[0]);
-    float part[2][1][4] = {};
-    mma_chunk<1, kMoeMmaTerms>(wd, xf, part);
+    constexpr int kTerms = moe_mma_terms<kNT>();
+    uint32_t xf[kNT][kTerms][2][8];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) load_x_fragment<kTerms>(hr[j], k0, q, g + 8 * j < count, xf[j]);
+    float part[2][kNT][4] = {};
+    mma_chunk<kNT, kTerms>(wd, xf, part);
     const float sc = __ldg(ds + c);
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][0][i] = fmaf(sc, part[m][0][i], acc[m][0][i]);
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[m][j][i] = fmaf(sc, part[m][j][i], acc[m][j][i]);
   }
-  __shared__ float red[kMoeMmaDownSplits][8][32];
-  float v[8];
+  constexpr int kVals = 8 * kNT;
+  __shared__ float red[kMoeMmaDownSplits][kVals][32];
+  float v[kVals];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = acc[i / 4][0][i % 4];
-  if (!reduce_warps<8>(v, red)) return;
+  for (int i = 0; i < kVals; ++i) v[i] = acc[i / (4 * kNT)][(i / 4) % kNT][i % 4];
+  if (!reduce_warps<kVals>(v, red)) return;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int64_t row = row_base + 16 * (i / 4) + g + 8 * ((i % 4) >> 1);
-    const int b = 2 * q + (i & 1);
+  for (int i = 0; i < kVals; ++i) {
+    const int m = i / (4 * kNT), j = (i / 4) % kNT;
+    const int64_t row = row_base + 16 * m + g + 8 * ((i % 4) >> 1);
+    const int b = 8 * j + 2 * q + (i & 1);
     if (row < t.hidden && b < count) y[int64_t(first + b) * t.hidden + row] = v[i];
   }
 }
@@ -512,15 +542,24 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
   const bool vec = (t.hidden % W<T>::kVec == 0) && (t.inter % W<T>::kVec == 0) &&
                    (T != WType::FP8 || (t.block_cols % W<T>::kVec == 0 && is_pow2(t.block_cols)));
   if constexpr (T == WType::FP8) {
-    if (tile == kMoeSimtTile && moe_fp8_mma_supported(t) && moe_fp8_mma_enabled()) {
+    if ((tile == kMoeSimtTile || tile == kMoeMmaMidTile) && moe_fp8_mma_supported(t) &&
+        moe_fp8_mma_enabled()) {
       const dim3 g1(blocks_for(t.inter, kMmaWarpRows), unsigned(max_items));
       const dim3 g2(blocks_for(t.hidden, kMmaWarpRows), unsigned(max_items));
       const int s1 = int(imin<int64_t>(kMoeMmaGateUpSplits, t.hidden / kMmaChunk));
       const int s2 = int(imin<int64_t>(kMoeMmaDownSplits, t.inter / kMmaChunk));
       float* h = static_cast<float*>(s.h);
-      launch_k(moe_fp8_gate_up_mma, g1, 32 * s1, 0, stream, t, x, top_k, s.sorted, s.items, s.num_items, h);
-      launch_k(moe_fp8_down_mma, g2, 32 * s2, 0, stream, t, static_cast<const float*>(h), s.items,
-               s.num_items, s.y);
+      auto launch = [&](auto token_tiles) {
+        constexpr int NT = decltype(token_tiles)::value;
+        launch_k(moe_fp8_gate_up_mma<NT>, g1, 32 * s1, 0, stream, t, x, top_k, s.sorted, s.items, s.num_items,
+                 h);
+        launch_k(moe_fp8_down_mma<NT>, g2, 32 * s2, 0, stream, t, static_cast<const float*>(h), s.items,
+                 s.num_items, s.y);
+      };
+      if (tile == kMoeMmaMidTile)
+        launch(std::integral_constant<int, kMoeMmaMidTile / 8>{});
+      else
+        launch(std::integral_constant<int, 1>{});
       return;
     }
   }
@@ -780,10 +819,16 @@ bool decode_vectors(const ExpertTable& t, const MoeDecodeShared& sh) {
 
 }  // namespace
 
-int moe_tile(int64_t n, int top_k, int experts, bool tensor_cores) {
+int moe_tile(const ExpertTable& t, int64_t n, int top_k, bool tensor_cores, bool exact) {
   if (tensor_cores) return kMoeMmaTile;
+  const int64_t pairs = n * top_k;
   // Few pairs per expert (decode): one row per work item, so no warp reduces accumulators it does not use.
-  return n * top_k <= 2 * int64_t(experts) / 8 ? 1 : kMoeSimtTile;
+  if (pairs <= 2 * int64_t(t.experts) / 8) return 1;
+  // FP8 MMA items of 16 rows (activations rounded to bf16 once) once an expert averages 6 tokens: most would
+  // otherwise take two items of 8, each streaming the expert's weights again.
+  if (!exact && pairs >= 6 * int64_t(t.experts) && moe_fp8_mma_supported(t) && moe_fp8_mma_enabled())
+    return kMoeMmaMidTile;
+  return kMoeSimtTile;
 }
 
 int64_t moe_max_items(int64_t pairs, int experts, int tile) {
@@ -791,10 +836,10 @@ int64_t moe_max_items(int64_t pairs, int experts, int tile) {
 }
 
 void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize, const float* x,
-                int64_t n, bool tensor_cores, const MoeScratch& s, float* out, cudaStream_t stream) {
+                int64_t n, int tile, bool tensor_cores, const MoeScratch& s, float* out,
+                cudaStream_t stream) {
   if (n == 0) return;
   const int64_t P = n * top_k;
-  const int tile = moe_tile(n, top_k, t.experts, tensor_cores);
   if (n <= kFusedRouteMaxTokens) {
     launch_k(moe_route_plan_kernel, 1, 1024, 0, stream, router_logits, n, t.experts, top_k, renormalize, tile,
              s.ids, s.weights, s.sorted, s.pair_row, s.items, s.num_items);

@@ -488,8 +488,9 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
       std::vector<int64_t> ns;
     };
     // 8 x 2 x 192 x 128: the tensor-core path's partial 128-row down slab, and items of every row count.
+    // 16 x 4 x 256 x 128 at 40 and 100 tokens (10 and 25 pairs per expert): FP8's mid-size MMA items of 16.
     for (const Case& c : {Case{16, 4, 256, 64, {1, 5, 300}}, Case{256, 8, 2048, 512, {1, 3, 64, 200}},
-                          Case{8, 2, 192, 128, {700}}}) {
+                          Case{8, 2, 192, 128, {700}}, Case{16, 4, 256, 128, {40, 100}}}) {
       std::vector<SwiGlu> experts;
       for (int e = 0; e < c.E; ++e)
         experts.push_back({store.make(dt, c.inter, c.hidden, uint32_t(1000 + 3 * e), 0.05f),
@@ -518,11 +519,15 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
           const bool tensor_cores =
               be == gpu.get() && n * c.top_k >= cuda_tools::moe_tensor_core_min_pairs(dt);
           // FP8 in whole 128x128 blocks: the activations are quantized to e4m3 as well (FP8 x FP8 MMA).
-          const bool fp8_activations =
-              tensor_cores && dt == DType::F8_E4M3 && c.hidden % 128 == 0 && c.inter % 128 == 0;
-          EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref), fp8_activations ? kFp8Activations
-                                                                         : tensor_cores  ? kBf16
-                                                                                         : 1e-4)
+          const bool fp8_blocks = dt == DType::F8_E4M3 && c.hidden % 128 == 0 && c.inter % 128 == 0;
+          const bool fp8_activations = tensor_cores && fp8_blocks;
+          // FP8's mid-size MMA items of 16 (from 6 pairs per expert, cuda::moe_tile) round the activations to
+          // bf16 once, outside exact mode.
+          const bool bf16_activations =
+              tensor_cores || (be == gpu.get() && fp8_blocks && n * c.top_k >= 6 * c.E);
+          EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref), fp8_activations    ? kFp8Activations
+                                                                         : bf16_activations ? kBf16
+                                                                                            : 1e-4)
               << dtype_name(dt) << " E=" << c.E << " n=" << n << (be == gpu32.get() ? " fp32" : " bf16");
         }
       }
