@@ -290,18 +290,22 @@ int serve_tp_follower(const ServeOptions& o, dist::Communicator& group) {
 }
 
 // Random weights for --load-format dummy, made where the backend runs when it can (a GPU: no host copy of a
-// 70 GB model).
-ModelWeights dummy_weights(const ModelConfig& config, uint64_t seed, Backend& backend) {
+// 70 GB model). fp8: every matrix but the vocabulary-sized ones (embeddings, lm_head) in block-scaled FP8, as
+// the FP8 checkpoints ship them; the GPU only.
+ModelWeights dummy_weights(const ModelConfig& config, uint64_t seed, Backend& backend, bool fp8) {
   uint64_t next = seed * 1000003 + 1;
   bool on_backend = true;
   ModelWeights w = make_random_weights(
       config,
       [&](int64_t rows, int64_t cols, float bound) {
-        Matrix m = on_backend ? backend.random_matrix(DType::BF16, rows, cols, next++, bound) : Matrix{};
+        const DType dtype = fp8 && rows != config.vocab_size ? DType::F8_E4M3 : DType::BF16;
+        Matrix m = on_backend ? backend.random_matrix(dtype, rows, cols, next++, bound) : Matrix{};
         on_backend = !m.empty();
         return m;
       },
       uint32_t(seed));
+  check(on_backend || !fp8,
+        "--quantization fp8 --load-format dummy: FP8 random weights are made on a GPU only (--device cuda)");
   return on_backend ? std::move(w) : make_dummy_weights(config, seed);
 }
 
@@ -373,12 +377,16 @@ void check_flags(const ServeOptions& o) {
   if (o.quantization == "fp8") {
     // vLLM and SGLang quantize a BF16 checkpoint at load with --quantization fp8; moeserve serves FP8
     // checkpoints as they are and converts nothing, so a BF16 one would silently take twice the memory.
-    const bool random = o.model == kDemo || o.load_format == "dummy";
+    // With --load-format dummy it makes FP8 random weights (on a GPU), as vLLM's dummy loader does.
     check(
-        !random && ModelConfig::from_file(o.model + "/config.json").fp8.has_value(),
+        o.load_format != "dummy" || o.device != "cpu",
+        "--quantization fp8 --load-format dummy: FP8 random weights are made on a GPU only (--device cuda)");
+    check(
+        o.load_format == "dummy" ||
+            (o.model != kDemo && ModelConfig::from_file(o.model + "/config.json").fp8.has_value()),
         "--quantization fp8: {} not an FP8 checkpoint and moeserve does not quantize at load; serve the FP8 "
         "release (e.g. Qwen/Qwen3.5-35B-A3B-FP8) or drop the flag",
-        random ? "random weights (demo, --load-format dummy) are BF16," : o.model + " is");
+        o.model == kDemo ? "the demo model's random weights are BF16," : o.model + " is");
   }
   text::OutputParserOptions parsers;
   parsers.reasoning_parser = o.reasoning_parser;
@@ -585,7 +593,7 @@ LoadedModel load_model(const ServeOptions& o, const std::optional<text::ModelTex
     Progress p("building random weights for " + shape + " (--load-format dummy)");
     return {dummy_weights(
                 o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json") : preset_config(o.preset),
-                o.seed, backend),
+                o.seed, backend, o.quantization == "fp8"),
             std::nullopt};
   }
   Progress p("loading weights from " + o.model);

@@ -82,7 +82,8 @@ class Backend {
   };
   virtual std::optional<MemoryInfo> device_memory() const { return std::nullopt; }
   // A random weight made in the backend's own memory and owned by the backend: rows×cols of `dtype` (BF16 or
-  // F32) uniform in [-bound, bound) (benchmarks, `serve --load-format dummy`). An empty Matrix where the
+  // F32 uniform in [-bound, bound); F8_E4M3 with 128x128 block scales, |w| ≤ bound) (benchmarks,
+  // `serve --load-format dummy [--quantization fp8]`). An empty Matrix where the
   // backend runs on host memory (make host weights instead).
   virtual Matrix random_matrix(DType dtype, int64_t rows, int64_t cols, uint64_t seed, float bound) {
     (void)dtype, (void)rows, (void)cols, (void)seed, (void)bound;

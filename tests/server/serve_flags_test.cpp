@@ -178,6 +178,9 @@ TEST_F(ServeFlags, ConflictsAndNonFp8QuantizationAreRefused) {
                  {"--max-num-batched-tokens and --chunked-prefill-size"});
   // The weights are not loaded to find out: random weights are BF16, and moeserve does not quantize.
   expect_refused({"demo", "--quantization", "fp8"}, {"--quantization fp8", "does not quantize at load"});
+  // Random FP8 weights (--load-format dummy) are made on a GPU.
+  expect_refused({"--preset", "tiny", "--load-format", "dummy", "--quantization", "fp8", "--device", "cpu"},
+                 {"--quantization fp8 --load-format dummy", "on a GPU only"});
 }
 
 // Numbers out of range and rules that join two flags are refused before the tokenizer or the weights load as

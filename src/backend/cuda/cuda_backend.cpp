@@ -381,12 +381,24 @@ class CudaBackend final : public Backend, public CacheMemory {
   }
 
   Matrix random_matrix(DType dtype, int64_t rows, int64_t cols, uint64_t seed, float bound) override {
-    check(dtype == DType::BF16 || dtype == DType::F32, "random_matrix: {} is not made on the GPU",
-          dtype_name(dtype));
+    check(dtype == DType::BF16 || dtype == DType::F32 || dtype == DType::F8_E4M3,
+          "random_matrix: {} is not made on the GPU", dtype_name(dtype));
     const size_t n = size_t(rows * cols);
     void* p = allocate_device(n * dtype_size(dtype));
-    fill_random(p, dtype, int64_t(n), seed, bound);
-    return Matrix{dtype, rows, cols, p};
+    if (dtype != DType::F8_E4M3) {
+      fill_random(p, dtype, int64_t(n), seed, bound);
+      return Matrix{dtype, rows, cols, p};
+    }
+    // FP8 as the checkpoints ship it: e4m3 codes over their whole range, one scale per 128x128 block (random
+    // in ±bound / 448, so |w| ≤ bound as for the other dtypes; a negative scale only flips signs).
+    fill_random(p, dtype, int64_t(n), seed, 448.0f);
+    Matrix m{dtype, rows, cols, p};
+    m.block_rows = m.block_cols = 128;
+    const int64_t blocks = (rows + 127) / 128 * m.scale_cols();
+    auto* scales = static_cast<float*>(allocate_device(size_t(blocks) * sizeof(float)));
+    fill_random(scales, DType::F32, blocks, seed ^ 0x5ca1e5ULL, bound / 448.0f);
+    m.scale_inv = scales;
+    return m;
   }
   void prepare(const Matrix& w) override { weight(w); }
   void prepare(const float* weights, size_t n) override { vec(weights, n); }
@@ -1513,8 +1525,9 @@ void reset_profile(Backend& b) {
   cuda_of(b).reset_profile();
 }
 // bf16: the grouped GEMM streams the experts faster than the GEMV-style kernels from 512 pairs on (batch 64:
-// 496 vs 657 us per layer on the H200) and ties at 128. FP8: the mid-size MMA kernels (mma_fp8.cuh) stay up
-// to 1024 pairs. MOESERVE_CUDA_MOE_MMA_MIN_PAIRS overrides both (for measuring).
+// 496 vs 657 us per layer on the H200) and ties at 128. FP8: the mid-size MMA kernels (mma_fp8.cuh; items of
+// 16 from 6 pairs per expert) stay up to 4,096 pairs (H200, 35B-A3B experts: 2,048 pairs 508 vs 607 us,
+// 4,096 578 vs 556). MOESERVE_CUDA_MOE_MMA_MIN_PAIRS overrides both (for measuring).
 int64_t moe_tensor_core_min_pairs(DType weights) {
   static const char* env = std::getenv("MOESERVE_CUDA_MOE_MMA_MIN_PAIRS");
   if (env) return std::atoll(env);
