@@ -71,7 +71,12 @@ int run(const Options& o) {
   auto comm = dist::open_group({.tp = o.tp, .device = o.device});
   if (o.tp > 1) weights = shard_weights(weights, comm->rank(), comm->size());
   Qwen35Model model(weights, *backend, comm.get());
-  const DType kv = resolve_kv_cache_dtype(parse_kv_cache_dtype(o.kv_cache_dtype), backend->cache_memory());
+  // auto follows the check: the exact one (--matmul fp32) keeps float32 pages, as the references do; the
+  // serving numerics (bf16) take the serving default (bf16 pages on a GPU).
+  const DType kv =
+      o.kv_cache_dtype == "auto" && o.matmul == "fp32"
+          ? DType::F32
+          : resolve_kv_cache_dtype(parse_kv_cache_dtype(o.kv_cache_dtype), backend->cache_memory());
   auto report = verify_against_reference(model, reference, {o.tolerance, o.layers, kv});
   // A checkpoint with an MTP layer and its reference beside it: the MTP cases follow, in the same report.
   const std::string mtp_reference = o.model + "/mtp_reference.safetensors";
@@ -115,7 +120,8 @@ Registration reg{{"verify", "Check logits and greedy tokens against Hugging Face
                         ->capture_default_str();
                     cmd.add_option(
                            "--kv-cache-dtype", o->kv_cache_dtype,
-                           "KV cache elements: auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 "
+                           "KV cache elements: auto (float32 with --matmul fp32, else bfloat16 on cuda), float32, "
+                           "bfloat16 "
                            "or fp8_e4m3 (also fp32, bf16, fp8)")
                         ->check(
                             CLI::IsMember({"auto", "float32", "fp32", "bfloat16", "bf16", "fp8", "fp8_e4m3"}))
