@@ -16,10 +16,11 @@
 namespace moeserve::peers {
 
 struct ChildOptions {
-  std::string cwd;               // where it runs ("" = here)
-  std::vector<std::string> env;  // "NAME=value" entries added to this process's environment
-  std::string log_path;          // "" = none; else its output is copied there as it arrives
-  int stop_signal = SIGKILL;     // what the destructor sends (SIGTERM for a process that must clean up)
+  // Each member has an initializer so that designated initializers may skip it (GCC 12 warns otherwise).
+  std::string cwd{};               // where it runs ("" = here)
+  std::vector<std::string> env{};  // "NAME=value" entries added to this process's environment
+  std::string log_path{};          // "" = none; else its output is copied there as it arrives
+  int stop_signal = SIGKILL;       // what the destructor sends (SIGTERM for a process that must clean up)
   std::chrono::milliseconds stop_grace{std::chrono::seconds(30)};  // then SIGKILL
 };
 

@@ -1,7 +1,9 @@
 // The shared peers themselves: a child process's output captured and logged, waited for by line and by exit,
 // stopped cleanly even when a grandchild holds its output open; the HTTP client against a scripted loopback
 // server (whole responses, chunks one at a time, a body that ends with the server's close, a truncated one).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -138,6 +140,20 @@ TEST(HttpClient, ReadsChunksOneAtATime) {
   EXPECT_EQ(r.body, "firstsecond");
 }
 
+TEST(HttpClient, ReadUntilStopsAtTheTextOrAtTheEndOfTheBody) {
+  ScriptedServer server(
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n6\r\nsecond\r\n0\r\n\r\n");
+  HttpClient client(server.port());
+  ASSERT_TRUE(client.send("GET", "/stream"));
+  HttpResponse r;
+  ASSERT_TRUE(client.read_head(r));
+  EXPECT_TRUE(client.read_until(r, "irs"));
+  EXPECT_EQ(r.body, "first");  // no further than the piece that holds it
+  EXPECT_FALSE(client.read_until(r, "third"));
+  EXPECT_EQ(r.body, "firstsecond");
+  EXPECT_TRUE(r.complete);
+}
+
 TEST(HttpClient, ABodyEndsAtTheCloseAndATruncatedOneIsIncomplete) {
   {
     ScriptedServer server("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end");
@@ -169,6 +185,25 @@ TEST(HttpClient, WaitClosedKeepsWhatCameFirstAndNobodyListeningIsNotConnected) {
   EXPECT_EQ(got, "raw bytes, then the close");
   EXPECT_FALSE(HttpClient(free_port()).connected());
   EXPECT_EQ(http_request(free_port(), "GET", "/").status, 0);
+}
+
+// Whether 127.0.0.1:port can be bound right now.
+bool can_bind(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  ::close(fd);
+  return bound;
+}
+
+TEST(Loopback, AFreePortPairIsTwoFreePortsInARow) {
+  const uint16_t base = free_port_pair();
+  ASSERT_NE(base, 0);
+  EXPECT_TRUE(can_bind(base));
+  EXPECT_TRUE(can_bind(uint16_t(base + 1)));
 }
 
 }  // namespace

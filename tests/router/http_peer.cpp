@@ -1,50 +1,18 @@
 #include "http_peer.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
-#include <cstring>
+#include <cstdio>
 #include <sstream>
-#include <stdexcept>
 
 namespace moeserve::router::testing {
 
 namespace {
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-std::string trim(std::string s) {
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\r')) s.pop_back();
-  size_t i = 0;
-  while (i < s.size() && s[i] == ' ') ++i;
-  return s.substr(i);
-}
-
-bool write_all(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = ::send(fd, data, size, MSG_NOSIGNAL);
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      return false;
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
 
 // Reads one HTTP/1.1 request from fd into `request`, with `buffer` carrying bytes across requests.
 bool read_request(int fd, std::string& buffer, HttpRequest& request) {
@@ -64,7 +32,7 @@ bool read_request(int fd, std::string& buffer, HttpRequest& request) {
   while (std::getline(head, line)) {
     size_t colon = line.find(':');
     if (colon == std::string::npos) continue;
-    request.headers[lower(line.substr(0, colon))] = trim(line.substr(colon + 1));
+    request.headers[peers::ascii_lower(line.substr(0, colon))] = peers::trim_spaces(line.substr(colon + 1));
   }
   buffer.erase(0, head_end + 4);
   size_t length = 0;
@@ -137,7 +105,7 @@ bool BackendConnection::end_stream() {
 
 bool BackendConnection::send_raw(const std::string& bytes) {
   if (closed_) return false;
-  return write_all(fd_, bytes.data(), bytes.size());
+  return peers::send_all(fd_, bytes.data(), bytes.size());
 }
 
 void BackendConnection::reset() {
@@ -270,223 +238,6 @@ bool Gate::wait(int timeout_ms) {
 bool Gate::is_open() const {
   std::lock_guard lock(mu_);
   return open_;
-}
-
-// ---- HttpClient -------------------------------------------------------------------------------------------
-
-HttpClient::HttpClient(uint16_t port, int receive_buffer) {
-  fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (receive_buffer > 0) ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(port);
-  if (::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-    ::close(fd_);
-    fd_ = -1;
-    return;
-  }
-  int one = 1;
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-HttpClient::~HttpClient() {
-  close();
-}
-
-void HttpClient::close() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
-void HttpClient::send(const std::string& method, const std::string& target, const std::string& body,
-                      const std::vector<std::pair<std::string, std::string>>& headers) {
-  std::string out = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
-  bool has_type = false;
-  for (const auto& [name, value] : headers) {
-    out += name + ": " + value + "\r\n";
-    has_type = has_type || lower(name) == "content-type";
-  }
-  if (!body.empty() && !has_type) out += "Content-Type: application/json\r\n";
-  if (!body.empty() || method == "POST") out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
-  out += "\r\n" + body;
-  write_all(fd_, out.data(), out.size());
-}
-
-bool HttpClient::send_raw(const std::string& bytes) {
-  return write_all(fd_, bytes.data(), bytes.size());
-}
-
-bool HttpClient::wait_closed(int timeout_ms) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  for (;;) {
-    int left = static_cast<int>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
-            .count());
-    if (fd_ < 0 || left <= 0) return false;
-    pollfd p{fd_, POLLIN, 0};
-    if (::poll(&p, 1, left) <= 0) return false;
-    char temp[4096];
-    if (::recv(fd_, temp, sizeof temp, 0) <= 0) return true;
-  }
-}
-
-bool HttpClient::fill(int timeout_ms) {
-  if (fd_ < 0) return false;
-  pollfd p{fd_, POLLIN, 0};
-  if (::poll(&p, 1, timeout_ms) <= 0) return false;
-  char temp[65536];
-  ssize_t n = ::recv(fd_, temp, sizeof temp, 0);
-  if (n <= 0) return false;
-  buffer_.append(temp, static_cast<size_t>(n));
-  return true;
-}
-
-bool HttpClient::read_head(HttpResponse& response, int timeout_ms) {
-  size_t end;
-  while ((end = buffer_.find("\r\n\r\n")) == std::string::npos)
-    if (!fill(timeout_ms)) return false;
-  std::istringstream head(buffer_.substr(0, end));
-  buffer_.erase(0, end + 4);
-  std::string line;
-  std::getline(head, line);
-  std::istringstream first(line);
-  first >> response.version >> response.status;
-  while (std::getline(head, line)) {
-    size_t colon = line.find(':');
-    if (colon != std::string::npos)
-      response.headers[lower(line.substr(0, colon))] = trim(line.substr(colon + 1));
-  }
-  chunked_ = lower(response.header("transfer-encoding")).find("chunked") != std::string::npos;
-  remaining_ = chunked_ || response.header("content-length").empty()
-                   ? -1
-                   : std::stoll(response.header("content-length"));
-  body_done_ = remaining_ == 0 || response.status == 204 || response.status == 304;
-  if (body_done_) response.complete = true;
-  return true;
-}
-
-std::optional<std::string> HttpClient::read_chunk(HttpResponse& response, int timeout_ms) {
-  if (body_done_) return std::nullopt;
-  if (chunked_) {
-    size_t line_end;
-    while ((line_end = buffer_.find("\r\n")) == std::string::npos)
-      if (!fill(timeout_ms)) return std::nullopt;
-    size_t size = std::stoul(buffer_.substr(0, line_end), nullptr, 16);
-    while (buffer_.size() < line_end + 2 + size + 2)
-      if (!fill(timeout_ms)) return std::nullopt;
-    std::string data = buffer_.substr(line_end + 2, size);
-    buffer_.erase(0, line_end + 2 + size + 2);
-    if (size == 0) {
-      body_done_ = true;
-      response.complete = true;
-      return std::nullopt;
-    }
-    response.body += data;
-    return data;
-  }
-  if (buffer_.empty() && !fill(timeout_ms)) {
-    if (remaining_ < 0) {  // read to EOF: the end is the end
-      body_done_ = true;
-      response.complete = true;
-    }
-    return std::nullopt;
-  }
-  size_t take = remaining_ < 0 ? buffer_.size() : std::min<size_t>(buffer_.size(), remaining_);
-  std::string data = buffer_.substr(0, take);
-  buffer_.erase(0, take);
-  if (remaining_ > 0) {
-    remaining_ -= static_cast<int64_t>(take);
-    if (remaining_ == 0) {
-      body_done_ = true;
-      response.complete = true;
-    }
-  }
-  response.body += data;
-  return data;
-}
-
-HttpResponse HttpClient::read_response(int timeout_ms) {
-  HttpResponse response;
-  if (!read_head(response, timeout_ms)) return response;
-  while (read_chunk(response, timeout_ms)) {
-  }
-  return response;
-}
-
-HttpResponse http_request(uint16_t port, const std::string& method, const std::string& target,
-                          const std::string& body,
-                          const std::vector<std::pair<std::string, std::string>>& headers, int timeout_ms) {
-  HttpClient client(port);
-  if (!client.connected()) return {};
-  client.send(method, target, body, headers);
-  return client.read_response(timeout_ms);
-}
-
-bool wait_listening(uint16_t port, int timeout_ms) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < deadline) {
-    HttpClient probe(port);
-    if (probe.connected()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
-
-// ---- Process ----------------------------------------------------------------------------------------------
-
-Process::Process(const std::vector<std::string>& argv, const std::string& log_path) {
-  pid_ = ::fork();
-  if (pid_ == 0) {
-    int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (log >= 0) {
-      ::dup2(log, 1);
-      ::dup2(log, 2);
-    }
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execvp(args[0], args.data());
-    std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
-    ::_exit(127);
-  }
-}
-
-Process::~Process() {
-  if (running()) {
-    ::kill(pid_, SIGKILL);
-    wait(5000);
-  }
-}
-
-void Process::signal(int sig) {
-  if (pid_ > 0) ::kill(pid_, sig);
-}
-
-bool Process::running() {
-  if (pid_ <= 0 || status_ != -1) return false;
-  int status = 0;
-  pid_t r = ::waitpid(pid_, &status, WNOHANG);
-  if (r == pid_) {
-    status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return false;
-  }
-  return true;
-}
-
-int Process::wait(int timeout_ms) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (running()) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      ::waitpid(pid_, &status, 0);
-      status_ = -2;
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return status_;
 }
 
 std::string nginx_reference_config(const std::string& d, uint16_t port, const std::vector<std::string>& urls,

@@ -1,8 +1,8 @@
 #pragma once
 // Test peers for the router, on plain blocking sockets so that a test controls every byte and every pause:
 // FakeBackend (an OpenAI-like server whose behaviour each test scripts: streaming with gates, failing,
-// resetting, dying mid-stream, 429/503), an HTTP client that reads a response chunk by chunk, and Process (a
-// child process such as `moeserve route` or nginx, stopped when the test ends).
+// resetting, dying mid-stream, 429/503). The client that reads a response chunk by chunk and the child
+// processes (`moeserve route`, nginx) are the peer library's (tests/peers).
 
 #include <sys/types.h>
 
@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.h"
+#include "http_client.h"
 #include "loopback.h"
 
 namespace moeserve::router::testing {
@@ -112,72 +114,15 @@ class Gate {
   bool open_ = false;
 };
 
-struct HttpResponse {
-  std::string version;  // "HTTP/1.1"
-  int status = 0;
-  std::map<std::string, std::string> headers;  // lower case
-  std::string body;
-  bool complete = false;  // the body ended as framed (not cut)
-  std::string header(const std::string& name) const {
-    auto it = headers.find(name);
-    return it == headers.end() ? std::string() : it->second;
-  }
-};
-
-// A client connection that can send several requests and read a response piece by piece.
-class HttpClient {
- public:
-  explicit HttpClient(uint16_t port, int receive_buffer = 0);
-  ~HttpClient();
-  bool connected() const { return fd_ >= 0; }
-  void send(const std::string& method, const std::string& target, const std::string& body = "",
-            const std::vector<std::pair<std::string, std::string>>& headers = {});
-  // Bytes as they are, for requests that break the rules.
-  bool send_raw(const std::string& bytes);
-  // True once the other side closed the connection (EOF or reset) before `timeout_ms`; bytes still to come
-  // before the close are dropped.
-  bool wait_closed(int timeout_ms = 10'000);
-  // Reads the status line and headers; false on timeout or close.
-  bool read_head(HttpResponse& response, int timeout_ms = 10'000);
-  // The next piece of body (a chunk's data for chunked responses); nullopt at the end or on error.
-  std::optional<std::string> read_chunk(HttpResponse& response, int timeout_ms = 10'000);
-  HttpResponse read_response(int timeout_ms = 10'000);
-  int fd() const { return fd_; }
-  void close();
-
- private:
-  bool fill(int timeout_ms);
-  int fd_ = -1;
-  std::string buffer_;
-  bool chunked_ = false;
-  int64_t remaining_ = -1;  // content-length left; -1 until the body starts or when reading to EOF
-  bool body_done_ = false;
-};
-
-// One request on a fresh connection.
-HttpResponse http_request(uint16_t port, const std::string& method, const std::string& target,
-                          const std::string& body = "",
-                          const std::vector<std::pair<std::string, std::string>>& headers = {},
-                          int timeout_ms = 10'000);
-
+// The peer library's client, child process and port helpers, in the namespace of the router suites.
+using peers::ChildOptions;
+using peers::ChildProcess;
 using peers::free_port;
-// True once something accepts connections on 127.0.0.1:port (polls up to timeout_ms).
-bool wait_listening(uint16_t port, int timeout_ms = 10'000);
-
-class Process {
- public:
-  Process(const std::vector<std::string>& argv, const std::string& log_path);
-  ~Process();
-  pid_t pid() const { return pid_; }
-  void signal(int sig);
-  // Waits for the exit; returns the exit code, or -1 after timeout_ms (the process is then killed).
-  int wait(int timeout_ms = 10'000);
-  bool running();
-
- private:
-  pid_t pid_ = -1;
-  int status_ = -1;
-};
+using peers::http_request;
+using peers::HttpClient;
+using peers::HttpResponse;
+using peers::wait_http_ok;
+using peers::wait_listening;
 
 // nginx.conf for the reference deployment's tuning (least_conn, max_fails=3 fail_timeout=30s, keepalive 32
 // with a 300 s idle timeout, 300 s read/send timeouts, proxy_buffering off), one worker, everything under
