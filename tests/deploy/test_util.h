@@ -91,13 +91,7 @@ inline std::set<std::string> metrics_in(const std::string& expr) {
   return out;
 }
 
-// Child processes, the HTTP client and free ports are the peer library's (tests/peers).
-using peers::ChildOptions;
-using peers::ChildProcess;
-using peers::free_port;
-using peers::http_request;
-using peers::HttpClient;
-using peers::HttpResponse;
-using peers::wait_http_ok;
+// Child processes, the HTTP client and free ports: the peer library's (tests/peers).
+using namespace peers;
 
 }  // namespace moeserve::deploy::testing
