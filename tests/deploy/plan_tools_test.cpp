@@ -3,19 +3,10 @@
 // systemd-analyze verify. A missing tool fails the test: scripts/install-deps.sh installs them.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
-#include <thread>
 
 #include "deploy/metric_names.h"
 #include "deploy/plan.h"
@@ -258,72 +249,20 @@ TEST(PlanTools, DashboardHasTheReferencePanels) {
 // ---- nginx live in front of a streaming backend
 // ------------------------------------------------------------
 
-// A one-connection HTTP backend that streams two SSE chunks and holds the second back until the client has
-// received the first: if nginx buffered the response, the first chunk would never arrive.
-class StreamingBackend {
- public:
-  StreamingBackend() {
-    uint16_t port = 0;
-    fd_ = peers::listen_loopback(port, 8);
-    port_ = port;
-    thread_ = std::thread([this] { serve(); });
-  }
-  ~StreamingBackend() {
-    release_second_chunk();
-    ::shutdown(fd_, SHUT_RDWR);
-    ::close(fd_);
-    thread_.join();
-  }
-  int port() const { return port_; }
-  void release_second_chunk() {
-    std::lock_guard lock(mu_);
-    release_ = true;
-    cv_.notify_all();
-  }
-  std::string request() {
-    std::lock_guard lock(mu_);
-    return request_;
-  }
-
- private:
-  void serve() {
-    int c = ::accept(fd_, nullptr, nullptr);
-    if (c < 0) return;
-    std::string req;
-    char buf[4096];
-    while (req.find("\r\n\r\n") == std::string::npos) {
-      ssize_t n = ::recv(c, buf, sizeof buf, 0);
-      if (n <= 0) break;
-      req.append(buf, size_t(n));
-    }
-    {
-      std::lock_guard lock(mu_);
-      request_ = req;
-    }
-    auto send_all = [c](const std::string& s) { ::send(c, s.data(), s.size(), MSG_NOSIGNAL); };
-    auto chunk = [](const std::string& s) { return fmt::format("{:x}\r\n{}\r\n", s.size(), s); };
-    send_all("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n");
-    send_all(chunk("data: first\n\n"));
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait_for(lock, std::chrono::seconds(30), [this] { return release_; });
-    }
-    send_all(chunk("data: second\n\n") + chunk("data: [DONE]\n\n") + "0\r\n\r\n");
-    ::close(c);
-  }
-
-  int fd_ = -1, port_ = 0;
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool release_ = false;
-  std::string request_;
-};
-
 TEST(PlanTools, NginxProxiesAndStreamsUnbuffered) {
   std::string nginx = require_tool("nginx", "nginx");
   if (nginx.empty()) return;
-  StreamingBackend backend;
+  // A backend that streams two SSE chunks and holds the second back until the client has received the first:
+  // if nginx buffered the response, the first chunk would never arrive.
+  testing::Gate second_chunk;
+  testing::FakeBackend backend([&](const testing::HttpRequest&, testing::BackendConnection& c) {
+    c.start_stream();
+    c.chunk("data: first\n\n");
+    second_chunk.wait(30'000);
+    c.chunk("data: second\n\n");
+    c.chunk("data: [DONE]\n\n");
+    c.end_stream();
+  });
   int router_port = testing::free_port();
   TempDir dir;
   std::string yaml = fmt::format(R"(
@@ -357,14 +296,16 @@ monitoring: {{prometheus_port: {}, grafana_port: {}}}
       << "the first chunk did not come through before the backend finished: nginx buffers\n"
       << response.body;
   EXPECT_EQ(response.body.find("data: second"), std::string::npos);
-  backend.release_second_chunk();
+  second_chunk.open();
   EXPECT_TRUE(client.read_until(response, "data: [DONE]", 30'000)) << response.body;
   client.close();
   EXPECT_EQ(response.status, 200) << response.body;
   // The upstream request is HTTP/1.1 with the client's Connection header cleared (keep-alive upstreams).
-  std::string upstream = backend.request();
-  EXPECT_NE(upstream.find("POST /v1/chat/completions HTTP/1.1"), std::string::npos) << upstream;
-  EXPECT_EQ(upstream.find("Connection: close"), std::string::npos) << upstream;
+  const auto upstream = backend.requests();
+  ASSERT_FALSE(upstream.empty());
+  EXPECT_EQ(upstream[0].method + " " + upstream[0].target + " " + upstream[0].version,
+            "POST /v1/chat/completions HTTP/1.1");
+  EXPECT_NE(upstream[0].header("connection"), "close");
 }
 
 }  // namespace

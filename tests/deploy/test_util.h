@@ -1,12 +1,9 @@
 #pragma once
-// Helpers for the deploy tests: temporary directories, running real tools (promtool, nginx, systemd-analyze)
-// and reading files.
+// Helpers for the deploy tests: temporary directories, finding real tools (promtool, nginx, systemd-analyze;
+// run_command is the peer library's) and reading files.
 
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -17,27 +14,11 @@
 #include <string>
 
 #include "child_process.h"
+#include "fake_backend.h"
 #include "http_client.h"
 #include "loopback.h"
 
 namespace moeserve::deploy::testing {
-
-struct CommandResult {
-  int status = -1;     // exit code, or -1 when it did not exit normally
-  std::string output;  // stdout and stderr together
-};
-
-inline CommandResult run_command(const std::string& command) {
-  CommandResult r;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
-  int status = ::pclose(pipe);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 // The path of a tool, or "" (callers fail the test naming the package that provides it).
 inline std::string find_tool(const std::string& name) {

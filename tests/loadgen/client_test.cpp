@@ -449,19 +449,11 @@ TEST(Command, AllScenariosAgainstMoeserveServe) {
 
 // --- the command line ---------------------------------------------------------------------------
 
-// Each call writes its own file: ctest runs the tests of this binary in parallel processes, and a shared name
-// let one test read another's output.
+// The moeserve binary with `args`: its output (stdout and stderr), the exit code in *status.
 std::string run_command(const std::string& args, int* status) {
-  static int calls = 0;
-  const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string out = ::testing::TempDir() + "bench_cli_" + test->test_suite_name() + "." + test->name() + "." +
-                    std::to_string(++calls) + ".txt";
-  int rc = std::system((std::string(MOESERVE_BINARY) + " " + args + " > " + out + " 2>&1").c_str());
-  if (status) *status = rc;
-  std::ifstream in(out);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  peers::CommandResult r = peers::run_command(std::string(MOESERVE_BINARY) + " " + args);
+  if (status) *status = r.status;
+  return r.output;
 }
 
 TEST(Command, AllScenariosThenCompare) {

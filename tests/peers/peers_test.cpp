@@ -1,6 +1,7 @@
 // The shared peers themselves: a child process's output captured and logged, waited for by line and by exit,
 // stopped cleanly even when a grandchild holds its output open; the HTTP client against a scripted loopback
-// server (whole responses, chunks one at a time, a body that ends with the server's close, a truncated one).
+// server (whole responses, chunks one at a time, a body that ends with the server's close, a truncated one);
+// FakeBackend answering and recording what it was sent.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -13,6 +14,7 @@
 #include <thread>
 
 #include "child_process.h"
+#include "fake_backend.h"
 #include "http_client.h"
 #include "loopback.h"
 
@@ -65,6 +67,13 @@ TEST(ChildProcess, StopSendsItsSignalAndAGrandchildHoldingTheOutputDoesNotHang) 
   // The default stop is SIGKILL.
   ChildProcess q({"sleep", "600"});
   EXPECT_EQ(q.stop(), 128 + SIGKILL);
+}
+
+TEST(RunCommand, GivesTheExitCodeAndBothOutputs) {
+  CommandResult r = run_command("echo out; echo err >&2; exit 4");
+  EXPECT_EQ(r.status, 4);
+  EXPECT_EQ(r.output, "out\nerr\n");
+  EXPECT_EQ(run_command("kill -9 $$").status, -1);  // no normal exit
 }
 
 // A server that answers each connection with `reply` (after reading a request head) and closes.
@@ -184,6 +193,37 @@ TEST(HttpClient, WaitClosedKeepsWhatCameFirstAndNobodyListeningIsNotConnected) {
   EXPECT_EQ(got, "raw bytes, then the close");
   EXPECT_FALSE(HttpClient(free_port()).connected());
   EXPECT_EQ(http_request(free_port(), "GET", "/").status, 0);
+}
+
+TEST(FakeBackend, HandsEachRequestToItsHandlerAndRecordsIt) {
+  FakeBackend backend([](const HttpRequest& r, BackendConnection& c) {
+    if (r.target == "/stream") {
+      c.start_stream();
+      c.chunk("one");
+      c.chunk("two");
+      c.end_stream();
+    } else {
+      c.respond(201, "{\"echo\":" + r.body + "}", "application/json", {{"X-Seen", r.header("x-test")}});
+    }
+  });
+  HttpResponse whole = http_request(backend.port(), "POST", "/v1/x", "[1]", {{"X-Test", "yes"}});
+  EXPECT_EQ(whole.status, 201);
+  EXPECT_EQ(whole.body, "{\"echo\":[1]}");
+  EXPECT_EQ(whole.header("x-seen"), "yes");
+  HttpClient client(backend.port());
+  ASSERT_TRUE(client.send("GET", "/stream"));
+  HttpResponse streamed;
+  ASSERT_TRUE(client.read_head(streamed));
+  EXPECT_EQ(client.read_chunk(streamed), "one");
+  EXPECT_EQ(client.read_chunk(streamed), "two");
+  EXPECT_FALSE(client.read_chunk(streamed));
+  EXPECT_TRUE(streamed.complete);
+  ASSERT_TRUE(backend.wait_requests(2));
+  const auto requests = backend.requests();
+  EXPECT_EQ(requests[0].method + " " + requests[0].target + " " + requests[0].version, "POST /v1/x HTTP/1.1");
+  EXPECT_EQ(requests[0].body, "[1]");
+  EXPECT_EQ(requests[1].target, "/stream");
+  EXPECT_EQ(backend.connections_accepted(), 2u);
 }
 
 // Whether 127.0.0.1:port can be bound right now.
