@@ -400,10 +400,8 @@ TEST(DoctorModel, UnsupportedTensorTypeFails) {
   std::memcpy(file.data(), &len, 8);
   write_file(model.dir / "model.safetensors", file + header + "abcd");
   auto checks = model.run(host);
-  auto c = find(checks, "model dtype");
+  auto c = expect_check(checks, "model dtype", CheckStatus::Fail, "U8");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->status, CheckStatus::Fail);
-  EXPECT_NE(c->detail.find("U8"), std::string::npos);
 }
 
 TEST(DoctorModel, ContextBeyondTheModelFails) {
@@ -422,10 +420,8 @@ TEST(DoctorModel, ModelThatDoesNotFitFails) {
   FakeModel model;
   host.meminfo(1.024e9, 0.9e9);  // 1 GB at 0.85: less than the working memory alone
   auto checks = model.run(host);
-  auto c = find(checks, "model memory");
+  auto c = expect_check(checks, "model memory", CheckStatus::Fail, "does not fit");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->status, CheckStatus::Fail);
-  EXPECT_NE(c->detail.find("does not fit"), std::string::npos);
   EXPECT_NE(c->detail.find("budget 870.4 MB (unified memory 1.0 GB x 0.85)"), std::string::npos) << c->detail;
 }
 
