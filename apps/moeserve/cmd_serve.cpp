@@ -26,7 +26,6 @@
 #include "engine/tp_runner.h"
 #include "model/checkpoint.h"
 #include "model/init_model.h"
-#include "model/random_weights.h"
 #include "model/tensor_parallel.h"
 #include "server/admission.h"
 #include "server/demo_model.h"
@@ -287,26 +286,6 @@ int serve_tp_follower(const ServeOptions& o, dist::Communicator& group) {
   int64_t steps = run_tp_follower(shard, *backend, group);
   spdlog::info("rank {}: rank 0 stopped after {} steps", group.rank(), steps);
   return 0;
-}
-
-// Random weights for --load-format dummy, made where the backend runs when it can (a GPU: no host copy of a
-// 70 GB model). fp8: every matrix but the vocabulary-sized ones (embeddings, lm_head) in block-scaled FP8, as
-// the FP8 checkpoints ship them; the GPU only.
-ModelWeights dummy_weights(const ModelConfig& config, uint64_t seed, Backend& backend, bool fp8) {
-  uint64_t next = seed * 1000003 + 1;
-  bool on_backend = true;
-  ModelWeights w = make_random_weights(
-      config,
-      [&](int64_t rows, int64_t cols, float bound) {
-        const DType dtype = fp8 && rows != config.vocab_size ? DType::F8_E4M3 : DType::BF16;
-        Matrix m = on_backend ? backend.random_matrix(dtype, rows, cols, next++, bound) : Matrix{};
-        on_backend = !m.empty();
-        return m;
-      },
-      uint32_t(seed));
-  check(on_backend || !fp8,
-        "--quantization fp8 --load-format dummy: FP8 random weights are made on a GPU only (--device cuda)");
-  return on_backend ? std::move(w) : make_dummy_weights(config, seed);
 }
 
 // The KV cache and GDN state budget for SGLang's --mem-fraction-static or vLLM's --gpu-memory-utilization F:
@@ -591,9 +570,10 @@ LoadedModel load_model(const ServeOptions& o, const std::optional<text::ModelTex
   if (o.load_format == "dummy") {
     const std::string shape = o.preset.empty() ? o.model + "/config.json" : "preset " + o.preset;
     Progress p("building random weights for " + shape + " (--load-format dummy)");
-    return {dummy_weights(
+    return {make_dummy_weights_on(
+                backend,
                 o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json") : preset_config(o.preset),
-                o.seed, backend, o.quantization == "fp8"),
+                o.seed, o.quantization == "fp8"),
             std::nullopt};
   }
   Progress p("loading weights from " + o.model);

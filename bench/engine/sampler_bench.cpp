@@ -103,10 +103,12 @@ void BM_EnumCompile(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * state.range(0));
 }
 
-void BM_EnumVocabMask(benchmark::State& state) {
-  const auto vocab = table();
-  JsonMatcher m(JsonSchema::compile(enum_schema(state.range(0))));
-  m.advance("{\"k\": \"");
+// accepts() over the whole `vocab` once the matcher has taken `prefix`: the mask a constrained step
+// computes.
+void time_vocab_mask(benchmark::State& state, const std::shared_ptr<const TokenBytes>& vocab,
+                     std::shared_ptr<const JsonSchema> schema, std::string_view prefix) {
+  JsonMatcher m(std::move(schema));
+  if (!m.advance(prefix)) state.SkipWithError("the prefix is not accepted");
   size_t allowed = 0;
   const uint64_t work = m.work();
   for (auto _ : state) {
@@ -119,6 +121,10 @@ void BM_EnumVocabMask(benchmark::State& state) {
   state.counters["work_per_token"] =
       double(m.work() - work) / double(state.iterations()) / double(vocab->bytes.size());
   state.SetItemsProcessed(state.iterations() * int64_t(vocab->bytes.size()));
+}
+
+void BM_EnumVocabMask(benchmark::State& state) {
+  time_vocab_mask(state, table(), JsonSchema::compile(enum_schema(state.range(0))), "{\"k\": \"");
 }
 
 void BM_EnumSampleToken(benchmark::State& state) {
@@ -199,31 +205,14 @@ std::shared_ptr<const JsonSchema> field_schema(int64_t kind) {
   return JsonSchema::compile({{"type", "object"}, {"properties", {{"v", value}}}, {"required", {"v"}}});
 }
 
-void BM_FieldVocabMask(benchmark::State& state) {
-  const auto vocab = big_table();
-  JsonMatcher m(field_schema(state.range(0)));
-  if (!m.advance(kFields[state.range(0)].text)) state.SkipWithError("the prefix is not accepted");
-  size_t allowed = 0;
-  const uint64_t work = m.work();
-  for (auto _ : state) {
-    allowed = 0;
-    for (size_t id = 0; id < vocab->bytes.size(); ++id)
-      allowed += vocab->usable[id] && m.accepts(vocab->bytes[id]);
-    benchmark::DoNotOptimize(allowed);
-  }
-  state.counters["allowed"] = double(allowed);
-  state.counters["work_per_token"] =
-      double(m.work() - work) / double(state.iterations()) / double(vocab->bytes.size());
-  state.SetItemsProcessed(state.iterations() * int64_t(vocab->bytes.size()));
-}
-BENCHMARK(BM_FieldVocabMask)->ArgName("field")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
-
-// sample() at temperature 1 over a nearly flat 248,320-logit row, from the field's prefix.
-void BM_FieldSampleToken(benchmark::State& state) {
+// sample() at temperature 1 over a nearly flat 248,320-logit row, once the sampler has taken `prefix` (as
+// single-byte tokens: each is in the Qwen3 table).
+void time_sample_token(benchmark::State& state, std::shared_ptr<const JsonSchema> schema,
+                       std::string_view prefix) {
   SamplingParams p;
   p.temperature = 1.0f;
   auto c = std::make_shared<JsonConstraint>();
-  c->schema = field_schema(state.range(0));
+  c->schema = std::move(schema);
   c->vocab = big_table();
   p.json = c;
   std::mt19937 rng(1);
@@ -231,19 +220,29 @@ void BM_FieldSampleToken(benchmark::State& state) {
   std::vector<float> row(kQwen35Vocab);
   for (float& l : row) l = noise(rng);
   const std::vector<int32_t> prompt = {1};
-  // The prefix as single-byte tokens (each is in the Qwen3 table).
-  std::vector<int32_t> prefix;
-  for (char ch : std::string_view(kFields[state.range(0)].text))
-    prefix.push_back(int32_t(std::find(c->vocab->bytes.begin(), c->vocab->bytes.end(), std::string(1, ch)) -
-                             c->vocab->bytes.begin()));
+  std::vector<int32_t> prefix_ids;
+  for (char ch : prefix)
+    prefix_ids.push_back(
+        int32_t(std::find(c->vocab->bytes.begin(), c->vocab->bytes.end(), std::string(1, ch)) -
+                c->vocab->bytes.begin()));
   for (auto _ : state) {
     state.PauseTiming();
     Sampler s(p, prompt, 7);
     s.constrain({kEos});
-    for (int32_t t : prefix) s.accept(t);
+    for (int32_t t : prefix_ids) s.accept(t);
     state.ResumeTiming();
     benchmark::DoNotOptimize(s.sample(row, {}));
   }
+}
+
+void BM_FieldVocabMask(benchmark::State& state) {
+  time_vocab_mask(state, big_table(), field_schema(state.range(0)), kFields[state.range(0)].text);
+}
+BENCHMARK(BM_FieldVocabMask)->ArgName("field")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
+
+// From the field's prefix.
+void BM_FieldSampleToken(benchmark::State& state) {
+  time_sample_token(state, field_schema(state.range(0)), kFields[state.range(0)].text);
 }
 BENCHMARK(BM_FieldSampleToken)->ArgName("field")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
 
@@ -269,49 +268,13 @@ std::shared_ptr<const JsonSchema> call_schema() {
 }
 
 void BM_CallVocabMask(benchmark::State& state) {
-  const auto vocab = big_table();
-  JsonMatcher m(call_schema());
-  if (!m.advance(kCallTexts[state.range(0)])) state.SkipWithError("the prefix is not accepted");
-  size_t allowed = 0;
-  const uint64_t work = m.work();
-  for (auto _ : state) {
-    allowed = 0;
-    for (size_t id = 0; id < vocab->bytes.size(); ++id)
-      allowed += vocab->usable[id] && m.accepts(vocab->bytes[id]);
-    benchmark::DoNotOptimize(allowed);
-  }
-  state.counters["allowed"] = double(allowed);
-  state.counters["work_per_token"] =
-      double(m.work() - work) / double(state.iterations()) / double(vocab->bytes.size());
-  state.SetItemsProcessed(state.iterations() * int64_t(vocab->bytes.size()));
+  time_vocab_mask(state, big_table(), call_schema(), kCallTexts[state.range(0)]);
 }
 BENCHMARK(BM_CallVocabMask)->ArgName("at")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
 
-// sample() at temperature 1 over a nearly flat row at those positions.
+// At those positions.
 void BM_CallSampleToken(benchmark::State& state) {
-  SamplingParams p;
-  p.temperature = 1.0f;
-  auto c = std::make_shared<JsonConstraint>();
-  c->schema = call_schema();
-  c->vocab = big_table();
-  p.json = c;
-  std::mt19937 rng(1);
-  std::normal_distribution<float> noise(0, 0.05f);
-  std::vector<float> row(kQwen35Vocab);
-  for (float& l : row) l = noise(rng);
-  const std::vector<int32_t> prompt = {1};
-  std::vector<int32_t> prefix;
-  for (char ch : std::string_view(kCallTexts[state.range(0)]))
-    prefix.push_back(int32_t(std::find(c->vocab->bytes.begin(), c->vocab->bytes.end(), std::string(1, ch)) -
-                             c->vocab->bytes.begin()));
-  for (auto _ : state) {
-    state.PauseTiming();
-    Sampler s(p, prompt, 7);
-    s.constrain({kEos});
-    for (int32_t t : prefix) s.accept(t);
-    state.ResumeTiming();
-    benchmark::DoNotOptimize(s.sample(row, {}));
-  }
+  time_sample_token(state, call_schema(), kCallTexts[state.range(0)]);
 }
 BENCHMARK(BM_CallSampleToken)->ArgName("at")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
 

@@ -16,7 +16,6 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "model/init_model.h"
-#include "model/random_weights.h"
 
 namespace moeserve {
 namespace {
@@ -89,14 +88,7 @@ int run(const Options& o) {
   ModelConfig config = preset_config(o.preset, o.layers);
   config.mtp_num_layers = 1;
   // Random weights where the backend runs (a GPU: no host copy of a 35B model), as serve --load-format dummy.
-  uint64_t next = 1;
-  bool on_backend = true;
-  ModelWeights weights = make_random_weights(config, [&](int64_t rows, int64_t cols, float bound) {
-    Matrix m = on_backend ? backend->random_matrix(DType::BF16, rows, cols, next++, bound) : Matrix{};
-    on_backend = !m.empty();
-    return m;
-  });
-  if (!on_backend) weights = make_dummy_weights(config, 1);
+  ModelWeights weights = make_dummy_weights_on(*backend, config, 1);
   std::printf("%s on %s, %d-token prompts, %d generated tokens per request\n", config.summary().c_str(),
               o.device.c_str(), o.context, o.tokens);
   for (int batch : o.batches) {

@@ -20,7 +20,6 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "model/init_model.h"
-#include "model/random_weights.h"
 
 namespace moeserve {
 namespace {
@@ -120,14 +119,7 @@ int run(const Options& o) {
   auto backend = make_backend(o.device);
   ModelConfig config = preset_config(o.preset, o.layers);
   // Random weights where the backend runs (a GPU: no host copy of a 35B model), as serve --load-format dummy.
-  uint64_t next = 1;
-  bool on_backend = true;
-  ModelWeights weights = make_random_weights(config, [&](int64_t rows, int64_t cols, float bound) {
-    Matrix m = on_backend ? backend->random_matrix(DType::BF16, rows, cols, next++, bound) : Matrix{};
-    on_backend = !m.empty();
-    return m;
-  });
-  if (!on_backend) weights = make_dummy_weights(config, 1);
+  ModelWeights weights = make_dummy_weights_on(*backend, config, 1);
   std::printf("%s on %s; a %d-token prompt prefills while D requests of %d-token prompts decode\n",
               config.summary().c_str(), o.device.c_str(), o.prompt, o.context);
   std::printf("%7s %4s %12s %12s %10s %14s %15s\n", "budget", "D", "mixed ms/step", "tokens/step", "tok/s",

@@ -140,9 +140,9 @@ Throughput measure_throughput(uint16_t port, int concurrency, double seconds, bo
   return {requests / elapsed, chunks / elapsed, errors.load()};
 }
 
-std::unique_ptr<Process> start_route(const std::string& moeserve, uint16_t port,
-                                     const std::vector<std::string>& backends, const std::string& policy,
-                                     const std::string& log) {
+std::unique_ptr<ChildProcess> start_route(const std::string& moeserve, uint16_t port,
+                                          const std::vector<std::string>& backends, const std::string& policy,
+                                          const std::string& log) {
   std::vector<std::string> argv = {moeserve,
                                    "--log-level",
                                    "warn",
@@ -161,7 +161,7 @@ std::unique_ptr<Process> start_route(const std::string& moeserve, uint16_t port,
     argv.push_back("--backend");
     argv.push_back(b);
   }
-  auto process = std::make_unique<Process>(argv, log);
+  auto process = std::make_unique<ChildProcess>(argv, ChildOptions{.log_path = log});
   if (!wait_listening(port)) throw std::runtime_error("moeserve route did not start; see " + log);
   return process;
 }
@@ -184,9 +184,9 @@ void overhead(const std::string& moeserve, const std::string& baseline, double s
   fs::create_directories(dir);
   uint16_t nginx_port = free_port();
   std::ofstream(dir / "nginx.conf") << nginx_reference_config(dir.string(), nginx_port, {backend.url()});
-  Process nginx({"/usr/sbin/nginx", "-p", dir.string(), "-e", (dir / "error.log").string(), "-c",
-                 (dir / "nginx.conf").string()},
-                (dir / "nginx.out").string());
+  ChildProcess nginx({"/usr/sbin/nginx", "-p", dir.string(), "-e", (dir / "error.log").string(), "-c",
+                      (dir / "nginx.conf").string()},
+                     {.log_path = (dir / "nginx.out").string()});
   if (!wait_listening(nginx_port))
     throw std::runtime_error("nginx did not start (install it: scripts/install-deps.sh)");
   uint16_t route_port = free_port();
@@ -198,7 +198,7 @@ void overhead(const std::string& moeserve, const std::string& baseline, double s
   };
   std::vector<Target> targets = {
       {"direct", backend.port()}, {"moeserve route", route_port}, {"nginx", nginx_port}};
-  std::unique_ptr<Process> baseline_route;
+  std::unique_ptr<ChildProcess> baseline_route;
   if (!baseline.empty()) {
     uint16_t port = free_port();
     baseline_route =
@@ -220,12 +220,12 @@ void overhead(const std::string& moeserve, const std::string& baseline, double s
                 requests.errors + streams.errors ? "  (errors!)" : "");
   }
   nginx.signal(SIGQUIT);
-  nginx.wait();
+  nginx.wait_exit(std::chrono::seconds(10));
   route->signal(SIGTERM);
-  route->wait();
+  route->wait_exit(std::chrono::seconds(10));
   if (baseline_route) {
     baseline_route->signal(SIGTERM);
-    baseline_route->wait();
+    baseline_route->wait_exit(std::chrono::seconds(10));
   }
 }
 
@@ -308,7 +308,7 @@ void cache_hit_rate(const std::string& moeserve) {
     std::printf("%-14s %11.1f%% %18s\n", policy.c_str(),
                 100.0 * static_cast<double>(cached) / static_cast<double>(prompt), spread.c_str());
     route->signal(SIGTERM);
-    route->wait();
+    route->wait_exit(std::chrono::seconds(10));
   }
 }
 
@@ -343,14 +343,14 @@ void real_nodes(const std::string& moeserve, const std::string& baseline, int no
       moeserve::deploy::parse_structured_text(yaml, "bench.yaml"), "bench.yaml", ".");
   moeserve::deploy::write_plan(moeserve::deploy::make_plan(spec), (dir / "plan").string());
 
-  std::vector<std::unique_ptr<Process>> servers;
+  std::vector<std::unique_ptr<ChildProcess>> servers;
   for (int i = 0; i < nodes; ++i) {
     std::string address = fmt::format("127.0.0.{}", i + 1);
-    servers.push_back(std::make_unique<Process>(
+    servers.push_back(std::make_unique<ChildProcess>(
         std::vector<std::string>{moeserve, "--log-level", "warn", "serve", "--model", "demo",
                                  "--served-model-name", "demo", "--host", address, "--port",
                                  std::to_string(node_port), "--cache-memory-gb", "0.05"},
-        (dir / fmt::format("node-{}.log", i + 1)).string()));
+        ChildOptions{.log_path = (dir / fmt::format("node-{}.log", i + 1)).string()}));
   }
   for (int i = 0; i < nodes; ++i) {
     bool up = false;
@@ -362,12 +362,12 @@ void real_nodes(const std::string& moeserve, const std::string& baseline, int no
       throw std::runtime_error(
           fmt::format("node {} did not start; see {}/node-{}.log", i + 1, dir.string(), i + 1));
   }
-  Process route(
+  ChildProcess route(
       {moeserve, "--log-level", "warn", "route", "--config", (dir / "plan/router/router.yaml").string()},
-      (dir / "route.log").string());
-  Process nginx({"/usr/sbin/nginx", "-p", (dir / "nginx").string(), "-e", "stderr", "-g", "daemon off;", "-c",
-                 (dir / "plan/router/nginx.conf").string()},
-                (dir / "nginx.log").string());
+      {.log_path = (dir / "route.log").string()});
+  ChildProcess nginx({"/usr/sbin/nginx", "-p", (dir / "nginx").string(), "-e", "stderr", "-g", "daemon off;",
+                      "-c", (dir / "plan/router/nginx.conf").string()},
+                     {.log_path = (dir / "nginx.log").string()});
   if (!wait_listening(route_port) || !wait_listening(nginx_port))
     throw std::runtime_error("moeserve route or nginx did not start; see " + dir.string());
 
@@ -388,13 +388,13 @@ void real_nodes(const std::string& moeserve, const std::string& baseline, int no
   // direct: node 1 (127.0.0.1:node_port).
   std::vector<Target> targets = {
       {"direct (node 1)", node_port, {}}, {"moeserve route", route_port, {}}, {"nginx", nginx_port, {}}};
-  std::unique_ptr<Process> baseline_route;
+  std::unique_ptr<ChildProcess> baseline_route;
   if (!baseline.empty()) {
     uint16_t port = free_port();
-    baseline_route = std::make_unique<Process>(
+    baseline_route = std::make_unique<ChildProcess>(
         std::vector<std::string>{baseline, "--log-level", "warn", "route", "--config",
                                  (dir / "plan/router/router.yaml").string(), "--port", std::to_string(port)},
-        (dir / "route-baseline.log").string());
+        ChildOptions{.log_path = (dir / "route-baseline.log").string()});
     if (!wait_listening(port)) throw std::runtime_error("the baseline router did not start");
     targets.push_back({"route baseline", port, {}});
   }
@@ -420,15 +420,15 @@ void real_nodes(const std::string& moeserve, const std::string& baseline, int no
     std::printf("%-16s %12.2f %12.2f %14.1f %14.0f%s\n", t.name.c_str(), percentile(t.ttfb, 0.5),
                 percentile(t.ttfb, 0.99), t.requests, t.events, t.errors ? "  (errors!)" : "");
   nginx.signal(SIGQUIT);
-  nginx.wait();
+  nginx.wait_exit(std::chrono::seconds(10));
   route.signal(SIGTERM);
-  route.wait();
+  route.wait_exit(std::chrono::seconds(10));
   if (baseline_route) {
     baseline_route->signal(SIGTERM);
-    baseline_route->wait();
+    baseline_route->wait_exit(std::chrono::seconds(10));
   }
   for (auto& server : servers) server->signal(SIGTERM);
-  for (auto& server : servers) server->wait(30'000);
+  for (auto& server : servers) server->wait_exit(std::chrono::seconds(30));
 }
 
 }  // namespace

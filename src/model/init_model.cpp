@@ -10,10 +10,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "common/error.h"
 #include "common/thread_pool.h"
 #include "model/checkpoint.h"
 #include "model/fp8_quantize.h"
+#include "model/random_weights.h"
 #include "model/safetensors.h"
 
 namespace moeserve {
@@ -513,6 +515,22 @@ ModelWeights make_dummy_weights(ModelConfig config, uint64_t seed, DType dtype) 
   prepare(config, dtype);
   auto set = in_memory(checkpoint_tensors(config, seed, dtype, true));
   return std::move(assemble_checkpoint(std::move(config), set, "dummy weights").weights);
+}
+
+ModelWeights make_dummy_weights_on(Backend& backend, const ModelConfig& config, uint64_t seed, bool fp8) {
+  uint64_t next = seed * 1000003 + 1;
+  bool on_backend = true;  // until the backend makes no matrix (the CPU's): then all on the host
+  ModelWeights w = make_random_weights(
+      config,
+      [&](int64_t rows, int64_t cols, float bound) {
+        const DType dtype = fp8 && rows != config.vocab_size ? DType::F8_E4M3 : DType::BF16;
+        Matrix m = on_backend ? backend.random_matrix(dtype, rows, cols, next++, bound) : Matrix{};
+        on_backend = !m.empty();
+        return m;
+      },
+      uint32_t(seed));
+  check(on_backend || !fp8, "FP8 random weights are made on a GPU only (--device cuda)");
+  return on_backend ? std::move(w) : make_dummy_weights(config, seed);
 }
 
 void add_mrope_sections(ModelConfig& config) {

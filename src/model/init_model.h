@@ -18,6 +18,7 @@
 
 namespace moeserve {
 
+class Backend;
 class TensorSet;
 
 // tiny, small, 35b-a3b, 122b-a10b, 397b-a17b, dense-0.8b (shapes: docs/checkpoints.md). layers > 0 keeps the
@@ -46,6 +47,13 @@ ModelConfig init_model(ModelConfig config, const std::string& dir, const InitMod
 
 // The same weights in memory, owned by the result's storage; no files.
 ModelWeights make_dummy_weights(ModelConfig config, uint64_t seed, DType dtype = DType::BF16);
+
+// Random BF16 weights made where `backend` runs when it can (a GPU: no host copy of a 70 GB model; values of
+// make_random_weights, not make_dummy_weights' bytes), else make_dummy_weights'. For `--load-format dummy`
+// and the engine benchmarks. fp8: every matrix but the vocabulary-sized ones (embeddings, lm_head) in
+// block-scaled FP8, as the FP8 checkpoints ship them; only where the backend makes matrices (a GPU).
+ModelWeights make_dummy_weights_on(Backend& backend, const ModelConfig& config, uint64_t seed,
+                                   bool fp8 = false);
 
 // Interleaved M-RoPE sections in the release's proportions, when `config` has none (a vision model needs
 // them).

@@ -29,115 +29,19 @@ using std::chrono::seconds;
 const std::string kChat =
     R"({"model":"demo","max_tokens":8,"messages":[{"role":"user","content":"Say hello"}]})";
 
-// Two free loopback ports next to each other (cluster up numbers its servers from a base port).
-int free_port_pair() {
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    int p = free_port();
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(uint16_t(p + 1));
-    bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-    ::close(fd);
-    if (ok && p + 1 < 65536) return p;
-  }
-  return free_port();
-}
-
-std::string body_of(const std::string& response) {
-  auto at = response.find("\r\n\r\n");
-  return at == std::string::npos ? "" : response.substr(at + 4);
-}
-
-// A request whose response is read as it arrives. Time limits only guard against a hang.
-class StreamingExchange {
- public:
-  StreamingExchange(int port, const std::string& request) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(uint16_t(port));
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0)
-      ::send(fd_, request.data(), request.size(), MSG_NOSIGNAL);
-  }
-  ~StreamingExchange() { ::close(fd_); }
-  // Reads until the response so far contains `text` (true), or the connection ends (false).
-  bool read_until(const std::string& text, seconds limit) {
-    auto deadline = std::chrono::steady_clock::now() + limit;
-    while (got_.find(text) == std::string::npos)
-      if (!read_more(deadline)) return false;
-    return true;
-  }
-  void read_to_end(seconds limit) {
-    auto deadline = std::chrono::steady_clock::now() + limit;
-    while (read_more(deadline)) {
-    }
-  }
-  const std::string& response() const { return got_; }
-
- private:
-  bool read_more(std::chrono::steady_clock::time_point deadline) {
-    auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    pollfd p{fd_, POLLIN, 0};
-    if (left.count() <= 0 || ::poll(&p, 1, int(left.count())) <= 0) return false;
-    char buf[8192];
-    ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-    if (n <= 0) return false;
-    got_.append(buf, size_t(n));
-    return true;
-  }
-
-  int fd_ = -1;
-  std::string got_;
-};
-
-// The body of a chunked response; `complete` tells whether it ended with its last chunk (not cut).
-std::string dechunk(const std::string& body, bool& complete) {
-  std::string out;
-  complete = false;
-  for (size_t at = 0;;) {
-    size_t line_end = body.find("\r\n", at);
-    if (line_end == std::string::npos) return out;
-    size_t size = std::stoul(body.substr(at, line_end - at), nullptr, 16);
-    if (size == 0) {
-      complete = body.compare(line_end, 4, "\r\n\r\n") == 0;
-      return out;
-    }
-    if (line_end + 2 + size + 2 > body.size()) return out;
-    out += body.substr(line_end + 2, size);
-    at = line_end + 2 + size + 2;
-  }
-}
-
 // Metric families a /metrics page declares (# TYPE lines).
 std::set<std::string> declared_metrics(int port) {
   std::set<std::string> out;
-  std::string page = body_of(http_exchange(port, get("/metrics"), seconds(10)));
+  std::string page = http_request(port, "GET", "/metrics", "", {}, 10'000).body;
   static const std::regex type(R"(# TYPE (\S+) )");
   for (auto it = std::sregex_iterator(page.begin(), page.end(), type); it != std::sregex_iterator(); ++it)
     out.insert((*it)[1]);
   return out;
 }
 
-std::set<std::string> metrics_in(const std::string& text) {
-  std::set<std::string> out;
-  static const std::regex ident(R"((moeserve:[A-Za-z0-9_:]+|moeserve_router_[A-Za-z0-9_]+))");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), ident); it != std::sregex_iterator(); ++it) {
-    std::string name = (*it)[1];
-    for (const char* suffix : {"_bucket", "_sum", "_count"})
-      if (name.ends_with(suffix) && name.find("_seconds") != std::string::npos)
-        name = name.substr(0, name.size() - std::strlen(suffix));
-    out.insert(name);
-  }
-  return out;
-}
-
 TEST(LocalCluster, UpServesThroughTheRouterAndDownLeavesNothing) {
   TempDir dir;
-  int base = free_port_pair(), router = free_port();
+  int base = peers::free_port_pair(), router = free_port();
   std::string bin = MOESERVE_BINARY;
   auto up =
       run_command(fmt::format("{} cluster up --local 2 --model demo --base-port {} --router-port {} --dir {} "
@@ -156,14 +60,14 @@ TEST(LocalCluster, UpServesThroughTheRouterAndDownLeavesNothing) {
 
   // Requests through the router reach the servers.
   for (int i = 0; i < 4; ++i) {
-    std::string r = http_exchange(router, post_json("/v1/chat/completions", kChat), seconds(120));
-    ASSERT_TRUE(r.starts_with("HTTP/1.1 200")) << r;
-    auto j = nlohmann::json::parse(body_of(r));
+    HttpResponse r = http_request(router, "POST", "/v1/chat/completions", kChat, {}, 120'000);
+    ASSERT_EQ(r.status, 200) << r.body;
+    auto j = nlohmann::json::parse(r.body);
     EXPECT_EQ(j["object"], "chat.completion");
     EXPECT_FALSE(j["choices"][0]["message"]["content"].get<std::string>().empty());
   }
   // Both servers got work (least_conn spreads sequential requests round the idle nodes).
-  auto backends = nlohmann::json::parse(body_of(http_exchange(router, get("/backends"), seconds(10))));
+  auto backends = nlohmann::json::parse(http_request(router, "GET", "/backends", "", {}, 10'000).body);
   ASSERT_EQ(backends.size(), 2u) << backends.dump(2);
   for (const auto& b : backends) EXPECT_EQ(b["requests"], 2) << backends.dump(2);
 
@@ -204,25 +108,27 @@ TEST(LocalCluster, DownEndsStreamsInFlightWithAFinishReasonAndDone) {
   EXPECT_EQ(state.shutdown_timeout, 600);
 
   // Tens of thousands of tokens: the stream is still going when the router's deadline comes.
-  StreamingExchange stream(router,
-                           post_json("/v1/chat/completions",
-                                     R"({"model":"demo","stream":true,"max_tokens":30000,"ignore_eos":true,)"
-                                     R"("messages":[{"role":"user","content":"Count to a million"}]})"));
-  ASSERT_TRUE(stream.read_until(R"("content":")", seconds(300))) << stream.response();
+  HttpClient stream(router);
+  stream.send("POST", "/v1/chat/completions",
+              R"({"model":"demo","stream":true,"max_tokens":30000,"ignore_eos":true,)"
+              R"("messages":[{"role":"user","content":"Count to a million"}]})");
+  HttpResponse response;
+  ASSERT_TRUE(stream.read_head(response, 300'000));
+  while (response.body.find(R"("content":")") == std::string::npos)
+    ASSERT_TRUE(stream.read_chunk(response, 300'000)) << response.status << " " << response.body;
   auto down = std::async(std::launch::async, [&] {
     return run_command(fmt::format("{} cluster down --dir {} --timeout 1", bin, dir.path()));
   });
-  stream.read_to_end(seconds(300));
+  while (stream.read_chunk(response, 300'000)) {
+  }
   auto result = down.get();
   EXPECT_EQ(result.status, 0) << result.output;
 
-  const std::string& response = stream.response();
-  ASSERT_TRUE(response.starts_with("HTTP/1.1 200")) << response.substr(0, 2000);
-  ASSERT_NE(response.find("text/event-stream"), std::string::npos);
-  bool complete = false;
-  std::string events = dechunk(body_of(response), complete);
-  EXPECT_TRUE(complete) << "the stream was cut: "
-                        << events.substr(events.size() > 2000 ? events.size() - 2000 : 0);
+  ASSERT_EQ(response.status, 200) << response.body.substr(0, 2000);
+  ASSERT_NE(response.header("content-type").find("text/event-stream"), std::string::npos);
+  const std::string& events = response.body;
+  EXPECT_TRUE(response.complete) << "the stream was cut: "
+                                 << events.substr(events.size() > 2000 ? events.size() - 2000 : 0);
   ASSERT_TRUE(events.ends_with("\n\ndata: [DONE]\n\n"))
       << events.substr(events.size() > 2000 ? events.size() - 2000 : 0);
   // Every event is whole JSON; the last before [DONE] ends the choice.
@@ -256,14 +162,8 @@ TEST(LocalCluster, DownEndsStreamsInFlightWithAFinishReasonAndDone) {
 
 TEST(LocalCluster, RefusesBusyPortsAndMissingState) {
   TempDir dir;
-  int port = free_port();
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(uint16_t(port));
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ::listen(fd, 1);
+  uint16_t port = 0;
+  int fd = peers::listen_loopback(port, 1);
   auto up = run_command(fmt::format("{} cluster up --local 1 --base-port {} --router-port {} --dir {}",
                                     MOESERVE_BINARY, port, free_port(), dir.path()));
   ::close(fd);
@@ -308,25 +208,29 @@ install: {{shutdown_timeout: 5s}}
   EXPECT_EQ(rc.backends[0].url, fmt::format("http://127.0.0.1:{}", node_port));
 
   // serve.sh runs from the source root (the demo model's tokenizer is under .cache/).
-  ChildProcess node({"bash", dir / "nodes/local/serve.sh"}, dir / "node.log");
-  ASSERT_TRUE(wait_ready(node_port, "/health", &node, seconds(600))) << read_file(dir / "node.log");
-  ChildProcess route({"bash", dir / "router/route.sh"}, dir / "router.log");
-  ASSERT_TRUE(wait_ready(router_port, "/health", &route, seconds(60))) << read_file(dir / "router.log");
+  // Stopped as a service manager stops them (SIGTERM), so that each cleans up.
+  auto logged_in_dir = [&](const std::string& log) {
+    return ChildOptions{.log_path = dir / log, .stop_signal = SIGTERM};
+  };
+  ChildProcess node({"bash", dir / "nodes/local/serve.sh"}, logged_in_dir("node.log"));
+  ASSERT_TRUE(wait_http_ok(node_port, "/health", &node, seconds(600))) << node.output();
+  ChildProcess route({"bash", dir / "router/route.sh"}, logged_in_dir("router.log"));
+  ASSERT_TRUE(wait_http_ok(router_port, "/health", &route, seconds(60))) << route.output();
   fs::create_directories(dir / "nginx");
   ChildProcess proxy(
       {nginx, "-p", dir / "nginx", "-c", dir / "router/nginx.conf", "-e", "stderr", "-g", "daemon off;"},
-      dir / "nginx.log");
-  ASSERT_TRUE(wait_ready(nginx_port, "/v1/models", &proxy, seconds(30))) << read_file(dir / "nginx.log");
+      logged_in_dir("nginx.log"));
+  ASSERT_TRUE(wait_http_ok(nginx_port, "/v1/models", &proxy, seconds(30))) << proxy.output();
 
   for (int port : {router_port, nginx_port}) {
-    std::string r = http_exchange(port, post_json("/v1/chat/completions", kChat), seconds(120));
-    ASSERT_TRUE(r.starts_with("HTTP/1.1 200")) << "port " << port << "\n" << r;
-    EXPECT_EQ(nlohmann::json::parse(body_of(r))["choices"].size(), 1u);
+    HttpResponse r = http_request(port, "POST", "/v1/chat/completions", kChat, {}, 120'000);
+    ASSERT_EQ(r.status, 200) << "port " << port << "\n" << r.body;
+    EXPECT_EQ(nlohmann::json::parse(r.body)["choices"].size(), 1u);
     std::string streamed =
         R"({"model":"demo","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"Hi"}]})";
-    std::string s = http_exchange(port, post_json("/v1/chat/completions", streamed), seconds(120));
-    EXPECT_NE(s.find("text/event-stream"), std::string::npos) << s;
-    EXPECT_NE(s.find("data: [DONE]"), std::string::npos) << s;
+    HttpResponse s = http_request(port, "POST", "/v1/chat/completions", streamed, {}, 120'000);
+    EXPECT_NE(s.header("content-type").find("text/event-stream"), std::string::npos) << s.body;
+    EXPECT_NE(s.body.find("data: [DONE]"), std::string::npos) << s.body;
   }
 }
 

@@ -93,6 +93,18 @@ std::string dump(const std::vector<DoctorCheck>& checks) {
   return format_checks(checks);
 }
 
+// The check named `name` (nullptr, a failure, when there is none), expected to have `status` and a detail
+// that says `says`.
+const DoctorCheck* expect_check(const std::vector<DoctorCheck>& checks, const std::string& name,
+                                CheckStatus status, const std::string& says) {
+  const DoctorCheck* c = find(checks, name);
+  EXPECT_NE(c, nullptr) << "no check '" << name << "':\n" << dump(checks);
+  if (!c) return nullptr;
+  EXPECT_EQ(c->status, status) << name << ": " << c->detail;
+  EXPECT_NE(c->detail.find(says), std::string::npos) << name << ": " << c->detail;
+  return c;
+}
+
 TEST(Doctor, HealthySparkPasses) {
   FakeHost host;
   HostFacts f = host.probe();
@@ -116,10 +128,9 @@ TEST(Doctor, WrongArchitectureBinaryFails) {
   FakeHost host;
   write_elf(host.dir / "moeserve", 62);  // an x86_64 build on a Spark
   auto checks = host.run();
-  auto c = find(checks, "architecture");
+  auto c =
+      expect_check(checks, "architecture", CheckStatus::Fail, "built for x86_64, but this CPU is aarch64");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->status, CheckStatus::Fail);
-  EXPECT_NE(c->detail.find("built for x86_64, but this CPU is aarch64"), std::string::npos) << c->detail;
   EXPECT_NE(c->fix.find("Dockerfile.aarch64-sm121"), std::string::npos) << c->fix;
 }
 
@@ -132,10 +143,8 @@ TEST(Doctor, SmallShmFails) {
   FakeHost host;
   host.file("proc/mounts", "shm /dev/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k 0 0\n");
   auto checks = host.run();
-  auto c = find(checks, "shared memory");
+  auto c = expect_check(checks, "shared memory", CheckStatus::Fail, "67.1 MB");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->status, CheckStatus::Fail);
-  EXPECT_NE(c->detail.find("67.1 MB"), std::string::npos) << c->detail;
   EXPECT_NE(c->detail.find("never answer"), std::string::npos);
   EXPECT_NE(c->fix.find("--ipc=host"), std::string::npos);
 }
@@ -208,10 +217,9 @@ TEST(Doctor, CpuOnlyBuildOnAGpuHostFails) {
   FakeHost host;
   host.build = {};
   auto checks = host.run();
-  auto c = find(checks, "cuda build");
+  auto c = expect_check(checks, "cuda build", CheckStatus::Fail,
+                        "built without CUDA, but this host has an NVIDIA GPU");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->status, CheckStatus::Fail);
-  EXPECT_NE(c->detail.find("built without CUDA, but this host has an NVIDIA GPU"), std::string::npos);
   EXPECT_NE(c->fix.find("-DMOESERVE_CUDA=ON"), std::string::npos);
 }
 
@@ -219,10 +227,8 @@ TEST(Doctor, CudaBuildThatCannotBeComparedIsInfo) {
   FakeHost host;
   host.build.cuda_archs = {"native"};
   auto checks = host.run();
-  auto c = find(checks, "cuda build");
+  auto c = expect_check(checks, "cuda build", CheckStatus::Info, "'native'");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->status, CheckStatus::Info) << c->detail;
-  EXPECT_NE(c->detail.find("'native'"), std::string::npos) << c->detail;
   // A GPU without nvidia-smi: its compute capability is unknown.
   host.build.cuda_archs = {"121"};
   host.options.nvidia_smi = host.dir / "not-installed";
@@ -243,10 +249,9 @@ TEST(Doctor, TensorParallelOnGpusSaysServeRefusesIt) {
   FakeHost host;
   host.options.tp = 2;
   auto checks = host.run();
-  auto c = find(checks, "tensor parallel");
+  auto c =
+      expect_check(checks, "tensor parallel", CheckStatus::Warn, "`serve --tp 2 --device cuda` is refused");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->status, CheckStatus::Warn);
-  EXPECT_NE(c->detail.find("`serve --tp 2 --device cuda` is refused"), std::string::npos) << c->detail;
   host.options.tp = 1;
   EXPECT_EQ(find(host.run(), "tensor parallel"), nullptr);
 }
@@ -255,10 +260,8 @@ TEST(Doctor, HiddenGpusWarn) {
   FakeHost host;
   host.options.cuda_visible_devices = "";
   auto checks = host.run();
-  auto c = find(checks, "gpu");
+  auto c = expect_check(checks, "gpu", CheckStatus::Warn, "CUDA_VISIBLE_DEVICES");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->status, CheckStatus::Warn);
-  EXPECT_NE(c->detail.find("CUDA_VISIBLE_DEVICES"), std::string::npos);
 }
 
 TEST(Doctor, OldDriverFails) {
@@ -267,10 +270,8 @@ TEST(Doctor, OldDriverFails) {
   host.file("proc/sys/kernel/arch", "x86_64\n");
   write_elf(host.dir / "moeserve", 62);
   auto checks = host.run();
-  auto c = find(checks, "driver");
-  ASSERT_NE(c, nullptr) << dump(checks);
-  EXPECT_EQ(c->status, CheckStatus::Fail);
-  EXPECT_NE(c->detail.find("550.54.15 is older than 580"), std::string::npos);
+  auto c = expect_check(checks, "driver", CheckStatus::Fail, "550.54.15 is older than 580");
+  ASSERT_NE(c, nullptr);
   EXPECT_EQ(find(checks, "architecture")->status, CheckStatus::Ok);
 }
 
@@ -278,10 +279,8 @@ TEST(Doctor, FailingNvidiaSmiFails) {
   FakeHost host;
   host.smi("echo 'Failed to initialize NVML: Driver/library version mismatch'; exit 18");
   auto checks = host.run();
-  auto c = find(checks, "gpu");
+  auto c = expect_check(checks, "gpu", CheckStatus::Fail, "Driver/library version mismatch");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->status, CheckStatus::Fail);
-  EXPECT_NE(c->detail.find("Driver/library version mismatch"), std::string::npos);
   EXPECT_NE(c->fix.find("reboot"), std::string::npos);
 }
 
@@ -291,10 +290,8 @@ TEST(Doctor, BusyPortFails) {
             "  sl  local_address                         remote_address                        st\n"
             "   0: 00000000000000000000000000000000:7530 00000000000000000000000000000000:0000 0A 0\n");
   auto checks = host.run();
-  auto c = find(checks, "port");
+  auto c = expect_check(checks, "port", CheckStatus::Fail, "port 30000 is already in use");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->status, CheckStatus::Fail);
-  EXPECT_NE(c->detail.find("port 30000 is already in use"), std::string::npos);
   host.options.port = 30001;
   auto again = host.run();
   EXPECT_EQ(find(again, "port")->status, CheckStatus::Ok);
@@ -326,10 +323,8 @@ TEST(Doctor, BusyDiscreteGpuWarns) {
   write_elf(host.dir / "moeserve", 62);
   host.smi("echo 'NVIDIA H200, 9.0, 143771, 40000, 580.65.06'");
   auto checks = host.run();
-  auto c = find(checks, "gpu 0 memory");
-  ASSERT_NE(c, nullptr) << dump(checks);
-  EXPECT_EQ(c->status, CheckStatus::Warn);
-  EXPECT_NE(c->detail.find("41.9 GB of 150.8 GB already in use"), std::string::npos) << c->detail;
+  auto c = expect_check(checks, "gpu 0 memory", CheckStatus::Warn, "41.9 GB of 150.8 GB already in use");
+  ASSERT_NE(c, nullptr);
 }
 
 // ---- model directories
@@ -405,10 +400,8 @@ TEST(DoctorModel, UnsupportedTensorTypeFails) {
   std::memcpy(file.data(), &len, 8);
   write_file(model.dir / "model.safetensors", file + header + "abcd");
   auto checks = model.run(host);
-  auto c = find(checks, "model dtype");
+  auto c = expect_check(checks, "model dtype", CheckStatus::Fail, "U8");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->status, CheckStatus::Fail);
-  EXPECT_NE(c->detail.find("U8"), std::string::npos);
 }
 
 TEST(DoctorModel, ContextBeyondTheModelFails) {
@@ -427,10 +420,8 @@ TEST(DoctorModel, ModelThatDoesNotFitFails) {
   FakeModel model;
   host.meminfo(1.024e9, 0.9e9);  // 1 GB at 0.85: less than the working memory alone
   auto checks = model.run(host);
-  auto c = find(checks, "model memory");
+  auto c = expect_check(checks, "model memory", CheckStatus::Fail, "does not fit");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->status, CheckStatus::Fail);
-  EXPECT_NE(c->detail.find("does not fit"), std::string::npos);
   EXPECT_NE(c->detail.find("budget 870.4 MB (unified memory 1.0 GB x 0.85)"), std::string::npos) << c->detail;
 }
 

@@ -1,25 +1,12 @@
 // The generated files, checked by the real tools operators run them with: promtool (config, rules and a
 // rules unit test with synthetic series), nginx (-t, and live in front of a streaming backend), and
 // systemd-analyze verify. A missing tool fails the test: scripts/install-deps.sh installs them.
-#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
-#include <thread>
 
 #include "deploy/metric_names.h"
 #include "deploy/plan.h"
@@ -30,6 +17,7 @@ namespace moeserve::deploy {
 namespace {
 
 using testing::find_tool;
+using testing::metrics_in;
 using testing::read_file;
 using testing::run_command;
 using testing::TempDir;
@@ -202,20 +190,6 @@ TEST(PlanTools, GeneratedScriptsAreValidBash) {
   }
 }
 
-// Metric names a PromQL expression reads: identifiers of our namespaces, without the histogram suffixes.
-std::set<std::string> metrics_in(const std::string& expr) {
-  std::set<std::string> out;
-  static const std::regex ident(R"((moeserve:[A-Za-z0-9_:]+|moeserve_router_[A-Za-z0-9_]+))");
-  for (auto it = std::sregex_iterator(expr.begin(), expr.end(), ident); it != std::sregex_iterator(); ++it) {
-    std::string name = (*it)[1];
-    for (const char* suffix : {"_bucket", "_sum", "_count"})
-      if (name.ends_with(suffix) && name.find("_seconds") != std::string::npos)
-        name = name.substr(0, name.size() - std::strlen(suffix));
-    out.insert(name);
-  }
-  return out;
-}
-
 TEST(PlanTools, DashboardHasTheReferencePanels) {
   Plan p = make_plan(ClusterSpec::load("deploy/cluster-spark9.yaml"));
   nlohmann::json d;
@@ -275,127 +249,20 @@ TEST(PlanTools, DashboardHasTheReferencePanels) {
 // ---- nginx live in front of a streaming backend
 // ------------------------------------------------------------
 
-// A one-connection HTTP backend that streams two SSE chunks and holds the second back until the client has
-// received the first: if nginx buffered the response, the first chunk would never arrive.
-class StreamingBackend {
- public:
-  StreamingBackend() {
-    uint16_t port = 0;
-    fd_ = peers::listen_loopback(port, 8);
-    port_ = port;
-    thread_ = std::thread([this] { serve(); });
-  }
-  ~StreamingBackend() {
-    release_second_chunk();
-    ::shutdown(fd_, SHUT_RDWR);
-    ::close(fd_);
-    thread_.join();
-  }
-  int port() const { return port_; }
-  void release_second_chunk() {
-    std::lock_guard lock(mu_);
-    release_ = true;
-    cv_.notify_all();
-  }
-  std::string request() {
-    std::lock_guard lock(mu_);
-    return request_;
-  }
-
- private:
-  void serve() {
-    int c = ::accept(fd_, nullptr, nullptr);
-    if (c < 0) return;
-    std::string req;
-    char buf[4096];
-    while (req.find("\r\n\r\n") == std::string::npos) {
-      ssize_t n = ::recv(c, buf, sizeof buf, 0);
-      if (n <= 0) break;
-      req.append(buf, size_t(n));
-    }
-    {
-      std::lock_guard lock(mu_);
-      request_ = req;
-    }
-    auto send_all = [c](const std::string& s) { ::send(c, s.data(), s.size(), MSG_NOSIGNAL); };
-    auto chunk = [](const std::string& s) { return fmt::format("{:x}\r\n{}\r\n", s.size(), s); };
-    send_all("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n");
-    send_all(chunk("data: first\n\n"));
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait_for(lock, std::chrono::seconds(30), [this] { return release_; });
-    }
-    send_all(chunk("data: second\n\n") + chunk("data: [DONE]\n\n") + "0\r\n\r\n");
-    ::close(c);
-  }
-
-  int fd_ = -1, port_ = 0;
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool release_ = false;
-  std::string request_;
-};
-
-// Runs nginx in the foreground; stops it (and its workers) when destroyed.
-class NginxProcess {
- public:
-  NginxProcess(const std::string& nginx, const std::string& prefix, const std::string& conf) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::execl(nginx.c_str(), nginx.c_str(), "-p", prefix.c_str(), "-c", conf.c_str(), "-e", "stderr", "-g",
-              "daemon off;", static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  ~NginxProcess() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);  // fast shutdown: the master stops its workers
-    int status;
-    ::waitpid(pid_, &status, 0);
-  }
-
- private:
-  pid_t pid_ = -1;
-};
-
-int connect_with_retry(int port, std::chrono::seconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(uint16_t(port));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
-    ::close(fd);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return -1;
-}
-
-// Reads until `want` appears or the peer closes; the limit only guards against a hang.
-bool read_until(int fd, std::string& got, const std::string& want, std::chrono::seconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  char buf[4096];
-  while (got.find(want) == std::string::npos) {
-    int left =
-        int(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
-                .count());
-    if (left <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, left) <= 0) return false;
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) return got.find(want) != std::string::npos;
-    got.append(buf, size_t(n));
-  }
-  return true;
-}
-
 TEST(PlanTools, NginxProxiesAndStreamsUnbuffered) {
   std::string nginx = require_tool("nginx", "nginx");
   if (nginx.empty()) return;
-  StreamingBackend backend;
+  // A backend that streams two SSE chunks and holds the second back until the client has received the first:
+  // if nginx buffered the response, the first chunk would never arrive.
+  testing::Gate second_chunk;
+  testing::FakeBackend backend([&](const testing::HttpRequest&, testing::BackendConnection& c) {
+    c.start_stream();
+    c.chunk("data: first\n\n");
+    second_chunk.wait(30'000);
+    c.chunk("data: second\n\n");
+    c.chunk("data: [DONE]\n\n");
+    c.end_stream();
+  });
   int router_port = testing::free_port();
   TempDir dir;
   std::string yaml = fmt::format(R"(
@@ -411,29 +278,34 @@ monitoring: {{prometheus_port: {}, grafana_port: {}}}
   Plan p = make_plan(ClusterSpec::parse(parse_structured_text(yaml, "loopback.yaml"), "loopback.yaml", "."));
   write_plan(p, dir.path());
   std::filesystem::create_directories(dir / "prefix");
-  NginxProcess proc(nginx, dir / "prefix", dir / "router/nginx.conf");
+  // Runs in the foreground; SIGTERM (fast shutdown) makes the master stop its workers.
+  testing::ChildProcess proxy(
+      {nginx, "-p", dir / "prefix", "-c", dir / "router/nginx.conf", "-e", "stderr", "-g", "daemon off;"},
+      {.log_path = dir / "nginx.log", .stop_signal = SIGTERM});
 
-  int fd = connect_with_retry(router_port, std::chrono::seconds(20));
-  ASSERT_GE(fd, 0) << "nginx did not start listening; its log:\n" << read_file(dir / "prefix/error.log");
-  std::string body = R"({"model":"tiny","stream":true,"messages":[{"role":"user","content":"hi"}]})";
-  std::string req = fmt::format(
-      "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-      "Content-Length: {}\r\nConnection: close\r\n\r\n{}",
-      body.size(), body);
-  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
-  std::string got;
-  EXPECT_TRUE(read_until(fd, got, "data: first", std::chrono::seconds(30)))
+  ASSERT_TRUE(peers::wait_listening(router_port, 20'000))
+      << "nginx did not start listening; its log:\n"
+      << read_file(dir / "prefix/error.log") << proxy.output();
+  testing::HttpClient client(router_port);
+  client.send("POST", "/v1/chat/completions",
+              R"({"model":"tiny","stream":true,"messages":[{"role":"user","content":"hi"}]})",
+              {{"Connection", "close"}});
+  testing::HttpResponse response;
+  ASSERT_TRUE(client.read_head(response, 30'000));
+  EXPECT_TRUE(client.read_until(response, "data: first", 30'000))
       << "the first chunk did not come through before the backend finished: nginx buffers\n"
-      << got;
-  EXPECT_EQ(got.find("data: second"), std::string::npos);
-  backend.release_second_chunk();
-  EXPECT_TRUE(read_until(fd, got, "data: [DONE]", std::chrono::seconds(30))) << got;
-  ::close(fd);
-  EXPECT_NE(got.find("HTTP/1.1 200"), std::string::npos) << got;
+      << response.body;
+  EXPECT_EQ(response.body.find("data: second"), std::string::npos);
+  second_chunk.open();
+  EXPECT_TRUE(client.read_until(response, "data: [DONE]", 30'000)) << response.body;
+  client.close();
+  EXPECT_EQ(response.status, 200) << response.body;
   // The upstream request is HTTP/1.1 with the client's Connection header cleared (keep-alive upstreams).
-  std::string upstream = backend.request();
-  EXPECT_NE(upstream.find("POST /v1/chat/completions HTTP/1.1"), std::string::npos) << upstream;
-  EXPECT_EQ(upstream.find("Connection: close"), std::string::npos) << upstream;
+  const auto upstream = backend.requests();
+  ASSERT_FALSE(upstream.empty());
+  EXPECT_EQ(upstream[0].method + " " + upstream[0].target + " " + upstream[0].version,
+            "POST /v1/chat/completions HTTP/1.1");
+  EXPECT_NE(upstream[0].header("connection"), "close");
 }
 
 }  // namespace

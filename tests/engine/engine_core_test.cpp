@@ -458,6 +458,34 @@ int64_t total(const std::vector<int64_t>& step) {
   return sum;
 }
 
+// Greedy requests "d0", "d1", ... decoding side by side, and the tokens each has delivered so far.
+struct Decoders {
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  std::vector<std::vector<int32_t>> got;
+
+  bool all_decoding() const {
+    return std::all_of(got.begin(), got.end(), [](const auto& t) { return !t.empty(); });
+  }
+  // Takes what the last step delivered, expecting one token from each (`step` names it in a failure).
+  void expect_one_token_each(int step) {
+    for (size_t i = 0; i < streams.size(); ++i)
+      EXPECT_EQ(take_tokens(*streams[i], got[i]), 1) << "decoder " << i << " skipped step " << step;
+  }
+};
+
+// Submits one decoder of `max_tokens` per prompt and steps (at most 10 times) until all are decoding or not.
+Decoders start_decoders(Harness& h, const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
+  Decoders d;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    d.streams.push_back(h.submit("d" + std::to_string(i), prompts[i], greedy(max_tokens)));
+  d.got.resize(prompts.size());
+  for (int step = 0; step < 10 && !d.all_decoding(); ++step) {
+    h.step();
+    for (size_t i = 0; i < prompts.size(); ++i) take_tokens(*d.streams[i], d.got[i]);
+  }
+  return d;
+}
+
 // The step budget: every decoding request decodes in every step while a long prompt prefills in the rest of
 // the budget, so the prompt's chunks are budget - decodes tokens and its first token comes when they add up.
 TEST(EngineCore, DecodesRunEveryStepAndPrefillFillsTheRestOfTheBudget) {
@@ -467,20 +495,9 @@ TEST(EngineCore, DecodesRunEveryStepAndPrefillFillsTheRestOfTheBudget) {
   Harness h(o);
   std::mt19937 rng(21);
   std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::shared_ptr<OutputStream>> decoders;
-  for (int i = 0; i < 8; ++i) {
-    prompts.push_back(random_tokens(rng, 4));
-    decoders.push_back(h.submit("d" + std::to_string(i), prompts.back(), greedy(60)));
-  }
-  std::vector<std::vector<int32_t>> got(decoders.size());
-  auto all_decoding = [&] {
-    return std::all_of(got.begin(), got.end(), [](const auto& t) { return !t.empty(); });
-  };
-  for (int step = 0; step < 10 && !all_decoding(); ++step) {
-    h.step();
-    for (size_t i = 0; i < decoders.size(); ++i) take_tokens(*decoders[i], got[i]);
-  }
-  ASSERT_TRUE(all_decoding()) << "8 short prompts did not all start decoding";
+  for (int i = 0; i < 8; ++i) prompts.push_back(random_tokens(rng, 4));
+  Decoders decoders = start_decoders(h, prompts, 60);
+  ASSERT_TRUE(decoders.all_decoding()) << "8 short prompts did not all start decoding";
 
   const auto long_prompt = random_tokens(rng, 100);
   auto long_stream = h.submit("long", long_prompt, greedy(3));
@@ -490,8 +507,7 @@ TEST(EngineCore, DecodesRunEveryStepAndPrefillFillsTheRestOfTheBudget) {
     ASSERT_LT(steps, 100);
     h.step();
     ++steps;
-    for (size_t i = 0; i < decoders.size(); ++i)
-      EXPECT_EQ(take_tokens(*decoders[i], got[i]), 1) << "decoder " << i << " skipped step " << steps;
+    decoders.expect_one_token_each(steps);
     first = take_tokens(*long_stream, long_tokens) > 0;
     const auto& batch = h.model->steps_log.back();
     ASSERT_EQ(batch.size(), 9u);
@@ -500,9 +516,9 @@ TEST(EngineCore, DecodesRunEveryStepAndPrefillFillsTheRestOfTheBudget) {
   }
   EXPECT_EQ(steps, (100 + 7) / 8);  // chunks of 16 - 8 decodes
   h.run_until_idle();
-  for (size_t i = 0; i < decoders.size(); ++i) {
-    take_tokens(*decoders[i], got[i]);
-    EXPECT_EQ(got[i], h.model->expected_greedy(prompts[i], 60)) << i;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    take_tokens(*decoders.streams[i], decoders.got[i]);
+    EXPECT_EQ(decoders.got[i], h.model->expected_greedy(prompts[i], 60)) << i;
   }
   take_tokens(*long_stream, long_tokens);
   EXPECT_EQ(long_tokens, h.model->expected_greedy(long_prompt, 3));
@@ -518,18 +534,10 @@ TEST(EngineCore, PromptsKeepAShareOfAStepFullOfDecodes) {
   o.max_running_requests = 20;
   Harness h(o);
   std::mt19937 rng(22);
-  std::vector<std::shared_ptr<OutputStream>> decoders;
-  for (int i = 0; i < 16; ++i)
-    decoders.push_back(h.submit("d" + std::to_string(i), random_tokens(rng, 3), greedy(40)));
-  std::vector<std::vector<int32_t>> got(decoders.size());
-  auto all_decoding = [&] {
-    return std::all_of(got.begin(), got.end(), [](const auto& t) { return !t.empty(); });
-  };
-  for (int step = 0; step < 10 && !all_decoding(); ++step) {
-    h.step();
-    for (size_t i = 0; i < decoders.size(); ++i) take_tokens(*decoders[i], got[i]);
-  }
-  ASSERT_TRUE(all_decoding());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 16; ++i) prompts.push_back(random_tokens(rng, 3));
+  Decoders decoders = start_decoders(h, prompts, 40);
+  ASSERT_TRUE(decoders.all_decoding());
 
   const auto prompt = random_tokens(rng, 20);
   auto waiting = h.submit("prompt", prompt, greedy(4));
@@ -539,8 +547,7 @@ TEST(EngineCore, PromptsKeepAShareOfAStepFullOfDecodes) {
     ASSERT_LT(steps, 100);
     h.step();
     ++steps;
-    for (size_t i = 0; i < decoders.size(); ++i)
-      EXPECT_EQ(take_tokens(*decoders[i], got[i]), 1) << "decoder " << i << " skipped step " << steps;
+    decoders.expect_one_token_each(steps);
     first = take_tokens(*waiting, tokens) > 0;
     EXPECT_EQ(total(h.model->steps_log.back()), 16 + 2) << "step " << steps;
   }

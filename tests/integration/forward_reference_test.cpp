@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "child_process.h"
 #include "model/checkpoint.h"
 #include "model/safetensors.h"
 #include "model/sequence.h"
@@ -45,10 +46,10 @@ TEST_P(ForwardMatchesHuggingFace, LogitsWithin1e3AndGreedyTokensIdentical) {
 }
 
 // The same references through a bf16 and an FP8 (scale 1.0: the fixtures carry no k_scale/v_scale) KV cache;
-// the prompt cases attend over their own rounded K/V too. Bounds: the measured maxima with margin (bf16 2.9e-3;
-// FP8 0.41, and 0.96 at the one tiny-moe step where the perturbation flips a router's top-2; docs/engine.md).
-// bf16 keeps every greedy token; FP8's 6% steps can resolve a near-tie of these random-weight models the other
-// way, at most one step of a case.
+// the prompt cases attend over their own rounded K/V too. Bounds: the measured maxima with margin
+// (bf16 2.9e-3; FP8 0.41, and 0.96 at the one tiny-moe step where the perturbation flips a router's top-2;
+// docs/engine.md). bf16 keeps every greedy token; FP8's 6% steps can resolve a near-tie of these
+// random-weight models the other way, at most one step of a case.
 TEST_P(ForwardMatchesHuggingFace, Bf16AndFp8KvCachesStayWithinTheirBounds) {
   auto weights = load_checkpoint(kModels + GetParam().name);
   weights.config.rope_bf16_inv_freq = GetParam().bf16_rope;
@@ -73,7 +74,8 @@ TEST_P(ForwardMatchesHuggingFace, Bf16AndFp8KvCachesStayWithinTheirBounds) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ForwardMatchesHuggingFace,
                          ::testing::Values(Fixture{"tiny-moe", true}, Fixture{"tiny-dense", true},
-                                           Fixture{"tiny-moe-vl-layout", true}, Fixture{"small-moe-realdims", true},
+                                           Fixture{"tiny-moe-vl-layout", true},
+                                           Fixture{"small-moe-realdims", true},
                                            Fixture{"small-moe-realdims-fp8", false}),
                          [](const auto& info) {
                            std::string n = info.param.name;
@@ -144,14 +146,10 @@ TEST(ForwardReference, BatchedSequencesMatchRunningAlone) {
   }
 }
 
+// The moeserve binary with `args`: its exit code and output.
 std::pair<int, std::string> run_command(const std::string& args) {
-  std::string command = std::string(MOESERVE_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  int status = pclose(pipe);
-  return {WEXITSTATUS(status), output};
+  peers::CommandResult r = peers::run_command(std::string(MOESERVE_BINARY) + " " + args);
+  return {r.status, r.output};
 }
 
 TEST(VerifyCommand, PassesOnAFixtureAndNamesEveryCase) {

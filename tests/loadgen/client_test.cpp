@@ -4,11 +4,6 @@
 #include "loadgen/client.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,9 +14,12 @@
 #include <sstream>
 #include <thread>
 
+#include "child_process.h"
+#include "fake_openai_server.h"
+#include "http_client.h"
 #include "loadgen/benchmark.h"
 #include "loadgen/report.h"
-#include "fake_openai_server.h"
+#include "loopback.h"
 
 namespace moeserve::loadgen {
 namespace {
@@ -251,22 +249,9 @@ TEST(Client, ServerThatClosesEveryConnectionStillWorks) {
   EXPECT_EQ(server.served().size(), 6u);
 }
 
-// A loopback port nothing listens on (bound once by us, then released).
-int unused_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 TEST(Client, RefusedConnectionsAreFailuresNotCrashes) {
   PromptGenerator prompts(1);
-  LoadResult result = run_load(Endpoint::parse("http://127.0.0.1:" + std::to_string(unused_port())),
+  LoadResult result = run_load(Endpoint::parse("http://127.0.0.1:" + std::to_string(peers::free_port())),
                                closed_loop(2, 4), workload(Scenario::single_turn), prompts);
   ASSERT_EQ(result.records.size(), 4u);
   for (const auto& r : result.records) EXPECT_EQ(r.error_cause, "connect");
@@ -388,50 +373,24 @@ TEST(Benchmark, ServerThatRefusesIgnoreEosIsBenchmarkedWithoutIt) {
 std::string run_command(const std::string& args, int* status = nullptr);
 
 // A `moeserve` subcommand run as a child process (output in TempDir()/log), killed at the end of the test.
-class MoeserveProcess {
- public:
-  MoeserveProcess(std::vector<std::string> args, const std::string& log) {
-    std::string path = ::testing::TempDir() + log;
-    args.insert(args.begin(), MOESERVE_BINARY);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      if (std::freopen(path.c_str(), "w", stdout)) ::dup2(::fileno(stdout), 2);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(MOESERVE_BINARY, argv.data());
-      std::_Exit(127);
-    }
-  }
-  ~MoeserveProcess() {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  // Polls GET /health until it answers 200 (a server that is still loading answers 503).
-  bool ready(const Endpoint& e, int seconds) {
-    for (int i = 0; i < seconds * 10; ++i) {
-      if (http_get(e, "/health", "", 1).status == 200) return true;
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) return false;  // it exited
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
+peers::ChildProcess start_moeserve(std::vector<std::string> args, const std::string& log) {
+  args.insert(args.begin(), MOESERVE_BINARY);
+  return peers::ChildProcess(std::move(args), {.log_path = ::testing::TempDir() + log});
+}
 
 TEST(Command, BenchThroughTheRouter) {
   FakeScript script;
   script.failure = [](size_t n) { return n == 5 ? Failure::http_503 : Failure::none; };
   FakeOpenAiServer server(script);
-  int port = unused_port();
-  MoeserveProcess router({"route", "--host", "127.0.0.1", "--port", std::to_string(port), "--workers", "1",
-                          "--health-interval", "0", "--backend", server.url()},
-                         "bench-router.log");
+  uint16_t port = peers::free_port();
+  peers::ChildProcess router =
+      start_moeserve({"route", "--host", "127.0.0.1", "--port", std::to_string(port), "--workers", "1",
+                      "--health-interval", "0", "--backend", server.url()},
+                     "bench-router.log");
   Endpoint endpoint = Endpoint::parse("http://127.0.0.1:" + std::to_string(port));
-  ASSERT_TRUE(router.ready(endpoint, 20)) << "moeserve route did not come up; see bench-router.log";
+  ASSERT_TRUE(peers::wait_http_ok(port, "/health", &router, std::chrono::seconds(20)))
+      << "moeserve route did not come up:\n"
+      << router.output();
   PromptGenerator prompts(2);
   LoadResult result = run_load(endpoint, closed_loop(1, 8), workload(Scenario::multi_turn, 20, 5), prompts);
   ASSERT_EQ(result.records.size(), 6u);  // the 503 on turn 2 of the second dialogue ends it
@@ -447,12 +406,13 @@ TEST(Command, BenchThroughTheRouter) {
 // The real thing: `moeserve serve --model demo` (random weights, the Qwen3 vocabulary) under all four
 // scenarios, with token-exact prompts. Checks what a real server reports, not how fast it is.
 TEST(Command, AllScenariosAgainstMoeserveServe) {
-  int port = unused_port();
-  MoeserveProcess serve({"serve", "--model", "demo", "--host", "127.0.0.1", "--port", std::to_string(port)},
-                        "bench-serve.log");
+  uint16_t port = peers::free_port();
+  peers::ChildProcess serve = start_moeserve(
+      {"serve", "--model", "demo", "--host", "127.0.0.1", "--port", std::to_string(port)}, "bench-serve.log");
   std::string url = "http://127.0.0.1:" + std::to_string(port);
-  ASSERT_TRUE(serve.ready(Endpoint::parse(url), 300))
-      << "moeserve serve --model demo did not come up; see " << ::testing::TempDir() << "bench-serve.log";
+  ASSERT_TRUE(peers::wait_http_ok(port, "/health", &serve, std::chrono::seconds(300)))
+      << "moeserve serve --model demo did not come up:\n"
+      << serve.output();
   std::string out = ::testing::TempDir() + "bench-serve.json";
   int rc = 0;
   std::string text =
@@ -489,19 +449,11 @@ TEST(Command, AllScenariosAgainstMoeserveServe) {
 
 // --- the command line ---------------------------------------------------------------------------
 
-// Each call writes its own file: ctest runs the tests of this binary in parallel processes, and a shared name
-// let one test read another's output.
+// The moeserve binary with `args`: its output (stdout and stderr), the exit code in *status.
 std::string run_command(const std::string& args, int* status) {
-  static int calls = 0;
-  const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string out = ::testing::TempDir() + "bench_cli_" + test->test_suite_name() + "." + test->name() + "." +
-                    std::to_string(++calls) + ".txt";
-  int rc = std::system((std::string(MOESERVE_BINARY) + " " + args + " > " + out + " 2>&1").c_str());
-  if (status) *status = rc;
-  std::ifstream in(out);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  peers::CommandResult r = peers::run_command(std::string(MOESERVE_BINARY) + " " + args);
+  if (status) *status = r.status;
+  return r.output;
 }
 
 TEST(Command, AllScenariosThenCompare) {

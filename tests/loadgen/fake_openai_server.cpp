@@ -1,16 +1,7 @@
 #include "fake_openai_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstring>
-#include <stdexcept>
-
-#include "loopback.h"
+#include <thread>
 
 namespace moeserve::loadgen::testing {
 namespace {
@@ -18,33 +9,12 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-bool send_all(int fd, const std::string& data) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-std::string chunked(const std::string& payload) {
-  char size[32];
-  std::snprintf(size, sizeof size, "%zx\r\n", payload.size());
-  return size + payload + "\r\n";
-}
-
-bool send_event(int fd, const std::string& data) {
-  return send_all(fd, chunked("data: " + data + "\n\n"));
+std::string event(const std::string& data) {
+  return "data: " + data + "\n\n";
 }
 
 void sleep_s(double s) {
   if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
-}
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
 }
 
 void split_words(const std::string& text, std::vector<std::string>& out) {
@@ -96,25 +66,12 @@ size_t FakeOpenAiServer::count_words(const std::string& text) {
   return words.size();
 }
 
-FakeOpenAiServer::FakeOpenAiServer(FakeScript script) : script_(std::move(script)) {
-  uint16_t port = 0;
-  listen_fd_ = peers::listen_loopback(port);
-  port_ = port;
-  acceptor_ = std::thread([this] { accept_loop(); });
-}
+FakeOpenAiServer::FakeOpenAiServer(FakeScript script)
+    : script_(std::move(script)),
+      backend_([this](const peers::HttpRequest& r, peers::BackendConnection& c) { handle(r, c); }) {}
 
 FakeOpenAiServer::~FakeOpenAiServer() {
-  stopping_ = true;
-  ::shutdown(listen_fd_, SHUT_RDWR);
-  ::close(listen_fd_);
-  acceptor_.join();
-  std::vector<std::thread> workers;
-  {
-    std::lock_guard lock(mutex_);
-    for (int fd : open_fds_) ::shutdown(fd, SHUT_RDWR);
-    workers.swap(workers_);
-  }
-  for (auto& t : workers) t.join();
+  backend_.stop();
 }
 
 std::vector<ServedRequest> FakeOpenAiServer::served() const {
@@ -122,71 +79,18 @@ std::vector<ServedRequest> FakeOpenAiServer::served() const {
   return served_;
 }
 
-void FakeOpenAiServer::accept_loop() {
-  while (!stopping_) {
-    int fd = ::accept(listen_fd_, nullptr, nullptr);
-    if (fd < 0) {
-      if (stopping_) return;
-      continue;
-    }
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    ++connections_;
-    std::lock_guard lock(mutex_);
-    open_fds_.push_back(fd);
-    workers_.emplace_back([this, fd] { serve_connection(fd); });
+void FakeOpenAiServer::handle(const peers::HttpRequest& r, peers::BackendConnection& c) {
+  if (r.method == "POST" && r.target.starts_with("/v1/chat/completions")) return serve_chat(r.body, c);
+  if (r.method == "GET" && r.target.starts_with("/version")) {
+    c.respond(200, R"({"version":"fake-1.0"})");
+  } else if (r.method == "GET" && r.target.starts_with("/v1/models")) {
+    c.respond(200, R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})");
+  } else {
+    c.respond(404, R"({"error":{"message":"not found"}})");
   }
 }
 
-void FakeOpenAiServer::serve_connection(int fd) {
-  std::string buffer;
-  char chunk[16384];
-  bool keep_alive = true;
-  while (keep_alive && !stopping_) {
-    size_t header_end;
-    while ((header_end = buffer.find("\r\n\r\n")) == std::string::npos) {
-      ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
-      if (n <= 0) {
-        keep_alive = false;
-        break;
-      }
-      buffer.append(chunk, static_cast<size_t>(n));
-    }
-    if (!keep_alive) break;
-    std::string head = lower(buffer.substr(0, header_end));
-    size_t content_length = 0;
-    if (auto p = head.find("content-length:"); p != std::string::npos)
-      content_length = std::stoul(head.substr(p + 15));
-    while (buffer.size() < header_end + 4 + content_length) {
-      ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
-      if (n <= 0) break;
-      buffer.append(chunk, static_cast<size_t>(n));
-    }
-    std::string body = buffer.substr(header_end + 4, content_length);
-    buffer.erase(0, header_end + 4 + content_length);
-    std::string request_line = head.substr(0, head.find("\r\n"));
-    if (request_line.rfind("post /v1/chat/completions", 0) == 0) {
-      serve_chat(fd, body, keep_alive);
-      continue;
-    }
-    std::string reply, status = "200 OK";
-    if (request_line.rfind("get /version", 0) == 0) {
-      reply = R"({"version":"fake-1.0"})";
-    } else if (request_line.rfind("get /v1/models", 0) == 0) {
-      reply = R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})";
-    } else {
-      status = "404 Not Found";
-      reply = R"({"error":{"message":"not found"}})";
-    }
-    send_all(fd, "HTTP/1.1 " + status + "\r\nContent-Type: application/json\r\nContent-Length: " +
-                     std::to_string(reply.size()) + "\r\n\r\n" + reply);
-  }
-  std::lock_guard lock(mutex_);
-  open_fds_.erase(std::remove(open_fds_.begin(), open_fds_.end(), fd), open_fds_.end());
-  ::close(fd);
-}
-
-void FakeOpenAiServer::serve_chat(int fd, const std::string& body_text, bool& keep_alive) {
+void FakeOpenAiServer::serve_chat(const std::string& body_text, peers::BackendConnection& c) {
   ServedRequest record;
   record.received = Clock::now();
   record.body = json::parse(body_text, nullptr, false);
@@ -216,32 +120,25 @@ void FakeOpenAiServer::serve_chat(int fd, const std::string& body_text, bool& ke
   for (const std::string& field : script_.rejected_fields) {
     if (!body.is_object() || !body.contains(field)) continue;
     remember();
-    std::string reply =
-        json{{"error",
-              {{"message", "Unrecognized request argument supplied: " + field}, {"type", "invalid_request_error"}}}}
-            .dump();
-    send_all(fd, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: " +
-                     std::to_string(reply.size()) + "\r\n\r\n" + reply);
+    c.respond(400, json{{"error",
+                         {{"message", "Unrecognized request argument supplied: " + field},
+                          {"type", "invalid_request_error"}}}}
+                       .dump());
     return;
   }
 
   if (failure == Failure::close_before_headers) {
     remember();
-    keep_alive = false;
+    c.hang_up();
     return;
   }
   if (failure == Failure::http_500 || failure == Failure::http_429 || failure == Failure::http_503) {
     remember();
-    const char* status = failure == Failure::http_500   ? "500 Internal Server Error"
-                         : failure == Failure::http_429 ? "429 Too Many Requests"
-                                                        : "503 Service Unavailable";
+    const int status = failure == Failure::http_500 ? 500 : failure == Failure::http_429 ? 429 : 503;
     const char* message = failure == Failure::http_500   ? "scripted failure"
                           : failure == Failure::http_429 ? "too many requests"
                                                          : "server is draining";
-    std::string reply = json{{"error", {{"message", message}, {"type", "server_error"}}}}.dump();
-    send_all(fd, std::string("HTTP/1.1 ") + status +
-                     "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(reply.size()) +
-                     "\r\n\r\n" + reply);
+    c.respond(status, json{{"error", {{"message", message}, {"type", "server_error"}}}}.dump());
     return;
   }
 
@@ -253,20 +150,18 @@ void FakeOpenAiServer::serve_chat(int fd, const std::string& body_text, bool& ke
                    body["messages"].back().value("role", "") == "user" &&
                    body.value("tool_choice", "") != "none";
 
-  if (!send_all(
-          fd, std::string("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                          "Transfer-Encoding: chunked\r\n") +
-                  (script_.close_after_response ? "Connection: close\r\n" : "") + "\r\n")) {
-    keep_alive = false;
+  if (script_.close_after_response) c.close_after();  // "Connection: close" on the reply
+  if (!c.start_stream()) {
+    c.hang_up();
     return;
   }
   if (failure == Failure::stall) {
     remember();
     sleep_s(script_.stall_s);
-    keep_alive = false;
+    c.hang_up();
     return;
   }
-  send_event(fd, chunk_json(model, {{"role", "assistant"}, {"content", ""}}));
+  c.chunk(event(chunk_json(model, {{"role", "assistant"}, {"content", ""}})));
   sleep_s(script_.ttft_s);
 
   std::vector<std::string> reply_tokens{"<assistant>"};
@@ -274,16 +169,16 @@ void FakeOpenAiServer::serve_chat(int fd, const std::string& body_text, bool& ke
   if (tool_turn) {
     // A tool call streamed the way vLLM does: the name first, then argument fragments.
     std::vector<std::string> fragments = {R"({"city": )", R"("Paris"})"};
-    send_event(fd, chunk_json(model, {{"tool_calls",
-                                       {{{"index", 0},
-                                         {"id", "call_fake_" + std::to_string(index)},
-                                         {"type", "function"},
-                                         {"function", {{"name", "get_weather"}, {"arguments", ""}}}}}}}));
+    c.chunk(event(chunk_json(model, {{"tool_calls",
+                                      {{{"index", 0},
+                                        {"id", "call_fake_" + std::to_string(index)},
+                                        {"type", "function"},
+                                        {"function", {{"name", "get_weather"}, {"arguments", ""}}}}}}})));
     record.token_sent.push_back(Clock::now());
     for (const auto& fragment : fragments) {
       sleep_s(script_.itl_s);
-      send_event(
-          fd, chunk_json(model, {{"tool_calls", {{{"index", 0}, {"function", {{"arguments", fragment}}}}}}}));
+      c.chunk(event(
+          chunk_json(model, {{"tool_calls", {{{"index", 0}, {"function", {{"arguments", fragment}}}}}}})));
       record.token_sent.push_back(Clock::now());
       split_words(fragment, reply_tokens);
     }
@@ -301,8 +196,8 @@ void FakeOpenAiServer::serve_chat(int fd, const std::string& body_text, bool& ke
       // Stamped before the write: the client cannot have read the chunk earlier, however this thread is
       // scheduled after the write.
       record.token_sent.push_back(Clock::now());
-      if (!send_event(fd, chunk_json(model, {{"content", " " + word}}))) {
-        keep_alive = false;
+      if (!c.chunk(event(chunk_json(model, {{"content", " " + word}})))) {
+        c.hang_up();
         return;
       }
       reply_tokens.push_back(word);
@@ -310,24 +205,24 @@ void FakeOpenAiServer::serve_chat(int fd, const std::string& body_text, bool& ke
   }
   if (failure == Failure::close_mid_stream) {
     remember();
-    keep_alive = false;
+    c.hang_up();
     return;
   }
   if (failure == Failure::error_event) {
-    send_event(fd, R"({"error":{"message":"engine failed mid-stream","type":"server_error"}})");
+    c.chunk(event(R"({"error":{"message":"engine failed mid-stream","type":"server_error"}})"));
   } else if (failure == Failure::bad_json) {
-    send_event(fd, "{not json");
+    c.chunk(event("{not json"));
   } else {
-    send_event(fd, chunk_json(model, json::object(), finish));
+    c.chunk(event(chunk_json(model, json::object(), finish)));
     json usage = {{"prompt_tokens", record.prompt_tokens},
                   {"completion_tokens", tokens},
                   {"total_tokens", record.prompt_tokens + tokens},
                   {"prompt_tokens_details", {{"cached_tokens", record.cached_tokens}}}};
-    send_event(fd, json{{"id", "chatcmpl-fake"},
-                        {"object", "chat.completion.chunk"},
-                        {"choices", json::array()},
-                        {"usage", usage}}
-                       .dump());
+    const json last = {{"id", "chatcmpl-fake"},
+                       {"object", "chat.completion.chunk"},
+                       {"choices", json::array()},
+                       {"usage", usage}};
+    c.chunk(event(last.dump()));
   }
   // Recorded before the stream ends: a client that has read the whole response must find it in served().
   {
@@ -339,9 +234,8 @@ void FakeOpenAiServer::serve_chat(int fd, const std::string& body_text, bool& ke
     }
     served_.push_back(record);
   }
-  send_event(fd, "[DONE]");
-  send_all(fd, "0\r\n\r\n");
-  if (script_.close_after_response) keep_alive = false;
+  c.chunk(event("[DONE]"));
+  c.end_stream();
 }
 
 }  // namespace moeserve::loadgen::testing

@@ -1,18 +1,19 @@
 #pragma once
-// A scripted OpenAI-compatible chat server on loopback for testing the bench client: blocking POSIX sockets,
-// one thread per connection, nothing shared with the client's code. It streams `max_tokens` one-word chunks
+// A scripted OpenAI-compatible chat server on loopback for testing the bench client: the peer library's
+// FakeBackend (blocking sockets, one thread per connection, nothing shared with the client's code) answering
+// as an OpenAI server would. It streams `max_tokens` one-word chunks
 // with known delays, reports usage with cached_tokens (the longest common prefix with earlier prompts and
 // replies, the way a prefix cache would), answers tool-bearing requests with a streamed tool call, and fails
 // on request when the script says so. It records what it received and when it sent each chunk.
 
-#include <atomic>
 #include <chrono>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "fake_backend.h"
 
 namespace moeserve::loadgen::testing {
 
@@ -53,31 +54,24 @@ class FakeOpenAiServer {
   explicit FakeOpenAiServer(FakeScript script = {});
   ~FakeOpenAiServer();
 
-  int port() const { return port_; }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return backend_.port(); }
+  std::string url() const { return backend_.url(); }
   std::vector<ServedRequest> served() const;
-  size_t connections() const { return connections_.load(); }
+  size_t connections() const { return backend_.connections_accepted(); }
 
   // "Words" of a text the way the fake counts tokens: runs of non-space characters, with each '.' its own.
   static size_t count_words(const std::string& text);
 
  private:
-  void accept_loop();
-  void serve_connection(int fd);
-  void serve_chat(int fd, const std::string& body_text, bool& keep_alive);
+  void handle(const peers::HttpRequest& request, peers::BackendConnection& c);
+  void serve_chat(const std::string& body_text, peers::BackendConnection& c);
 
   FakeScript script_;
-  int listen_fd_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stopping_{false};
-  std::atomic<size_t> connections_{0};
-  std::thread acceptor_;
   mutable std::mutex mutex_;
-  std::vector<std::thread> workers_;
-  std::vector<int> open_fds_;
   std::vector<ServedRequest> served_;
   std::vector<std::vector<std::string>> history_;  // token sequences of earlier prompts + replies
   size_t chat_requests_ = 0;
+  peers::FakeBackend backend_;  // last: it stops (and its handlers end) before the state above goes
 };
 
 }  // namespace moeserve::loadgen::testing

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -155,6 +156,18 @@ void ChildProcess::read_output() {
     std::lock_guard lock(mutex_);
     output_.append(buf, size_t(n));
   }
+}
+
+CommandResult run_command(const std::string& shell_command) {
+  CommandResult result;
+  // stderr joins stdout for the whole line, a list of commands included.
+  FILE* pipe = ::popen(("exec 2>&1; " + shell_command).c_str(), "r");
+  if (!pipe) return result;
+  char buffer[4096];
+  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) result.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
 }
 
 void ChildProcess::finish_reading() {

@@ -16,10 +16,11 @@
 namespace moeserve::peers {
 
 struct ChildOptions {
-  std::string cwd;               // where it runs ("" = here)
-  std::vector<std::string> env;  // "NAME=value" entries added to this process's environment
-  std::string log_path;          // "" = none; else its output is copied there as it arrives
-  int stop_signal = SIGKILL;     // what the destructor sends (SIGTERM for a process that must clean up)
+  // Each member has an initializer so that designated initializers may skip it (GCC 12 warns otherwise).
+  std::string cwd{};               // where it runs ("" = here)
+  std::vector<std::string> env{};  // "NAME=value" entries added to this process's environment
+  std::string log_path{};          // "" = none; else its output is copied there as it arrives
+  int stop_signal = SIGKILL;       // what the destructor sends (SIGTERM for a process that must clean up)
   std::chrono::milliseconds stop_grace{std::chrono::seconds(30)};  // then SIGKILL
 };
 
@@ -61,5 +62,14 @@ class ChildProcess {
   std::string output_;
   bool stop_reading_ = false;  // under mutex_
 };
+
+struct CommandResult {
+  int status = -1;     // the exit code, or -1 when it did not exit normally
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command line to its end (no timeout: for commands that end by themselves, such as a tool's
+// check or `moeserve verify`).
+CommandResult run_command(const std::string& shell_command);
 
 }  // namespace moeserve::peers

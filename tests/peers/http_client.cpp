@@ -204,6 +204,12 @@ std::optional<std::string> HttpClient::read_chunk(HttpResponse& response, int ti
   return data;
 }
 
+bool HttpClient::read_until(HttpResponse& response, const std::string& text, int timeout_ms) {
+  while (response.body.find(text) == std::string::npos)
+    if (!read_chunk(response, timeout_ms)) return false;
+  return true;
+}
+
 HttpResponse HttpClient::read_response(int timeout_ms) {
   HttpResponse response;
   if (!read_head(response, timeout_ms)) return response;

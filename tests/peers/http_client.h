@@ -59,6 +59,8 @@ class HttpClient {
   // The next piece of body (a chunk's data for chunked responses), appended to response.body too; nullopt at
   // the end (response.complete) or on timeout or close (not complete).
   std::optional<std::string> read_chunk(HttpResponse& response, int timeout_ms = 10'000);
+  // Reads body pieces until the body holds `text` (true), or the body ends or a read times out first (false).
+  bool read_until(HttpResponse& response, const std::string& text, int timeout_ms = 10'000);
   HttpResponse read_response(int timeout_ms = 10'000);
   // True once the other side closed the connection (EOF or reset) within `timeout_ms`. The bytes that came
   // before the close are appended to `received` when given, else dropped.

@@ -1,7 +1,10 @@
 // The shared peers themselves: a child process's output captured and logged, waited for by line and by exit,
 // stopped cleanly even when a grandchild holds its output open; the HTTP client against a scripted loopback
-// server (whole responses, chunks one at a time, a body that ends with the server's close, a truncated one).
+// server (whole responses, chunks one at a time, a body that ends with the server's close, a truncated one);
+// FakeBackend answering and recording what it was sent.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,6 +14,7 @@
 #include <thread>
 
 #include "child_process.h"
+#include "fake_backend.h"
 #include "http_client.h"
 #include "loopback.h"
 
@@ -63,6 +67,13 @@ TEST(ChildProcess, StopSendsItsSignalAndAGrandchildHoldingTheOutputDoesNotHang) 
   // The default stop is SIGKILL.
   ChildProcess q({"sleep", "600"});
   EXPECT_EQ(q.stop(), 128 + SIGKILL);
+}
+
+TEST(RunCommand, GivesTheExitCodeAndBothOutputs) {
+  CommandResult r = run_command("echo out; echo err >&2; exit 4");
+  EXPECT_EQ(r.status, 4);
+  EXPECT_EQ(r.output, "out\nerr\n");
+  EXPECT_EQ(run_command("kill -9 $$").status, -1);  // no normal exit
 }
 
 // A server that answers each connection with `reply` (after reading a request head) and closes.
@@ -138,6 +149,19 @@ TEST(HttpClient, ReadsChunksOneAtATime) {
   EXPECT_EQ(r.body, "firstsecond");
 }
 
+TEST(HttpClient, ReadUntilStopsAtTheTextOrAtTheEndOfTheBody) {
+  ScriptedServer server(
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n3\r\ndef\r\n0\r\n\r\n");
+  HttpClient client(server.port());
+  HttpResponse r;
+  ASSERT_TRUE(client.send("GET", "/") && client.read_head(r));
+  EXPECT_TRUE(client.read_until(r, "b"));
+  EXPECT_EQ(r.body, "abc");  // no further than the piece that holds it
+  EXPECT_FALSE(client.read_until(r, "never"));
+  EXPECT_EQ(r.body, "abcdef");
+  EXPECT_TRUE(r.complete);
+}
+
 TEST(HttpClient, ABodyEndsAtTheCloseAndATruncatedOneIsIncomplete) {
   {
     ScriptedServer server("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end");
@@ -169,6 +193,56 @@ TEST(HttpClient, WaitClosedKeepsWhatCameFirstAndNobodyListeningIsNotConnected) {
   EXPECT_EQ(got, "raw bytes, then the close");
   EXPECT_FALSE(HttpClient(free_port()).connected());
   EXPECT_EQ(http_request(free_port(), "GET", "/").status, 0);
+}
+
+TEST(FakeBackend, HandsEachRequestToItsHandlerAndRecordsIt) {
+  FakeBackend backend([](const HttpRequest& r, BackendConnection& c) {
+    if (r.target == "/stream") {
+      c.start_stream();
+      c.chunk("one");
+      c.chunk("two");
+      c.end_stream();
+    } else {
+      c.respond(201, "{\"echo\":" + r.body + "}", "application/json", {{"X-Seen", r.header("x-test")}});
+    }
+  });
+  HttpResponse whole = http_request(backend.port(), "POST", "/v1/x", "[1]", {{"X-Test", "yes"}});
+  EXPECT_EQ(whole.status, 201);
+  EXPECT_EQ(whole.body, "{\"echo\":[1]}");
+  EXPECT_EQ(whole.header("x-seen"), "yes");
+  HttpClient client(backend.port());
+  ASSERT_TRUE(client.send("GET", "/stream"));
+  HttpResponse streamed;
+  ASSERT_TRUE(client.read_head(streamed));
+  EXPECT_EQ(client.read_chunk(streamed), "one");
+  EXPECT_EQ(client.read_chunk(streamed), "two");
+  EXPECT_FALSE(client.read_chunk(streamed));
+  EXPECT_TRUE(streamed.complete);
+  ASSERT_TRUE(backend.wait_requests(2));
+  const auto requests = backend.requests();
+  EXPECT_EQ(requests[0].method + " " + requests[0].target + " " + requests[0].version, "POST /v1/x HTTP/1.1");
+  EXPECT_EQ(requests[0].body, "[1]");
+  EXPECT_EQ(requests[1].target, "/stream");
+  EXPECT_EQ(backend.connections_accepted(), 2u);
+}
+
+// Whether 127.0.0.1:port can be bound right now.
+bool can_bind(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  ::close(fd);
+  return bound;
+}
+
+TEST(Loopback, AFreePortPairIsTwoFreePortsInARow) {
+  const uint16_t base = free_port_pair();
+  ASSERT_NE(base, 0);
+  EXPECT_TRUE(can_bind(base));
+  EXPECT_TRUE(can_bind(uint16_t(base + 1)));
 }
 
 }  // namespace

@@ -11,7 +11,6 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "http_peer.h"
@@ -27,26 +26,20 @@ class DemoNode {
   }
   void start() {
     ++starts_;
-    process_ = std::make_unique<Process>(
+    process_ = std::make_unique<ChildProcess>(
         std::vector<std::string>{MOESERVE_BINARY, "serve", "--model", "demo", "--served-model-name", "demo",
                                  "--host", "127.0.0.1", "--port", std::to_string(port_), "--http-threads",
                                  "1", "--cache-memory-gb", "0.05"},
-        log());
+        ChildOptions{.log_path = log()});
   }
   // Waits until /health answers 200; false when the process died first or timeout_ms passed.
   bool ready(int timeout_ms = 600'000) {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (!process_->running()) return false;
-      if (http_request(port_, "GET", "/health").status == 200) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
+    return wait_http_ok(port_, "/health", process_.get(), std::chrono::milliseconds(timeout_ms));
   }
   void signal(int sig) { process_->signal(sig); }
   void kill() {
     process_->signal(SIGKILL);
-    process_->wait();
+    process_->wait_exit(std::chrono::seconds(10));
   }
   bool running() { return process_->running(); }
   uint16_t port() const { return port_; }
@@ -72,7 +65,7 @@ class DemoNode {
   std::string log_prefix_;
   uint16_t port_;
   int starts_ = 0;
-  std::unique_ptr<Process> process_;
+  std::unique_ptr<ChildProcess> process_;
 };
 
 }  // namespace moeserve::router::testing

@@ -1,183 +1,32 @@
 #pragma once
-// Test peers for the router, on plain blocking sockets so that a test controls every byte and every pause:
-// FakeBackend (an OpenAI-like server whose behaviour each test scripts: streaming with gates, failing,
-// resetting, dying mid-stream, 429/503), an HTTP client that reads a response chunk by chunk, and Process (a
-// child process such as `moeserve route` or nginx, stopped when the test ends).
+// What the router suites share beyond the peer library (tests/peers: the scripted FakeBackend, the HTTP
+// client, child processes such as `moeserve route` or nginx, free ports): the reference nginx.conf and an SSE
+// event as serve writes one.
 
-#include <sys/types.h>
-
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <functional>
-#include <map>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "child_process.h"
+#include "fake_backend.h"
+#include "http_client.h"
 #include "loopback.h"
 
 namespace moeserve::router::testing {
 
-struct HttpRequest {
-  std::string method;
-  std::string target;
-  std::map<std::string, std::string> headers;  // names in lower case
-  std::string body;
-  std::string header(const std::string& name) const {
-    auto it = headers.find(name);
-    return it == headers.end() ? std::string() : it->second;
-  }
-};
-
-// One accepted connection of a FakeBackend, handed to its handler per request.
-class BackendConnection {
- public:
-  explicit BackendConnection(int fd) : fd_(fd) {}
-  // A whole response with Content-Length.
-  bool respond(int status, const std::string& body, const std::string& content_type = "application/json",
-               const std::vector<std::pair<std::string, std::string>>& headers = {});
-  // A chunked response: start, then chunks, then end.
-  bool start_stream(int status = 200, const std::string& content_type = "text/event-stream");
-  bool chunk(const std::string& data);
-  bool end_stream();
-  bool send_raw(const std::string& bytes);
-  void reset();        // abortive close (RST), as a crashing server
-  void close_after();  // close the connection after this request instead of keeping it alive
-  void hang_up();      // close it after this request without saying so (as a keep-alive timeout does)
-  int fd() const { return fd_; }
-  bool closed() const { return closed_; }
-  bool keep_open() const { return !close_after_ && !hang_up_ && !closed_; }
-
- private:
-  int fd_;
-  bool closed_ = false;
-  bool close_after_ = false;
-  bool hang_up_ = false;
-};
-
-class FakeBackend {
- public:
-  using Handler = std::function<void(const HttpRequest&, BackendConnection&)>;
-  explicit FakeBackend(Handler handler, std::string name = "");
-  ~FakeBackend();
-  FakeBackend(const FakeBackend&) = delete;
-  FakeBackend& operator=(const FakeBackend&) = delete;
-
-  uint16_t port() const { return port_; }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  const std::string& name() const { return name_; }
-  // Requests received (health checks and /v1/models excluded), in order.
-  std::vector<HttpRequest> requests() const;
-  size_t request_count() const;
-  size_t connections_accepted() const { return accepted_; }
-  // Connections this backend has closed (after hang_up, close_after, reset or the client's close).
-  size_t connections_closed() const;
-  bool wait_closed(size_t count, int timeout_ms = 10'000) const;
-  // Blocks until `count` requests arrived (false after `timeout_ms`).
-  bool wait_requests(size_t count, int timeout_ms = 10'000) const;
-  void stop();  // closes the listener and every connection; later connects are refused
-
- private:
-  void accept_loop();
-  void serve(int fd);
-
-  Handler handler_;
-  std::string name_;
-  int listen_fd_ = -1;
-  uint16_t port_ = 0;
-  std::atomic<bool> stopping_{false};
-  std::atomic<size_t> accepted_{0};
-  std::thread acceptor_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::vector<HttpRequest> requests_;
-  size_t closed_ = 0;
-  std::vector<int> fds_;
-  std::vector<std::thread> threads_;
-};
-
-// A latch a backend handler waits on and a test opens (or the reverse).
-class Gate {
- public:
-  void open();
-  bool wait(int timeout_ms = 10'000);
-  bool is_open() const;
-
- private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
-
-struct HttpResponse {
-  std::string version;  // "HTTP/1.1"
-  int status = 0;
-  std::map<std::string, std::string> headers;  // lower case
-  std::string body;
-  bool complete = false;  // the body ended as framed (not cut)
-  std::string header(const std::string& name) const {
-    auto it = headers.find(name);
-    return it == headers.end() ? std::string() : it->second;
-  }
-};
-
-// A client connection that can send several requests and read a response piece by piece.
-class HttpClient {
- public:
-  explicit HttpClient(uint16_t port, int receive_buffer = 0);
-  ~HttpClient();
-  bool connected() const { return fd_ >= 0; }
-  void send(const std::string& method, const std::string& target, const std::string& body = "",
-            const std::vector<std::pair<std::string, std::string>>& headers = {});
-  // Bytes as they are, for requests that break the rules.
-  bool send_raw(const std::string& bytes);
-  // True once the other side closed the connection (EOF or reset) before `timeout_ms`; bytes still to come
-  // before the close are dropped.
-  bool wait_closed(int timeout_ms = 10'000);
-  // Reads the status line and headers; false on timeout or close.
-  bool read_head(HttpResponse& response, int timeout_ms = 10'000);
-  // The next piece of body (a chunk's data for chunked responses); nullopt at the end or on error.
-  std::optional<std::string> read_chunk(HttpResponse& response, int timeout_ms = 10'000);
-  HttpResponse read_response(int timeout_ms = 10'000);
-  int fd() const { return fd_; }
-  void close();
-
- private:
-  bool fill(int timeout_ms);
-  int fd_ = -1;
-  std::string buffer_;
-  bool chunked_ = false;
-  int64_t remaining_ = -1;  // content-length left; -1 until the body starts or when reading to EOF
-  bool body_done_ = false;
-};
-
-// One request on a fresh connection.
-HttpResponse http_request(uint16_t port, const std::string& method, const std::string& target,
-                          const std::string& body = "",
-                          const std::vector<std::pair<std::string, std::string>>& headers = {},
-                          int timeout_ms = 10'000);
-
+// The peer library, in the namespace of the router suites.
+using peers::BackendConnection;
+using peers::ChildOptions;
+using peers::ChildProcess;
+using peers::FakeBackend;
 using peers::free_port;
-// True once something accepts connections on 127.0.0.1:port (polls up to timeout_ms).
-bool wait_listening(uint16_t port, int timeout_ms = 10'000);
-
-class Process {
- public:
-  Process(const std::vector<std::string>& argv, const std::string& log_path);
-  ~Process();
-  pid_t pid() const { return pid_; }
-  void signal(int sig);
-  // Waits for the exit; returns the exit code, or -1 after timeout_ms (the process is then killed).
-  int wait(int timeout_ms = 10'000);
-  bool running();
-
- private:
-  pid_t pid_ = -1;
-  int status_ = -1;
-};
+using peers::Gate;
+using peers::http_request;
+using peers::HttpClient;
+using peers::HttpRequest;
+using peers::HttpResponse;
+using peers::wait_http_ok;
+using peers::wait_listening;
 
 // nginx.conf for the reference deployment's tuning (least_conn, max_fails=3 fail_timeout=30s, keepalive 32
 // with a 300 s idle timeout, 300 s read/send timeouts, proxy_buffering off), one worker, everything under

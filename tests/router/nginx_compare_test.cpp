@@ -119,13 +119,13 @@ std::vector<std::string> through_nginx(Backends& backends, bool least_conn) {
   uint16_t port = free_port();
   std::ofstream(dir / "nginx.conf") << nginx_reference_config(dir.string(), port, backends.urls(),
                                                               least_conn);
-  Process nginx({"/usr/sbin/nginx", "-p", dir.string(), "-e", (dir / "error.log").string(), "-c",
-                 (dir / "nginx.conf").string()},
-                (dir / "stdout.log").string());
+  ChildProcess nginx({"/usr/sbin/nginx", "-p", dir.string(), "-e", (dir / "error.log").string(), "-c",
+                      (dir / "nginx.conf").string()},
+                     {.log_path = (dir / "stdout.log").string()});
   EXPECT_TRUE(wait_listening(port)) << "nginx did not start; see " << dir;
   auto served = drive(port, backends, "nginx");
   nginx.signal(SIGQUIT);
-  nginx.wait();
+  nginx.wait_exit(std::chrono::seconds(10));
   return served;
 }
 
@@ -141,11 +141,11 @@ std::vector<std::string> through_router(Backends& backends, bool least_conn) {
     argv.push_back("--backend");
     argv.push_back(url);
   }
-  Process router(argv, ::testing::TempDir() + "router-compare.log");
+  ChildProcess router(argv, {.log_path = ::testing::TempDir() + "router-compare.log"});
   EXPECT_TRUE(wait_listening(port)) << "moeserve route did not start";
   auto served = drive(port, backends, "route");
   router.signal(SIGTERM);
-  EXPECT_EQ(router.wait(), 0);
+  EXPECT_EQ(router.wait_exit(std::chrono::seconds(10)), 0);
   return served;
 }
 

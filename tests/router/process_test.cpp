@@ -17,8 +17,8 @@ namespace {
 using namespace testing;
 using namespace std::chrono_literals;
 
-Process start_router(uint16_t port, const std::vector<std::string>& backends, const std::string& log,
-                     std::vector<std::string> extra = {}) {
+ChildProcess start_router(uint16_t port, const std::vector<std::string>& backends, const std::string& log,
+                          std::vector<std::string> extra = {}) {
   std::vector<std::string> argv = {MOESERVE_BINARY,      "route",     "--host", "127.0.0.1", "--port",
                                    std::to_string(port), "--workers", "1"};
   for (const auto& b : backends) {
@@ -26,7 +26,7 @@ Process start_router(uint16_t port, const std::vector<std::string>& backends, co
     argv.push_back(b);
   }
   argv.insert(argv.end(), extra.begin(), extra.end());
-  return Process(argv, ::testing::TempDir() + log);
+  return ChildProcess(argv, {.log_path = ::testing::TempDir() + log});
 }
 
 TEST(RouterProcess, MemoryStaysBoundedWhenTheClientStopsReading) {
@@ -43,7 +43,7 @@ TEST(RouterProcess, MemoryStaysBoundedWhenTheClientStopsReading) {
     c.end_stream();
   });
   uint16_t port = free_port();
-  Process router = start_router(port, {firehose.url()}, "router-memory.log");
+  ChildProcess router = start_router(port, {firehose.url()}, "router-memory.log");
   ASSERT_TRUE(wait_listening(port));
 
   HttpClient client(port, /*receive_buffer=*/64 << 10);
@@ -85,7 +85,7 @@ TEST(RouterProcess, SigtermLetsStreamsInFlightFinishThenExits) {
     c.end_stream();
   });
   uint16_t port = free_port();
-  Process router = start_router(port, {slow.url()}, "router-drain.log", {"--shutdown-timeout", "20s"});
+  ChildProcess router = start_router(port, {slow.url()}, "router-drain.log", {"--shutdown-timeout", "20s"});
   ASSERT_TRUE(wait_listening(port));
   HttpClient client(port);
   client.send("POST", "/v1/chat/completions", R"({"model":"m","stream":true,"messages":[]})");
@@ -108,7 +108,7 @@ TEST(RouterProcess, SigtermLetsStreamsInFlightFinishThenExits) {
   }
   EXPECT_TRUE(response.complete);
   EXPECT_NE(response.body.find("[DONE]"), std::string::npos);
-  EXPECT_EQ(router.wait(), 0);
+  EXPECT_EQ(router.wait_exit(10s), 0);
 }
 
 // What serve's streams look like, with the fields the router's ending copies.
@@ -140,7 +140,7 @@ TEST(RouterProcess, AtTheShutdownDeadlineStreamsEndWithAbortAndDone) {
     c.end_stream();
   });
   uint16_t port = free_port();
-  Process router = start_router(port, {slow.url()}, "router-deadline.log", {"--shutdown-timeout", "1s"});
+  ChildProcess router = start_router(port, {slow.url()}, "router-deadline.log", {"--shutdown-timeout", "1s"});
   ASSERT_TRUE(wait_listening(port));
   HttpClient streaming(port), waiting(port);
   streaming.send("POST", "/v1/chat/completions", R"({"model":"m","stream":true,"messages":[]})");
@@ -164,7 +164,7 @@ TEST(RouterProcess, AtTheShutdownDeadlineStreamsEndWithAbortAndDone) {
   EXPECT_EQ(refused.status, 503) << refused.body;
   EXPECT_NE(refused.body.find("shutting down"), std::string::npos) << refused.body;
   EXPECT_EQ(slow.request_count(), 2u) << "a request the deadline ended went to the backend again";
-  EXPECT_EQ(router.wait(60'000), 0);
+  EXPECT_EQ(router.wait_exit(60s), 0);
 }
 
 // A second SIGTERM moves the deadline to now (as serve's does). While draining, a request on a connection
@@ -186,7 +186,7 @@ TEST(RouterProcess, ASecondSigtermEndsStreamsAtOnceAndDrainingRefusesNewRequests
     c.end_stream();
   });
   uint16_t port = free_port();
-  Process router = start_router(port, {slow.url()}, "router-second.log", {"--shutdown-timeout", "300s"});
+  ChildProcess router = start_router(port, {slow.url()}, "router-second.log", {"--shutdown-timeout", "300s"});
   ASSERT_TRUE(wait_listening(port));
   HttpClient kept(port);
   kept.send("GET", "/backends");
@@ -223,7 +223,7 @@ TEST(RouterProcess, ASecondSigtermEndsStreamsAtOnceAndDrainingRefusesNewRequests
         R"(,"text":"","logprobs":null,"finish_reason":"abort","stop_reason":null}]})"
         "\n\n";
   EXPECT_TRUE(stream.body.ends_with(endings + "data: [DONE]\n\n")) << stream.body;
-  EXPECT_EQ(router.wait(60'000), 0);
+  EXPECT_EQ(router.wait_exit(60s), 0);
 }
 
 TEST(RouterProcess, ReadsAClusterFile) {
@@ -232,13 +232,14 @@ TEST(RouterProcess, ReadsAClusterFile) {
   std::string path = ::testing::TempDir() + "router-cluster.yaml";
   std::ofstream(path) << "router:\n  host: 127.0.0.1\n  port: " << port
                       << "\n  policy: round_robin\n  health_interval: 0\nbackends:\n  - " << a.url() << "\n";
-  Process router({MOESERVE_BINARY, "route", "--config", path}, ::testing::TempDir() + "router-config.log");
+  ChildProcess router({MOESERVE_BINARY, "route", "--config", path},
+                      {.log_path = ::testing::TempDir() + "router-config.log"});
   ASSERT_TRUE(wait_listening(port));
   auto response = http_request(port, "POST", "/v1/completions", R"({"prompt":"hi"})");
   EXPECT_EQ(response.status, 200);
   EXPECT_EQ(response.body, R"({"backend":"a"})");
   router.signal(SIGTERM);
-  EXPECT_EQ(router.wait(), 0);
+  EXPECT_EQ(router.wait_exit(10s), 0);
 }
 
 // The key can come from MOESERVE_API_KEY, so that it shows neither in `ps` nor in a unit file; a --api-key
@@ -252,9 +253,10 @@ TEST(RouterProcess, TakesTheApiKeyFromTheEnvironmentAndTheFlagWins) {
   };
   ::setenv("MOESERVE_API_KEY", "from-env", 1);
   uint16_t env_port = free_port();
-  Process env_router = start_router(env_port, {a.url()}, "router-env-key.log");
+  ChildProcess env_router = start_router(env_port, {a.url()}, "router-env-key.log");
   uint16_t flag_port = free_port();
-  Process flag_router = start_router(flag_port, {a.url()}, "router-flag-key.log", {"--api-key", "from-flag"});
+  ChildProcess flag_router =
+      start_router(flag_port, {a.url()}, "router-flag-key.log", {"--api-key", "from-flag"});
   ::unsetenv("MOESERVE_API_KEY");
   ASSERT_TRUE(wait_listening(env_port));
   ASSERT_TRUE(wait_listening(flag_port));
@@ -271,17 +273,15 @@ TEST(RouterProcess, TakesTheApiKeyFromTheEnvironmentAndTheFlagWins) {
   EXPECT_GE(soft, std::min(hard, 2L * 4096 + 1024)) << "the soft limit on open files was not raised";
   env_router.signal(SIGTERM);
   flag_router.signal(SIGTERM);
-  EXPECT_EQ(env_router.wait(), 0);
-  EXPECT_EQ(flag_router.wait(), 0);
+  EXPECT_EQ(env_router.wait_exit(10s), 0);
+  EXPECT_EQ(flag_router.wait_exit(10s), 0);
 }
 
 TEST(RouterProcess, RefusesABadConfigurationWithAReason) {
-  Process router({MOESERVE_BINARY, "route", "--backend", "https://x:1"},
-                 ::testing::TempDir() + "router-bad.log");
-  EXPECT_EQ(router.wait(), 1);
-  std::ifstream log(::testing::TempDir() + "router-bad.log");
-  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("only http://"), std::string::npos) << text;
+  ChildProcess router({MOESERVE_BINARY, "route", "--backend", "https://x:1"},
+                      {.log_path = ::testing::TempDir() + "router-bad.log"});
+  EXPECT_EQ(router.wait_exit(10s), 1);
+  EXPECT_NE(router.output().find("only http://"), std::string::npos) << router.output();
 }
 
 }  // namespace

@@ -19,11 +19,7 @@
 namespace moeserve {
 namespace {
 
-using testing::poisoned;
-using testing::random_vector;
-using testing::rel_error;
-using testing::to_device;
-using testing::to_host;
+using namespace testing;  // moeserve::testing: cuda_test_util.h
 
 constexpr double kChunked = 1e-2;
 constexpr double kRecurrent = 1e-4;

@@ -17,24 +17,10 @@
 namespace moeserve {
 namespace {
 
-using testing::poisoned;
-using testing::random_vector;
-using testing::rel_error;
-using testing::to_device;
-using testing::to_host;
-using testing::WeightStore;
+using namespace testing;  // moeserve::testing: cuda_test_util.h
 
-constexpr double kExact = 2e-5;
-constexpr double kBf16 = 2e-2;
-
-class CudaOps : public ::testing::Test {
+class CudaOps : public CudaAgainstCpu {
  protected:
-  void SetUp() override {
-    MOESERVE_REQUIRE_GPU();
-    gpu = make_backend("cuda");
-    gpu32 = make_backend("cuda", {.fp32_matmul = true});
-  }
-  std::unique_ptr<Backend> cpu = make_cpu_backend(), gpu, gpu32;
   WeightStore store;
 };
 

@@ -22,11 +22,7 @@
 namespace moeserve {
 namespace {
 
-using testing::poisoned;
-using testing::random_vector;
-using testing::rel_error;
-using testing::to_device;
-using testing::WeightStore;
+using namespace testing;  // moeserve::testing: cuda_test_util.h
 
 constexpr int kSteps = 7;
 constexpr int kSwitchStep = 4;  // from here on a slot, page or buffer is another one

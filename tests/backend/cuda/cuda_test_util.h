@@ -1,6 +1,7 @@
 #pragma once
-// Helpers for the CUDA backend tests: skipping without a GPU, device copies of host data, weights of every
-// dtype kept alive for a whole test (the backend keys its device copies by host address), and error norms.
+// Helpers for the CUDA backend tests: skipping without a GPU, the CUDA-against-CPU fixture and its
+// tolerances, device copies of host data, weights of every dtype kept alive for a whole test (the backend
+// keys its device copies by host address), and error norms.
 
 #include <gtest/gtest.h>
 
@@ -33,6 +34,23 @@ inline double rel_error(const std::vector<float>& a, const std::vector<float>& b
   }
   return err / scale;
 }
+
+// Tolerances of rel_error: float32 kernels agree with the CPU to summation order (1e-5..1e-4 of the output's
+// scale); bf16 tensor-core paths round their operands to bf16 (2^-9 relative each).
+constexpr double kExact = 2e-5;
+constexpr double kBf16 = 2e-2;
+
+// A suite comparing the CUDA backend, as served (bf16 tensor-core matmuls) and with float32 matmuls, with the
+// CPU backend (the reference); skipped without a GPU.
+class CudaAgainstCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MOESERVE_REQUIRE_GPU();
+    gpu = make_backend("cuda");
+    gpu32 = make_backend("cuda", {.fp32_matmul = true});
+  }
+  std::unique_ptr<Backend> cpu = make_cpu_backend(), gpu, gpu32;
+};
 
 // Device buffer holding a copy of host data (poisoned with NaN when made from a size only).
 inline Buffer to_device(Backend& be, const std::vector<float>& host) {
