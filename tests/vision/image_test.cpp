@@ -200,7 +200,8 @@ TEST(DecodeImage, UnknownCorruptAndTruncatedInputIsAnImageError) {
 
 TEST(DecodeImage, MutatedFilesOfEveryFormatDecodeOrFailCleanly) {
   // Seeded byte flips, truncations and splices of a valid file of each format: each either decodes to the
-  // size its header declares or throws ImageError (a crash or another exception fails the test).
+  // size its header declares (the size probe_image reads) or throws ImageError; probe_image too gives a
+  // size or throws ImageError (a crash or another exception fails the test).
   Image card = test_card(24, 16);
   uint8_t* webp = nullptr;
   size_t webp_size = WebPEncodeLosslessRGB(card.rgb.data(), card.width, card.height, card.width * 3, &webp);
@@ -236,8 +237,18 @@ TEST(DecodeImage, MutatedFilesOfEveryFormatDecodeOrFailCleanly) {
         Image img = decode_image(bytes, DecodeLimits{1 << 20});
         EXPECT_EQ(img.rgb.size(), size_t(img.width) * size_t(img.height) * 3);
         ++decoded;
+        // What the server budgets from the header is what the decoder made.
+        ImageInfo info = probe_image(bytes);
+        EXPECT_EQ(info.width, img.width);
+        EXPECT_EQ(info.height, img.height);
       } catch (const ImageError&) {
         ++refused;
+      }
+      try {
+        ImageInfo info = probe_image(bytes);
+        EXPECT_GT(info.width, 0);
+        EXPECT_GT(info.height, 0);
+      } catch (const ImageError&) {
       }
     }
   }
