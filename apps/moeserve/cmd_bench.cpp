@@ -1,5 +1,5 @@
 // moeserve bench: load generator for any OpenAI-compatible endpoint (docs/bench.md).
-//   moeserve bench --url URL --scenario single_turn|multi_turn|tool_call|long_gen|all [load] [lengths] ...
+//   moeserve bench --url URL --scenario single_turn|multi_turn|tool_call|long_gen|all|image [load] [lengths]
 //   moeserve bench compare A.json B.json ...
 //   moeserve bench plot result.json --out result.svg
 #include <fmt/format.h>
@@ -8,12 +8,13 @@
 #include <iostream>
 #include <sstream>
 
+#include "command.h"
+#include "common/error.h"
 #include "loadgen/benchmark.h"
+#include "loadgen/image.h"
 #include "loadgen/plot.h"
 #include "loadgen/progress.h"
 #include "loadgen/report.h"
-#include "command.h"
-#include "common/error.h"
 
 namespace moeserve::app {
 namespace {
@@ -22,7 +23,8 @@ using nlohmann::json;
 
 struct Flags {
   std::string url, model, api_key, label, scenario = "single_turn", tokenizer, output, plot;
-  std::string sweep, extra_body, tool_choice = "auto";
+  std::string sweep, extra_body, tool_choice = "auto", image_size = "448", image_format = "png";
+  size_t images_per_request = 1;
   size_t concurrency = 1, num_requests = 0, input_len = 256, output_len = 128, long_output_len = 4096,
          turns = 10;
   double request_rate = 0, duration = 0, timeout = 600, temperature = 0;
@@ -120,6 +122,10 @@ int run_bench(const Flags& f, bool concurrency_given, bool rate_given) {
   config.workload.ignore_eos = !f.no_ignore_eos;
   config.workload.temperature = f.temperature;
   config.workload.tool_choice = f.tool_choice;
+  check(f.images_per_request > 0, "--images-per-request must be at least 1");
+  config.workload.images_per_request = f.images_per_request;
+  loadgen::parse_image_size(f.image_size, config.workload.image);
+  config.workload.image.encoding = loadgen::parse_image_encoding(f.image_format);
   if (!f.extra_body.empty()) {
     config.workload.extra_body = json::parse(f.extra_body, nullptr, false);
     check(config.workload.extra_body.is_object(), "--extra-body must be a JSON object, got: {}",
@@ -150,7 +156,8 @@ std::function<int()> setup(CLI::App& app) {
   app.add_option("--api-key", f->api_key, "sent as Authorization: Bearer KEY");
   app.add_option("--label", f->label,
                  "names this endpoint in compare tables and plots (default host:port + version)");
-  app.add_option("--scenario", f->scenario, "single_turn|multi_turn|tool_call|long_gen|all")
+  app.add_option("--scenario", f->scenario,
+                 "single_turn|multi_turn|tool_call|long_gen|all (the four), or image")
       ->capture_default_str();
   auto* conc = app.add_option("--concurrency", f->concurrency,
                               "requests in flight (closed loop); with "
@@ -167,6 +174,12 @@ std::function<int()> setup(CLI::App& app) {
   app.add_option("--long-output-len", f->long_output_len, "tokens generated per long_gen request")
       ->capture_default_str();
   app.add_option("--turns", f->turns, "turns of a multi_turn dialogue")->capture_default_str();
+  app.add_option("--images-per-request", f->images_per_request, "pictures in each image-scenario request")
+      ->capture_default_str();
+  app.add_option("--image-size", f->image_size, "the image scenario's pictures: WIDTHxHEIGHT or one side")
+      ->capture_default_str();
+  app.add_option("--image-format", f->image_format, "the image scenario's pictures: png|jpeg")
+      ->capture_default_str();
   app.add_option("--tokenizer", f->tokenizer,
                  "tokenizer.json (or its folder) for prompts of exact token length");
   app.add_option("--seed", f->seed, "prompt and arrival seed")->capture_default_str();

@@ -113,9 +113,11 @@ struct ServeOptions {
   int max_images_per_prompt = 999;  // what it resolves to (vLLM's default)
   bool language_model_only = false;
   bool disable_image_fetch = false;
-  double max_image_mb = 20;               // encoded bytes per image (OpenAI's limit)
-  int64_t max_image_pixels = 89'478'485;  // decoded, PIL's MAX_IMAGE_PIXELS
-  double image_fetch_timeout_s = 5;       // vLLM's VLLM_IMAGE_FETCH_TIMEOUT
+  double max_image_mb = 20;                         // encoded bytes per image (OpenAI's limit)
+  int64_t max_image_pixels = 89'478'485;            // decoded, PIL's MAX_IMAGE_PIXELS
+  double image_fetch_timeout_s = 5;                 // vLLM's VLLM_IMAGE_FETCH_TIMEOUT
+  int64_t max_image_patches_per_request = 262'144;  // server::ServiceOptions says why
+  std::string mm_processor_kwargs;  // vLLM's '{"max_pixels": N, "min_pixels": M}' over the processor's
   // Peers' flags that change nothing here, as "--flag value: why", logged once each at start.
   std::vector<std::string> no_effect;
 };
@@ -377,8 +379,10 @@ void check_flags(const ServeOptions& o) {
       "--max-buffered-body-mb {} is below --max-request-body-mb {}: the largest request could never be read",
       o.max_buffered_body_mb, o.max_request_body_mb);
   check(o.max_connections > 0, "--max-connections {}: expected at least 1", o.max_connections);
-  check(o.max_image_mb > 0 && o.max_image_pixels > 0 && o.image_fetch_timeout_s > 0,
-        "--max-image-mb, --max-image-pixels and --image-fetch-timeout must be positive");
+  check(o.max_image_mb > 0 && o.max_image_pixels > 0 && o.image_fetch_timeout_s > 0 &&
+            o.max_image_patches_per_request > 0,
+        "--max-image-mb, --max-image-pixels, --image-fetch-timeout and --max-image-patches-per-request must "
+        "be positive");
   check_engine_options(engine_options_of(o));
 }
 
@@ -416,27 +420,17 @@ ServedText load_text(const ServeOptions& o) {
   return served;
 }
 
-// Why serve loads no vision tower under these flags ("" when it does, if the checkpoint has one).
+// Why serve loads no vision tower under these flags ("" when it does, if the model has one).
 std::string images_off_by_flags(const ServeOptions& o) {
-  return o.language_model_only      ? "this server runs with --language-model-only: images are not accepted"
-         : o.load_format == "dummy" ? "random weights (--load-format dummy) have no vision tower"
-         : o.group.tp > 1           ? "images are served on one rank so far (without --tp)"
-         : o.speculative_steps > 0  ? "images are not served with speculative decoding yet"
-                                    : "";
+  return o.language_model_only     ? "this server runs with --language-model-only: images are not accepted"
+         : o.group.tp > 1          ? "images are served on one rank so far (without --tp)"
+         : o.speculative_steps > 0 ? "images are not served with speculative decoding yet"
+                                   : "";
 }
 
-// The checkpoint's vision tower config when serve loads it; `why_not` says otherwise why.
-std::optional<VisionConfig> served_vision(const ServeOptions& o, std::string& why_not) {
-  why_not = images_off_by_flags(o);
-  auto config = o.model.empty() || o.model == kDemo ? std::nullopt : VisionConfig::from_dir(o.model);
-  if (!config && why_not.empty()) why_not = "this model takes text only (its checkpoint has no vision tower)";
-  return why_not.empty() ? config : std::nullopt;
-}
-
-// The demo's vision tokens (the Qwen3 tokenizer's), or empty when it serves no images.
-std::map<std::string, int64_t> demo_vision_tokens(const ServeOptions& o, const text::Tokenizer& tokenizer) {
+// The tokenizer's vision tokens by name, or empty when it lacks one.
+std::map<std::string, int64_t> vision_token_ids(const text::Tokenizer& tokenizer) {
   std::map<std::string, int64_t> ids;
-  if (!images_off_by_flags(o).empty()) return ids;
   for (const char* name : {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"}) {
     auto id = tokenizer.token_id(name);
     if (!id) return {};
@@ -445,23 +439,85 @@ std::map<std::string, int64_t> demo_vision_tokens(const ServeOptions& o, const t
   return ids;
 }
 
+// A random tower's shape as the checkpoint's vision_config gives it (--load-format dummy --model DIR).
+VisionShape vision_shape_of(const VisionConfig& c) {
+  check(c.patch_size == 16 && c.temporal_patch_size == 2 && c.spatial_merge_size == 2,
+        "--load-format dummy: random vision towers have patch 16, temporal patch 2 and merge 2 (Qwen3.5's); "
+        "config.json's vision_config has {}, {} and {}",
+        c.patch_size, c.temporal_patch_size, c.spatial_merge_size);
+  return {c.depth, c.hidden_size, c.intermediate_size, c.num_heads, c.num_position_embeddings};
+}
+
+// The vision tower serve runs, or nullopt with `why_not` saying why there is none. The demo and a
+// --load-format dummy preset get a random tower of the preset's shape (model/init_model.h: the release's 27
+// blocks of 1152 for the full-size presets) with the tokenizer's vision tokens; a checkpoint directory's
+// comes from its config.json (random weights of that shape under --load-format dummy).
+std::optional<VisionConfig> served_vision(const ServeOptions& o, const std::optional<text::ModelText>& text,
+                                          std::string& why_not) {
+  why_not = images_off_by_flags(o);
+  if (!why_not.empty()) return std::nullopt;
+  const bool demo = o.model == kDemo;
+  if (demo || o.model.empty()) {
+    std::map<std::string, int64_t> ids;
+    if (text) {
+      ids = vision_token_ids(text->tokenizer);
+      if (ids.empty()) {
+        why_not = "the tokenizer has no vision tokens (<|vision_start|>, <|image_pad|>, ...)";
+        return std::nullopt;
+      }
+    }
+    ModelConfig config = preset_config(demo ? "tiny" : o.preset);
+    return VisionConfig::from_json(dummy_vision_config(config, ids, default_vision_shape(config)));
+  }
+  auto config = VisionConfig::from_dir(o.model);
+  if (!config) why_not = "this model takes text only (its checkpoint has no vision tower)";
+  return config;
+}
+
+// vLLM's --mm-processor-kwargs: the resize bounds (min_pixels, max_pixels, or size's shortest_edge and
+// longest_edge, pixel counts as in preprocessor_config.json) over the checkpoint's. Other keys are refused:
+// they would change nothing here.
+void apply_mm_processor_kwargs(const std::string& flag, ImageProcessorConfig& processor) {
+  nlohmann::json kwargs;
+  try {
+    kwargs = nlohmann::json::parse(flag);
+  } catch (const std::exception& e) {
+    fail("--mm-processor-kwargs {}: not JSON ({})", flag, e.what());
+  }
+  check(kwargs.is_object(),
+        R"(--mm-processor-kwargs {}: expected an object such as '{{"max_pixels": 1003520}}')", flag);
+  for (const auto& item : kwargs.items()) {
+    const std::string& key = item.key();
+    check(key == "min_pixels" || key == "max_pixels" || key == "size",
+          "--mm-processor-kwargs: {} is not taken (min_pixels, max_pixels and size are)", key);
+  }
+  // from_json reads size first and then min_pixels / max_pixels over it, as the processor does.
+  nlohmann::json merged = kwargs;
+  merged["size"] = {{"shortest_edge", processor.min_pixels}, {"longest_edge", processor.max_pixels}};
+  if (kwargs.contains("size")) {
+    check(kwargs["size"].is_object(), "--mm-processor-kwargs: size must be an object");
+    merged["size"].update(kwargs["size"]);
+  }
+  try {
+    ImageProcessorConfig bounds = ImageProcessorConfig::from_json(merged);
+    processor.min_pixels = bounds.min_pixels, processor.max_pixels = bounds.max_pixels;
+  } catch (const Error& e) {
+    fail("--mm-processor-kwargs {}: {}", flag, e.what());
+  }
+}
+
 void set_image_options(const ServeOptions& o, const std::optional<text::ModelText>& text,
                        server::ServiceOptions& service) {
   std::string why_not;
-  if (o.model == kDemo) {
-    auto ids = text ? demo_vision_tokens(o, text->tokenizer) : std::map<std::string, int64_t>{};
-    why_not = images_off_by_flags(o);
-    if (!ids.empty()) {
-      service.image_processor = ImageProcessorConfig{};
-      service.image_token_id = int32_t(ids["<|image_pad|>"]);
-    } else if (why_not.empty()) {
-      why_not = "the demo's tokenizer has no vision tokens";
-    }
-  } else if (auto vision = served_vision(o, why_not)) {
-    service.image_processor = ImageProcessorConfig::from_dir(o.model);
+  if (auto vision = served_vision(o, text, why_not)) {
+    const bool checkpoint = o.model != kDemo && !o.model.empty();
+    service.image_processor = checkpoint ? ImageProcessorConfig::from_dir(o.model) : ImageProcessorConfig{};
     service.image_processor->merge_size = vision->spatial_merge_size;
+    if (!o.mm_processor_kwargs.empty())
+      apply_mm_processor_kwargs(o.mm_processor_kwargs, *service.image_processor);
     service.image_token_id = vision->image_token_id;
   }
+  service.max_image_patches_per_request = o.max_image_patches_per_request;
   service.images_off = why_not;
   service.max_images_per_prompt = o.max_images_per_prompt;
   service.image_fetch.allow_fetch = !o.disable_image_fetch;
@@ -555,30 +611,39 @@ struct LoadedModel {
 };
 
 LoadedModel load_model(const ServeOptions& o, const std::optional<text::ModelText>& text, Backend& backend) {
+  std::string why_not;
+  const std::optional<VisionConfig> vision_config = served_vision(o, text, why_not);
+  // A random tower of that config's shape, its merger feeding the text model `config`.
+  auto random_tower = [&](const ModelConfig& config) {
+    Progress p(fmt::format("building a random vision tower ({} blocks of {})", vision_config->depth,
+                           vision_config->hidden_size));
+    DummyVision tower = make_dummy_vision(config, o.seed, {}, vision_shape_of(*vision_config));
+    return load_vision_weights(tower.tensors, *vision_config);
+  };
   if (o.model == kDemo) {
-    Progress p("building the demo model (random weights, Qwen3 vocabulary, a random vision tower)");
-    auto vision_tokens = demo_vision_tokens(o, text->tokenizer);
-    LoadedModel demo{
-        demo_weights(text->tokenizer, *text, o.seed, o.speculative_steps > 0, !vision_tokens.empty()),
-        std::nullopt};
-    if (!vision_tokens.empty()) {
-      DummyVision vision = make_dummy_vision(demo.weights.config, o.seed, vision_tokens);
-      demo.vision = load_vision_weights(vision.tensors, *VisionConfig::from_json(vision.config));
+    LoadedModel demo;
+    {
+      Progress p("building the demo model (random weights, Qwen3 vocabulary)");
+      demo.weights =
+          demo_weights(text->tokenizer, *text, o.seed, o.speculative_steps > 0, vision_config.has_value());
     }
+    if (vision_config) demo.vision = random_tower(demo.weights.config);
     return demo;
   }
   if (o.load_format == "dummy") {
     const std::string shape = o.preset.empty() ? o.model + "/config.json" : "preset " + o.preset;
-    Progress p("building random weights for " + shape + " (--load-format dummy)");
-    return {make_dummy_weights_on(
-                backend,
-                o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json") : preset_config(o.preset),
-                o.seed, o.quantization == "fp8"),
-            std::nullopt};
+    ModelConfig config =
+        o.preset.empty() ? ModelConfig::from_file(o.model + "/config.json") : preset_config(o.preset);
+    if (vision_config) add_mrope_sections(config);  // text alone rotates as before: its positions are equal
+    LoadedModel dummy;
+    {
+      Progress p("building random weights for " + shape + " (--load-format dummy)");
+      dummy.weights = make_dummy_weights_on(backend, config, o.seed, o.quantization == "fp8");
+    }
+    if (vision_config) dummy.vision = random_tower(dummy.weights.config);
+    return dummy;
   }
   Progress p("loading weights from " + o.model);
-  std::string why_not;
-  auto vision_config = served_vision(o, why_not);
   if (!vision_config) return {load_checkpoint(o.model), std::nullopt};
   Checkpoint checkpoint = open_checkpoint(o.model);
   VisionWeights vision = load_vision_weights(checkpoint.tensors, *vision_config);
@@ -822,6 +887,10 @@ void add_no_effect_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o) 
   option("--uvicorn-log-level", "use --log-level");
   option("--max-log-len", "request logging follows --log-level");
   option("--mm-encoder-tp-mode", "the vision tower runs on one device, unsharded");
+  option("--mm-attention-backend", "the vision tower's attention is moeserve's own kernel");
+  option("--mm-processor-cache-gb", "preprocessed images are not cached (the prefix cache keys on them)");
+  flag("--disable-mm-preprocessor-cache", "preprocessed images are not cached (the prefix cache keys on them)");
+  flag("--enable-multimodal", "a checkpoint with a vision tower serves images unless --language-model-only");
   option("--download-dir", "moeserve reads a local checkpoint directory");
   option("--revision", "moeserve reads a local checkpoint directory");
 }
@@ -1135,6 +1204,12 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
       ->capture_default_str();
   cmd.add_option("--image-fetch-timeout", o->image_fetch_timeout_s, "seconds for one image URL's whole fetch")
       ->capture_default_str();
+  cmd.add_option("--max-image-patches-per-request", o->max_image_patches_per_request,
+                 "vision patches (4 per image token) all images of a request may take, checked from each "
+                 "image's header before decoding; the context caps it too")
+      ->capture_default_str();
+  cmd.add_option("--mm-processor-kwargs", o->mm_processor_kwargs,
+                 R"(the image processor's resize bounds, vLLM's '{"max_pixels": N, "min_pixels": M}')");
   cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")
       ->capture_default_str();
   cmd.add_option("--system-root", o->system_root,

@@ -3,12 +3,14 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 
-#include "loadgen/progress.h"
-#include "loadgen/report.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "loadgen/progress.h"
+#include "loadgen/report.h"
 
 namespace moeserve::loadgen {
 namespace {
@@ -102,6 +104,13 @@ json run_benchmark(BenchConfig config, const PromptGenerator& prompts,
       {"client", {{"name", "moeserve bench"}, {"version", "0.1.0"}}},
       {"runs", json::array()}};
   for (Scenario s : config.scenarios) doc["config"]["scenarios"].push_back(scenario_name(s));
+  if (std::find(config.scenarios.begin(), config.scenarios.end(), Scenario::image) !=
+      config.scenarios.end()) {
+    const ImageShape& image = config.workload.image;
+    doc["config"]["images_per_request"] = config.workload.images_per_request;
+    doc["config"]["image_size"] = fmt::format("{}x{}", image.width, image.height);
+    doc["config"]["image_format"] = std::string(image_encoding_name(image.encoding));
+  }
 
   for (Scenario scenario : config.scenarios) {
     for (size_t concurrency : config.concurrencies) {
@@ -117,6 +126,16 @@ json run_benchmark(BenchConfig config, const PromptGenerator& prompts,
         spdlog::warn(
             "{}: {} requests make only {} dialogues, fewer than concurrency {}; raise --num-requests",
             scenario_name(scenario), load.num_requests, dialogues, concurrency);
+      // The image scenario's pictures, encoded before the clock starts (up to kPreparedImages: a long run's
+      // later ones are encoded as it goes, not held all at once); new ones each run (a sweep's second run
+      // must not find the first one's pictures in the prefix cache).
+      constexpr size_t kPreparedImages = 512;
+      std::optional<ImageSet> images;
+      if (scenario == Scenario::image) {
+        images.emplace(workload.image, config.load.seed * 1000003 + workload.prompt_set,
+                       std::min(load.num_requests * workload.images_per_request, kPreparedImages));
+        workload.images = &*images;
+      }
       std::string title = std::string(scenario_name(scenario)) +
                           (load.request_rate > 0 ? fmt::format(" r={:g}/s", load.request_rate)
                                                  : fmt::format(" c={}", concurrency));

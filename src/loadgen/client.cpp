@@ -285,6 +285,7 @@ class Runner {
     r.expected_input_tokens = request.expected_input_tokens;
     r.expected_output_tokens = request.expected_output_tokens;
     r.exact_output = request.exact_output;
+    r.images = request.images;
     ++in_flight_;
     for (int attempt = 0;; ++attempt) {
       // A retry never takes another idle connection: that one could be stale too.

@@ -26,6 +26,7 @@ nlohmann::json to_json(const RequestRecord& r) {
                       {"usage_reported", r.usage_reported},
                       {"chunks", r.chunks},
                       {"tool_calls", r.tool_calls},
+                      {"images", r.images},
                       {"finish_reason", r.finish_reason}};
   if (r.ok) {
     j["ttft_ms"] = r.ttft_s * 1e3;
@@ -61,6 +62,7 @@ RequestRecord record_from_json(const nlohmann::json& j) {
   r.cached_tokens = j.value("cached_tokens", size_t{0});
   r.usage_reported = j.value("usage_reported", false);
   r.tool_calls = j.value("tool_calls", size_t{0});
+  r.images = j.value("images", size_t{0});
   r.finish_reason = j.value("finish_reason", std::string{});
   if (j.contains("error")) {
     r.error_cause = j["error"].value("cause", std::string{});

@@ -33,6 +33,7 @@ struct RequestRecord {
   size_t cached_tokens = 0;           // usage.prompt_tokens_details.cached_tokens
   bool usage_reported = false;
   size_t tool_calls = 0;  // tool calls the server returned
+  size_t images = 0;      // pictures the request carried (the image scenario)
   std::string finish_reason;
 
   // Time per output token after the first: (e2e - ttft) / (completion_tokens - 1); 0 for one token.

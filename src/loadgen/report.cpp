@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <map>
 
-#include "loadgen/stats.h"
 #include "common/error.h"
+#include "loadgen/stats.h"
 
 namespace moeserve::loadgen {
 namespace {
@@ -140,6 +140,13 @@ json summarize(const std::vector<RequestRecord>& records, double duration_s) {
   size_t tool_returned = 0;
   for (const auto& r : records) tool_returned += r.ok && r.tool_calls > 0;
   s["tool_calls_returned"] = tool_returned;
+  // Pictures of the requests that completed (the image scenario): what the server's tower got through.
+  double images = 0;
+  for (const auto& r : records) images += r.ok ? double(r.images) : 0;
+  if (images > 0) {
+    s["total_images"] = images;
+    s["image_throughput"] = ratio(images, duration_s);
+  }
   return s;
 }
 
@@ -164,6 +171,10 @@ std::string format_run(const json& run) {
   line("Request throughput (req/s):", num(s.value("request_throughput", 0.0)));
   line("Output token throughput (tok/s):", num(s.value("output_throughput", 0.0)));
   line("Total token throughput (tok/s):", num(s.value("total_throughput", 0.0)));
+  if (s.contains("image_throughput")) {
+    line("Total images:", num(s.value("total_images", 0.0), 0));
+    line("Image throughput (images/s):", num(s.value("image_throughput", 0.0)));
+  }
   line("Cached prompt tokens:", fmt::format("{:.1f}%", 100 * s.value("cached_tokens_ratio", 0.0)));
   line("Output length exactly max_tokens:", fmt::format("{:.1f}%", 100 * s.value("exact_output_ratio", 0.0)));
   if (run.value("scenario", "") == "tool_call")

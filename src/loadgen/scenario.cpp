@@ -48,6 +48,8 @@ std::string_view scenario_name(Scenario s) {
       return "tool_call";
     case Scenario::long_gen:
       return "long_gen";
+    case Scenario::image:
+      return "image";
   }
   return "?";
 }
@@ -59,7 +61,8 @@ std::vector<Scenario> all_scenarios() {
 Scenario parse_scenario(std::string_view name) {
   for (Scenario s : all_scenarios())
     if (scenario_name(s) == name) return s;
-  fail("unknown scenario '{}': use single_turn, multi_turn, tool_call, long_gen or all", name);
+  if (name == scenario_name(Scenario::image)) return Scenario::image;
+  fail("unknown scenario '{}': use single_turn, multi_turn, tool_call, long_gen, image or all", name);
 }
 
 size_t requests_per_conversation(const WorkloadOptions& options) {
@@ -99,7 +102,7 @@ TurnRequest Conversation::next() {
   TurnRequest request;
   request.turn = turn_;
   // Each (dialogue, turn) pair reads its own stream of the generator: no two prompts share a prefix.
-  uint64_t stream = ((options_.prompt_set * 4 + static_cast<uint64_t>(options_.scenario)) << 40) +
+  uint64_t stream = ((options_.prompt_set * 8 + static_cast<uint64_t>(options_.scenario)) << 40) +
                     static_cast<uint64_t>(index_) * 1024 + turn_;
   bool exact_length = true;
   size_t max_tokens = options_.output_len;
@@ -112,6 +115,19 @@ TurnRequest Conversation::next() {
     request.expected_input_tokens = prompts_.count(content);
     messages_.push_back({{"role", "user"}, {"content", std::move(content)}});
     exact_length = false;  // the model ends its tool call itself; ignore_eos would run past it
+  } else if (options_.scenario == Scenario::image) {
+    // The pictures first, then the question (as people ask about an image).
+    json content = json::array();
+    for (size_t i = 0; i < options_.images_per_request; ++i) {
+      const size_t picture = index_ * options_.images_per_request + i;
+      std::string url =
+          options_.images ? options_.images->url(picture) : ImageSet(options_.image, stream, 0).url(i);
+      content.push_back({{"type", "image_url"}, {"image_url", {{"url", std::move(url)}}}});
+    }
+    content.push_back({{"type", "text"}, {"text", prompts_.text(options_.input_len, stream)}});
+    messages_.push_back({{"role", "user"}, {"content", std::move(content)}});
+    request.expected_input_tokens = options_.input_len;
+    request.images = options_.images_per_request;
   } else if (options_.scenario != Scenario::tool_call) {
     if (options_.scenario == Scenario::long_gen) max_tokens = options_.long_output_len;
     messages_.push_back({{"role", "user"}, {"content", prompts_.text(options_.input_len, stream)}});

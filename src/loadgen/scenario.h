@@ -5,6 +5,9 @@
 //   tool_call    a question sent with `tools`; the tool call that comes back (or a stand-in when the model
 //                answered without one) is answered with a tool result, and the model writes the final answer
 //   long_gen     one question, long_output_len tokens back
+//   image        one question of input_len tokens after images_per_request pictures (data: URLs in image_url
+//                parts, each new to the server), output_len tokens back; not part of "all" (a text-only
+//                server refuses it)
 // A Conversation yields one request at a time and learns the reply before it writes the next one.
 
 #include <cstddef>
@@ -14,15 +17,16 @@
 #include <vector>
 
 #include "loadgen/chat_stream.h"
+#include "loadgen/image.h"
 #include "loadgen/prompt.h"
 
 namespace moeserve::loadgen {
 
-enum class Scenario { single_turn, multi_turn, tool_call, long_gen };
+enum class Scenario { single_turn, multi_turn, tool_call, long_gen, image };
 
 std::string_view scenario_name(Scenario s);
 Scenario parse_scenario(std::string_view name);  // throws moeserve::Error naming the valid ones
-std::vector<Scenario> all_scenarios();
+std::vector<Scenario> all_scenarios();           // the four text ones ("all")
 
 struct WorkloadOptions {
   Scenario scenario = Scenario::single_turn;
@@ -38,6 +42,11 @@ struct WorkloadOptions {
   // Runs with different prompt sets share no prompt (a sweep's second run must not hit the prefix cache
   // the first one filled); the scenario is mixed in too.
   size_t prompt_set = 0;
+  // The image scenario: pictures per request, their size and encoding, and the run's pictures (picture
+  // i of dialogue d is images->url(d * images_per_request + i); null: drawn when the request is written).
+  size_t images_per_request = 1;
+  ImageShape image;
+  const ImageSet* images = nullptr;
 };
 
 // Requests one dialogue of this scenario sends when every turn succeeds.
@@ -49,6 +58,7 @@ struct TurnRequest {
   size_t expected_input_tokens = 0;
   size_t expected_output_tokens = 0;
   bool exact_output = false;  // ignore_eos + min_tokens were sent
+  size_t images = 0;          // pictures in the request
 };
 
 class Conversation {

@@ -70,18 +70,8 @@ struct Planned {
   int64_t fan_in = 0;  // a Matrix whose inputs are not its last axis (the Conv3d patch embedding)
 };
 
-// The vision tower written by --vision (docs/vision.md): the tiny-moe-vl-image fixture's for small text
-// models, Qwen3.5-35B-A3B's release tower otherwise; out_hidden_size is the text model's hidden size.
-struct VisionShape {
-  int depth, hidden, intermediate, heads, position_embeddings;
-};
-VisionShape vision_shape(const ModelConfig& c) {
-  if (c.hidden_size < 1024) return {2, 64, 128, 2, 64};
-  return {27, 1152, 4304, 16, 2304};
-}
-
-void plan_vision(const ModelConfig& c, std::vector<Planned>& out) {
-  const VisionShape v = vision_shape(c);
+// model.visual.* of a tower of shape v (docs/vision.md); the merger's output is the text model's hidden size.
+void plan_vision(const ModelConfig& c, const VisionShape& v, std::vector<Planned>& out) {
   const int64_t h = v.hidden, f = v.intermediate, m = 4 * h;
   const std::string p = "model.visual.";
   auto linear = [&](const std::string& n, int64_t rows, int64_t cols) {
@@ -175,7 +165,7 @@ std::vector<Planned> plan(const ModelConfig& c, bool with_mtp, bool with_vision)
     for (int i = 0; i < c.mtp_num_layers; ++i)
       layer(fmt::format("mtp.layers.{}.", i), LayerType::FullAttention);
   }
-  if (with_vision) plan_vision(c, out);
+  if (with_vision) plan_vision(c, default_vision_shape(c), out);
   return out;
 }
 
@@ -422,8 +412,7 @@ ModelConfig preset_config(const std::string& name, int layers) {
 // The nested config.json of a ...ForConditionalGeneration checkpoint: the text config under text_config, the
 // tower's vision_config and the vision token ids (the tokenizer's own when there is one; otherwise Qwen3.5's
 // for its vocabulary, or the last ids of a small one as in the tiny-moe-vl-image fixture).
-json vision_config_json(const ModelConfig& c, const TokenizerFacts& tokenizer) {
-  const VisionShape v = vision_shape(c);
+json vision_config_json(const ModelConfig& c, const TokenizerFacts& tokenizer, const VisionShape& v) {
   json root;
   root["architectures"] = {c.is_moe ? "Qwen3_5MoeForConditionalGeneration"
                                     : "Qwen3_5ForConditionalGeneration"};
@@ -474,7 +463,8 @@ ModelConfig init_model(ModelConfig config, const std::string& dir, const InitMod
   if (options.vision) add_mrope_sections(config);
   auto tensors = checkpoint_tensors(config, options.seed, options.dtype, true, options.vision);
   write_safetensors_dir(dir, tensors, options.max_shard_bytes);
-  json written = options.vision ? vision_config_json(config, tokenizer) : config.to_json();
+  json written =
+      options.vision ? vision_config_json(config, tokenizer, default_vision_shape(config)) : config.to_json();
   write_text(fs::path(dir) / "config.json", written.dump(2) + "\n");
   json generation = json::object();
   if (config.eos_token_ids.size() == 1) generation["eos_token_id"] = config.eos_token_ids[0];
@@ -540,15 +530,25 @@ void add_mrope_sections(ModelConfig& config) {
   config.mrope_section = {hw, hw, half - 2 * hw};
 }
 
-DummyVision make_dummy_vision(const ModelConfig& config, uint64_t seed,
-                              const std::map<std::string, int64_t>& token_ids) {
-  std::vector<Planned> planned;
-  plan_vision(config, planned);
-  std::vector<TensorWrite> tensors;
-  for (const auto& t : planned) materialize(t, config, seed, DType::BF16, tensors);
+VisionShape default_vision_shape(const ModelConfig& config) {
+  if (config.hidden_size < 1024) return {2, 64, 128, 2, 64};
+  return {27, 1152, 4304, 16, 2304};
+}
+
+nlohmann::json dummy_vision_config(const ModelConfig& config, const std::map<std::string, int64_t>& token_ids,
+                                   const VisionShape& shape) {
   TokenizerFacts tokenizer;
   tokenizer.ids = token_ids;
-  return {in_memory(std::move(tensors)), vision_config_json(config, tokenizer)};
+  return vision_config_json(config, tokenizer, shape);
+}
+
+DummyVision make_dummy_vision(const ModelConfig& config, uint64_t seed,
+                              const std::map<std::string, int64_t>& token_ids, const VisionShape& shape) {
+  std::vector<Planned> planned;
+  plan_vision(config, shape, planned);
+  std::vector<TensorWrite> tensors;
+  for (const auto& t : planned) materialize(t, config, seed, DType::BF16, tensors);
+  return {in_memory(std::move(tensors)), dummy_vision_config(config, token_ids, shape)};
 }
 
 }  // namespace moeserve

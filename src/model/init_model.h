@@ -59,14 +59,27 @@ ModelWeights make_dummy_weights_on(Backend& backend, const ModelConfig& config, 
 // them).
 void add_mrope_sections(ModelConfig& config);
 
-// The vision tower --vision writes, in memory (the demo model's): the model.visual.* tensors (BF16) and the
-// config.json root it would write (vision_config and the vision token ids, taken by name from `token_ids`
-// when given). vision/tower.h reads both.
+// A vision tower's shape (patch 16, temporal patch 2, merge 2, as in every Qwen3.5 release).
+struct VisionShape {
+  int depth, hidden, intermediate, heads, position_embeddings;
+};
+// The tower --vision writes: the tiny-moe-vl-image fixture's (2 blocks of 64) for text models narrower than
+// 1024, the Qwen3.5 release's (27 blocks of 1152, 16 heads, MLP 4304, a 48x48 position table) otherwise.
+VisionShape default_vision_shape(const ModelConfig& config);
+
+// The config.json root a --vision checkpoint of this shape has (vision_config with out_hidden_size the text
+// model's hidden size, and the vision token ids: taken by name from `token_ids` when given, else Qwen3.5's
+// for its vocabulary or the vocabulary's last ids). vision/tower.h's VisionConfig::from_json reads it.
+nlohmann::json dummy_vision_config(const ModelConfig& config, const std::map<std::string, int64_t>& token_ids,
+                                   const VisionShape& shape);
+
+// That tower in memory (the demo model's, --load-format dummy's): the model.visual.* tensors (BF16) and
+// dummy_vision_config. vision/tower.h's load_vision_weights reads the tensors.
 struct DummyVision {
   std::shared_ptr<const TensorSet> tensors;
   nlohmann::json config;
 };
 DummyVision make_dummy_vision(const ModelConfig& config, uint64_t seed,
-                              const std::map<std::string, int64_t>& token_ids);
+                              const std::map<std::string, int64_t>& token_ids, const VisionShape& shape);
 
 }  // namespace moeserve

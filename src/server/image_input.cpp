@@ -225,11 +225,20 @@ std::array<uint64_t, 2> content_hash(const Image& image) {
   return h;
 }
 
-LoadedImage load_image_url(std::string_view url, const ImageFetchOptions& options) {
+LoadedImage load_image_url(std::string_view url, const ImageFetchOptions& options,
+                           const std::function<void(const ImageInfo&)>& before_decode) {
   std::vector<uint8_t> bytes =
       url.starts_with("data:") ? decode_data_url(url, options.max_bytes) : fetch_url(url, options);
   LoadedImage out;
   out.format = sniff_image_format(bytes);
+  // The header's size, before any pixel is decoded (decode_image checks it again for itself).
+  const ImageInfo info = probe_image(bytes);
+  if (info.width * info.height > options.decode.max_pixels) {
+    throw ImageError(fmt::format("the {} image is {}x{} pixels, more than the limit of {}",
+                                 image_format_name(info.format), info.width, info.height,
+                                 options.decode.max_pixels));
+  }
+  if (before_decode) before_decode(info);
   out.image = decode_image(bytes, options.decode);
   out.hash = content_hash(out.image);
   return out;

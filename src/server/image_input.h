@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,7 +42,9 @@ std::vector<uint8_t> fetch_url(std::string_view url, const ImageFetchOptions& op
 // 128 bits over width, height and RGB bytes (two independent 64-bit FNV-1a-style mixes).
 std::array<uint64_t, 2> content_hash(const Image& image);
 
-// Any of the above, then decode_image.
-LoadedImage load_image_url(std::string_view url, const ImageFetchOptions& options);
+// Any of the above, then decode_image. `before_decode` (when given) sees the format and size the image's
+// header declares before any pixel is decoded, and may throw to refuse it (a request's patch budget).
+LoadedImage load_image_url(std::string_view url, const ImageFetchOptions& options,
+                           const std::function<void(const ImageInfo&)>& before_decode = {});
 
 }  // namespace moeserve::server

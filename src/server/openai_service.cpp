@@ -647,12 +647,35 @@ std::shared_ptr<const PromptImages> OpenAiService::load_images(const std::vector
   auto images = std::make_shared<PromptImages>();
   images->image_token = options_.image_token_id;
   std::vector<ImageGrid> grids;
-  const int merge = options_.image_processor->merge_size;
+  const ImageProcessorConfig& processor = *options_.image_processor;
+  const int merge = processor.merge_size;
+  // The request's patch budget, spent image by image from each header's size (the processor's smart_resize
+  // target) before its pixels are decoded.
+  const int64_t context = served().max_model_len, context_patches = context * merge * merge;
+  const bool context_bound = context > 0 && context_patches < options_.max_image_patches_per_request;
+  const int64_t budget = context_bound ? context_patches : options_.max_image_patches_per_request;
+  int64_t patches = 0;
+  auto spend = [&](const ImageInfo& info) {
+    auto [h, w] = smart_resize(int(std::min<int64_t>(info.height, std::numeric_limits<int>::max())),
+                               int(std::min<int64_t>(info.width, std::numeric_limits<int>::max())),
+                               processor.factor(), processor.min_pixels, processor.max_pixels);
+    const int64_t n = int64_t(h / processor.patch_size) * (w / processor.patch_size);
+    if (patches + n > budget) {
+      throw ImageError(fmt::format(
+          "the {}x{} image becomes {} vision patches ({} image tokens); with the request's images before it "
+          "that is {} patches, over {}",
+          info.width, info.height, n, n / (merge * merge), patches + n,
+          context_bound
+              ? fmt::format("the {} the {}-token context holds", budget, context)
+              : fmt::format("the limit of {} per request (--max-image-patches-per-request)", budget)));
+    }
+    patches += n;
+  };
   for (const ImagePart& part : parts) {
     try {
-      LoadedImage loaded = load_image_url(part.url, options_.image_fetch);
+      LoadedImage loaded = load_image_url(part.url, options_.image_fetch, spend);
       PromptImage& image = images->images.emplace_back();
-      image.patches = preprocess_image(loaded.image, *options_.image_processor);
+      image.patches = preprocess_image(loaded.image, processor);
       image.hash = loaded.hash;
       grids.push_back({image.patches.grid_h / merge, image.patches.grid_w / merge});
     } catch (const Error& e) {  // ImageError, or a preprocessing check: the image's fault either way

@@ -64,6 +64,12 @@ struct ServiceOptions {
   std::string images_off = "this model takes text only (its checkpoint has no vision tower)";
   ImageFetchOptions image_fetch;
   int max_images_per_prompt = 999;  // --limit-mm-per-prompt '{"image": N}' (vLLM's default)
+  // Vision patches all of a request's images may hold (--max-image-patches-per-request), and never more
+  // than the context's tokens hold (tokens x merge²): each image's share is known from its header, so one
+  // over the rest is refused before its pixels are decoded. Each patch is 6 KB of pixel values (float32)
+  // until the tower has encoded it: 262,144 patches (65,536 image tokens, four images at the release's
+  // max_pixels) are 1.5 GB.
+  int64_t max_image_patches_per_request = 262'144;
 };
 
 // serve's API key: the --api-key flag when given, else $MOESERVE_API_KEY, else $VLLM_API_KEY (so a vLLM

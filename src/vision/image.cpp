@@ -155,8 +155,9 @@ uint8_t cmyk_channel(uint32_t c, uint32_t k) {
   return uint8_t(255 - k - (((t >> 8) + t) >> 8));
 }
 
+// header_only: out gets the size and no pixels (probe_image).
 bool decode_jpeg_frame(std::span<const uint8_t> bytes, const DecodeLimits& limits, JpegErrors& errors,
-                       Rgba& out, bool& too_large) {
+                       Rgba& out, bool& too_large, bool header_only = false) {
   jpeg_decompress_struct cinfo;
   cinfo.err = jpeg_std_error(&errors.base);
   errors.base.error_exit = jpeg_on_error;
@@ -169,6 +170,11 @@ bool decode_jpeg_frame(std::span<const uint8_t> bytes, const DecodeLimits& limit
   jpeg_mem_src(&cinfo, bytes.data(), static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&cinfo, TRUE);
   int64_t width = cinfo.image_width, height = cinfo.image_height;
+  if (header_only) {
+    out.width = int(width), out.height = int(height);
+    jpeg_destroy_decompress(&cinfo);
+    return true;
+  }
   if (width * height > limits.max_pixels) {
     too_large = true;
     out.width = int(width), out.height = int(height);
@@ -333,6 +339,10 @@ Image decode_gif(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
   }
 }
 
+uint32_t big_endian32(const uint8_t* p) {
+  return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
+}
+
 }  // namespace
 
 ImageFormat sniff_image_format(std::span<const uint8_t> b) {
@@ -376,6 +386,42 @@ Image decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
       break;
   }
   throw ImageError("the data is not an image in a supported format (PNG, JPEG, WebP, GIF)");
+}
+
+ImageInfo probe_image(std::span<const uint8_t> bytes) {
+  ImageInfo info{sniff_image_format(bytes)};
+  const char* name = image_format_name(info.format);
+  switch (info.format) {
+    case ImageFormat::Png:  // the IHDR chunk comes first: length, "IHDR", width, height (big-endian)
+      if (bytes.size() < 24 || std::memcmp(bytes.data() + 12, "IHDR", 4) != 0)
+        throw ImageError("the PNG image has no IHDR header");
+      info.width = big_endian32(&bytes[16]), info.height = big_endian32(&bytes[20]);
+      break;
+    case ImageFormat::Jpeg: {
+      JpegErrors errors;
+      Rgba frame;
+      bool too_large = false;
+      if (!decode_jpeg_frame(bytes, {}, errors, frame, too_large, /*header_only=*/true))
+        throw ImageError(fmt::format("the JPEG image cannot be decoded: {}", errors.message));
+      info.width = frame.width, info.height = frame.height;
+      break;
+    }
+    case ImageFormat::WebP: {
+      WebPBitstreamFeatures features;
+      if (WebPGetFeatures(bytes.data(), bytes.size(), &features) != VP8_STATUS_OK)
+        throw ImageError("the WebP image cannot be decoded: bad header");
+      info.width = features.width, info.height = features.height;
+      break;
+    }
+    case ImageFormat::Gif:  // the logical screen (the canvas): width, height little-endian after the magic
+      if (bytes.size() < 10) throw ImageError("the GIF image has no screen descriptor");
+      info.width = bytes[6] | bytes[7] << 8, info.height = bytes[8] | bytes[9] << 8;
+      break;
+    case ImageFormat::Unknown:
+      throw ImageError("the data is not an image in a supported format (PNG, JPEG, WebP, GIF)");
+  }
+  if (info.width <= 0 || info.height <= 0) throw ImageError(fmt::format("the {} image has no pixels", name));
+  return info;
 }
 
 }  // namespace moeserve

@@ -39,4 +39,14 @@ const char* image_format_name(ImageFormat format);
 // Throws ImageError naming what is wrong (unknown format, truncated or corrupt data, too many pixels).
 Image decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits = {});
 
+// An image's format and size as its header declares them (for GIF and animated WebP, the canvas), read
+// without decoding a pixel: what a request's budget is checked against before decode_image spends memory.
+struct ImageInfo {
+  ImageFormat format = ImageFormat::Unknown;
+  int64_t width = 0;
+  int64_t height = 0;
+};
+// Throws ImageError when the bytes are no image of a supported format or its header is unreadable.
+ImageInfo probe_image(std::span<const uint8_t> bytes);
+
 }  // namespace moeserve

@@ -447,6 +447,53 @@ TEST(Command, AllScenariosAgainstMoeserveServe) {
   EXPECT_GT(turns[2]["cached_tokens_ratio"].get<double>(), 0.0);
 }
 
+// The image scenario against `moeserve serve --model demo` (its random tower, the Qwen3.5 chat template that
+// writes image parts): every request's two pictures reach the tower (the prompt holds their image tokens,
+// /metrics counts them encoded) and none is in the prefix cache (each picture is new).
+TEST(Command, ImageScenarioAgainstMoeserveServe) {
+  uint16_t port = peers::free_port();
+  peers::ChildProcess serve = start_moeserve(
+      {"serve", "--model", "demo", "--host", "127.0.0.1", "--port", std::to_string(port), "--cache-memory-gb",
+       "0.0625", "--chat-template", "tests/fixtures/chat-templates/qwen3_5.jinja"},
+      "bench-image-serve.log");
+  std::string url = "http://127.0.0.1:" + std::to_string(port);
+  ASSERT_TRUE(peers::wait_http_ok(port, "/health", &serve, std::chrono::seconds(300)))
+      << "moeserve serve --model demo did not come up:\n"
+      << serve.output();
+  std::string out = ::testing::TempDir() + "bench-image.json";
+  int rc = 0;
+  std::string text = run_command("bench --url " + url +
+                                     " --scenario image --images-per-request 2 --image-size 96x64 "
+                                     "--image-format jpeg --num-requests 4 --concurrency 2 --input-len 16 "
+                                     "--output-len 4 --tokenizer .cache/tokenizer-qwen3 --quiet --output " +
+                                     out,
+                                 &rc);
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("Image throughput (images/s):"), std::string::npos) << text;
+  json doc = json::parse(std::ifstream(out));
+  EXPECT_EQ(doc["config"]["images_per_request"], 2);
+  EXPECT_EQ(doc["config"]["image_size"], "96x64");
+  EXPECT_EQ(doc["config"]["image_format"], "jpeg");
+  ASSERT_EQ(doc["runs"].size(), 1u);
+  const json& s = doc["runs"][0]["summary"];
+  EXPECT_EQ(s["failed"], 0) << s["failure_examples"].dump();
+  EXPECT_EQ(s["completed"], 4);
+  EXPECT_EQ(s["total_images"], 8);
+  EXPECT_GT(s["image_throughput"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(s["exact_output_ratio"].get<double>(), 1.0);
+  // smart_resize brings a 96x64 picture up to the processor's 65,536 pixels: at least 64 tokens each.
+  for (const json& r : doc["runs"][0]["requests"]) {
+    EXPECT_EQ(r["images"], 2);
+    EXPECT_GT(r["prompt_tokens"].get<int>(), 16 + 2 * 64) << r.dump();
+    EXPECT_LT(r["cached_tokens"].get<int>(), 16) << r.dump();
+  }
+  std::string metrics = http_get(Endpoint::parse(url), "/metrics", "", 10).body;
+  size_t at = metrics.find("\nmoeserve:image_encoded_total");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  std::string line = metrics.substr(at + 1, metrics.find('\n', at + 1) - at - 1);
+  EXPECT_EQ(std::stod(line.substr(line.rfind(' ') + 1)), 8) << line;
+}
+
 // --- the command line ---------------------------------------------------------------------------
 
 // The moeserve binary with `args`: its output (stdout and stderr), the exit code in *status.

@@ -1,11 +1,12 @@
-// The prompt generator and the dialogues of the four scenarios, without a network.
+// The prompt generator, the dialogues of the scenarios and the image scenario's pictures, without a network.
 #include <gtest/gtest.h>
+#include <png.h>
 
 #include <nlohmann/json.hpp>
 
+#include "common/error.h"
 #include "loadgen/prompt.h"
 #include "loadgen/scenario.h"
-#include "common/error.h"
 
 namespace moeserve::loadgen {
 namespace {
@@ -85,6 +86,8 @@ Reply reply(std::string content) {
 
 TEST(Scenario, NamesRoundTrip) {
   for (Scenario s : all_scenarios()) EXPECT_EQ(parse_scenario(scenario_name(s)), s);
+  EXPECT_EQ(parse_scenario("image"), Scenario::image);
+  EXPECT_EQ(all_scenarios().size(), 4u);  // "all" is the text scenarios: a text-only server refuses images
   EXPECT_THROW(parse_scenario("chat"), Error);
 }
 
@@ -211,6 +214,102 @@ TEST(Scenario, ToolCallStandsInACallWhenTheModelMadeNone) {
   EXPECT_EQ(m[1]["content"], "I would rather chat.");
   EXPECT_EQ(m[1]["tool_calls"][0]["function"]["name"], "get_weather");
   EXPECT_EQ(m[2]["tool_call_id"], m[1]["tool_calls"][0]["id"]);
+}
+
+// The bytes of a data: URL (standard base64, as image_data_url writes it).
+std::string data_url_bytes(const std::string& url, const std::string& media_type) {
+  const std::string head = "data:" + media_type + ";base64,";
+  EXPECT_EQ(url.substr(0, head.size()), head);
+  std::string out;
+  uint32_t bits = 0;
+  int held = 0;
+  for (char c : url.substr(head.size())) {
+    if (c == '=') break;
+    const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t v = alphabet.find(c);
+    EXPECT_NE(v, std::string::npos) << c;
+    bits = bits << 6 | uint32_t(v);
+    held += 6;
+    if (held >= 8) {
+      held -= 8;
+      out += char((bits >> held) & 0xFF);
+    }
+  }
+  return out;
+}
+
+// libpng's reading of a PNG: its size and pixels.
+std::vector<uint8_t> read_png(const std::string& bytes, int& width, int& height) {
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  EXPECT_TRUE(png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) << image.message;
+  image.format = PNG_FORMAT_RGB;
+  std::vector<uint8_t> pixels(PNG_IMAGE_SIZE(image));
+  EXPECT_TRUE(png_image_finish_read(&image, nullptr, pixels.data(), 0, nullptr)) << image.message;
+  width = int(image.width), height = int(image.height);
+  return pixels;
+}
+
+TEST(Images, PicturesAreDeterministicDistinctAndOfTheAskedSize) {
+  const std::string a = synthetic_image(64, 48, 1, ImageEncoding::png);
+  EXPECT_EQ(a, synthetic_image(64, 48, 1, ImageEncoding::png));
+  int w = 0, h = 0;
+  std::vector<uint8_t> pa = read_png(a, w, h);
+  EXPECT_EQ(w, 64);
+  EXPECT_EQ(h, 48);
+  std::vector<uint8_t> pb = read_png(synthetic_image(64, 48, 2, ImageEncoding::png), w, h);
+  EXPECT_NE(pa, pb);  // another seed, other pixels: the server's content hash differs
+  const std::string jpeg = synthetic_image(64, 48, 1, ImageEncoding::jpeg);
+  ASSERT_GT(jpeg.size(), 4u);
+  EXPECT_EQ(jpeg.substr(0, 3), "\xff\xd8\xff");
+  EXPECT_EQ(data_url_bytes(image_data_url(jpeg, ImageEncoding::jpeg), "image/jpeg"), jpeg);
+
+  ImageShape shape;
+  parse_image_size("1024x768", shape);
+  EXPECT_EQ(shape.width, 1024);
+  EXPECT_EQ(shape.height, 768);
+  parse_image_size("448", shape);
+  EXPECT_EQ(shape.width, 448);
+  EXPECT_EQ(shape.height, 448);
+  for (const char* bad : {"", "x", "0", "12x", "20000", "3x4x5", "-4"})
+    EXPECT_THROW(parse_image_size(bad, shape), Error) << bad;
+  EXPECT_THROW(parse_image_encoding("gif"), Error);
+}
+
+TEST(Scenario, ImageRequestsCarryNewPicturesBeforeTheQuestion) {
+  PromptGenerator g(1);
+  auto o = options(Scenario::image);
+  o.images_per_request = 2;
+  o.image = {40, 30, ImageEncoding::png};
+  ImageSet set(o.image, 9, 4);  // two dialogues' pictures made up front, later ones when asked for
+  o.images = &set;
+  std::vector<std::string> urls;
+  for (size_t dialogue = 0; dialogue < 3; ++dialogue) {
+    Conversation c(o, g, dialogue);
+    TurnRequest r = c.next();
+    EXPECT_EQ(r.images, 2u);
+    EXPECT_EQ(r.expected_input_tokens, 32u);
+    json content = json::parse(r.body)["messages"][0]["content"];
+    ASSERT_EQ(content.size(), 3u);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(content[i]["type"], "image_url");
+      std::string url = content[i]["image_url"]["url"];
+      int w = 0, h = 0;
+      read_png(data_url_bytes(url, "image/png"), w, h);
+      EXPECT_EQ(w, 40);
+      EXPECT_EQ(h, 30);
+      urls.push_back(url);
+    }
+    EXPECT_EQ(content[2]["type"], "text");
+    EXPECT_EQ(g.count(content[2]["text"].get<std::string>()), 32u);
+    c.complete(reply("ok"));
+    EXPECT_TRUE(c.done());
+  }
+  for (size_t i = 0; i < urls.size(); ++i)
+    for (size_t j = i + 1; j < urls.size(); ++j) EXPECT_NE(urls[i], urls[j]) << i << " " << j;
+  // Prepared or drawn when asked, picture i is the same.
+  EXPECT_EQ(urls[1], ImageSet(o.image, 9, 0).url(1));
+  EXPECT_EQ(urls[5], ImageSet(o.image, 9, 0).url(5));
 }
 
 }  // namespace

@@ -250,6 +250,120 @@ TEST(ServeVision, LanguageModelOnlyAndFetchingOffRefuseWhatTheyTurnOff) {
   }
 }
 
+// A PNG whose header declares width x height with no pixel data after it (a decoder that trusted the
+// header would allocate for it).
+std::string png_header_only(uint32_t width, uint32_t height) {
+  auto crc32 = [](const std::string& bytes) {
+    uint32_t crc = 0xFFFFFFFF;
+    for (unsigned char b : bytes) {
+      crc ^= b;
+      for (int k = 0; k < 8; ++k) crc = crc & 1 ? (crc >> 1) ^ 0xEDB88320u : crc >> 1;
+    }
+    return ~crc;
+  };
+  auto be32 = [](uint32_t v) { return std::string{char(v >> 24), char(v >> 16), char(v >> 8), char(v)}; };
+  auto chunk = [&](const std::string& type, const std::string& data) {
+    return be32(uint32_t(data.size())) + type + data + be32(crc32(type + data));
+  };
+  std::string ihdr = be32(width) + be32(height) + std::string{8, 2, 0, 0, 0};  // 8-bit RGB
+  return std::string("\x89PNG\r\n\x1a\n", 8) + chunk("IHDR", ihdr) + chunk("IEND", "");
+}
+
+// A decompression bomb: a valid gray PNG of zeros, a few kilobytes for megapixels.
+std::string zeros_png(int width, int height) {
+  std::vector<uint8_t> pixels(size_t(width) * height, 0);
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  image.width = uint32_t(width);
+  image.height = uint32_t(height);
+  image.format = PNG_FORMAT_GRAY;
+  png_alloc_size_t size = 0;
+  EXPECT_TRUE(png_image_write_to_memory(&image, nullptr, &size, 0, pixels.data(), 0, nullptr));
+  std::string out(size, '\0');
+  EXPECT_TRUE(png_image_write_to_memory(&image, out.data(), &size, 0, pixels.data(), 0, nullptr));
+  out.resize(size);
+  return out;
+}
+
+// Memory safety: an image is refused from its header before a pixel is decoded when it declares more
+// pixels than --max-image-pixels (30000x30000 with no data; a valid bomb), and a request's images are
+// refused at the one that takes the request past its patch budget (--max-image-patches-per-request, or the
+// context); each a 400 naming the image, no image counted, the server up and serving images after.
+TEST(ServeVision, HugeImagesAndManyImagesAreRefusedBeforeDecodingAndTheServerStaysUp) {
+  auto p = start(
+      {"--model", kVisionModel, "--max-image-pixels", "1000000", "--max-image-patches-per-request", "500"});
+  const auto prompt = collapse_image_runs(reference_ids("prompt0.input_ids"));
+  auto message = [](const json& r) { return r["error"]["message"].get<std::string>(); };
+
+  json r = completion(p->port(), prompt, {png_data_url(png_header_only(30000, 30000))}, 1, 400);
+  EXPECT_NE(message(r).find("image_data[0]"), std::string::npos) << r.dump();
+  EXPECT_NE(message(r).find("30000x30000 pixels, more than the limit of 1000000"), std::string::npos)
+      << r.dump();
+  const std::string bomb = zeros_png(4000, 4000);
+  EXPECT_LT(bomb.size(), size_t(1) << 20);  // 16 megapixels in under a megabyte
+  r = completion(p->port(), prompt, {png_data_url(bomb)}, 1, 400);
+  EXPECT_NE(message(r).find("4000x4000 pixels, more than the limit"), std::string::npos) << r.dump();
+
+  // image1 is 280 patches: the second of many takes the request past 500, before it is decoded.
+  std::vector<std::string> many(40, png_data_url(fixture_image(1)));
+  std::vector<int32_t> placeholders = prompt;
+  placeholders.insert(placeholders.end(), 39, kImageToken);
+  r = completion(p->port(), placeholders, many, 1, 400);
+  EXPECT_NE(message(r).find("image_data[1]"), std::string::npos) << r.dump();
+  EXPECT_NE(message(r).find("560 patches, over the limit of 500 per request"), std::string::npos) << r.dump();
+  EXPECT_EQ(metric(p->port(), "moeserve:images_total"), 0);
+
+  auto expected = reference_ids("gen0.output_ids");
+  r = completion(p->port(), prompt, {png_data_url(fixture_image(1))}, int(expected.size()));
+  EXPECT_EQ(r["choices"][0]["token_ids"], json(expected));
+  EXPECT_EQ(metric(p->port(), "moeserve:images_total"), 1);
+
+  // The context holds 64 tokens, 256 patches: image1's 280 do not fit.
+  auto small = start({"--model", kVisionModel, "--max-model-len", "64"});
+  r = completion(small->port(), prompt, {png_data_url(fixture_image(1))}, 1, 400);
+  EXPECT_NE(message(r).find("over the 256 the 64-token context holds"), std::string::npos) << r.dump();
+  EXPECT_EQ(Connection(small->port()).roundtrip("GET", "/health").status, 200);
+}
+
+// --load-format dummy builds a random tower: of the preset's shape (the tiny preset's is the fixture's 2
+// blocks of 64; 35b-a3b's the release's 27 blocks of 1152, tests/vision/init_model_test.cpp), or of the
+// checkpoint's vision_config with --model DIR. So a dummy-weights server takes images: a picture of 70 image
+// tokens adds them to the prompt, and the tower encodes it.
+TEST(ServeVision, DummyWeightsServeImagesThroughARandomTower) {
+  {
+    // No tokenizer: the vision tokens are the vocabulary's last ids, as init-model --vision writes them.
+    auto p = start({"--load-format", "dummy", "--preset", "tiny", "--cache-memory-gb", "0.0625"});
+    EXPECT_NE(p->output().find("vision tower: 2 blocks of 64"), std::string::npos) << p->output();
+    json r = completion(p->port(), {1, 504, kImageToken, 505, 9, 10}, {png_data_url(fixture_image(1))}, 2);
+    EXPECT_EQ(r["usage"]["prompt_tokens"], 5 + 70) << r.dump();
+    EXPECT_EQ(metric(p->port(), "moeserve:image_encoded_total"), 1);
+  }
+  {
+    auto p = start({"--load-format", "dummy", "--model", kVisionModel, "--cache-memory-gb", "0.0625"});
+    EXPECT_NE(p->output().find("vision tower: 2 blocks of 64"), std::string::npos) << p->output();
+    const auto prompt = reference_ids("prompt0.input_ids");
+    json r = completion(p->port(), collapse_image_runs(prompt), {png_data_url(fixture_image(1))}, 2);
+    EXPECT_EQ(r["usage"]["prompt_tokens"], prompt.size()) << r.dump();
+    EXPECT_EQ(metric(p->port(), "moeserve:image_encoded_total"), 1);
+  }
+}
+
+// vLLM's --mm-processor-kwargs bounds the resize: image1 (100x72, 70 tokens at the fixture's 65,536
+// min_pixels) becomes 128x160 at 16,384 (smart_resize: 64x96 is below it, so both sides scale up by
+// sqrt(16384 / 7200) and round up to multiples of 32): 20 tokens. A key it does not take stops the start.
+TEST(ServeVision, MmProcessorKwargsBoundTheResize) {
+  auto p = start(
+      {"--model", kVisionModel, "--mm-processor-kwargs", R"({"min_pixels": 16384, "max_pixels": 16384})"});
+  const auto prompt = reference_ids("prompt0.input_ids");
+  json r = completion(p->port(), collapse_image_runs(prompt), {png_data_url(fixture_image(1))}, 1);
+  EXPECT_EQ(r["usage"]["prompt_tokens"], prompt.size() - 70 + 20) << r.dump();
+
+  ServeProcess bad({"--model", kVisionModel, "--mm-processor-kwargs", R"({"do_resize": false})"});
+  EXPECT_FALSE(bad.wait_ready(std::chrono::seconds(60)));
+  EXPECT_NE(bad.output().find("--mm-processor-kwargs: do_resize is not taken"), std::string::npos)
+      << bad.output();
+}
+
 // The Responses API's input_image and an Anthropic image block (base64 source) reach the tower as chat
 // image parts do: their tokens are in the prompt, and a malformed one is a 400 naming it.
 TEST(ServeVision, ResponsesInputImageAndMessagesImageBlock) {

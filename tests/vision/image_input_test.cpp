@@ -119,6 +119,28 @@ TEST(ImageInput, DataUrlDecodesAndHashesByContent) {
   EXPECT_NE(a.hash, load_image_url("data:image/png;base64," + base64(tiny_png(41)), {}).hash);
 }
 
+// The header's size is checked (the pixel limit, then the caller's budget) before any pixel is decoded.
+TEST(ImageInput, TheHeaderIsCheckedBeforeDecoding) {
+  const std::string url = "data:image/png;base64," + base64(tiny_png(7));
+  ImageInfo seen;
+  LoadedImage ok = load_image_url(url, {}, [&](const ImageInfo& info) { seen = info; });
+  EXPECT_EQ(seen.format, ImageFormat::Png);
+  EXPECT_EQ(seen.width, ok.image.width);
+  EXPECT_EQ(seen.height, ok.image.height);
+  EXPECT_NE(error_of([&] {
+              load_image_url(url, {}, [](const ImageInfo&) { throw ImageError("over the budget"); });
+            }).find("over the budget"),
+            std::string::npos);
+  ImageFetchOptions few;
+  few.decode.max_pixels = 3;
+  bool asked = false;
+  EXPECT_NE(error_of([&] {
+              load_image_url(url, few, [&](const ImageInfo&) { asked = true; });
+            }).find("more than the limit of 3"),
+            std::string::npos);
+  EXPECT_FALSE(asked);  // the pixel limit comes first
+}
+
 TEST(ImageInput, BadDataUrlsAreImageErrors) {
   const std::string png64 = base64(tiny_png(1));
   EXPECT_NE(error_of([&] { load_image_url("data:text/plain;base64," + png64, {}); }).find("not image/*"),

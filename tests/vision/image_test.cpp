@@ -200,7 +200,8 @@ TEST(DecodeImage, UnknownCorruptAndTruncatedInputIsAnImageError) {
 
 TEST(DecodeImage, MutatedFilesOfEveryFormatDecodeOrFailCleanly) {
   // Seeded byte flips, truncations and splices of a valid file of each format: each either decodes to the
-  // size its header declares or throws ImageError (a crash or another exception fails the test).
+  // size its header declares (the size probe_image reads) or throws ImageError; probe_image too gives a
+  // size or throws ImageError (a crash or another exception fails the test).
   Image card = test_card(24, 16);
   uint8_t* webp = nullptr;
   size_t webp_size = WebPEncodeLosslessRGB(card.rgb.data(), card.width, card.height, card.width * 3, &webp);
@@ -236,8 +237,18 @@ TEST(DecodeImage, MutatedFilesOfEveryFormatDecodeOrFailCleanly) {
         Image img = decode_image(bytes, DecodeLimits{1 << 20});
         EXPECT_EQ(img.rgb.size(), size_t(img.width) * size_t(img.height) * 3);
         ++decoded;
+        // What the server budgets from the header is what the decoder made.
+        ImageInfo info = probe_image(bytes);
+        EXPECT_EQ(info.width, img.width);
+        EXPECT_EQ(info.height, img.height);
       } catch (const ImageError&) {
         ++refused;
+      }
+      try {
+        ImageInfo info = probe_image(bytes);
+        EXPECT_GT(info.width, 0);
+        EXPECT_GT(info.height, 0);
+      } catch (const ImageError&) {
       }
     }
   }
@@ -258,6 +269,44 @@ TEST(DecodeImage, RefusesMorePixelsThanTheLimitBeforeDecoding) {
     }
   }
   EXPECT_NO_THROW(decode_image(png, DecodeLimits{60'000}));
+}
+
+// probe_image reads each format's declared size from its header alone: the same size decode_image gives, and
+// the size of a header whose pixel data never follows.
+TEST(ProbeImage, HeadersGiveTheSizeOfEveryFormatWithoutDecoding) {
+  Image card = test_card(45, 31);
+  std::vector<uint8_t> png = encode_png(card.rgb, 45, 31, false), jpeg = encode_jpeg(card, 80);
+  uint8_t* encoded = nullptr;
+  size_t size = WebPEncodeLosslessRGB(card.rgb.data(), 45, 31, 45 * 3, &encoded);
+  std::vector<uint8_t> webp(encoded, encoded + size);
+  WebPFree(encoded);
+  std::vector<uint8_t> gif = encode_gif(45, 31, 2, 3, 4, 5, false, std::vector<GifPixelType>(20, 1));
+  const std::pair<const std::vector<uint8_t>*, ImageFormat> cases[] = {{&png, ImageFormat::Png},
+                                                                       {&jpeg, ImageFormat::Jpeg},
+                                                                       {&webp, ImageFormat::WebP},
+                                                                       {&gif, ImageFormat::Gif}};
+  for (const auto& [bytes, format] : cases) {
+    ImageInfo info = probe_image(*bytes);
+    EXPECT_EQ(info.format, format);
+    EXPECT_EQ(info.width, 45) << image_format_name(format);
+    EXPECT_EQ(info.height, 31) << image_format_name(format);
+    Image decoded = decode_image(*bytes);
+    EXPECT_EQ(decoded.width, info.width);
+    EXPECT_EQ(decoded.height, info.height);
+  }
+  // Cut after the headers: the size is there, the pixels are not.
+  std::vector<uint8_t> png_head(png.begin(), png.begin() + 33);
+  EXPECT_EQ(probe_image(png_head).width, 45);
+  EXPECT_THROW(decode_image(png_head), ImageError);
+  std::vector<uint8_t> gif_head(gif.begin(), gif.begin() + 13);
+  EXPECT_EQ(probe_image(gif_head).height, 31);
+  for (const auto& bad :
+       std::vector<std::vector<uint8_t>>{{},
+                                         {'h', 'i'},
+                                         std::vector<uint8_t>(png.begin(), png.begin() + 20),
+                                         std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + 4),
+                                         {'G', 'I', 'F', '8', '9', 'a', 1}})
+    EXPECT_THROW(probe_image(bad), ImageError);
 }
 
 }  // namespace

@@ -74,5 +74,56 @@ TEST(InitModelVision, VocabFromATokenizerTakesItsVisionTokenIds) {
   EXPECT_NO_THROW(open_checkpoint(dir.path()));
 }
 
+// --load-format dummy --preset 35b-a3b (docs/vision.md): the release tower's shape with the text model's
+// width at the merger, Qwen3.5's vision token ids without a tokenizer, the tokenizer's with one.
+TEST(InitModelVision, DummyTowerOfTheFullSizePresetHasTheReleaseShape) {
+  const ModelConfig text = preset_config("35b-a3b");
+  const VisionShape shape = default_vision_shape(text);
+  auto config = VisionConfig::from_json(dummy_vision_config(text, {}, shape));
+  ASSERT_TRUE(config.has_value());
+  EXPECT_EQ(config->depth, 27);
+  EXPECT_EQ(config->hidden_size, 1152);
+  EXPECT_EQ(config->intermediate_size, 4304);
+  EXPECT_EQ(config->num_heads, 16);
+  EXPECT_EQ(config->head_dim(), 72);
+  EXPECT_EQ(config->position_side(), 48);
+  EXPECT_EQ(config->patch_size, 16);
+  EXPECT_EQ(config->temporal_patch_size, 2);
+  EXPECT_EQ(config->spatial_merge_size, 2);
+  EXPECT_EQ(config->out_hidden_size, 2048);
+  EXPECT_EQ(config->image_token_id, 248056);
+  EXPECT_EQ(config->vision_start_token_id, 248053);
+  auto with_tokenizer = VisionConfig::from_json(dummy_vision_config(text,
+                                                                    {{"<|vision_start|>", 151652},
+                                                                     {"<|vision_end|>", 151653},
+                                                                     {"<|image_pad|>", 151655},
+                                                                     {"<|video_pad|>", 151656}},
+                                                                    shape));
+  EXPECT_EQ(with_tokenizer->image_token_id, 151655);
+  const VisionShape tiny = default_vision_shape(preset_config("tiny"));
+  EXPECT_EQ(tiny.depth, 2);
+  EXPECT_EQ(tiny.hidden, 64);
+}
+
+// The random tower at the release's width (one block of it, to keep the test's memory small) loads and
+// encodes: every tensor of the shape is there, and the features are the text model's width.
+TEST(InitModelVision, DummyTowerAtTheReleaseWidthLoadsAndEncodes) {
+  const ModelConfig text = preset_config("35b-a3b");
+  VisionShape shape = default_vision_shape(text);
+  shape.depth = 1;
+  DummyVision dummy = make_dummy_vision(text, 5, {}, shape);
+  auto config = VisionConfig::from_json(dummy.config);
+  ASSERT_TRUE(config.has_value());
+  EXPECT_EQ(config->depth, 1);
+  VisionWeights vision = load_vision_weights(dummy.tensors, *config);
+  auto backend = make_cpu_backend();
+  VisionTower tower(vision, *backend);
+  ImagePatches img = preprocess_image(decode_image(file_bytes(kVisionFixture + "/image1.png")), {});
+  const ImagePatches* one[] = {&img};
+  std::vector<float> features = tower.encode(one);
+  ASSERT_EQ(features.size(), size_t(70 * 2048));
+  EXPECT_TRUE(all_finite(features));
+}
+
 }  // namespace
 }  // namespace moeserve
