@@ -190,7 +190,9 @@ struct Field {
   const char* text;
 };
 // Arg: 0 number, 1 integer with zod's safe-integer bounds, 2 string, 3 string with zod's email pattern and
-// format, 4 number in (0, 1] (bounds that refuse most number tokens: each is decided on its digits).
+// format, 4 number in (0, 1] (bounds that refuse most number tokens: each is decided on its digits), 5 a string
+// inside a union of two objects (pydantic's Union[A, B]: two states followed, against field 2's one), 6 an
+// integer with multipleOf and bounds.
 const Field kFields[] = {
     {R"({"type": "number"})", R"({"v": )"},
     {R"({"type": "integer", "minimum": -9007199254740991, "maximum": 9007199254740991})", R"({"v": )"},
@@ -198,6 +200,12 @@ const Field kFields[] = {
     {R"({"type": "string", "format": "email", "pattern": "^(?!\\.)(?!.*\\.\\.)([A-Za-z0-9_'+\\-\\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$"})",
      R"({"v": "ann.lee)"},
     {R"({"type": "number", "exclusiveMinimum": 0, "maximum": 1})", R"({"v": )"},
+    {R"({"anyOf": [{"type": "object", "properties": {"name": {"type": "string"}, "lives": {"type": "integer"}},
+                    "required": ["name"]},
+                   {"type": "object", "properties": {"name": {"type": "string"}, "good": {"type": "boolean"}},
+                    "required": ["name"]}]})",
+     R"({"v": {"name": "ann.lee)"},
+    {R"({"type": "integer", "multipleOf": 7, "minimum": -1000, "maximum": 100000})", R"({"v": )"},
 };
 
 std::shared_ptr<const JsonSchema> field_schema(int64_t kind) {
@@ -238,13 +246,13 @@ void time_sample_token(benchmark::State& state, std::shared_ptr<const JsonSchema
 void BM_FieldVocabMask(benchmark::State& state) {
   time_vocab_mask(state, big_table(), field_schema(state.range(0)), kFields[state.range(0)].text);
 }
-BENCHMARK(BM_FieldVocabMask)->ArgName("field")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FieldVocabMask)->ArgName("field")->DenseRange(0, 6)->Unit(benchmark::kMillisecond);
 
 // From the field's prefix.
 void BM_FieldSampleToken(benchmark::State& state) {
   time_sample_token(state, field_schema(state.range(0)), kFields[state.range(0)].text);
 }
-BENCHMARK(BM_FieldSampleToken)->ArgName("field")->DenseRange(0, 4)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FieldSampleToken)->ArgName("field")->DenseRange(0, 6)->Unit(benchmark::kMillisecond);
 
 // A forced tool call in Qwen3.5's XML format (qwen3_coder) at the same vocabulary: the positions of a call's
 // text after its opening `<tool_call>\n<function=`, with "required" over two tools (the name still to

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <functional>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "common/parameter_type.h"
 
@@ -183,7 +186,8 @@ class SchemaCompiler {
                                                    "format",
                                                    "prefixItems",
                                                    "propertyNames",
-                                                   "additionalItems"};
+                                                   "additionalItems",
+                                                   "multipleOf"};
       if (!kKnown.count(it.key()))
         fail(it.key(),
              fmt::format("the keyword '{}' is not supported in structured output", brief(it.key())));
@@ -207,7 +211,8 @@ class SchemaCompiler {
     }
     if (n.types & Node::kNumber) n.types &= uint8_t(~Node::kInteger);  // number covers integer
     check_applies(s, n.types);
-    if (n.types & (Node::kNumber | Node::kInteger)) number_bounds(s, n);
+    const int64_t multiple = multiple_of(s, n);
+    if (n.types & (Node::kNumber | Node::kInteger)) number_bounds(s, n, multiple);
     if (n.types & Node::kString) string_rule(s, n);
     if (s.contains("enum") || s.contains("const")) literals(s, n, index);
     if (n.types & Node::kObject) object(s, n);
@@ -219,6 +224,8 @@ class SchemaCompiler {
   // After compile(): the tries of what the roots reach, every node's need, and the checks that every
   // reference and the roots have a value that fits.
   void finish(const std::vector<int>& roots = {0}) {
+    flatten_unions();
+    for (const auto& [union_node, where] : one_of_) check_exclusive(union_node, where);
     build_tries(roots);
     compute_needs();
     for (const auto& [target, index] : refs_)
@@ -241,7 +248,7 @@ class SchemaCompiler {
   // without '<', which would end the value), JSON of the one type the parser converts to otherwise.
   void xml_arguments(int root, const json& parameters) {
     Node& object = out_.nodes_[size_t(root)];
-    if (!(object.types & Node::kObject) || object.values != kNone)
+    if (!(object.types & Node::kObject) || object.values != kNone || !object.alternatives.empty())
       fail("parameters", "a function's parameters must be an object schema");
     if (object.properties.size() >= kMaxObjectProperties)
       fail("properties", fmt::format("at most {} parameters are supported", kMaxObjectProperties - 1));
@@ -381,7 +388,7 @@ class SchemaCompiler {
     const int index = add();
     refs_[target] = index;
     const int compiled = compile_at(*body, brief(target), true);
-    if (out_.nodes_[size_t(compiled)].types == 0) {
+    if (in_progress(compiled)) {
       // The target is itself only a reference, to one still being compiled (an enclosing one).
       if (compiled == index)
         fail("$ref", fmt::format("'{}' refers to itself and nothing else", brief(target)));
@@ -399,34 +406,58 @@ class SchemaCompiler {
     return "?";
   }
 
-  // anyOf / oneOf whose alternatives have different types (Optional[X] is X or null): the first byte of a
-  // value picks the alternative, so one node of their union is exact, and exactly one alternative matches.
-  // Alternatives of the same type (two objects, integer and number) would need the matcher to follow several
-  // at once; they are refused. enum/const alternatives are one set of values, whatever their types.
+  // A node reserved for a $ref target still being compiled (an enclosing one): nothing is known of it yet.
+  bool in_progress(int index) const {
+    const Node& n = out_.nodes_[size_t(index)];
+    return n.types == 0 && n.alternatives.empty();
+  }
+
+  // anyOf / oneOf. Alternatives that start differently (Optional[X] is X or null) are merged into one node,
+  // the first byte of a value picking the alternative, when that node is exact: see merge(). Others (two
+  // objects, as pydantic's unions and zod's z.union write them; a bounded integer and a number; an
+  // alternative that refers to an enclosing schema) are a union node, whose alternatives the matcher
+  // follows at once. A oneOf must moreover never let a value match two alternatives: check_exclusive().
   int alternatives(const json& s, const char* keyword) {
     for (auto it = s.begin(); it != s.end(); ++it) {
-      static const std::set<std::string> kAnnotations = {"anyOf",       "oneOf",   "title",
-                                                         "description", "default", "examples",
-                                                         "$comment",    "$defs",   "definitions"};
+      static const std::set<std::string> kAnnotations = {
+          "anyOf",    "oneOf", "title",       "description",  "default", "examples",
+          "$comment", "$defs", "definitions", "discriminator"};  // OpenAPI's hint (pydantic writes it): the
+                                                                 // alternatives' consts say the same
       if (!kAnnotations.count(it.key()))
         fail(it.key(), fmt::format("'{}' next to {} is not supported", brief(it.key()), keyword));
     }
     const json& alts = s.at(keyword);
     if (!alts.is_array() || alts.empty()) fail(keyword, fmt::format("{} must be a non-empty array", keyword));
     const int index = add();
+    std::vector<int> compiled;
+    for (size_t i = 0; i < alts.size(); ++i)
+      compiled.push_back(compile_at(alts[i], fmt::format("{}[{}]", keyword, i)));
+    const bool one_of = std::string_view(keyword) == "oneOf";
     Node merged;
     int merged_set = -1;
+    if (merge(compiled, one_of, merged, merged_set)) {
+      out_.nodes_[size_t(index)] = std::move(merged);
+      node_set_[size_t(index)] = merged_set;
+      return index;
+    }
+    Node u;
+    u.alternatives = compiled;
+    for (int alt : compiled) u.types |= out_.nodes_[size_t(alt)].types;  // finish() completes it
+    out_.nodes_[size_t(index)] = std::move(u);
+    if (one_of) one_of_.emplace_back(index, path());
+    return index;
+  }
+
+  // The alternatives as one node, when it holds their union exactly: no two start alike, except as
+  // merge_same_class() allows (a oneOf: none), and enum/const alternatives only with each other (one set of
+  // values; a oneOf's sets might share a value). False: they need a union node.
+  bool merge(const std::vector<int>& alts, bool one_of, Node& merged, int& merged_set) {
     uint8_t classes = 0;  // integer and number are one class: both start with a digit
     for (size_t i = 0; i < alts.size(); ++i) {
-      const int alt = compile_at(alts[i], fmt::format("{}[{}]", keyword, i));
-      const Node& n = out_.nodes_[size_t(alt)];
-      if (n.types == 0)
-        fail(keyword,
-             fmt::format("'{}' is used inside {} within itself: recursion through {} is not supported",
-                         brief(reference_name(alt)), keyword, keyword));
-      if (const int set = node_set_[size_t(alt)]; set >= 0) {  // enum/const: all the values in one trie
-        if (i > 0 && merged_set < 0)
-          fail(keyword, fmt::format("{} mixing enum/const and typed alternatives is not supported", keyword));
+      const Node& n = out_.nodes_[size_t(alts[i])];
+      if (in_progress(alts[i]) || !n.alternatives.empty()) return false;
+      if (const int set = node_set_[size_t(alts[i])]; set >= 0) {  // enum/const: all the values in one trie
+        if (one_of || (i > 0 && merged_set < 0)) return false;
         if (merged_set < 0) {
           merged_set = int(sets_.size());
           sets_.emplace_back();
@@ -437,18 +468,12 @@ class SchemaCompiler {
         merged.types |= n.types;
         continue;
       }
-      if (merged_set >= 0)
-        fail(keyword, fmt::format("{} mixing enum/const and typed alternatives is not supported", keyword));
+      if (merged_set >= 0) return false;
       const uint8_t cls = n.types & (Node::kNumber | Node::kInteger)
                               ? uint8_t(n.types | Node::kNumber | Node::kInteger)
                               : n.types;
       const uint8_t overlap = classes & cls;
-      if (!merge_same_class(merged, n, overlap))
-        fail(keyword, fmt::format("{} alternatives of the same type are not supported here (each must start "
-                                  "differently: object, array, string, number, boolean, null; strings that "
-                                  "differ only in pattern/format, and an integer with an unbounded number, "
-                                  "are)",
-                                  keyword));
+      if ((one_of && overlap) || !merge_same_class(merged, n, overlap)) return false;
       classes |= cls;
       const uint8_t fresh = n.types & uint8_t(~overlap);  // what merge_same_class did not take
       merged.types |= fresh;
@@ -463,9 +488,117 @@ class SchemaCompiler {
       if (fresh & (Node::kNumber | Node::kInteger)) merged.bounds = n.bounds;
       if (fresh & Node::kString) merged.string_rule = n.string_rule;
     }
-    out_.nodes_[size_t(index)] = std::move(merged);
-    node_set_[size_t(index)] = merged_set;
-    return index;
+    return true;
+  }
+
+  // Each union node's alternatives as the nodes they come to once unions inside unions are opened (the
+  // matcher forks once per value), and their types. A union among its own alternatives has no value.
+  void flatten_unions() {
+    std::vector<int> on_path;
+    std::function<void(int, std::vector<int>&)> open = [&](int u, std::vector<int>& flat) {
+      if (std::find(on_path.begin(), on_path.end(), u) != on_path.end())
+        throw SchemaError("anyOf", "",
+                          "an anyOf/oneOf is one of its own alternatives (through $ref): it has no value");
+      on_path.push_back(u);
+      for (int alt : out_.nodes_[size_t(u)].alternatives) {
+        if (!out_.nodes_[size_t(alt)].alternatives.empty())
+          open(alt, flat);
+        else if (std::find(flat.begin(), flat.end(), alt) == flat.end())
+          flat.push_back(alt);
+      }
+      on_path.pop_back();
+    };
+    for (size_t i = 0; i < out_.nodes_.size(); ++i) {
+      if (out_.nodes_[i].alternatives.empty()) continue;
+      std::vector<int> flat;
+      open(int(i), flat);
+      uint8_t types = 0;
+      for (int alt : flat) types |= out_.nodes_[size_t(alt)].types;
+      out_.nodes_[i].alternatives = std::move(flat);
+      out_.nodes_[i].types = types;
+    }
+  }
+
+  // A oneOf's union node: no value may match two of its alternatives. Proved pairwise by exclusive(), which
+  // knows the cases that unions of models have (different types, const discriminators, a required property
+  // the other does not allow); a oneOf it cannot prove is refused (anyOf is the same without the check).
+  void check_exclusive(int union_node, const std::string& where) const {
+    const std::vector<int>& alts = out_.nodes_[size_t(union_node)].alternatives;
+    for (size_t i = 0; i < alts.size(); ++i)
+      for (size_t j = i + 1; j < alts.size(); ++j)
+        if (!exclusive(alts[i], alts[j], 0)) {
+          const std::string msg =
+              "oneOf alternatives that one value may match both are not supported (give each a property "
+              "with a different const, as a discriminated union does, or use anyOf)";
+          throw SchemaError("oneOf", where, where.empty() ? msg : fmt::format("{} (at {})", msg, where));
+        }
+  }
+
+  // The classes of first byte the values of a node start with (integer folded into number).
+  uint8_t starts(int index) const {
+    const Node& n = out_.nodes_[size_t(index)];
+    const int set = node_set_[size_t(index)];
+    if (set < 0 || !n.alternatives.empty())
+      return n.types & Node::kInteger ? uint8_t((n.types & ~Node::kInteger) | Node::kNumber) : n.types;
+    uint8_t classes = 0;
+    for (const std::string& text : sets_[size_t(set)]) {
+      const char c = text[0];
+      classes |= c == '{'               ? Node::kObject
+                 : c == '['             ? Node::kArray
+                 : c == '"'             ? Node::kString
+                 : c == 't' || c == 'f' ? Node::kBoolean
+                 : c == 'n'             ? Node::kNull
+                                        : Node::kNumber;
+    }
+    return classes;
+  }
+
+  // No value matches both nodes (false: not proved).
+  bool exclusive(int a, int b, int depth) const {
+    if (depth > 8) return false;
+    if (!(starts(a) & starts(b))) return true;
+    for (auto [u, other] : {std::pair{a, b}, std::pair{b, a}}) {
+      const std::vector<int>& alts = out_.nodes_[size_t(u)].alternatives;
+      if (!alts.empty())
+        return std::all_of(alts.begin(), alts.end(),
+                           [&](int alt) { return exclusive(alt, other, depth + 1); });
+    }
+    const int set_a = node_set_[size_t(a)], set_b = node_set_[size_t(b)];
+    if (set_a >= 0 && set_b >= 0) {  // no value in common (numbers by value: 1 and 1.0 are one)
+      std::set<std::string> seen;
+      auto key = [](const std::string& text) {
+        const std::optional<Decimal> d = Decimal::parse(text);
+        return d ? fmt::format("{}{}e{}", d->negative ? "-" : "", d->digits, d->exponent) : text;
+      };
+      for (const std::string& t : sets_[size_t(set_a)]) seen.insert(key(t));
+      for (const std::string& t : sets_[size_t(set_b)])
+        if (seen.count(key(t))) return false;
+      return true;
+    }
+    const Node &x = out_.nodes_[size_t(a)], &y = out_.nodes_[size_t(b)];
+    if (set_a >= 0 || set_b >= 0 || x.types != Node::kObject || y.types != Node::kObject) return false;
+    // Two objects: a property one requires that the other does not allow, or that both require with values
+    // that exclude each other.
+    const std::vector<std::string>&xs = listed(x), &ys = listed(y);
+    for (auto [p, q, ps, qs] : {std::tuple{&x, &y, &xs, &ys}, std::tuple{&y, &x, &ys, &xs}})
+      for (size_t i = 0; i < ps->size(); ++i) {
+        if (!(p->required >> i & 1)) continue;
+        const auto at = std::find(qs->begin(), qs->end(), (*ps)[i]);
+        if (at == qs->end()) {
+          if (q->additional < 0) return true;
+          continue;
+        }
+        const size_t k = size_t(at - qs->begin());
+        if ((q->required >> k & 1) && exclusive(p->properties[i], q->properties[k], depth + 1)) return true;
+      }
+    return false;
+  }
+
+  // An object node's property names (JSON text), in the order of its properties.
+  const std::vector<std::string>& listed(const Node& n) const {
+    static const std::vector<std::string> kEmpty;
+    const auto it = listed_.find(n.names);
+    return it == listed_.end() ? kEmpty : it->second;
   }
 
   int xml_value(int property, const ParameterType& wire) {
@@ -517,19 +650,45 @@ class SchemaCompiler {
                                                             {"array", Node::kArray}};
       auto t = kTypes.find(wire.type);
       const uint8_t want = t == kTypes.end() ? 0 : t->second;
-      const uint8_t has = want == Node::kInteger ? Node::kInteger | Node::kNumber : want;
+      const uint8_t has = want & (Node::kInteger | Node::kNumber) ? Node::kInteger | Node::kNumber : want;
       if (!(n.types & has))
         fail("type",
              fmt::format("the qwen3_coder format reads this parameter as {}, which its schema does not "
                          "allow",
                          wire.type.empty() ? "text" : wire.type));
       v = n;
-      v.types = uint8_t(want | nullable);
+      if (!n.alternatives.empty()) {
+        // A union is kept whole when every value it allows reads back as itself: all of the one type.
+        if (union_types(property) & ~(want | nullable))
+          fail("type", fmt::format("the qwen3_coder format reads this parameter as {}, and its anyOf/oneOf "
+                                   "allows other types too",
+                                   wire.type.empty() ? "text" : wire.type));
+      } else {
+        // A number schema that only integers pass (multipleOf) stays one: the text reads as the same number.
+        const bool integers = want == Node::kNumber && !(n.types & Node::kNumber);
+        v.types = uint8_t((integers ? Node::kInteger : want) | nullable);
+      }
     }
     const int index = add();
     node_set_[size_t(index)] = v.raw ? -1 : node_set_[size_t(property)];
     out_.nodes_[size_t(index)] = std::move(v);
     return index;
+  }
+
+  // The types of a union node's values, through the unions among its alternatives (before finish()).
+  uint8_t union_types(int index) const {
+    std::vector<int> todo = {index}, seen;
+    uint8_t types = 0;
+    while (!todo.empty()) {
+      const int i = todo.back();
+      todo.pop_back();
+      if (std::find(seen.begin(), seen.end(), i) != seen.end()) continue;
+      seen.push_back(i);
+      const Node& n = out_.nodes_[size_t(i)];
+      if (n.alternatives.empty()) types |= n.types;
+      todo.insert(todo.end(), n.alternatives.begin(), n.alternatives.end());
+    }
+    return types;
   }
 
   // A later alternative `n` of anyOf overlaps `merged` in the classes `overlap` (types that start alike). One
@@ -630,7 +789,7 @@ class SchemaCompiler {
       if (s.contains(k) && !(types & Node::kArray)) fail(k, fmt::format("'{}' needs type array", k));
     for (const char* k : {"minLength", "maxLength", "pattern", "format"})
       if (s.contains(k) && !(types & Node::kString)) fail(k, fmt::format("'{}' needs type string", k));
-    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
       if (s.contains(k) && !(types & (Node::kNumber | Node::kInteger)))
         fail(k, fmt::format("'{}' needs type number or integer", k));
   }
@@ -711,7 +870,7 @@ class SchemaCompiler {
 
   // minimum/maximum and exclusiveMinimum/exclusiveMaximum, as numbers (draft 6 on) or as booleans that make
   // minimum/maximum exclusive (draft 4, OpenAPI 3.0); when both kinds bound one end the tighter one holds.
-  void number_bounds(const json& s, Node& n) {
+  void number_bounds(const json& s, Node& n, int64_t multiple) {
     struct End {
       std::optional<Decimal> at;
       bool open = false;
@@ -737,14 +896,34 @@ class SchemaCompiler {
       return e;
     };
     const End lo = end("minimum", "exclusiveMinimum", 1), hi = end("maximum", "exclusiveMaximum", -1);
-    if (!lo.at && !hi.at) return;
+    if (!lo.at && !hi.at && !multiple) return;
     const bool integer = !(n.types & Node::kNumber);
     NumberBounds b = NumberBounds::make(lo.at, lo.open, hi.at, hi.open, integer);
+    b.multiple = multiple;
     if (b.empty())
-      fail(lo.at ? "minimum" : "maximum",
-           fmt::format("no {} is within the schema's minimum and maximum", integer ? "integer" : "number"));
+      fail(multiple ? "multipleOf"
+           : lo.at  ? "minimum"
+                    : "maximum",
+           fmt::format("no {} is within the schema's minimum and maximum", multiple ? "multiple of multipleOf"
+                                                                           : integer ? "integer"
+                                                                                     : "number"));
     n.bounds = int(out_.bounds_.size());
     out_.bounds_.push_back(std::move(b));
+  }
+
+  // multipleOf (0: none). Whole steps only: a multiple of one is an integer, so a number schema becomes an
+  // integer one (5.0 and 5 are one value; the integer spelling is written). Fractional steps (0.01) would
+  // need decimal arithmetic that validators do in floating point, where they disagree; they stay a 400.
+  int64_t multiple_of(const json& s, Node& n) {
+    const auto it = s.find("multipleOf");
+    if (it == s.end()) return 0;
+    const double step = it->is_number() ? it->get<double>() : 0;
+    if (!(step > 0)) fail("multipleOf", "multipleOf must be a number > 0");
+    if (step != std::floor(step) || step > double(NumberBounds::kMaxStepMagnitude))
+      fail("multipleOf", fmt::format("multipleOf is supported for whole numbers up to {} (not {})",
+                                     NumberBounds::kMaxStepMagnitude, it->dump()));
+    if (n.types & Node::kNumber) n.types = uint8_t((n.types & ~Node::kNumber) | Node::kInteger);
+    return int64_t(step);
   }
 
   void object(const json& s, Node& n) {
@@ -772,7 +951,10 @@ class SchemaCompiler {
       }
       Tagged names;
       for (size_t i = 0; i < texts.size(); ++i) names.emplace_back(texts[i], int8_t(i));
-      if (!names.empty()) n.names = build_trie(out_.names_, std::move(names), true);
+      if (!names.empty()) {
+        n.names = build_trie(out_.names_, std::move(names), true);
+        listed_[n.names] = std::move(texts);
+      }
     }
     if (auto r = s.find("required"); r != s.end()) {
       if (!r->is_array()) fail("required", "required must be an array of property names");
@@ -864,6 +1046,7 @@ class SchemaCompiler {
       for (int c : n.properties) visit(c);
       for (int c : n.prefix_items) visit(c);
       for (int c : n.xml_values) visit(c);
+      for (int c : n.alternatives) visit(c);
       visit(n.additional);
       visit(n.items);
     }
@@ -881,17 +1064,22 @@ class SchemaCompiler {
       for (size_t i = out_.nodes_.size(); i-- > 0;) {  // children come after their parents: mostly one round
         Node& n = out_.nodes_[i];
         uint8_t object = Node::kUnbounded, array = Node::kUnbounded;
-        if (n.types & Node::kObject) {
-          uint8_t inner = 0;
-          for (size_t p = 0; p < n.properties.size(); ++p)
-            if (n.required >> p & 1) inner = std::max(inner, out_.nodes_[size_t(n.properties[p])].need());
-          object = plus_one(inner);
-        }
-        if (n.types & Node::kArray) {
-          uint8_t inner = 0;  // the items it must have
-          for (int64_t k = 0; k < n.min_items && k <= int64_t(n.prefix_items.size()); ++k)
-            inner = std::max(inner, out_.nodes_[size_t(out_.item(n, k))].need());
-          array = plus_one(inner);
+        if (!n.alternatives.empty()) {  // a union: its least alternative's
+          for (int alt : n.alternatives) object = std::min(object, out_.nodes_[size_t(alt)].need());
+          array = object;
+        } else {
+          if (n.types & Node::kObject) {
+            uint8_t inner = 0;
+            for (size_t p = 0; p < n.properties.size(); ++p)
+              if (n.required >> p & 1) inner = std::max(inner, out_.nodes_[size_t(n.properties[p])].need());
+            object = plus_one(inner);
+          }
+          if (n.types & Node::kArray) {
+            uint8_t inner = 0;  // the items it must have
+            for (int64_t k = 0; k < n.min_items && k <= int64_t(n.prefix_items.size()); ++k)
+              inner = std::max(inner, out_.nodes_[size_t(out_.item(n, k))].need());
+            array = plus_one(inner);
+          }
         }
         changed |= object != n.need_object || array != n.need_array;
         n.need_object = object, n.need_array = array;
@@ -903,10 +1091,12 @@ class SchemaCompiler {
   const json* document_;
   const JsonSchemaLimits& limits_;
   std::vector<Segment> path_;
-  std::map<std::string, int> refs_;             // target -> node
-  std::map<std::string, int> rules_;            // a string rule's keywords -> its index
-  std::vector<std::vector<std::string>> sets_;  // enum/const values, as JSON text
-  std::vector<int> node_set_;                   // per node: its enum/const set, -1 if none
+  std::map<std::string, int> refs_;                      // target -> node
+  std::vector<std::pair<int, std::string>> one_of_;      // oneOf union nodes, and where they are
+  std::map<uint32_t, std::vector<std::string>> listed_;  // an object's name trie -> its property names
+  std::map<std::string, int> rules_;                     // a string rule's keywords -> its index
+  std::vector<std::vector<std::string>> sets_;           // enum/const values, as JSON text
+  std::vector<int> node_set_;                            // per node: its enum/const set, -1 if none
   size_t properties_ = 0, enum_values_ = 0, literal_bytes_ = 0;
   int any_ = -1;
 };

@@ -13,7 +13,13 @@
 // Liveness: every prefix the matcher accepts can still be completed (e.g. a key is accepted only while it is
 // the prefix of a property that may still come, '}' only once the required properties are there, a container
 // only where what it must contain still fits under kMaxNesting), so decoding never walks into a dead end.
-// compile() refuses a schema that has no finite value (a $ref that requires itself). Whitespace between
+// compile() refuses a schema that has no finite value (a $ref that requires itself).
+//
+// Unions: anyOf/oneOf alternatives that start differently (an object or null) are one node, the first byte
+// picking the alternative. Those one node cannot hold (two objects: pydantic's Union[A, B] and discriminated
+// unions) are a union node, and the matcher follows each alternative as a state of its own from the value's
+// first byte: a byte is accepted while some state takes it, and states that took the same path merge again.
+// Whitespace between
 // tokens of JSON is capped at kMaxWhitespaceRun bytes in a row: models can loop on whitespace forever, and
 // the cap forces them on.
 
@@ -108,7 +114,7 @@ struct JsonSchemaNode {
   std::vector<int> properties;
   uint64_t required = 0;
   int additional = -1;
-  // Numbers: minimum/maximum/exclusive*, an index into JsonSchema::bounds() (-1: none).
+  // Numbers: minimum/maximum/exclusive*/multipleOf, an index into JsonSchema::bounds() (-1: none).
   int bounds = -1;
   // Strings: minLength/maxLength/pattern/format, an index into JsonSchema::strings() (-1: any string).
   int string_rule = -1;
@@ -124,6 +130,8 @@ struct JsonSchemaNode {
   std::vector<int> xml_values;
   // The value is written as raw text, not JSON (an XML parameter's string): its string_rule never admits '<'.
   bool raw = false;
+  // A union node: the value is one of these nodes (never unions themselves; `types` is theirs together).
+  std::vector<int> alternatives;
   // The containers a value must nest (0 for a scalar), as an object and as an array: what has to fit below
   // the point where it starts.
   uint8_t need_object = kUnbounded;
@@ -235,19 +243,26 @@ struct JsonMatcherFrame {
   uint32_t rx = 0;
   uint32_t length = 0;
   uint32_t high = 0;
+
+  friend bool operator==(const JsonMatcherFrame&, const JsonMatcherFrame&) = default;
 };
 
 class JsonMatcher {
  public:
   explicit JsonMatcher(std::shared_ptr<const JsonSchema> schema);
 
-  // Whether the bytes may follow what was read so far (the matcher itself is unchanged). It works in a
-  // scratch stack of the matcher's: one matcher is used by one thread at a time (a request's sampler).
+  // Whether the bytes may follow what was read so far (the matcher itself is unchanged). It works in scratch
+  // states of the matcher's: one matcher is used by one thread at a time (a request's sampler).
   bool accepts(std::string_view bytes) const;
   // Feeds the bytes; false (and the matcher unchanged) when they are not accepted.
   bool advance(std::string_view bytes);
   // A whole value has been read: the document may end here.
   bool can_end() const;
+
+  // The alternatives of unions followed at once (1 outside a union's value). Beyond kMaxStates the later
+  // ones are dropped: what is written still validates, only fewer of the valid documents remain open.
+  size_t states() const { return states_.size(); }
+  static constexpr size_t kMaxStates = 64;
 
   // Work done so far, in steps of a fixed cost (a byte fed, a frame copied, a trie edge looked at): what
   // tests and benchmarks read to see that a step costs the same whatever the schema's size.
@@ -260,6 +275,7 @@ class JsonMatcher {
     std::vector<Frame> stack;
     int whitespace_run = 0;
     std::string number;  // the text of a bounded number being read (only the top frame can be one)
+    bool operator==(const State&) const = default;
   };
   // What a frame did with a byte: took it, refused it, or finished and passed it on to the new top.
   enum class Step : uint8_t { kTaken, kReject, kPass };
@@ -285,14 +301,23 @@ class JsonMatcher {
   bool rule_takes(Frame& f, uint32_t cp) const;
   bool child_done(State& s) const;
   bool number_in_bounds(const Frame& f, const std::string& text) const;
-  bool run(State& s, std::string_view bytes) const;
+  size_t run(std::string_view bytes, bool first) const;
+  void start(const State& from, size_t at) const;
+  bool can_end(const State& s) const;
   bool fits(int node, size_t index) const;
   uint32_t step(const JsonTrie& trie, uint32_t node, uint8_t c) const;
   void open_object(Frame& f, size_t index) const;
 
   std::shared_ptr<const JsonSchema> schema_;
-  State state_;
-  mutable State scratch_;  // accepts() works here: no allocation per call once it has grown
+  std::vector<State> states_;  // one per union alternative still followed; never empty
+  // run() works here, reusing what has grown: no allocation per call. scratch_[0 .. used_) are the states
+  // being fed, pending_ (state, next byte) those still to feed, done_ those that took every byte, forks_
+  // the states a union's first byte made (to be fed that byte).
+  mutable std::vector<State> scratch_;
+  mutable size_t used_ = 0;
+  mutable std::vector<std::pair<size_t, size_t>> pending_;
+  mutable std::vector<size_t> done_;
+  mutable std::vector<State> forks_;
   mutable uint64_t work_ = 0;
 };
 

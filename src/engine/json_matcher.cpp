@@ -93,9 +93,10 @@ uint8_t number_phase(uint8_t phase, uint8_t c, bool integer) {
 }  // namespace
 
 JsonMatcher::JsonMatcher(std::shared_ptr<const JsonSchema> schema) : schema_(std::move(schema)) {
+  State& state = states_.emplace_back();
   Frame root;
   root.kind = Frame::kRoot;
-  state_.stack.push_back(root);
+  state.stack.push_back(root);
   Frame value;
   value.kind = schema_->raw_text() ? Frame::kText : Frame::kValue;
   value.node = 0;
@@ -104,35 +105,75 @@ JsonMatcher::JsonMatcher(std::shared_ptr<const JsonSchema> schema) : schema_(std
     value.kind = Frame::kCall;
     value.trie = schema_->function_names();
   }
-  state_.stack.push_back(value);
-  if (schema_->call() && schema_->function_names() == kNone) start_arguments(state_, 0);
+  state.stack.push_back(value);
+  if (schema_->call() && schema_->function_names() == kNone) start_arguments(state, 0);
 }
 
-bool JsonMatcher::run(State& s, std::string_view bytes) const {
-  s.stack.assign(state_.stack.begin(), state_.stack.end());  // reuses the capacity: no allocation
-  s.whitespace_run = state_.whitespace_run;
-  s.number.assign(state_.number);
+// A copy of `from` in the scratch states, to be fed from byte `at` on.
+void JsonMatcher::start(const State& from, size_t at) const {
+  if (used_ == scratch_.size()) scratch_.emplace_back();
+  State& s = scratch_[used_];
+  s.stack.assign(from.stack.begin(), from.stack.end());  // reuses the capacity: no allocation
+  s.whitespace_run = from.whitespace_run;
+  s.number.assign(from.number);
   work_ += s.stack.size();
-  for (char c : bytes)
-    if (!feed(s, uint8_t(c))) return false;
-  return true;
+  pending_.emplace_back(used_++, at);
+}
+
+// Feeds the bytes to every state, and to the states unions fork on the way: done_ lists those that took them
+// all (with `first`, only the first found). Returns their count.
+size_t JsonMatcher::run(std::string_view bytes, bool first) const {
+  used_ = 0;
+  pending_.clear();
+  done_.clear();
+  for (size_t i = states_.size(); i-- > 0;) start(states_[i], 0);  // the first state is tried first
+  while (!pending_.empty()) {
+    auto [i, at] = pending_.back();
+    pending_.pop_back();
+    bool taken = true;
+    for (; taken && at < bytes.size(); ++at) {
+      taken = feed(scratch_[i], uint8_t(bytes[at]));
+      for (const State& fork : forks_) start(fork, at);  // they have not taken this byte yet
+      forks_.clear();
+    }
+    if (!taken) continue;
+    done_.push_back(i);
+    if (first) break;
+  }
+  return done_.size();
 }
 
 bool JsonMatcher::accepts(std::string_view bytes) const {
-  return run(scratch_, bytes);
+  return run(bytes, true) > 0;
 }
 
 bool JsonMatcher::advance(std::string_view bytes) {
-  if (!run(scratch_, bytes)) return false;
-  std::swap(state_, scratch_);
+  if (run(bytes, false) == 0) return false;
+  // States that took the same path are one state again.
+  size_t kept = 0;
+  for (size_t i : done_) {
+    if (kept == kMaxStates) break;
+    bool again = false;
+    for (size_t k = 0; k < kept && !again; ++k) again = states_[k] == scratch_[i];
+    if (again) continue;
+    if (kept == states_.size()) states_.emplace_back();
+    std::swap(states_[kept++], scratch_[i]);
+  }
+  states_.resize(kept);
   return true;
 }
 
 bool JsonMatcher::can_end() const {
-  const Frame& top = state_.stack.back();
+  for (const State& s : states_)
+    if (can_end(s)) return true;
+  return false;
+}
+
+bool JsonMatcher::can_end(const State& s) const {
+  const Frame& top = s.stack.back();
   if (top.kind == Frame::kRoot) return size_t(top.count) == schema_->suffix().size();
-  if (state_.stack.size() != 2 || !schema_->suffix().empty()) return false;
-  if (top.kind == Frame::kNumber) return number_accepting(top.phase) && number_in_bounds(top, state_.number);
+  if (s.stack.size() != 2 || !schema_->suffix().empty()) return false;
+  if (top.kind == Frame::kNumber) return number_accepting(top.phase) && number_in_bounds(top, s.number);
   if (top.kind == Frame::kLiteral) return schema_->values().tag[top.trie] >= 0;
   if (top.kind == Frame::kText)
     return !top.utf8_left && schema_->string_rule(schema_->node(0).string_rule).complete(top.rx, top.length);
@@ -205,6 +246,23 @@ bool JsonMatcher::child_done(State& s) const {
 JsonMatcher::Step JsonMatcher::feed_value(State& s, uint8_t c) const {
   Frame& f = s.stack.back();
   const size_t at = s.stack.size() - 1;
+  if (const Node& u = schema_->node(f.node); !u.alternatives.empty()) {
+    // A union: this state follows the first alternative that fits, a fork each other one.
+    int first = -1;
+    for (int alt : u.alternatives) {
+      if (!fits(alt, at)) continue;
+      if (first < 0) {
+        first = alt;
+        continue;
+      }
+      forks_.push_back(s);
+      forks_.back().stack.back().node = alt;
+      work_ += s.stack.size();
+    }
+    if (first < 0) return Step::kReject;
+    s.stack.back().node = first;
+    return Step::kPass;
+  }
   const Node& n = schema_->node(f.node);
   if (n.values != kNone || ((c == 't' || c == 'f' || c == 'n') && n.words != kNone)) {
     f.kind = Frame::kLiteral;

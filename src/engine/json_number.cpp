@@ -221,7 +221,67 @@ const Decimal& greatest_double() {
   return d;
 }
 
+namespace {
+
+// An integer's value, when its magnitude is at most kMaxStepMagnitude.
+std::optional<int64_t> small_integer(const Decimal& v) {
+  if (v.zero()) return 0;
+  if (v.exponent < int64_t(v.digits.size()) || v.exponent > 15) return std::nullopt;
+  int64_t x = 0;
+  for (char c : v.digits) x = x * 10 + (c - '0');
+  for (int64_t k = int64_t(v.digits.size()); k < v.exponent; ++k) x *= 10;
+  return v.negative ? -x : x;
+}
+
+// An integer schema's end (closed, see make()) within +-kMaxStepMagnitude.
+int64_t clamped_end(const std::optional<Decimal>& end, bool upper) {
+  constexpr int64_t kLimit = NumberBounds::kMaxStepMagnitude;
+  if (!end) return upper ? kLimit : -kLimit;
+  static const Decimal limit = *Decimal::parse("999999999999999");
+  static const Decimal minus_limit = *Decimal::parse("-999999999999999");
+  if (compare(*end, limit) > 0) return kLimit;
+  if (compare(*end, minus_limit) < 0) return -kLimit;
+  return *small_integer(*end);
+}
+
+// Some multiple of `step` is in [from, to].
+bool has_multiple(int64_t from, int64_t to, int64_t step) {
+  if (from > to) return false;
+  const int64_t below = to - ((to % step) + step) % step;  // the greatest multiple <= to
+  return below >= from;
+}
+
+}  // namespace
+
+// multipleOf: some integer that starts with `prefix` (an optional '-', digits) is a multiple within the
+// ends and below kMaxStepMagnitude. Its values are, by how many digits follow, the magnitude ranges
+// [v * 10^k, v * 10^k + 10^k - 1]: one interval each, so a few divisions decide it.
+bool NumberBounds::multiple_viable(std::string_view prefix) const {
+  const bool negative = !prefix.empty() && prefix[0] == '-';
+  const std::string_view digits = prefix.substr(negative ? 1 : 0);
+  const int64_t lo_end = clamped_end(lo, false), hi_end = clamped_end(hi, true);
+  auto meets = [&](int64_t a, int64_t b) {  // magnitudes a..b
+    return has_multiple(std::max(negative ? -b : a, lo_end), std::min(negative ? -a : b, hi_end), multiple);
+  };
+  if (prefix.empty()) return has_multiple(lo_end, hi_end, multiple);
+  if (digits.empty()) return meets(0, kMaxStepMagnitude);
+  if (digits[0] == '0') return meets(0, 0);  // "0" and "-0": nothing may follow
+  constexpr size_t kMaxDigits = 15;
+  if (digits.size() > kMaxDigits) return false;
+  int64_t v = 0;
+  for (char c : digits) v = v * 10 + (c - '0');
+  for (int64_t span = 1, length = int64_t(digits.size()); length <= int64_t(kMaxDigits); ++length) {
+    if (meets(v, v + span - 1)) return true;
+    v *= 10, span *= 10;
+  }
+  return false;
+}
+
 bool NumberBounds::contains(const Decimal& v) const {
+  if (multiple) {
+    const std::optional<int64_t> x = small_integer(v);
+    if (!x || *x % multiple != 0) return false;
+  }
   const Side s{lo, hi, lo_open, hi_open};
   Decimal magnitude = v;
   magnitude.negative = false;
@@ -231,12 +291,14 @@ bool NumberBounds::contains(const Decimal& v) const {
 }
 
 bool NumberBounds::empty() const {
+  if (multiple) return !multiple_viable("");
   if (!lo || !hi) return false;
   const int c = compare(*lo, *hi);
   return c > 0 || (c == 0 && (lo_open || hi_open));
 }
 
 bool NumberBounds::viable(std::string_view prefix) const {
+  if (multiple) return multiple_viable(prefix);  // an integer schema: its ends are inside the step's
   if (prefix.empty()) return !empty();
   const bool negative = prefix[0] == '-';
   // The bounds on the magnitude: mirrored for a negative number.

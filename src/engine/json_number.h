@@ -35,6 +35,10 @@ struct NumberBounds {
   std::optional<Decimal> lo, hi;
   bool lo_open = false, hi_open = false;
   bool integer = false;
+  // multipleOf (0: none), on integer schemas only. Its numbers are kept below kMaxStepMagnitude in
+  // magnitude, where a double (what validators divide) holds every integer exactly.
+  int64_t multiple = 0;
+  static constexpr int64_t kMaxStepMagnitude = 999'999'999'999'999;
 
   // Throws nothing; for an integer schema the ends are moved to the integers inside (an open 3 is 4).
   static NumberBounds make(std::optional<Decimal> lo, bool lo_open, std::optional<Decimal> hi, bool hi_open,
@@ -43,8 +47,11 @@ struct NumberBounds {
   // Some number (an integer, if `integer`) whose JSON text starts with `prefix` is inside. The prefix is one
   // the number grammar allows (integers: an optional '-' and digits).
   bool viable(std::string_view prefix) const;
-  // No number (no integer) is inside: a schema error.
+  // No number (no integer, no multiple) is inside: a schema error.
   bool empty() const;
+
+ private:
+  bool multiple_viable(std::string_view prefix) const;
 };
 
 }  // namespace moeserve

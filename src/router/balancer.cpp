@@ -7,8 +7,21 @@
 
 namespace moeserve::router {
 
-namespace {
-constexpr size_t kMaxSessions = 100'000;
+std::optional<int> RecentRoutes::find(const std::string& key) const {
+  auto it = map_.find(key);
+  return it == map_.end() ? std::nullopt : std::optional(it->second);
+}
+
+void RecentRoutes::set(const std::string& key, int backend) {
+  auto [it, inserted] = map_.insert_or_assign(key, backend);
+  if (!inserted) return;
+  if (order_.size() < capacity_) {
+    order_.push_back(key);
+  } else {
+    map_.erase(order_[head_]);
+    order_[head_] = key;
+    head_ = (head_ + 1) % capacity_;
+  }
 }
 
 std::string_view decision_name(Decision decision) {
@@ -32,6 +45,11 @@ void Histogram::observe(double seconds) {
   ++counts[i];
   sum += seconds;
   ++count;
+}
+
+void Balancer::learn_response(const std::string& response_id, int backend_id) {
+  std::lock_guard lock(mu_);
+  responses_.set(response_id, backend_id);
 }
 
 Balancer::Balancer(const RouterConfig& config, std::function<TimePoint()> now, uint64_t seed)
@@ -123,13 +141,15 @@ std::optional<Selection> Balancer::pick(const RouteRequest& request, std::span<c
 
   Decision decision = Decision::policy;
   Backend* chosen = nullptr;
-  if (config_.session_affinity && !request.session.empty()) {
-    if (auto it = sessions_.find(request.session); it != sessions_.end()) {
-      for (Backend* c : candidates)
-        if (c->id == it->second) chosen = c;
-      if (chosen != nullptr) decision = Decision::affinity;
-    }
-  }
+  auto stay_on = [&](std::optional<int> id) {
+    for (Backend* c : candidates)
+      if (id && c->id == *id) chosen = c, decision = Decision::affinity;
+  };
+  // The backend that holds the response continued; when it is gone the policy picks one, which answers
+  // 404 (it does not hold the response) rather than the request failing here.
+  if (!request.previous_response.empty()) stay_on(responses_.find(request.previous_response));
+  if (chosen == nullptr && config_.session_affinity && !request.session.empty())
+    stay_on(sessions_.find(request.session));
   if (chosen == nullptr) {
     switch (config_.policy) {
       case Policy::least_conn:
@@ -149,18 +169,7 @@ std::optional<Selection> Balancer::pick(const RouteRequest& request, std::span<c
         break;
     }
   }
-  if (config_.session_affinity && !request.session.empty()) {
-    auto [it, inserted] = sessions_.insert_or_assign(request.session, chosen->id);
-    if (inserted) {
-      if (session_order_.size() < kMaxSessions) {
-        session_order_.push_back(request.session);
-      } else {
-        sessions_.erase(session_order_[session_head_]);
-        session_order_[session_head_] = request.session;
-        session_head_ = (session_head_ + 1) % kMaxSessions;
-      }
-    }
-  }
+  if (config_.session_affinity && !request.session.empty()) sessions_.set(request.session, chosen->id);
 
   // nginx: a backend picked after fail_timeout since its last failure is "checked"; a success then clears
   // fails.

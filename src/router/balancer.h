@@ -105,6 +105,25 @@ struct RouteRequest {
   std::string model;          // "" when the body names none
   std::vector<uint32_t> key;  // cache_aware: bytes of the rendered text or token ids; empty when none
   std::string session;        // affinity key (X-Session-ID or "user"); "" when none
+  // The Responses API's previous_response_id: the backend that produced that response holds it, and no
+  // other; "" when none.
+  std::string previous_response;
+};
+
+// Key -> backend id for the most recent keys, at most `capacity` (the oldest is dropped first): sessions,
+// and response ids learned from the answers passing through.
+class RecentRoutes {
+ public:
+  explicit RecentRoutes(size_t capacity) : capacity_(capacity) {}
+  std::optional<int> find(const std::string& key) const;
+  void set(const std::string& key, int backend);
+  size_t size() const { return map_.size(); }
+
+ private:
+  size_t capacity_;
+  std::unordered_map<std::string, int> map_;
+  std::vector<std::string> order_;  // a ring once full: order_[head_] is the oldest
+  size_t head_ = 0;
 };
 
 struct Selection {
@@ -128,6 +147,9 @@ class Balancer {
   // `died` is out until active health checks pass health_successes times; with health checks off, for
   // fail_timeout as a max_fails ejection (so never with max_fails 0, nor as the only backend: nginx's rules).
   void finish(const Selection& selection, Outcome outcome, std::string_view reason = "");
+  // A backend answered a Responses API request with this response id: a request that continues it
+  // (previous_response_id) goes to that backend while it is available.
+  void learn_response(const std::string& response_id, int backend_id);
   // Records the response a backend gave (status code, or "error") and its latencies (negative: not measured).
   void record_response(Backend& backend, std::string_view status, double ttfb_seconds, double total_seconds);
   // The backend answered 429: keep new requests away for `wait` (capped by max_retry_after).
@@ -184,10 +206,9 @@ class Balancer {
   std::mt19937_64 rng_;
   uint64_t tie_breaker_ = 0;
 
-  // Session affinity: session key -> backend id, bounded (oldest entries dropped first).
-  std::unordered_map<std::string, int> sessions_;
-  std::vector<std::string> session_order_;
-  size_t session_head_ = 0;
+  // Session affinity: session key -> backend id; response id -> the backend that holds the response.
+  RecentRoutes sessions_{100'000};
+  RecentRoutes responses_{100'000};
 
   std::map<std::string, uint64_t> decisions_;
   std::map<int, uint64_t> client_responses_;

@@ -59,6 +59,7 @@ constexpr int kBusyRetryAfterSeconds = 1;
 // stops (what is still unwritten then is cut). `serve` gives its aborted requests 5 s as well.
 constexpr Duration kEndingGrace{5000};
 constexpr size_t kFirstEventLimit = 4096;  // bytes of a stream's first event kept for its ending
+constexpr size_t kResponseIdLimit = 4096;  // bytes of a Responses API answer searched for its id
 
 using Request = http::request<http::string_body>;
 using RequestHead = http::request_header<>;
@@ -66,6 +67,11 @@ using RequestParser = http::request_parser<http::string_body>;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// POST /v1/responses (a query string aside): creates a response that a later request may continue.
+bool creates_response(http::verb method, std::string_view target) {
+  return method == http::verb::post && target.substr(0, target.find('?')) == "/v1/responses";
 }
 
 bool hop_by_hop(http::field name) {
@@ -929,6 +935,7 @@ struct Router::Impl {
     needs.key = config.policy == Policy::cache_aware;
     needs.session = config.session_affinity;
     needs.model = balancer.serves_several_models();
+    needs.response = creates_response(request.method(), request.target());
     std::string_view session_header;
     if (auto it = request.find("X-Session-ID"); it != request.end()) session_header = it->value();
     RouteRequest route;
@@ -1200,6 +1207,10 @@ struct Router::Impl {
       co_return AttemptResult{AttemptEnd::retry, false, status_reason()};
     }
     bool event_stream = head[http::field::content_type].starts_with("text/event-stream");
+    // A response the backend created: its id is learned before the client has the answer, so that the
+    // request continuing it (previous_response_id) comes back here.
+    bool learn_id = status / 100 == 2 && creates_response(request.method(), original_target);
+    std::string answer_head;
     bool chat = original_target.find("/chat/") != std::string::npos;
     int64_t choices = event_stream ? stream_choices(request.body(), chat) : 1;  // for a drain's ending
     // The response is committed to this backend from here on: nothing will send the body again, so its memory
@@ -1327,6 +1338,15 @@ struct Router::Impl {
           head_sent = true;
         }
         continue;
+      }
+      if (learn_id && got > 0) {
+        answer_head.append(chunk.data(), std::min(got, kResponseIdLimit - answer_head.size()));
+        if (auto id = response_id_in(answer_head)) {
+          balancer.learn_response(*id, backend.id);
+          learn_id = false;
+        } else if (answer_head.size() == kResponseIdLimit) {
+          learn_id = false;
+        }
       }
       if (event_stream && got > 0) {
         if (first_event.empty()) first_event.assign(chunk.data(), std::min(got, kFirstEventLimit));

@@ -66,13 +66,16 @@ RouteRequest describe_request(std::string_view body, std::string_view session_he
                               const KeyEncoder& encoder) {
   RouteRequest out;
   out.session = std::string(session_header);
-  if (!(needs.key || needs.session || needs.model) || body.empty()) return out;
+  if (!(needs.key || needs.session || needs.model || needs.response) || body.empty()) return out;
   size_t first = body.find_first_not_of(" \t\r\n");
   if (first == std::string_view::npos || (body[first] != '{' && body[first] != '[')) return out;
   json doc = parse_bounded_json<json>(body);
   if (!doc.is_object()) return out;
   if (auto model = doc.find("model"); model != doc.end() && model->is_string())
     out.model = model->get<std::string>();
+  if (auto previous = doc.find("previous_response_id");
+      needs.response && previous != doc.end() && previous->is_string())
+    out.previous_response = previous->get<std::string>();
   if (needs.session && out.session.empty()) {
     if (auto user = doc.find("user"); user != doc.end() && user->is_string())
       out.session = user->get<std::string>();
@@ -110,6 +113,28 @@ RouteRequest describe_request(std::string_view body, std::string_view session_he
   }
   out.key = encoder.encode(text);
   return out;
+}
+
+std::optional<std::string> response_id_in(std::string_view head) {
+  constexpr std::string_view kKey = "\"id\"";
+  for (size_t at = head.find(kKey); at != std::string_view::npos; at = head.find(kKey, at + 1)) {
+    // Inside a JSON string a quote is escaped: an unescaped "id" followed by ':' is a member's name.
+    if (at > 0 && head[at - 1] == '\\') continue;
+    size_t i = head.find_first_not_of(" \t\r\n", at + kKey.size());
+    if (i == std::string_view::npos || head[i] != ':') continue;
+    i = head.find_first_not_of(" \t\r\n", i + 1);
+    if (i == std::string_view::npos || head[i] != '"') continue;
+    const size_t end = head.find('"', i + 1);
+    if (end == std::string_view::npos) return std::nullopt;  // cut off: more bytes will tell
+    const std::string_view id = head.substr(i + 1, end - i - 1);
+    // Ids are plain ASCII ("resp_" and hex or base62): one with escapes or other bytes is not one.
+    const bool plain = std::all_of(id.begin(), id.end(), [](char c) {
+      return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+             c == '-';
+    });
+    if (id.starts_with("resp") && plain) return std::string(id);
+  }
+  return std::nullopt;
 }
 
 ReportedLoad parse_reported_load(std::string_view text) {

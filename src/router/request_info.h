@@ -25,9 +25,10 @@ class KeyEncoder {
 std::shared_ptr<const KeyEncoder> make_key_encoder(const std::string& tokenizer_path);
 
 struct BodyNeeds {
-  bool key = false;      // cache_aware
-  bool session = false;  // affinity by the "user" field
-  bool model = false;    // backends serve different models
+  bool key = false;       // cache_aware
+  bool session = false;   // affinity by the "user" field
+  bool model = false;     // backends serve different models
+  bool response = false;  // a Responses API request: its previous_response_id
 };
 
 // `body` is the request body (JSON for the OpenAI routes; anything else routes with an empty RouteRequest).
@@ -37,6 +38,12 @@ struct BodyNeeds {
 // is not one within those limits throws moeserve::JsonParseError (the client gets a 400).
 RouteRequest describe_request(std::string_view body, std::string_view session_header, const BodyNeeds& needs,
                               const KeyEncoder& encoder);
+
+// The id of the response an answer of the Responses API carries, from the first bytes of its body: the first
+// "id" member whose value starts with "resp" (the response object's own id comes before its items', in the
+// JSON of moeserve, vLLM and OpenAI, and in a stream's first event, response.created). nullopt when the
+// bytes hold none (yet).
+std::optional<std::string> response_id_in(std::string_view body_head);
 
 struct ReportedLoad {
   double requests = -1;  // running + waiting

@@ -32,6 +32,12 @@ ChoiceDelta ChoiceOutput::push(const GenerateOutput& out) {
   if (first_call_only_) {
     std::erase_if(d.text.tool_calls, [](const text::ToolCallDelta& t) { return t.index > 0; });
   }
+  if (!d.text.content.empty() && d.new_tokens()) {
+    if (!content_tokens_.empty() && content_tokens_.back().second == d.tokens_from)
+      content_tokens_.back().second = d.tokens_to;
+    else
+      content_tokens_.emplace_back(d.tokens_from, d.tokens_to);
+  }
   return d;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.h"
@@ -46,6 +47,9 @@ class ChoiceOutput {
   const std::vector<int32_t>& tokens() const { return tokens_; }
   const std::vector<LogprobEntry>& logprobs() const { return logprobs_; }
   const std::vector<LogprobEntry>& prompt_logprobs() const { return prompt_logprobs_; }
+  // The tokens of the answer's text (not reasoning, not tool calls): the [from, to) of each event that wrote
+  // some of it, what the Responses API's output_text logprobs cover.
+  const std::vector<std::pair<size_t, size_t>>& content_tokens() const { return content_tokens_; }
   int64_t cached_tokens() const { return cached_tokens_; }
   // The whole output: parsed message (chat) and the text after stop strings (completions).
   const text::ParsedOutput& message() const {
@@ -66,6 +70,7 @@ class ChoiceOutput {
   std::vector<int32_t> tokens_;
   std::vector<LogprobEntry> logprobs_;
   std::vector<LogprobEntry> prompt_logprobs_;
+  std::vector<std::pair<size_t, size_t>> content_tokens_;
   int64_t cached_tokens_ = 0;
   bool finished_ = false;
   std::string finish_reason_;

@@ -254,28 +254,33 @@ class ChatEncoder : public OpenAiEncoder {
   }
 
   json logprobs_json(const ChoiceOutput& c, size_t from, size_t to) const {
-    auto bytes_of = [](const std::string& s) {
-      json b = json::array();
-      for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
-      return b;
-    };
-    json content = json::array();
-    for (size_t i = from; i < to && i < c.logprobs().size(); ++i) {
-      const auto& e = c.logprobs()[i];
-      std::string tok = text_of(e.token);
-      json top = json::array();
-      for (auto& t : e.top) {
-        std::string s = text_of(t.token);
-        top.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}});
-      }
-      content.push_back(
-          {{"token", tok}, {"logprob", e.logprob}, {"bytes", bytes_of(tok)}, {"top_logprobs", top}});
-    }
-    return json{{"content", content}};
+    return json{{"content", token_logprobs(ctx_.tokenizer, c.logprobs(), from, to)}};
   }
 };
 
 }  // namespace
+
+json token_logprobs(const text::Tokenizer* tokenizer, const std::vector<LogprobEntry>& entries, size_t from,
+                    size_t to) {
+  auto bytes_of = [](const std::string& s) {
+    json b = json::array();
+    for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
+    return b;
+  };
+  json content = json::array();
+  for (size_t i = from; i < to && i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    std::string tok = token_text(tokenizer, e.token);
+    json top = json::array();
+    for (auto& t : e.top) {
+      std::string s = token_text(tokenizer, t.token);
+      top.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}});
+    }
+    content.push_back(
+        {{"token", tok}, {"logprob", e.logprob}, {"bytes", bytes_of(tok)}, {"top_logprobs", top}});
+  }
+  return content;
+}
 
 std::unique_ptr<ResponseEncoder> make_encoder(const EncoderContext& ctx) {
   switch (ctx.spec.kind) {

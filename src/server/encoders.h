@@ -40,6 +40,11 @@ std::unique_ptr<ResponseEncoder> make_encoder(const EncoderContext& ctx);
 
 // A token's text as logprobs show it ("token_id:N" where there is no tokenizer or the id has no text).
 std::string token_text(const text::Tokenizer* tokenizer, int32_t id);
+// Logprobs of tokens [from, to) of `entries` as the Chat API writes them (the Responses API's output_text
+// too):
+// [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}].
+nlohmann::ordered_json token_logprobs(const text::Tokenizer* tokenizer,
+                                      const std::vector<LogprobEntry>& entries, size_t from, size_t to);
 // OpenAI's usage object over every choice (prompt tokens counted once per prompt).
 nlohmann::ordered_json usage_json(const JobSpec& spec, const std::vector<ChoiceOutput>& choices);
 // One SSE event: "data: <json>\n\n", invalid UTF-8 replaced.

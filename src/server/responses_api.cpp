@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "server/api_error.h"
 #include "server/body_fields.h"
 
@@ -193,6 +195,16 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
     }
   }
   if (const json* v = present(j, "max_output_tokens")) chat["max_tokens"] = *v;
+  // Logprobs of the answer's text, as OpenAI and vLLM return them: asked for by `include`, with
+  // `top_logprobs` alternatives per token (the chat rules check the count).
+  if (const json* v = present(j, "include")) {
+    if (!v->is_array() || !std::all_of(v->begin(), v->end(), [](const json& x) { return x.is_string(); }))
+      throw invalid_param("include", "must be an array of strings");
+    if (std::find(v->begin(), v->end(), json("message.output_text.logprobs")) != v->end()) {
+      chat["logprobs"] = true;
+      if (const json* top = present(j, "top_logprobs")) chat["top_logprobs"] = *top;
+    }
+  }
   for (const char* key : {"temperature", "top_p", "top_k", "min_p", "seed", "parallel_tool_calls", "stream",
                           "user", "presence_penalty", "frequency_penalty", "repetition_penalty"}) {
     if (const json* v = present(j, key)) chat[key] = *v;
@@ -240,6 +252,7 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
             {"text", text},
             {"tool_choice", tool_choice},
             {"tools", tools},
+            {"top_logprobs", present(j, "top_logprobs") ? j["top_logprobs"] : json(nullptr)},
             {"top_p", present(j, "top_p") ? j["top_p"] : json(1.0)},
             {"truncation", "disabled"},
             {"user", present(j, "user") ? j["user"] : json(nullptr)}};
@@ -263,7 +276,8 @@ class ResponsesEncoder : public ResponseEncoder {
           event("response.in_progress", {{"response", response_object("in_progress", json::array(), false)}});
     }
     if (!d.text.reasoning_content.empty()) out += text_delta(Open::kReasoning, d.text.reasoning_content);
-    if (!d.text.content.empty()) out += text_delta(Open::kMessage, d.text.content);
+    if (!d.text.content.empty())
+      out += text_delta(Open::kMessage, d.text.content, logprobs(c, {{d.tokens_from, d.tokens_to}}));
     for (const auto& t : d.text.tool_calls) {
       if (!t.id.empty()) {
         out += close();
@@ -314,7 +328,7 @@ class ResponsesEncoder : public ResponseEncoder {
                        {"type", "message"},
                        {"status", "completed"},
                        {"role", "assistant"},
-                       {"content", {output_text(m.content)}}});
+                       {"content", {output_text(m.content, logprobs(c, c.content_tokens()))}}});
     }
     for (const auto& call : m.tool_calls) {
       items.push_back({{"id", item_id("fc")},
@@ -331,9 +345,16 @@ class ResponsesEncoder : public ResponseEncoder {
  private:
   enum class Open { kNone, kReasoning, kMessage, kCall };
 
-  static json output_text(const std::string& text) {
-    return {
-        {"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", json::array()}};
+  static json output_text(const std::string& text, json logprobs = json::array()) {
+    return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", logprobs}};
+  }
+  // The logprobs of the answer's tokens in `spans` (empty unless the request included them).
+  json logprobs(const ChoiceOutput& c, const std::vector<std::pair<size_t, size_t>>& spans) const {
+    json out = json::array();
+    if (!ctx_.spec.logprobs) return out;
+    for (auto [from, to] : spans)
+      for (auto& e : token_logprobs(ctx_.tokenizer, c.logprobs(), from, to)) out.push_back(std::move(e));
+    return out;
   }
   std::string item_id(const char* kind) {
     return fmt::format("{}_{}{}", kind, ctx_.spec.id.substr(5), next_item_++);
@@ -374,7 +395,7 @@ class ResponsesEncoder : public ResponseEncoder {
   }
 
   // Reasoning or message text: continues the open item of that kind, or closes the open one and starts it.
-  std::string text_delta(Open kind, const std::string& text) {
+  std::string text_delta(Open kind, const std::string& text, json logprobs = json::array()) {
     std::string out;
     const bool reasoning = kind == Open::kReasoning;
     const char* part_type = reasoning ? "reasoning_text" : "output_text";
@@ -382,6 +403,7 @@ class ResponsesEncoder : public ResponseEncoder {
       out += close();
       open_ = kind;
       text_.clear();
+      text_logprobs_ = json::array();
       item_ = reasoning ? json{{"id", item_id("rs")},
                                {"type", "reasoning"},
                                {"summary", json::array()},
@@ -400,7 +422,10 @@ class ResponsesEncoder : public ResponseEncoder {
     text_ += text;
     json e = {
         {"item_id", item_["id"]}, {"output_index", items_.size()}, {"content_index", 0}, {"delta", text}};
-    if (!reasoning) e["logprobs"] = json::array();
+    if (!reasoning) {
+      for (const json& entry : logprobs) text_logprobs_.push_back(entry);
+      e["logprobs"] = std::move(logprobs);
+    }
     out += event(reasoning ? "response.reasoning_text.delta" : "response.output_text.delta", std::move(e));
     return out;
   }
@@ -411,7 +436,8 @@ class ResponsesEncoder : public ResponseEncoder {
     const json index = items_.size();
     if (open_ == Open::kReasoning || open_ == Open::kMessage) {
       const bool reasoning = open_ == Open::kReasoning;
-      json part = reasoning ? json{{"type", "reasoning_text"}, {"text", text_}} : output_text(text_);
+      json part =
+          reasoning ? json{{"type", "reasoning_text"}, {"text", text_}} : output_text(text_, text_logprobs_);
       out +=
           event(reasoning ? "response.reasoning_text.done" : "response.output_text.done",
                 {{"item_id", item_["id"]}, {"output_index", index}, {"content_index", 0}, {"text", text_}});
@@ -455,8 +481,9 @@ class ResponsesEncoder : public ResponseEncoder {
   const ResponsesRequest& request_;
   bool started_ = false;
   Open open_ = Open::kNone;
-  json item_;         // the open item
-  std::string text_;  // the open reasoning or message item's text
+  json item_;                           // the open item
+  std::string text_;                    // the open reasoning or message item's text
+  json text_logprobs_ = json::array();  // the open message's logprobs (when included)
   json items_ = json::array();
   int next_item_ = 0;
   int64_t sequence_ = 0;

@@ -267,6 +267,93 @@ TEST(JsonSchema, AnyOfAlternativesOfOneTypeThatUnite) {
   EXPECT_TRUE(valid(any, R"("anything")"));
 }
 
+// pydantic's Union[Cat, Dog] (anyOf of $refs): each alternative's keys and values, never a mix of them.
+TEST(JsonSchemaUnion, AnyOfObjects) {
+  auto s = schema(R"({"$defs": {
+      "Cat": {"type": "object", "properties": {"name": {"type": "string"}, "lives": {"type": "integer",
+              "maximum": 9}}, "required": ["name", "lives"]},
+      "Dog": {"type": "object", "properties": {"name": {"type": "string"}, "good": {"type": "boolean"}},
+              "required": ["name"]}},
+      "anyOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}]})");
+  EXPECT_TRUE(valid(s, R"({"name": "Tom", "lives": 9})"));
+  EXPECT_TRUE(valid(s, R"({"lives": 3, "name": "Tom"})"));
+  EXPECT_TRUE(valid(s, R"({"name": "Rex", "good": true})"));
+  EXPECT_TRUE(valid(s, R"({"name": "Rex"})"));
+  EXPECT_EQ(rejected_at(s, R"({"name": "Tom", "lives": 3, "good")"), 26u);  // a Cat has no more keys
+  EXPECT_EQ(rejected_at(s, R"({"lives": 10)"), 11u);
+  EXPECT_EQ(rejected_at(s, R"({"good": true, "lives")"), 16u);
+  EXPECT_EQ(rejected_at(s, R"({"lives": 3})"), 11u);  // a Cat needs its name
+  EXPECT_EQ(rejected_at(s, "null"), 0u);
+}
+
+// A discriminated union as pydantic writes it: oneOf, the discriminator hint, a const per alternative. The
+// discriminator may come last; until it does, both alternatives are followed.
+TEST(JsonSchemaUnion, DiscriminatedOneOf) {
+  auto s = schema(R"({"type": "object", "$defs": {
+      "Cat": {"type": "object", "properties": {"pet_type": {"const": "cat", "type": "string"},
+              "meows": {"type": "integer"}}, "required": ["pet_type", "meows"]},
+      "Dog": {"type": "object", "properties": {"pet_type": {"const": "dog", "type": "string"},
+              "barks": {"type": "number"}, "meows": {"type": "string"}}, "required": ["pet_type", "barks"]}},
+      "properties": {"pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                             "discriminator": {"propertyName": "pet_type",
+                                               "mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}}}},
+      "required": ["pet"]})");
+  EXPECT_TRUE(valid(s, R"({"pet": {"pet_type": "cat", "meows": 3}})"));
+  EXPECT_TRUE(valid(s, R"({"pet": {"meows": "woof", "barks": 1.5, "pet_type": "dog"}})"));
+  EXPECT_TRUE(valid(s, R"({"pet": {"meows": 2, "pet_type": "cat"}})"));
+  EXPECT_EQ(rejected_at(s, R"({"pet": {"meows": 2, "pet_type": "d")"), 34u);  // 2 is no dog's meows
+  EXPECT_EQ(rejected_at(s, R"({"pet": {"pet_type": "cat", "barks")"), 29u);
+  EXPECT_EQ(rejected_at(s, R"({"pet": {"pet_type": "bird")"), 22u);
+}
+
+// Alternatives one node cannot hold, followed at once: a bounded integer and a bounded number, an enum and
+// a type, overlapping objects. The states merge again once the union's value ends.
+TEST(JsonSchemaUnion, OverlappingAlternativesAndStatesMergeAgain) {
+  auto n = schema(R"({"anyOf": [{"type": "integer", "minimum": 0}, {"type": "number", "minimum": -1,
+                                "maximum": 1}]})");
+  for (const char* ok : {"7", "0.5", "-1", "1e0", "1234567", "75e-2"}) EXPECT_TRUE(valid(n, ok)) << ok;
+  EXPECT_TRUE(prefix_only(n, "7.5"));
+  EXPECT_TRUE(prefix_only(n, "-2"));
+  EXPECT_EQ(rejected_at(n, "-1.5e+"), 5u);
+  auto e = schema(R"({"anyOf": [{"enum": [1, "a"]}, {"type": "string", "maxLength": 2}]})");
+  for (const char* ok : {"1", R"("a")", R"("bc")"}) EXPECT_TRUE(valid(e, ok)) << ok;
+  EXPECT_EQ(rejected_at(e, "12"), 1u);
+  EXPECT_EQ(rejected_at(e, R"("abc")"), 3u);
+  auto a = schema(R"({"type": "array", "items": {"anyOf": [
+      {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+      {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "null"}}, "required": ["b"]}]}})");
+  JsonMatcher m(a);
+  ASSERT_TRUE(m.advance(R"([{"a": 1)"));
+  EXPECT_EQ(m.states(), 2u);
+  EXPECT_TRUE(m.accepts("}"));
+  EXPECT_TRUE(m.accepts(R"(, "b": null})"));
+  ASSERT_TRUE(m.advance(R"(}, {"b": null}, {)"));
+  EXPECT_EQ(m.states(), 2u);
+  ASSERT_TRUE(m.advance(R"("a": 2, "b": null}])"));
+  EXPECT_EQ(m.states(), 1u);
+  EXPECT_TRUE(m.can_end());
+}
+
+// multipleOf: whole steps, on integers (a number schema's multiples are integers), with the bounds.
+TEST(JsonSchema, MultipleOf) {
+  auto s = schema(R"({"type": "integer", "multipleOf": 5})");
+  for (const char* ok : {"0", "15", "-20", "100000"}) EXPECT_TRUE(valid(s, ok)) << ok;
+  EXPECT_TRUE(prefix_only(s, "12"));  // 120 is one
+  EXPECT_EQ(rejected_at(s, "-0"), 2u);
+  auto b = schema(R"({"type": "number", "minimum": 1, "maximum": 12, "multipleOf": 5})");
+  for (const char* ok : {"5", "10"}) EXPECT_TRUE(valid(b, ok)) << ok;
+  EXPECT_EQ(rejected_at(b, "2"), 0u);
+  EXPECT_EQ(rejected_at(b, "15"), 1u);
+  EXPECT_EQ(rejected_at(b, "5.0"), 1u);  // written as an integer
+  EXPECT_EQ(rejected_at(b, "-"), 0u);
+  auto big = schema(R"({"type": "integer", "multipleOf": 7, "minimum": 999999999999990})");
+  EXPECT_TRUE(valid(big, "999999999999994"));
+  EXPECT_EQ(rejected_at(big, "9999999999999940"), 15u);  // past the magnitudes a double holds exactly
+  auto e = schema(R"({"type": "integer", "multipleOf": 3, "enum": [1, 3, 4, 6]})");
+  EXPECT_TRUE(valid(e, "6"));
+  EXPECT_EQ(rejected_at(e, "4"), 0u);
+}
+
 // Objects and arrays in enum/const: matched as their canonical text (compact, keys as nlohmann orders them).
 TEST(JsonSchema, EnumAndConstOfObjectsAndArrays) {
   auto s = schema(R"({"type": "object", "properties": {"c": {"const": {"b": [1, {"x": null}], "a": "é"}},
@@ -297,16 +384,15 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
     return std::string("(accepted)");
   };
   EXPECT_EQ(keyword(R"({"type": "string", "pattern": "(?<=a)b"})"), "pattern");
-  EXPECT_EQ(keyword(R"({"type": "number", "multipleOf": 2})"), "multipleOf");
+  EXPECT_EQ(keyword(R"({"type": "number", "multipleOf": 0.5})"), "multipleOf");
+  EXPECT_EQ(keyword(R"({"type": "integer", "multipleOf": 0})"), "multipleOf");
+  EXPECT_EQ(keyword(R"({"type": "integer", "minimum": 1, "maximum": 4, "multipleOf": 5})"), "multipleOf");
+  EXPECT_EQ(keyword(R"({"type": "string", "multipleOf": 2})"), "multipleOf");
   EXPECT_EQ(keyword(R"({"type": "object", "properties": {"a": {"type": "string", "format": "ipv5"}}})"),
             "format");
-  EXPECT_EQ(keyword(R"({"anyOf": [{"type": "integer", "minimum": 0}, {"type": "number", "maximum": 5}]})"),
-            "anyOf");
-  EXPECT_EQ(
-      keyword(R"({"anyOf": [{"type": "string", "minLength": 1}, {"type": "string", "format": "date"}]})"),
-      "anyOf");
   EXPECT_EQ(keyword(R"({"oneOf": [{"type": "object"}, {"type": "object", "properties": {}}]})"), "oneOf");
-  EXPECT_EQ(keyword(R"({"anyOf": [{"enum": ["a"]}, {"type": "string"}]})"), "anyOf");
+  EXPECT_EQ(keyword(R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})"), "oneOf");
+  EXPECT_EQ(keyword(R"({"oneOf": [{"enum": ["a", "b"]}, {"const": "b"}]})"), "oneOf");
   EXPECT_EQ(keyword(R"({"allOf": [{"type": "string"}]})"), "allOf");
   EXPECT_EQ(keyword(R"({"anyOf": [{"type": "string"}], "minLength": 1})"), "minLength");
   EXPECT_EQ(keyword(R"({"type": "strng"})"), "type");
@@ -540,11 +626,18 @@ TEST(JsonSchemaRef, RecursionWithoutEndIsRefusedByName) {
   EXPECT_TRUE(has(root.what(), "'#' has no value")) << root.what();
 }
 
-TEST(JsonSchemaRef, RecursionThroughAnyOfIsRefusedByName) {
-  const SchemaError e = refusal(json::parse(R"({"$defs": {"L": {"type": "object", "properties":
-      {"next": {"anyOf": [{"$ref": "#/$defs/L"}, {"type": "null"}]}}}}, "$ref": "#/$defs/L"})"));
+// pydantic's linked list (next: Optional["L"]): the anyOf refers to the model that encloses it.
+TEST(JsonSchemaRef, RecursionThroughAnyOf) {
+  auto s = JsonSchema::compile(json::parse(R"({"$defs": {"L": {"type": "object", "properties":
+      {"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/L"}, {"type": "null"}]}},
+      "required": ["v", "next"]}}, "$ref": "#/$defs/L"})"));
+  EXPECT_TRUE(valid(s, R"({"v": 1, "next": {"v": 2, "next": null}})"));
+  EXPECT_EQ(rejected_at(s, R"({"v": 1, "next": {"w")"), 19u);
+  // A union that is one of its own alternatives has no value of its own making.
+  const SchemaError e = refusal(json::parse(R"({"$defs": {"U": {"anyOf": [{"$ref": "#/$defs/U"},
+      {"$ref": "#/$defs/U"}]}}, "$ref": "#/$defs/U"})"));
   EXPECT_EQ(e.keyword, "anyOf");
-  EXPECT_TRUE(has(e.what(), "'#/$defs/L'")) << e.what();
+  EXPECT_TRUE(has(e.what(), "one of its own alternatives")) << e.what();
 }
 
 TEST(JsonSchemaRef, ReferencesToReferencesAndSharedTargets) {

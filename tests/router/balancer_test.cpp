@@ -291,6 +291,41 @@ TEST(Balancer, SessionAffinityPinsASessionWhileItsBackendIsUp) {
   EXPECT_EQ(pick_id(balancer, request), moved);
 }
 
+// A request continuing a response goes to the backend that answered with it, whatever the policy and the
+// session say; when that backend is gone, the policy picks (the backend then answers 404).
+TEST(Balancer, PreviousResponseGoesToTheBackendThatHoldsIt) {
+  FakeClock clock;
+  RouterConfig config = config_with(3, Policy::round_robin);
+  config.session_affinity = true;
+  Balancer balancer(config, clock.fn());
+  balancer.learn_response("resp_a", 2);
+  balancer.learn_response("resp_b", 0);
+  RouteRequest request;
+  request.previous_response = "resp_a";
+  request.session = "s";
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(pick_id(balancer, request), 2);
+  request.previous_response = "resp_b";
+  EXPECT_EQ(pick_id(balancer, request), 0);
+  const int tried[] = {0};  // it failed there: another one
+  EXPECT_NE(pick_id(balancer, request, tried), 0);
+  balancer.drain(balancer.backends()[2]->url);
+  request.previous_response = "resp_a";
+  EXPECT_NE(pick_id(balancer, request), 2);
+  request.previous_response = "resp_unknown";
+  EXPECT_GE(pick_id(balancer, request), 0);
+}
+
+TEST(RecentRoutes, KeepsTheMostRecentKeys) {
+  RecentRoutes routes(3);
+  for (int i = 0; i < 5; ++i) routes.set("k" + std::to_string(i), i);
+  EXPECT_EQ(routes.size(), 3u);
+  EXPECT_EQ(routes.find("k1"), std::nullopt);
+  EXPECT_EQ(routes.find("k4"), 4);
+  routes.set("k4", 7);  // moved, not added: nothing dropped
+  EXPECT_EQ(routes.find("k2"), 2);
+  EXPECT_EQ(routes.find("k4"), 7);
+}
+
 TEST(Balancer, ModelsRestrictCandidates) {
   FakeClock clock;
   Balancer balancer(config_with(2), clock.fn());

@@ -109,6 +109,33 @@ TEST(RequestInfo, RendersChatMessagesSoTurnsSharePrefixes) {
   EXPECT_TRUE(junk.key.empty());
 }
 
+// The Responses API: the response a request continues, and the id an answer carries (in a stream, the
+// first event's response; the items' own ids and ids quoted inside strings are not it).
+TEST(RequestInfo, ResponseIdsOfRequestsAndAnswers) {
+  KeyEncoder bytes;
+  BodyNeeds needs{.response = true};
+  EXPECT_EQ(describe_request(R"({"input":"hi","previous_response_id":"resp_1a"})", "", needs, bytes)
+                .previous_response,
+            "resp_1a");
+  EXPECT_EQ(
+      describe_request(R"({"input":"hi","previous_response_id":null})", "", needs, bytes).previous_response,
+      "");
+  EXPECT_EQ(describe_request(R"({"input":"hi","previous_response_id":"resp_1a"})", "", BodyNeeds{}, bytes)
+                .previous_response,
+            "");
+  EXPECT_EQ(response_id_in(R"({"id":"resp_0f3a","object":"response","output":[{"id":"msg_1"}]})"),
+            "resp_0f3a");
+  EXPECT_EQ(
+      response_id_in("event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,"
+                     "\"response\":{\"id\" : \"resp_Ab-9\",\"status\":\"in_progress\"}}\n\n"),
+      "resp_Ab-9");
+  EXPECT_EQ(response_id_in(
+                R"({"instructions":"say \"id\":\"resp_fake\"","output":[{"id":"msg_1"}],"id":"resp_2"})"),
+            "resp_2");
+  EXPECT_EQ(response_id_in(R"({"id":"resp_cut)"), std::nullopt);  // the rest comes in the next chunk
+  EXPECT_EQ(response_id_in(R"({"error":{"message":"no"}})"), std::nullopt);
+}
+
 // An image is a short digest of its URL in the key: the same image (a data: URL's bytes) in the next turn
 // keeps the conversation's prefix, a different one of the same size parts at once, and a large one stays
 // short.

@@ -225,5 +225,46 @@ TEST(RouterRealNodes, CacheAwareHitsTheNodesPrefixCachesMoreThanRoundRobin) {
   EXPECT_GT(cache_aware, round_robin + 0.2);
 }
 
+// The Responses API behind the router: each node keeps the responses it made, and the router learns from
+// the answers which node made which, so a conversation continued by previous_response_id reaches its node
+// under round_robin (which would send every second turn to the other node, a 404 there), streamed or not.
+// When that node is gone, the turn goes to another node, which answers a clean 404.
+TEST(RouterRealNodes, PreviousResponseIdReachesTheNodeThatHoldsIt) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ready());
+  Router router(config_for(cluster.urls(), Policy::round_robin));
+  router.start();
+  auto turn = [&](uint16_t port, const std::string& previous, bool stream) {
+    json body = {{"model", "demo"}, {"input", "turn after " + previous}, {"max_output_tokens", 3}};
+    if (!previous.empty()) body["previous_response_id"] = previous;
+    if (stream) body["stream"] = true;
+    return http_request(port, "POST", "/v1/responses", body.dump(), {}, kSlow);
+  };
+  auto id_of = [](const HttpResponse& r, bool stream) -> std::string {
+    if (!stream) return json::parse(r.body).value("id", "");
+    const size_t data = r.body.find("data: ");  // the first event: response.created
+    if (data == std::string::npos) return "";
+    return json::parse(r.body.substr(data + 6, r.body.find('\n', data) - data - 6))["response"].value("id",
+                                                                                                      "");
+  };
+  std::string previous;
+  for (int i = 0; i < 6; ++i) {
+    const bool stream = i % 3 == 1;
+    HttpResponse r = turn(router.port(), previous, stream);
+    ASSERT_EQ(r.status, 200) << "turn " << i << ": " << r.body;
+    previous = id_of(r, stream);
+    ASSERT_TRUE(previous.starts_with("resp")) << r.body;
+  }
+  // The node that holds the conversation, asked directly; the other one does not know it.
+  const int holder = turn(cluster.nodes[0]->port(), previous, false).status == 200 ? 0 : 1;
+  HttpResponse direct = turn(cluster.nodes[1 - holder]->port(), previous, false);
+  EXPECT_EQ(direct.status, 404) << direct.body;
+
+  cluster.nodes[size_t(holder)]->kill();
+  HttpResponse gone = turn(router.port(), previous, false);
+  EXPECT_EQ(gone.status, 404) << gone.body;
+  EXPECT_NE(gone.body.find("previous_response_id"), std::string::npos) << gone.body;
+}
+
 }  // namespace
 }  // namespace moeserve::router

@@ -237,6 +237,57 @@ TEST(Generation, ChatReasoningAndContent) {
   EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "stop");
 }
 
+// The Responses API's logprobs (include: message.output_text.logprobs, top_logprobs): the tokens of the
+// answer's text only, not its reasoning, in Chat's format; streamed, each output_text.delta carries its
+// tokens' and the done part all of them.
+TEST(Generation, ResponsesLogprobsCoverTheAnswersText) {
+  Server s(kThinkingTail, "The user greets me.\n</think>\n\nHello there!");
+  const json body = {{"model", "scripted"},
+                     {"input", "Hi!"},
+                     {"include", {"message.output_text.logprobs"}},
+                     {"top_logprobs", 2}};
+  auto text_of = [](const json& logprobs) {
+    std::string text;
+    for (const json& e : logprobs) {
+      text += e["token"].get<std::string>();
+      EXPECT_NEAR(e["logprob"].get<double>(), 0.0, 1e-3);  // the scripted token wins by 20 logits
+      EXPECT_EQ(e["top_logprobs"].size(), 2u);
+      EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);
+    }
+    return text;
+  };
+  json r = s.post("/v1/responses", body);
+  ASSERT_EQ(r["output"].size(), 2u) << r.dump();
+  const json& part = r["output"][1]["content"][0];
+  EXPECT_EQ(part["text"], "Hello there!");
+  EXPECT_EQ(text_of(part["logprobs"]), "Hello there!");
+  EXPECT_EQ(r["top_logprobs"], 2);
+
+  auto [events, done] = s.stream("/v1/responses", body);
+  std::string streamed;
+  json done_part;
+  for (const json& e : events) {
+    if (e["type"] == "response.output_text.delta") streamed += text_of(e["logprobs"]);
+    if (e["type"] == "response.content_part.done" && e["part"]["type"] == "output_text")
+      done_part = e["part"];
+  }
+  EXPECT_EQ(streamed, "Hello there!");
+  EXPECT_EQ(done_part["logprobs"], part["logprobs"]);
+
+  json plain = s.post("/v1/responses", {{"model", "scripted"}, {"input", "Hi!"}, {"top_logprobs", 2}});
+  EXPECT_EQ(plain["output"][1]["content"][0]["logprobs"], json::array());  // not included
+  auto bad = s.harness->post("/v1/responses", json{{"model", "scripted"},
+                                                   {"input", "Hi!"},
+                                                   {"include", {"message.output_text.logprobs"}},
+                                                   {"top_logprobs", 21}}
+                                                  .dump());
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("top_logprobs"), std::string::npos) << bad.body;
+  bad = s.harness->post("/v1/responses",
+                        json{{"model", "scripted"}, {"input", "Hi!"}, {"include", "x"}}.dump());
+  EXPECT_EQ(bad.status, 400) << bad.body;
+}
+
 // Structured output with a reasoning model: the reasoning is free, the JSON constraint starts at </think>, so
 // the content is a document of the schema although the script goes on in prose.
 TEST(Generation, JsonSchemaAppliesAfterTheReasoning) {
@@ -822,7 +873,7 @@ TEST(Generation, ParametersTheServerDoesNotUseAreAccepted) {
        {json{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
         json{{"response_format",
               {{"type", "json_schema"},
-               {"json_schema", {{"name", "x"}, {"schema", {{"type", "number"}, {"multipleOf", 3}}}}}}}},
+               {"json_schema", {{"name", "x"}, {"schema", {{"type", "number"}, {"multipleOf", 0.25}}}}}}}},
         json{{"modalities", {"text", "audio"}}}, json{{"priority", "urgent"}}}) {
     json body = plain;
     body.update(bad);

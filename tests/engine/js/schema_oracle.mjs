@@ -81,7 +81,7 @@ function randomString(r, min, max) {
 
 // A random schema of the supported keywords, `depth` levels of containers at most.
 function randomSchema(r, depth) {
-  const kinds = depth > 0 ? ["object", "array", "string", "number", "integer", "boolean", "enum", "nullable", "const"]
+  const kinds = depth > 0 ? ["object", "array", "string", "number", "integer", "boolean", "enum", "nullable", "const", "union"]
                           : ["string", "number", "integer", "boolean", "enum", "nullable", "const"];
   const kind = pick(r, kinds);
   const bound = () => pick(r, [-100, -7.5, -1, 0, 0.25, 1, 3, 10, 99.5, 1000]);
@@ -133,6 +133,15 @@ function randomSchema(r, depth) {
         delete s.maximum;
         delete s.exclusiveMaximum;
       }
+      if (r() < 0.25) {  // whole steps; the bounds dropped where no multiple is within them
+        s.multipleOf = pick(r, [2, 3, 5, 10]);
+        const from = "minimum" in s || "exclusiveMinimum" in s ? Math.ceil(first) : -Infinity;
+        const to = "maximum" in s || "exclusiveMaximum" in s ? Math.floor(last) : Infinity;
+        if (Number.isFinite(from) && Number.isFinite(to) && Math.floor(to / s.multipleOf) * s.multipleOf < from) {
+          delete s.maximum;
+          delete s.exclusiveMaximum;
+        }
+      }
       return s;
     }
     case "boolean":
@@ -141,6 +150,28 @@ function randomSchema(r, depth) {
       return { enum: pick(r, [["a", "b", "c"], [1, 2.5, "x", null, true], ["é", "ab", "abc"]]) };
     case "const":
       return { const: pick(r, ["fixed", 42, false, null]) };
+    case "union": {  // objects as pydantic's and zod's unions write them: anyOf, or oneOf by a const discriminator
+      const oneOf = r() < 0.5;
+      const alternatives = [];
+      const n = 2 + Math.floor(r() * 2);
+      for (let i = 0; i < n; ++i) {
+        const alt = randomSchema(r, 0);
+        const properties = {};
+        const required = [];
+        if (oneOf) {
+          properties.kind = { type: "string", const: "k" + i };
+          required.push("kind");
+        }
+        for (let k = 0; k < 1 + Math.floor(r() * 3); ++k) {
+          const name = pick(r, ["id", "name", "n", "x"]);
+          properties[name] = randomSchema(r, Math.max(depth - 1, 0));
+          if (r() < 0.5 && !required.includes(name)) required.push(name);
+        }
+        alternatives.push(r() < 0.2 ? alt : { type: "object", properties, required });
+      }
+      if (oneOf) return { oneOf: alternatives.filter((a) => a.type === "object").concat([{ type: "null" }]) };
+      return { anyOf: alternatives };
+    }
     default: {  // Optional[X]: X of a type other than null
       let inner;
       do inner = randomSchema(r, 0);
@@ -163,6 +194,9 @@ function zodSchemas() {
     z.object({ code: z.string().length(4), note: z.string().max(0).optional(), level: z.number().int().negative() }),
     z.object({ items: z.array(z.object({ sku: z.string().regex(/^[A-Z]{3}-\d{3}$/), qty: z.int().positive() })) }),
     z.object({ status: z.union([z.literal("ok"), z.literal("error")]), code: z.number().int().nullable() }),
+    z.object({ shape: z.union([z.object({ r: z.number().positive() }), z.object({ w: z.int(), h: z.int() })]) }),
+    z.object({ event: z.discriminatedUnion("type", [z.object({ type: z.literal("click"), x: z.int(), y: z.int() }),
+      z.object({ type: z.literal("key"), key: z.string().max(1) })]), step: z.int().multipleOf(5).max(100) }),
   ];
   return models.map((m) => z.toJSONSchema(m));
 }
@@ -177,12 +211,25 @@ const PYDANTIC = [
   // Union[date, datetime] and Union[int, float]: alternatives of one type.
   { properties: { when: { anyOf: [{ format: "date", type: "string" }, { format: "date-time", type: "string" }] },
     n: { anyOf: [{ type: "integer" }, { type: "number" }] } }, required: ["when", "n"], type: "object" },
+  // Union[Cat, Dog] and a discriminated union (Field(discriminator="pet_type")), a linked list
+  // (next: Optional["Node"]), conint(multiple_of=3).
+  { $defs: { Cat: { properties: { pet_type: { const: "cat", title: "Pet Type", type: "string" }, meows: { title: "Meows", type: "integer" } },
+      required: ["pet_type", "meows"], title: "Cat", type: "object" },
+    Dog: { properties: { pet_type: { const: "dog", title: "Pet Type", type: "string" }, barks: { title: "Barks", type: "number" } },
+      required: ["pet_type", "barks"], title: "Dog", type: "object" },
+    Node: { properties: { v: { type: "integer", multipleOf: 3 }, next: { anyOf: [{ $ref: "#/$defs/Node" }, { type: "null" }], default: null } },
+      required: ["v"], title: "Node", type: "object" } },
+    properties: { pet: { discriminator: { mapping: { cat: "#/$defs/Cat", dog: "#/$defs/Dog" }, propertyName: "pet_type" },
+      oneOf: [{ $ref: "#/$defs/Cat" }, { $ref: "#/$defs/Dog" }], title: "Pet" },
+    either: { anyOf: [{ $ref: "#/$defs/Cat" }, { $ref: "#/$defs/Dog" }, { type: "string", maxLength: 3 }], title: "Either" },
+    list: { $ref: "#/$defs/Node" } },
+    required: ["pet", "either"], title: "Owner", type: "object" },
 ];
 
 function generate(r, s, root, depth = 0) {
   if (s === true || s === undefined) return pick(r, [1, "x", null, true, { k: 1 }, [2]]);
   if (s.$ref) return generate(r, root.$defs[s.$ref.split("/").pop()], root, depth);
-  if (s.anyOf) return generate(r, pick(r, s.anyOf), root, depth);
+  if (s.anyOf || s.oneOf) return generate(r, pick(r, s.anyOf || s.oneOf), root, depth);
   if ("const" in s) return s.const;
   if (s.enum) return pick(r, s.enum);
   const type = Array.isArray(s.type) ? pick(r, s.type) : s.type;
@@ -211,6 +258,7 @@ function generate(r, s, root, depth = 0) {
       const lo = s.minimum ?? s.exclusiveMinimum ?? -50, hi = s.maximum ?? s.exclusiveMaximum ?? 50;
       const span = Math.max(Math.min(hi, 1e6) - Math.max(lo, -1e6), 1);
       const v = Math.max(lo, -1e6) + r() * span;
+      if (s.multipleOf && r() < 0.8) return Math.round(v / s.multipleOf) * s.multipleOf;
       if (type === "integer") return Math.round(v);
       return r() < 0.3 ? Math.round(v) : Math.round(v * 1000) / 1000;
     }
