@@ -311,7 +311,7 @@ ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache&
   int k = 0;
   size_t reduced = 0;
   for (const auto& s : batch) {
-    if (s.candidates <= 0 || s.all_logits) continue;
+    if (s.candidates <= 0) continue;
     check(k == 0 || k == s.candidates,
           "every step of a batch asks for the same number of candidates ({} and {})", k, s.candidates);
     check(s.candidates <= kMaxLogitsTopk, "at most {} logit candidates per row, not {}", kMaxLogitsTopk,
@@ -319,15 +319,16 @@ ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache&
     check(s.temperature > 0 && std::isfinite(s.temperature), "candidates need a temperature > 0, not {}",
           s.temperature);
     k = s.candidates;
-    ++reduced;
+    reduced += s.all_logits ? s.tokens.size() : 1;
   }
-  // The reduced rows' logits stay in the backend's memory for fetch_row. Allocated here, outside a recorded
-  // step, and only ever grown (geometrically): a recording bakes their address in.
-  if (reduced * size_t(V) > candidate_logits_floats_) {
-    candidate_logits_.reset();
-    candidate_logits_floats_ = std::max({reduced * size_t(V), 2 * candidate_logits_floats_, size_t(64 * V)});
-    candidate_logits_ = backend_.allocate(candidate_logits_floats_);
-  }
+  // The reduced rows' logits stay in the backend's memory for fetch_row, the hidden rows for mtp_draft.
+  // Allocated here, outside a recorded step, and only ever grown (geometrically): a recording bakes their
+  // address in.
+  grow(candidate_logits_, candidate_logits_floats_, reduced * size_t(V), size_t(64 * V));
+  size_t hidden_rows = 0;
+  for (const auto& s : batch) hidden_rows += s.hidden ? s.tokens.size() : 0;
+  grow(hidden_rows_, hidden_rows_floats_, hidden_rows * size_t(config().hidden_size), 0);
+  hidden_count_ = int64_t(hidden_rows);
 
   // Decode steps (one new token per sequence) of the same batch size repeat the same device work, so the
   // backend may record and replay them (CUDA graphs); prefill chunks vary and run directly. A sequence with
@@ -424,30 +425,30 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
   }
 
   // Only the rows whose logits were asked for go through the final norm and the (large) lm_head: first the
-  // last rows of the steps that want candidates, then the full rows, each group in batch order.
+  // rows of the steps that want candidates (the last row, or every row with all_logits), then the full rows,
+  // each group in batch order.
   std::vector<int64_t> rows;
   std::vector<float> temperatures;
-  int64_t row = 0;
-  for (const auto& step : batch) {
-    row += int64_t(step.tokens.size());
-    if (candidates > 0 && step.candidates > 0 && !step.all_logits) {
-      rows.push_back(row - 1);
-      temperatures.push_back(step.temperature);
+  auto logits_rows = [&](bool want_candidates) {
+    int64_t row = 0;
+    for (const auto& step : batch) {
+      const int64_t T = int64_t(step.tokens.size());
+      if ((candidates > 0 && step.candidates > 0) == want_candidates)
+        for (int64_t t = step.all_logits ? 0 : T - 1; t < T; ++t) {
+          rows.push_back(row + t);
+          if (want_candidates) temperatures.push_back(step.temperature);
+        }
+      row += T;
     }
-  }
+  };
+  logits_rows(true);
   const int64_t reduced = int64_t(rows.size());
-  row = 0;
-  for (const auto& step : batch) {
-    const int64_t T = int64_t(step.tokens.size());
-    if (step.all_logits || candidates == 0 || step.candidates == 0)
-      for (int64_t t = step.all_logits ? 0 : T - 1; t < T; ++t) rows.push_back(row + t);
-    row += T;
-  }
+  logits_rows(false);
   if (capture_hidden) {
     be.rms_norm(h.get(), n, H, H, weights_.final_norm.data(), eps, true, x.get(), H);
     capture(x.get());
   }
-  final_hidden(batch, h.get(), result.hidden);
+  final_hidden(batch, h.get());
   const int64_t m = int64_t(rows.size()), V = c.vocab_size;
   auto selected = be.allocate(size_t(m * H));
   for (int64_t i = 0; i < m; ++i) be.copy(h.get() + rows[i] * H, selected.get() + i * H, size_t(H));
@@ -470,26 +471,30 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
   return result;
 }
 
-void Qwen35Model::final_hidden(std::span<const SequenceStep> batch, const float* h,
-                               std::vector<float>& out) const {
+void Qwen35Model::grow(Buffer& buffer, size_t& floats, size_t need, size_t least) const {
+  if (need <= floats) return;
+  buffer.reset();
+  floats = std::max({need, 2 * floats, least});
+  buffer = backend_.allocate(floats);
+}
+
+void Qwen35Model::final_hidden(std::span<const SequenceStep> batch, const float* h) const {
   const int64_t H = config().hidden_size;
-  int64_t row = 0, count = 0;
-  for (const auto& step : batch) count += step.hidden ? int64_t(step.tokens.size()) : 0;
-  if (count == 0) return;
-  Backend& be = backend_;
-  auto rows = be.allocate(size_t(count * H));
-  int64_t at = 0;
+  int64_t row = 0, at = 0;
   for (const auto& step : batch) {
     const int64_t T = int64_t(step.tokens.size());
     if (step.hidden) {
-      be.rms_norm(h + row * H, T, H, H, weights_.final_norm.data(), float(config().rms_norm_eps), true,
-                  rows.get() + at * H, H);
+      backend_.rms_norm(h + row * H, T, H, H, weights_.final_norm.data(), float(config().rms_norm_eps), true,
+                        hidden_rows_.get() + at * H, H);
       at += T;
     }
     row += T;
   }
-  out.resize(size_t(count * H));
-  be.download(rows.get(), out.data(), out.size());
+}
+
+void Qwen35Model::download_hidden(std::vector<float>& out) const {
+  out.resize(size_t(hidden_count_ * config().hidden_size));
+  if (!out.empty()) backend_.download(hidden_rows_.get(), out.data(), out.size());
 }
 
 void Qwen35Model::all_reduce(float* x, size_t n) const {

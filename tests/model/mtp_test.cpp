@@ -68,6 +68,56 @@ TEST_P(MtpReference, LogitsAndChainedDraftsMatchHuggingFace) {
   EXPECT_TRUE(report.passed);
 }
 
+// The serving path (mtp_draft: hidden rows kept where the backend runs, gathered by index, greedy drafts
+// found where the logits are) drafts exactly what the reference path (mtp_forward over host rows, argmax on
+// the host) does: two sequences of one batched forward, then two chained draft steps from the MTP's own rows.
+TEST_P(MtpReference, DraftsFromKeptHiddenRowsEqualTheHostPath) {
+  ModelWeights w = load_for_reference(kFixtures + GetParam());
+  const int64_t H = w.config.hidden_size, V = w.config.vocab_size;
+  auto backend = make_cpu_backend();
+  Qwen35Model model(w, *backend);
+  model.prepare_mtp();
+  const std::vector<int32_t> a(kPrompt.begin(), kPrompt.begin() + 9), b(kPrompt.begin() + 4, kPrompt.end());
+  KvCache kv(model.kv_cache_spec(16, 4));
+  StateCache state(model.state_cache_spec(2));
+  const std::vector<int32_t> pages_a{0, 1}, pages_b{2, 3};
+  SequenceStep target[2] = {{a, 0, pages_a, 0}, {b, 0, pages_b, 1}};
+  target[0].hidden = target[1].hidden = true;
+  model.forward(target, kv, state);
+  std::vector<float> hidden;
+  model.download_hidden(hidden);
+  ASSERT_EQ(hidden.size(), (a.size() + b.size()) * size_t(H));
+
+  // Row p of a sequence: token t_{p+1} (the last one a made-up next token) with hidden h_p.
+  std::vector<int32_t> rows_a(a.begin() + 1, a.end()), rows_b(b.begin() + 1, b.end());
+  rows_a.push_back(17);
+  rows_b.push_back(300);
+  SequenceStep steps[2] = {{rows_a, 0, pages_a, 0}, {rows_b, 0, pages_b, 1}};
+  std::vector<int64_t> sources(a.size() + b.size());
+  std::iota(sources.begin(), sources.end(), 0);
+  KvCache kv_device(model.mtp_kv_cache_spec(16, 4)), kv_host(model.mtp_kv_cache_spec(16, 4));
+  std::vector<int32_t> drafts = model.mtp_draft(steps, sources, true, kv_device);
+  ForwardOutput host = model.mtp_forward(steps, hidden, kv_host);
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("draft step " + std::to_string(step));
+    ASSERT_EQ(drafts.size(), 2u);
+    ASSERT_EQ(host.logits.size(), size_t(2 * V));
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_EQ(drafts[i], argmax({host.logits.data() + i * size_t(V), size_t(V)})) << "sequence " << i;
+    if (step == 2) break;
+    // The next row of each: its draft at the next position, fed the previous row's MTP hidden.
+    const std::vector<int32_t> these = drafts;
+    for (size_t i = 0; i < 2; ++i) {
+      steps[i].start_pos += int64_t(steps[i].tokens.size());
+      steps[i].tokens = {&these[i], 1};
+    }
+    const std::vector<int64_t> previous{0, 1};
+    const std::vector<float> host_hidden = std::move(host.hidden);
+    drafts = model.mtp_draft(steps, previous, false, kv_device);
+    host = model.mtp_forward(steps, host_hidden, kv_host);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpReference, ::testing::Values("tiny-moe-mtp", "tiny-moe-vl-layout-mtp"));
 
 // The MTP layer's KV cache is one layer with one pair of scales, whatever the main stack holds (a model of
