@@ -112,16 +112,6 @@ StateCacheSpec Qwen35Model::state_cache_spec(int num_slots) const {
           backend_.cache_memory()};
 }
 
-void Qwen35Model::keep_state(StateCache& state, int gdn_layer, int32_t slot, const float* conv,
-                             const float* recurrent) const {
-  if (!state.is_f32()) {
-    state.store(gdn_layer, slot, conv, recurrent);
-    return;
-  }
-  backend_.copy(conv, state.conv(gdn_layer, slot), size_t(state.spec().conv_floats()));
-  backend_.copy(recurrent, state.recurrent(gdn_layer, slot), size_t(state.spec().recurrent_floats()));
-}
-
 void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const float* x, int64_t n,
                                   std::span<const SequenceStep> batch, StateCache& state, float* out) const {
   const auto& c = local_;
@@ -165,23 +155,23 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
     auto conv = be.allocate(size_t(n * C));
     auto beta = be.allocate(size_t(n * Hv)), g = be.allocate(size_t(n * Hv));
     be.gdn_gates(b.get(), a.get(), w.a_log.data(), w.dt_bias.data(), n, Hv, beta.get(), g.get());
+    // Verify steps (a state kept after every token but the last) go through gdn_verify together, token by
+    // token (the same arithmetic as plain decoding, so a verified token gets the logits it would have had);
+    // the other sequences through the chunk ops, one by one.
+    std::vector<int64_t> first_rows, lengths;
+    std::vector<float*> verify_conv, verify_states, conv_trails, trails;
+    std::vector<int32_t> trail_slots;
     int64_t row = 0;
-    bool trails = false;
     for (size_t i = 0; i < batch.size(); ++i) {
       const int64_t T = int64_t(batch[i].tokens.size());
       if (!batch[i].trail_slots.empty()) {
-        // Token by token through the decode kernel (the same arithmetic as plain decoding, so a verified
-        // token gets the logits it would have had), keeping each position's state.
-        trails = true;
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t r = row + t;
-          be.gdn_decode(shape, qkv.get() + r * C, z.get() + r * value_dim, b.get() + r * Hv, a.get() + r * Hv,
-                        1, w.conv1d.data(), c.linear_conv_kernel, w.a_log.data(), w.dt_bias.data(),
-                        w.norm.data(), float(c.rms_norm_eps), {&conv_states[i], 1}, {&states[i], 1},
-                        core.get() + r * value_dim);
-          if (t < int64_t(batch[i].trail_slots.size()))
-            keep_state(state, gdn_layer, batch[i].trail_slots[size_t(t)], conv_states[i], states[i]);
-        }
+        check(int64_t(batch[i].trail_slots.size()) == T - 1, "a verify step of {} tokens has {} trail slots",
+              T, batch[i].trail_slots.size());
+        first_rows.push_back(row);
+        lengths.push_back(T);
+        verify_conv.push_back(conv_states[i]);
+        verify_states.push_back(states[i]);
+        trail_slots.insert(trail_slots.end(), batch[i].trail_slots.begin(), batch[i].trail_slots.end());
         row += T;
         continue;
       }
@@ -194,10 +184,11 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
                           core.get() + row * value_dim);
       row += T;
     }
-    if (!trails) {
+    if (first_rows.empty()) {
       be.gated_rms_norm(core.get(), z.get(), n * Hv, c.linear_value_head_dim, w.norm.data(),
                         float(c.rms_norm_eps), core.get());
-    } else {  // gdn_decode normed the trail rows already
+    } else {
+      // gdn_verify norms its rows itself.
       row = 0;
       for (const auto& step : batch) {
         const int64_t T = int64_t(step.tokens.size());
@@ -207,6 +198,20 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
                             core.get() + row * value_dim);
         row += T;
       }
+      // Trail states in place, or (a host bf16 pool) in float32 staging rounded into their slots after.
+      Buffer trail_staging;
+      if (staged) trail_staging = be.allocate(trail_slots.size() * size_t(conv_n + rec_n));
+      for (size_t t = 0; t < trail_slots.size(); ++t) {
+        float* at = staged ? trail_staging.get() + t * size_t(conv_n + rec_n) : nullptr;
+        conv_trails.push_back(staged ? at : state.conv(gdn_layer, trail_slots[t]));
+        trails.push_back(staged ? at + conv_n : state.recurrent(gdn_layer, trail_slots[t]));
+      }
+      be.gdn_verify(shape, qkv.get(), z.get(), b.get(), a.get(), first_rows, lengths, w.conv1d.data(),
+                    c.linear_conv_kernel, w.a_log.data(), w.dt_bias.data(), w.norm.data(),
+                    float(c.rms_norm_eps), verify_conv, verify_states, conv_trails, trails, core.get());
+      if (staged)
+        for (size_t t = 0; t < trail_slots.size(); ++t)
+          state.store(gdn_layer, trail_slots[t], conv_trails[t], trails[t]);
     }
   }
   if (staged)

@@ -72,9 +72,6 @@ class Qwen35Model {
                        std::span<const SequenceStep> batch, KvCache& kv, float* out) const;
   void feed_forward(const LayerWeights& lw, const float* x, int64_t n, float* out) const;
   void prepare_layer(const LayerWeights& lw) const;  // its weights where the backend runs
-  // Copies one GDN layer's state (float32, where the backend runs) into `slot` (SequenceStep::trail_slots).
-  void keep_state(StateCache& state, int gdn_layer, int32_t slot, const float* conv,
-                  const float* recurrent) const;
   // The final-normed rows h [tokens][hidden] of the steps that asked for them, into hidden_rows_.
   void final_hidden(std::span<const SequenceStep> batch, const float* h) const;
   // The MTP layer over the batch's n rows (their tokens; their hidden rows [n][hidden] where the backend
