@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -57,15 +58,35 @@ TEST_P(MtpReference, LogitsAndChainedDraftsMatchHuggingFace) {
   ASSERT_TRUE(w.mtp.has_value());
   auto backend = make_cpu_backend();
   Qwen35Model model(w, *backend);
-  auto report = verify_mtp_against_reference(model, TensorSet::open_file(dir + "/mtp_reference.safetensors"),
-                                             {kCpuTolerance});
+  const TensorSet reference = TensorSet::open_file(dir + "/mtp_reference.safetensors");
+  auto report = verify_mtp_against_reference(model, reference, {kCpuTolerance});
   ASSERT_EQ(report.cases.size(), 4u);
   for (const auto& c : report.cases) {
     EXPECT_LE(c.max_abs_error, kCpuTolerance) << c.name;
+    EXPECT_EQ(c.tolerance, kCpuTolerance) << c.name;
     EXPECT_TRUE(c.tokens_match) << c.name << " differs at step " << c.first_mismatch;
     EXPECT_EQ(c.generated_tokens, c.name.starts_with("chain") ? 3 : 0) << c.name;
   }
   EXPECT_TRUE(report.passed);
+
+  // The bound of bf16 mode (verify --device cuda --matmul bf16): each case's own, the tolerance times
+  // max(1, its largest |reference logit|), read from the reference here.
+  VerifyOptions relative{kCpuTolerance};
+  relative.relative = true;
+  auto scaled = verify_mtp_against_reference(model, reference, relative);
+  ASSERT_EQ(scaled.cases.size(), report.cases.size());
+  for (size_t i = 0; i < scaled.cases.size(); ++i) {
+    const auto& c = scaled.cases[i];
+    const std::string key = c.name + ".logits";
+    const TensorInfo* logits = reference.find(key);
+    ASSERT_NE(logits, nullptr) << key;
+    const auto* values = reinterpret_cast<const float*>(logits->data);
+    double scale = 1;
+    for (int64_t v = 0; v < logits->numel(); ++v) scale = std::max(scale, double(std::fabs(values[v])));
+    EXPECT_DOUBLE_EQ(c.tolerance, kCpuTolerance * scale) << c.name;
+    EXPECT_EQ(c.max_abs_error, report.cases[i].max_abs_error) << c.name;
+  }
+  EXPECT_TRUE(scaled.passed);
 }
 
 // The serving path (mtp_draft: hidden rows kept where the backend runs, gathered by index, greedy drafts
