@@ -159,8 +159,8 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
     // token (the same arithmetic as plain decoding, so a verified token gets the logits it would have had);
     // the other sequences through the chunk ops, one by one.
     std::vector<int64_t> first_rows, lengths;
-    std::vector<float*> verify_conv, verify_states, conv_trails, trails;
-    std::vector<int32_t> trail_slots;
+    std::vector<float*> verify_conv, verify_states;
+    std::vector<int32_t> trail_slots, verify_slots;
     int64_t row = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
       const int64_t T = int64_t(batch[i].tokens.size());
@@ -171,6 +171,7 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
         lengths.push_back(T);
         verify_conv.push_back(conv_states[i]);
         verify_states.push_back(states[i]);
+        verify_slots.push_back(batch[i].state_slot);
         trail_slots.insert(trail_slots.end(), batch[i].trail_slots.begin(), batch[i].trail_slots.end());
         row += T;
         continue;
@@ -198,20 +199,31 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
                             core.get() + row * value_dim);
         row += T;
       }
-      // Trail states in place, or (a host bf16 pool) in float32 staging rounded into their slots after.
-      Buffer trail_staging;
-      if (staged) trail_staging = be.allocate(trail_slots.size() * size_t(conv_n + rec_n));
-      for (size_t t = 0; t < trail_slots.size(); ++t) {
-        float* at = staged ? trail_staging.get() + t * size_t(conv_n + rec_n) : nullptr;
-        conv_trails.push_back(staged ? at : state.conv(gdn_layer, trail_slots[t]));
-        trails.push_back(staged ? at + conv_n : state.recurrent(gdn_layer, trail_slots[t]));
+      if (!staged) {
+        std::vector<float*> conv_trails, trails;
+        for (int32_t slot : trail_slots) {
+          conv_trails.push_back(state.conv(gdn_layer, slot));
+          trails.push_back(state.recurrent(gdn_layer, slot));
+        }
+        be.gdn_verify(shape, qkv.get(), z.get(), b.get(), a.get(), first_rows, lengths, w.conv1d.data(),
+                      c.linear_conv_kernel, w.a_log.data(), w.dt_bias.data(), w.norm.data(),
+                      float(c.rms_norm_eps), verify_conv, verify_states, conv_trails, trails, core.get());
+      } else {
+        // A host bf16 pool: plain decoding rounds the slot after every token, so each verified token runs
+        // alone and its state goes through its trail slot (the last token's: the live slot) and back.
+        size_t trail = 0;
+        for (size_t v = 0; v < first_rows.size(); ++v)
+          for (int64_t t = 0; t < lengths[v]; ++t) {
+            const int64_t row_t = first_rows[v] + t, one = 1;
+            be.gdn_verify(shape, qkv.get(), z.get(), b.get(), a.get(), {&row_t, 1}, {&one, 1},
+                          w.conv1d.data(), c.linear_conv_kernel, w.a_log.data(), w.dt_bias.data(),
+                          w.norm.data(), float(c.rms_norm_eps), {&verify_conv[v], 1}, {&verify_states[v], 1},
+                          {}, {}, core.get());
+            const int32_t slot = t + 1 < lengths[v] ? trail_slots[trail++] : verify_slots[v];
+            state.store(gdn_layer, slot, verify_conv[v], verify_states[v]);
+            state.load(gdn_layer, slot, verify_conv[v], verify_states[v]);
+          }
       }
-      be.gdn_verify(shape, qkv.get(), z.get(), b.get(), a.get(), first_rows, lengths, w.conv1d.data(),
-                    c.linear_conv_kernel, w.a_log.data(), w.dt_bias.data(), w.norm.data(),
-                    float(c.rms_norm_eps), verify_conv, verify_states, conv_trails, trails, core.get());
-      if (staged)
-        for (size_t t = 0; t < trail_slots.size(); ++t)
-          state.store(gdn_layer, trail_slots[t], conv_trails[t], trails[t]);
     }
   }
   if (staged)

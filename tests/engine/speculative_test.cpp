@@ -380,6 +380,19 @@ TEST(Speculative, VerifyRowsReducedToCandidatesChangeNoToken) {
   }
 }
 
+// bf16 state slots (--mamba-ssm-cache-dtype bfloat16): plain decoding rounds a slot after every token, and
+// so must a verify step, after every position it keeps, or the continuation after a rollback drifts.
+TEST(Speculative, Bf16StateSlotsRoundAfterEveryVerifiedToken) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  Workload w = workload(int(weights.config.vocab_size), 10, 43, false);
+  EngineOptions plain_options = options(0), spec_options = options(3);
+  plain_options.state_dtype = spec_options.state_dtype = StateDtype::BF16;
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), plain_options, w.prompts, w.params);
+  const RunResult got = run(oracle_for(weights, w, plain, 4), spec_options, w.prompts, w.params);
+  expect_same_outputs(got, plain);
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0u);
+}
+
 // Structured output: the grammar advances only over accepted tokens, so every answer is the one plain
 // decoding gives under the same JSON constraint, and a valid JSON prefix.
 TEST(Speculative, JsonConstrainedOutputEqualsPlainDecoding) {
