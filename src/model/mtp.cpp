@@ -111,31 +111,50 @@ std::vector<int32_t> Qwen35Model::mtp_draft(std::span<const SequenceStep> batch,
   const float* source = from_forward ? hidden_rows_.get() : mtp_rows_.get();
   const int64_t available = from_forward ? hidden_count_ : mtp_count_;
   const int64_t n = int64_t(hidden_rows.size());
-  // Gather the rows (device to device), a run of consecutive source rows in one copy.
-  auto rows = be.allocate(size_t(n * H)), h = be.allocate(size_t(n * H));
-  for (int64_t i = 0; i < n;) {
-    int64_t j = i + 1;
-    while (j < n && hidden_rows[size_t(j)] == hidden_rows[size_t(j - 1)] + 1) ++j;
-    check(hidden_rows[size_t(i)] >= 0 && hidden_rows[size_t(j - 1)] < available,
-          "MTP hidden row {} of {} kept rows", hidden_rows[size_t(j - 1)], available);
-    be.copy(source + hidden_rows[size_t(i)] * H, rows.get() + i * H, size_t((j - i) * H));
-    i = j;
-  }
-  mtp_layer(batch, rows.get(), n, mtp_kv, h.get());
-
-  // The draft rows after mtp.norm stay for the next call (its hidden rows); their logits only give argmax.
+  for (int64_t r : hidden_rows)
+    check(r >= 0 && r < available, "MTP hidden row {} of {} kept rows", r, available);
   const std::vector<int64_t> selected = logits_rows(batch);
   const int64_t k = int64_t(selected.size());
-  grow(mtp_rows_, mtp_rows_floats_, size_t(k * H), 0);
-  mtp_count_ = k;
-  for (int64_t i = 0; i < k; ++i)
-    be.copy(h.get() + selected[size_t(i)] * H, mtp_rows_.get() + i * H, size_t(H));
-  be.rms_norm(mtp_rows_.get(), k, H, H, weights_.mtp->norm.data(), float(config().rms_norm_eps), true,
-              mtp_rows_.get(), H);
-  auto logits = be.allocate(size_t(k * V));
-  lm_head(mtp_rows_.get(), k, logits.get());
+  // A chained step (one row per step, fed the previous step's rows in order) is the MTP layer's decode step:
+  // the same device work for the same batch size, which the backend may record and replay (CUDA graphs) under
+  // keys apart from the model's decode steps. Its output rows fit where the previous step's were.
+  bool chained = !from_forward && k == n;
+  for (int64_t i = 0; i < n && chained; ++i) {
+    const SequenceStep& step = batch[size_t(i)];
+    chained = hidden_rows[size_t(i)] == i && step.tokens.size() == 1 && step.rope_positions.empty();
+  }
+  // dst row i = src row index[i] (device to device), a run of consecutive source rows in one copy.
+  auto gather = [&](const float* src, std::span<const int64_t> index, float* dst) {
+    const int64_t m = int64_t(index.size());
+    for (int64_t i = 0; i < m;) {
+      int64_t j = i + 1;
+      while (j < m && index[size_t(j)] == index[size_t(j - 1)] + 1) ++j;
+      be.copy(src + index[size_t(i)] * H, dst + i * H, size_t((j - i) * H));
+      i = j;
+    }
+  };
   std::vector<int32_t> drafts(static_cast<size_t>(k));
-  be.argmax(logits.get(), k, V, drafts.data());
+  auto run = [&] {
+    auto rows = be.allocate(size_t(n * H)), h = be.allocate(size_t(n * H));
+    gather(source, hidden_rows, rows.get());
+    mtp_layer(batch, rows.get(), n, mtp_kv, h.get());
+
+    // The draft rows after mtp.norm stay for the next call (its hidden rows); their logits only give argmax.
+    // (Grown after the gather, which may read the old rows; a chained step never grows them.)
+    grow(mtp_rows_, mtp_rows_floats_, size_t(k * H), 0);
+    mtp_count_ = k;
+    gather(h.get(), selected, mtp_rows_.get());
+    be.rms_norm(mtp_rows_.get(), k, H, H, weights_.mtp->norm.data(), float(config().rms_norm_eps), true,
+                mtp_rows_.get(), H);
+    auto logits = be.allocate(size_t(k * V));
+    lm_head(mtp_rows_.get(), k, logits.get());
+    be.argmax(logits.get(), k, V, drafts.data());
+  };
+  constexpr uint64_t kChainedDraftKey = uint64_t(1) << 48;  // decode steps: batch | candidates << 32
+  if (chained)
+    be.run_step(kChainedDraftKey | uint64_t(n), run);
+  else
+    run();
   return drafts;
 }
 
