@@ -152,9 +152,13 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
                   w.a_log.data(), w.dt_bias.data(), w.norm.data(), float(c.rms_norm_eps), conv_states, states,
                   core.get());
   } else {
-    auto conv = be.allocate(size_t(n * C));
-    auto beta = be.allocate(size_t(n * Hv)), g = be.allocate(size_t(n * Hv));
-    be.gdn_gates(b.get(), a.get(), w.a_log.data(), w.dt_bias.data(), n, Hv, beta.get(), g.get());
+    // The chunk ops' buffers and gates; a batch of verify steps only needs none (gdn_verify gates itself).
+    Buffer conv, beta, g;
+    if (std::any_of(batch.begin(), batch.end(),
+                    [](const SequenceStep& s) { return s.trail_slots.empty(); })) {
+      conv = be.allocate(size_t(n * C)), beta = be.allocate(size_t(n * Hv)), g = be.allocate(size_t(n * Hv));
+      be.gdn_gates(b.get(), a.get(), w.a_log.data(), w.dt_bias.data(), n, Hv, beta.get(), g.get());
+    }
     // Verify steps (a state kept after every token but the last) go through gdn_verify together, token by
     // token (the same arithmetic as plain decoding, so a verified token gets the logits it would have had);
     // the other sequences through the chunk ops, one by one.
