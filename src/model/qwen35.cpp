@@ -252,15 +252,20 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
 
   // Decode: one token per sequence, all sequences at once. Text after an image rotates rope_delta behind its
   // cache index (the same on all three M-RoPE axes), an offset attention_decode takes; explicit positions
-  // (image tokens) take the per-sequence path below.
-  const bool fused_decode =
-      int64_t(batch.size()) == n &&
-      std::all_of(batch.begin(), batch.end(), [](const auto& s) { return s.rope_positions.empty(); });
+  // (image tokens) take the per-sequence path below. A verify step's k+1 tokens go as k+1 such rows of one
+  // sequence (positions in order, one page table): every row's K and V are written before any row attends,
+  // and each attends to positions up to its own, so this is the step's causal attention, with a plain decode
+  // step's arithmetic.
+  const bool fused_decode = std::all_of(batch.begin(), batch.end(), [](const auto& s) {
+    return s.rope_positions.empty() && (s.tokens.size() == 1 || !s.trail_slots.empty());
+  });
   if (fused_decode) {
     std::vector<int64_t> positions, offsets;
     std::vector<std::span<const int32_t>> pages;
     for (const auto& step : batch)
-      positions.push_back(step.start_pos), offsets.push_back(step.rope_delta), pages.push_back(step.pages);
+      for (int64_t t = 0; t < int64_t(step.tokens.size()); ++t)
+        positions.push_back(step.start_pos + t), offsets.push_back(step.rope_delta),
+            pages.push_back(step.pages);
     be.attention_decode(qg.get(), k.get(), v.get(), n, H, KVH, hd, w.q_norm.data(), w.k_norm.data(), eps,
                         c.rotary_dim(), rope_inv_freq_.data(), positions, offsets, pages, kv, attn_layer,
                         attn.get());
