@@ -260,12 +260,26 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
     return s.rope_positions.empty() && (s.tokens.size() == 1 || !s.trail_slots.empty());
   });
   if (fused_decode) {
+    // A verify batch's page tables go padded to a multiple of kVerifyPageBucket pages (page 0 past the end,
+    // never read: each row attends up to its own position), so the table stride that a recorded verify step
+    // bakes in changes once per kVerifyPageBucket pages of growth, not with every page.
+    constexpr size_t kVerifyPageBucket = 16;
+    const bool verify =
+        std::any_of(batch.begin(), batch.end(), [](const auto& s) { return !s.trail_slots.empty(); });
+    std::vector<std::vector<int32_t>> padded(verify ? batch.size() : 0);
     std::vector<int64_t> positions, offsets;
     std::vector<std::span<const int32_t>> pages;
-    for (const auto& step : batch)
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const SequenceStep& step = batch[i];
+      std::span<const int32_t> table = step.pages;
+      if (verify) {
+        padded[i].assign(table.begin(), table.end());
+        padded[i].resize((table.size() + kVerifyPageBucket - 1) / kVerifyPageBucket * kVerifyPageBucket, 0);
+        table = padded[i];
+      }
       for (int64_t t = 0; t < int64_t(step.tokens.size()); ++t)
-        positions.push_back(step.start_pos + t), offsets.push_back(step.rope_delta),
-            pages.push_back(step.pages);
+        positions.push_back(step.start_pos + t), offsets.push_back(step.rope_delta), pages.push_back(table);
+    }
     be.attention_decode(qg.get(), k.get(), v.get(), n, H, KVH, hd, w.q_norm.data(), w.k_norm.data(), eps,
                         c.rotary_dim(), rope_inv_freq_.data(), positions, offsets, pages, kv, attn_layer,
                         attn.get());
@@ -363,10 +377,28 @@ ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache&
   const bool decode = !capture_hidden && std::all_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
     return s.tokens.size() == 1 && s.start_pos > 0 && !s.all_logits && !s.hidden && s.rope_positions.empty();
   });
+  // Speculative verify batches (each step a verify step of k+1 tokens or a decode step) repeat the same
+  // device work for the same shape too (every position, slot and page table a staged input): recorded under a
+  // key of their shape, apart from decode keys.
+  const bool verify =
+      !decode && !capture_hidden &&
+      std::any_of(batch.begin(), batch.end(), [](const SequenceStep& s) { return !s.trail_slots.empty(); }) &&
+      std::all_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
+        const bool verifies = !s.trail_slots.empty() && s.all_logits;
+        return s.start_pos > 0 && s.rope_positions.empty() && s.feature_rows.empty() &&
+               (verifies || (s.tokens.size() == 1 && !s.all_logits));
+      });
   ForwardOutput result;
   std::vector<float> records;
   if (decode) {
     const uint64_t key = uint64_t(batch.size()) | uint64_t(k) << 32;
+    backend_.run_step(key, [&] { result = forward_step(batch, kv, state, false, k, &records); });
+  } else if (verify) {
+    uint64_t shape = 0xcbf29ce484222325ull;  // FNV-1a over the candidates and each step's rows and outputs
+    auto mix = [&](uint64_t v) { shape = (shape ^ v) * 0x100000001b3ull; };
+    mix(uint64_t(k));
+    for (const auto& s : batch) mix(uint64_t(s.tokens.size()) << 2 | uint64_t(s.hidden) << 1 | s.all_logits);
+    const uint64_t key = shape | uint64_t(1) << 63;  // decode keys stay below 2^41
     backend_.run_step(key, [&] { result = forward_step(batch, kv, state, false, k, &records); });
   } else {
     result = forward_step(batch, kv, state, capture_hidden, k, &records);
