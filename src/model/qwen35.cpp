@@ -487,7 +487,7 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
   // each group in batch order.
   std::vector<int64_t> rows;
   std::vector<float> temperatures;
-  auto logits_rows = [&](bool want_candidates) {
+  auto add_rows = [&](bool want_candidates) {
     int64_t row = 0;
     for (const auto& step : batch) {
       const int64_t T = int64_t(step.tokens.size());
@@ -499,9 +499,9 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
       row += T;
     }
   };
-  logits_rows(true);
+  add_rows(true);
   const int64_t reduced = int64_t(rows.size());
-  logits_rows(false);
+  add_rows(false);
   if (capture_hidden) {
     be.rms_norm(h.get(), n, H, H, weights_.final_norm.data(), eps, true, x.get(), H);
     capture(x.get());
@@ -509,7 +509,12 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
   final_hidden(batch, h.get());
   const int64_t m = int64_t(rows.size()), V = c.vocab_size;
   auto selected = be.allocate(size_t(m * H));
-  for (int64_t i = 0; i < m; ++i) be.copy(h.get() + rows[i] * H, selected.get() + i * H, size_t(H));
+  for (int64_t i = 0; i < m;) {  // a run of consecutive rows in one copy
+    int64_t j = i + 1;
+    while (j < m && rows[size_t(j)] == rows[size_t(j - 1)] + 1) ++j;
+    be.copy(h.get() + rows[size_t(i)] * H, selected.get() + i * H, size_t((j - i) * H));
+    i = j;
+  }
   be.rms_norm(selected.get(), m, H, H, weights_.final_norm.data(), eps, true, selected.get(), H);
   if (reduced > 0) {
     lm_head(selected.get(), reduced, candidate_logits_.get());
