@@ -6,11 +6,13 @@
 // tok/s, against plain decoding at the same batch size; "adaptive" rows run with the model's own (failing)
 // drafts and the adaptive pause on, the cost of speculation at acceptance 0.
 // Run: build/bench/speculative_bench [--device cuda] [--preset 35b-a3b] [--batches 1,16] [--steps 1,2,3,4]
+//      [--logit-candidates 0]
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <string>
 
 #include "backend/backend.h"
 #include "common/error.h"
@@ -28,6 +30,9 @@ struct Options {
   std::vector<int> steps = {1, 2, 3, 4};
   int context = 256;  // prompt tokens per request
   int tokens = 64;    // generated tokens per request
+  // Rows reduced to this many candidates where the logits are (-1: the engine's default, kMaxLogitsTopk on
+  // a GPU; 0: whole rows, the verify step as it was before candidates).
+  int logit_candidates = -1;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -51,6 +56,7 @@ Measured measure(const ModelWeights& weights, Backend& backend, const Options& o
   eo.speculative_num_steps = k;
   eo.speculative_adaptive = adaptive;
   eo.benchmark_forced_acceptance = forced;
+  eo.logit_candidates = o.logit_candidates;
   auto engine = Engine::create(weights, eo);
   std::vector<std::shared_ptr<OutputStream>> streams;
   for (int b = 0; b < batch; ++b) {
@@ -89,8 +95,9 @@ int run(const Options& o) {
   config.mtp_num_layers = 1;
   // Random weights where the backend runs (a GPU: no host copy of a 35B model), as serve --load-format dummy.
   ModelWeights weights = make_dummy_weights_on(*backend, config, 1);
-  std::printf("%s on %s, %d-token prompts, %d generated tokens per request\n", config.summary().c_str(),
-              o.device.c_str(), o.context, o.tokens);
+  std::printf("%s on %s, %d-token prompts, %d generated tokens per request, logit candidates %s\n",
+              config.summary().c_str(), o.device.c_str(), o.context, o.tokens,
+              o.logit_candidates < 0 ? "default" : std::to_string(o.logit_candidates).c_str());
   for (int batch : o.batches) {
     const Measured plain = measure(weights, *backend, o, batch, 0, -1, false);
     std::printf("batch %3d plain                    %8.3f ms/step %9.1f tok/s\n", batch, plain.step_ms,
@@ -122,6 +129,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "drafts per verify step")->delimiter(',')->capture_default_str();
   app.add_option("--context", o.context, "prompt tokens per request")->capture_default_str();
   app.add_option("--tokens", o.tokens, "generated tokens per request")->capture_default_str();
+  app.add_option("--logit-candidates", o.logit_candidates,
+                 "rows reduced to N candidates on the device (-1: engine default; 0: whole rows)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     return moeserve::run(o);

@@ -81,6 +81,38 @@ void Backend::gdn_decode(const DeltaRuleShape& s, const float* qkv, const float*
   gated_rms_norm(core.get(), z, n * s.v_heads, s.v_dim, norm_w, eps, out);
 }
 
+void Backend::gdn_verify(const DeltaRuleShape& s, const float* qkv, const float* z, const float* b,
+                         const float* a, std::span<const int64_t> first_rows,
+                         std::span<const int64_t> lengths, const float* conv_w, int kernel,
+                         const float* a_log, const float* dt_bias, const float* norm_w, float eps,
+                         std::span<float* const> conv_states, std::span<float* const> states,
+                         std::span<float* const> conv_trails, std::span<float* const> trails, float* out) {
+  const size_t n = first_rows.size();
+  check(lengths.size() == n && conv_states.size() == n && states.size() == n,
+        "gdn_verify: {} sequences, {} lengths, {} states", n, lengths.size(), states.size());
+  int64_t trail_count = 0;
+  for (int64_t T : lengths) {
+    check(T >= 1, "gdn_verify: a sequence of {} tokens", T);
+    trail_count += T - 1;
+  }
+  check(int64_t(conv_trails.size()) == trail_count && int64_t(trails.size()) == trail_count,
+        "gdn_verify: {} trail states for {} tokens after the first", trails.size(), trail_count);
+  const int64_t key_dim = int64_t(s.k_heads) * s.k_dim, value_dim = int64_t(s.v_heads) * s.v_dim;
+  const int64_t C = 2 * key_dim + value_dim;
+  const size_t conv_n = size_t(C * (kernel - 1)), rec_n = size_t(s.v_heads) * s.k_dim * s.v_dim;
+  size_t trail = 0;
+  for (size_t i = 0; i < n; ++i)
+    for (int64_t t = 0; t < lengths[i]; ++t) {
+      const int64_t r = first_rows[i] + t;
+      gdn_decode(s, qkv + r * C, z + r * value_dim, b + r * s.v_heads, a + r * s.v_heads, 1, conv_w, kernel,
+                 a_log, dt_bias, norm_w, eps, {&conv_states[i], 1}, {&states[i], 1}, out + r * value_dim);
+      if (t + 1 == lengths[i]) continue;
+      copy(conv_states[i], conv_trails[trail], conv_n);
+      copy(states[i], trails[trail], rec_n);
+      ++trail;
+    }
+}
+
 void Backend::attention_decode(const float* qg, float* k, const float* v, int64_t n, int heads, int kv_heads,
                                int head_dim, const float* q_norm, const float* k_norm, float eps,
                                int rotary_dim, const float* inv_freq, std::span<const int64_t> positions,

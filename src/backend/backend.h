@@ -210,6 +210,18 @@ class Backend {
                           const float* a, int64_t n, const float* conv_w, int kernel, const float* a_log,
                           const float* dt_bias, const float* norm_w, float eps,
                           std::span<float* const> conv_states, std::span<float* const> states, float* out);
+  // The Gated DeltaNet core of a speculative verify step (engine/speculative.h): n sequences, sequence i's
+  // lengths[i] ≥ 1 tokens at rows first_rows[i] .. of qkv [rows][2*key_dim + value_dim], z, b, a and out
+  // (the layouts of gdn_decode). Each token runs gdn_decode's arithmetic, in order, over conv_states[i] /
+  // states[i], so a verified token gets what plain decoding gives it; after each token but the last the
+  // sequence's state is also written to its next trail slot (a rollback point): conv_trails / trails hold
+  // Σ (lengths[i] - 1) states, sequence by sequence, in the states' storage.
+  virtual void gdn_verify(const DeltaRuleShape& s, const float* qkv, const float* z, const float* b,
+                          const float* a, std::span<const int64_t> first_rows,
+                          std::span<const int64_t> lengths, const float* conv_w, int kernel,
+                          const float* a_log, const float* dt_bias, const float* norm_w, float eps,
+                          std::span<float* const> conv_states, std::span<float* const> states,
+                          std::span<float* const> conv_trails, std::span<float* const> trails, float* out);
   // The gated-attention core of n sequences of one token each (decode): per sequence i, its query heads
   // (every 2*head_dim floats of qg: head_dim query values, then head_dim gate values) and its key heads in k
   // [n][kv_heads][head_dim] are RMS-normalised (zero-centred q_norm / k_norm) and RoPE'd at positions[i] +

@@ -315,7 +315,7 @@ void EngineCore::step() {
     s.pages = r->cache.pages;
     s.state_slot = r->cache.slot;
     s.all_logits = r->prompt_logprobs_pending;
-    s.candidates = logit_candidates_;
+    s.candidates = r->prompt_logprobs_pending ? 0 : logit_candidates_;  // prompt logprobs read whole rows
     if (r->params.temperature > 0) s.temperature = r->params.temperature;
     if (spec_) {
       s.hidden = spec_->follow(r);
@@ -345,23 +345,36 @@ void EngineCore::step() {
   ++counters_.steps_by_batch[size_t(step_batch_bucket(plan.size()))];
 
   const float* row = out.logits.data();
-  const float* hidden = out.hidden.data();
-  const int64_t hidden_size = spec_ ? model_->hidden_size() : 0;
+  int64_t hidden_row = 0;      // the first hidden row (SequenceStep::hidden) of the next step that asked
   std::vector<DraftJob> jobs;  // what the MTP layer follows after this step
   size_t reduced = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
     Request* r = plan[i].request;
     const int64_t tokens = plan[i].tokens;
     const int64_t start = r->computed;
-    const float* step_hidden = batch[i].hidden ? hidden : nullptr;
-    if (batch[i].hidden) hidden += tokens * hidden_size;
+    const bool follow = batch[i].hidden;
+    const int64_t step_hidden = hidden_row;
+    if (follow) hidden_row += tokens;
+    const bool candidates = batch[i].candidates > 0;
     if (verifies(r)) {
-      const int64_t kept = verify_drafts(r, row, tokens);
-      row += tokens * vocab_;
-      if (kept > 0 && step_hidden) jobs.push_back({r, start, kept, step_hidden});
+      std::vector<LogitsRow> rows(static_cast<size_t>(tokens));
+      for (auto& v : rows) {
+        v.out = &out;
+        v.vocab = vocab_;
+        if (candidates) {
+          check(reduced < out.candidates.size(), "engine: the model returned {} candidate rows for more rows",
+                out.candidates.size());
+          v.candidates = &out.candidates[reduced];
+          v.index = reduced++;
+        } else {
+          v.full = row;
+          row += vocab_;
+        }
+      }
+      const int64_t kept = verify_drafts(r, rows);
+      if (kept > 0 && follow) jobs.push_back({r, start, kept, step_hidden});
       continue;
     }
-    const bool candidates = batch[i].candidates > 0 && !batch[i].all_logits;
     const int64_t rows = candidates ? 0 : r->prompt_logprobs_pending ? tokens : 1;
     if (r->uncomputed() > 1 || r->generated() == 0) counters_.prefill_tokens += uint64_t(tokens);
     std::vector<LogprobEntry> prompt_logprobs;
@@ -396,7 +409,7 @@ void EngineCore::step() {
       }
       alive = sample_and_emit(r, last, std::move(prompt_logprobs));
     }
-    if (alive && step_hidden) jobs.push_back({r, start, tokens, step_hidden});
+    if (alive && follow) jobs.push_back({r, start, tokens, step_hidden});
   }
   if (!jobs.empty()) draft(jobs);
 }
@@ -415,7 +428,8 @@ std::vector<int32_t> EngineCore::banned_tokens(const Request* r, int64_t generat
   return banned;
 }
 
-int64_t EngineCore::verify_drafts(Request* r, const float* rows, int64_t T) {
+int64_t EngineCore::verify_drafts(Request* r, std::span<LogitsRow> rows) {
+  const int64_t T = int64_t(rows.size());
   const SamplingParams& p = r->params;
   const std::vector<int32_t> draft = r->spec.draft;
   const std::vector<int32_t> trail = spec_->trail_slots(r);
@@ -425,17 +439,18 @@ int64_t EngineCore::verify_drafts(Request* r, const float* rows, int64_t T) {
   int matched = 0;
   bool no_token = false;
   // Row i follows the pending token and drafts d_1..d_i. Each row is sampled as a plain decode step would
-  // sample it (same sampler, same random stream); the step ends at the first sample that is not the draft.
+  // sample it (same sampler, same random stream, from its candidates when they decide the token); the step
+  // ends at the first sample that is not the draft.
   for (int64_t i = 0; i < T; ++i) {
-    const std::span<const float> row(rows + i * vocab_, size_t(vocab_));
-    int32_t token = r->sampler->sample(row, banned_tokens(r, generated + i));
+    LogitsRow& row = rows[size_t(i)];
+    int32_t token = sample(r, row, banned_tokens(r, generated + i));
     if (i < k && i < spec_->options().forced_acceptance) token = draft[size_t(i)];  // benchmark only
     if (token == kNoToken) {
       no_token = true;
       break;
     }
     out.tokens.push_back(token);
-    if (p.logprobs) out.logprobs.push_back(compute_logprobs(row, token, p.top_logprobs));
+    if (p.logprobs) out.logprobs.push_back(logprobs(row, token, p.top_logprobs));
     mark_finish(r, token, generated + i + 1, length + i + 1, out);
     if (out.finished || i == k || token != draft[size_t(i)]) break;
     ++matched;
@@ -490,13 +505,22 @@ void EngineCore::draft(std::span<const DraftJob> jobs) {
   }
 }
 
-bool EngineCore::sample_and_emit(Request* r, LogitsRow& row, std::vector<LogprobEntry> prompt_logprobs) {
-  const SamplingParams& p = r->params;
-  const std::vector<int32_t> banned = banned_tokens(r, r->generated());
+int32_t EngineCore::sample(Request* r, LogitsRow& row, std::span<const int32_t> banned) {
   std::optional<int32_t> from_candidates;
   if (row.candidates) from_candidates = r->sampler->sample(*row.candidates, banned);
   if (row.candidates && !from_candidates) ++counters_.sampled_from_full_rows;
-  const int32_t token = from_candidates ? *from_candidates : r->sampler->sample(row.full_row(), banned);
+  return from_candidates ? *from_candidates : r->sampler->sample(row.full_row(), banned);
+}
+
+LogprobEntry EngineCore::logprobs(LogitsRow& row, int32_t token, int top_n) {
+  std::optional<LogprobEntry> e;
+  if (!row.full) e = compute_logprobs(*row.candidates, token, top_n);
+  return e ? std::move(*e) : compute_logprobs(row.full_row(), token, top_n);
+}
+
+bool EngineCore::sample_and_emit(Request* r, LogitsRow& row, std::vector<LogprobEntry> prompt_logprobs) {
+  const SamplingParams& p = r->params;
+  const int32_t token = sample(r, row, banned_tokens(r, r->generated()));
   if (token == kNoToken) {  // the JSON constraint leaves nothing: a complete document stops here
     if (r->sampler->constraint_complete()) {
       GenerateOutput out;
@@ -513,11 +537,7 @@ bool EngineCore::sample_and_emit(Request* r, LogitsRow& row, std::vector<Logprob
 
   GenerateOutput out;
   out.tokens = {token};
-  if (p.logprobs) {
-    std::optional<LogprobEntry> e;
-    if (!row.full) e = compute_logprobs(*row.candidates, token, p.top_logprobs);
-    out.logprobs.push_back(e ? std::move(*e) : compute_logprobs(row.full_row(), token, p.top_logprobs));
-  }
+  if (p.logprobs) out.logprobs.push_back(logprobs(row, token, p.top_logprobs));
   out.prompt_logprobs = std::move(prompt_logprobs);
   mark_finish(r, token, r->generated(), int64_t(r->tokens.size()), out);
   if (out.finished) {

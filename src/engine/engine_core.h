@@ -53,6 +53,10 @@ class EngineCore {
   struct LogitsRow;
   // Samples r's next token and streams it; false when that finished r (r is gone).
   bool sample_and_emit(Request* r, LogitsRow& row, std::vector<LogprobEntry> prompt_logprobs);
+  // r's token from the row (its candidates when they decide it, else the full row, fetched) and its
+  // logprobs entry.
+  int32_t sample(Request* r, LogitsRow& row, std::span<const int32_t> banned);
+  LogprobEntry logprobs(LogitsRow& row, int32_t token, int top_n);
   std::vector<int32_t> banned_tokens(const Request* r, int64_t generated) const;  // eos before min_tokens
   // Marks out finished when `token` (making `generated` output tokens, `length` in all) ends r: an eos or
   // stop id, max_tokens or max_model_len.
@@ -61,7 +65,7 @@ class EngineCore {
   // Speculative decoding (engine/speculative.h): whether r's step verifies drafts; the verify of T rows
   // (accept, roll back, stream), returning the positions kept, 0 when r finished; drafting after a step.
   bool verifies(const Request* r) const;
-  int64_t verify_drafts(Request* r, const float* rows, int64_t T);
+  int64_t verify_drafts(Request* r, std::span<LogitsRow> rows);
   void draft(std::span<const DraftJob> jobs);
   // Retires r: releases its caches (filing its tokens in the prefix cache when keep) and sends final_event.
   void finish(Request* r, GenerateOutput final_event, bool keep);

@@ -36,13 +36,16 @@ class ModelRunner {
   virtual int64_t cache_memory_available() const;
 
   // Speculative decoding (engine/speculative.h) with the model's MTP layer, when it has one: its hidden
-  // rows (SequenceStep::hidden), its KV cache and its forward (Qwen35Model::mtp_forward).
+  // rows (SequenceStep::hidden, kept where the model runs), its KV cache and its drafting step
+  // (Qwen35Model::mtp_draft: row i takes hidden row hidden_rows[i] of the last forward, or of the last
+  // mtp_draft when !from_forward; returns each step's greedy draft).
   virtual bool has_mtp() const { return false; }
   virtual int64_t hidden_size() const { return 0; }
   virtual void prepare_mtp() {}
   virtual KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const;
-  virtual ForwardOutput mtp_forward(std::span<const SequenceStep> batch, std::span<const float> hidden,
-                                    KvCache& mtp_kv);
+  virtual std::vector<int32_t> mtp_draft(std::span<const SequenceStep> batch,
+                                         std::span<const int64_t> hidden_rows, bool from_forward,
+                                         KvCache& mtp_kv);
 
   // The vision tower (docs/vision.md), when the model has one: a batch of images to their merged features,
   // concatenated in order, [Σ tokens][hidden_size] in host memory.

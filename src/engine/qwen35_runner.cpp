@@ -45,9 +45,9 @@ class Qwen35Runner : public ModelRunner {
   KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const override {
     return model_.mtp_kv_cache_spec(page_size, num_pages);
   }
-  ForwardOutput mtp_forward(std::span<const SequenceStep> batch, std::span<const float> hidden,
-                            KvCache& mtp_kv) override {
-    return model_.mtp_forward(batch, hidden, mtp_kv);
+  std::vector<int32_t> mtp_draft(std::span<const SequenceStep> batch, std::span<const int64_t> hidden_rows,
+                                 bool from_forward, KvCache& mtp_kv) override {
+    return model_.mtp_draft(batch, hidden_rows, from_forward, mtp_kv);
   }
   int64_t cache_memory_available() const override {
     // A device backend's caches compete for its own memory (on GB10's unified memory: the system's).

@@ -8,7 +8,6 @@
 #include "common/error.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
-#include "model/sequence.h"
 
 namespace moeserve {
 
@@ -88,7 +87,8 @@ KvCacheSpec ModelRunner::mtp_kv_cache_spec(int, int64_t) const {
   fail("this model has no MTP layer");
 }
 
-ForwardOutput ModelRunner::mtp_forward(std::span<const SequenceStep>, std::span<const float>, KvCache&) {
+std::vector<int32_t> ModelRunner::mtp_draft(std::span<const SequenceStep>, std::span<const int64_t>, bool,
+                                            KvCache&) {
   fail("this model has no MTP layer");
 }
 
@@ -110,8 +110,7 @@ Speculator::Speculator(ModelRunner& model, const SpeculativeOptions& options, in
     : model_(model),
       options_(options),
       kv_(with_dtype(model.mtp_kv_cache_spec(page_size, num_pages), kv_dtype)),
-      trail_base_(trail_base),
-      hidden_size_(model.hidden_size()) {
+      trail_base_(trail_base) {
   check(options.num_steps >= 1 && options.num_steps <= kMaxSpeculativeSteps,
         "speculative steps must be in [1, {}], got {}", kMaxSpeculativeSteps, options.num_steps);
   model_.prepare_mtp();
@@ -153,10 +152,8 @@ void Speculator::record(Request* r, int drafted, int matched) {
 void Speculator::draft(std::span<const DraftJob> jobs, const std::function<int(const Request*)>& room,
                        const std::function<bool(Request*, int64_t)>& reserve) {
   if (jobs.empty()) return;
-  const int64_t H = hidden_size_;
-  const int64_t V = model_.vocab_size();
   std::vector<SequenceStep> steps;
-  std::vector<float> hidden;
+  std::vector<int64_t> hidden_rows;       // each MTP row's hidden row, where the model keeps them
   std::vector<int> want(jobs.size(), 0);  // drafts each job's request gets this step
   for (size_t i = 0; i < jobs.size(); ++i) {
     const DraftJob& job = jobs[i];
@@ -171,26 +168,26 @@ void Speculator::draft(std::span<const DraftJob> jobs, const std::function<int(c
     s.start_pos = job.start;
     s.pages = r->cache.pages;
     steps.push_back(s);
-    hidden.insert(hidden.end(), job.hidden, job.hidden + job.rows * H);
+    for (int64_t t = 0; t < job.rows; ++t) hidden_rows.push_back(job.hidden_row + t);
   }
-  ForwardOutput out = model_.mtp_forward(steps, hidden, kv_);
+  std::vector<int32_t> drafts = model_.mtp_draft(steps, hidden_rows, true, kv_);
 
   // Step j drafts d_{j+1} for every job that wants more than j drafts: its first row was the job's last row;
-  // later ones are single rows of the previous draft, fed that row's MTP hidden.
+  // later ones are single rows of the previous draft, fed that row's MTP hidden (output row a of the last
+  // step).
   std::vector<size_t> active(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) active[i] = i;
   for (int j = 0;; ++j) {
     std::vector<size_t> next;
-    std::vector<float> next_hidden;
+    hidden_rows.clear();
     for (size_t a = 0; a < active.size(); ++a) {
       const size_t i = active[a];
       if (want[i] <= j) continue;
       Request* r = jobs[i].request;
-      r->spec.draft.push_back(argmax({out.logits.data() + a * V, size_t(V)}));
+      r->spec.draft.push_back(drafts[a]);
       if (want[i] > j + 1) {
         next.push_back(i);
-        next_hidden.insert(next_hidden.end(), out.hidden.begin() + int64_t(a) * H,
-                           out.hidden.begin() + int64_t(a + 1) * H);
+        hidden_rows.push_back(int64_t(a));
       }
     }
     if (next.empty()) break;
@@ -203,7 +200,7 @@ void Speculator::draft(std::span<const DraftJob> jobs, const std::function<int(c
       s.pages = r->cache.pages;
       steps.push_back(s);
     }
-    out = model_.mtp_forward(steps, next_hidden, kv_);
+    drafts = model_.mtp_draft(steps, hidden_rows, false, kv_);
     active = std::move(next);
   }
   for (size_t i = 0; i < jobs.size(); ++i) {

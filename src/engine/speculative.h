@@ -64,9 +64,9 @@ struct SpeculativeOptions {
 // The rows one step added to a request's caches, for the MTP layer to follow.
 struct DraftJob {
   Request* request = nullptr;
-  int64_t start = 0;              // first position the step kept
-  int64_t rows = 0;               // positions kept: [start, start + rows)
-  const float* hidden = nullptr;  // [rows][hidden]: the target's final-normed hidden of those positions
+  int64_t start = 0;       // first position the step kept
+  int64_t rows = 0;        // positions kept: [start, start + rows)
+  int64_t hidden_row = 0;  // the first of those positions' rows among the step's hidden rows (the model's)
 };
 
 // The speculative-decoding flags as SGLang and vLLM spell them (serve, generate).
@@ -113,7 +113,6 @@ class Speculator {
   SpeculativeOptions options_;
   KvCache kv_;
   int32_t trail_base_;
-  int64_t hidden_size_;
   SpeculativeCounters counters_;
 };
 

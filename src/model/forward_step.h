@@ -19,9 +19,9 @@ struct SequenceStep {
   std::span<const int32_t> pages;   // page table covering positions [0, start_pos + tokens.size())
   int32_t state_slot = 0;           // GDN state slot; start_pos == 0 starts from a zero state
   bool all_logits = false;          // logits of every new token (verify, prompt logprobs) or only the last
-  // > 0 (and not all_logits): instead of the last row's logits, the row reduced where the backend runs to its
-  // `candidates` most likely tokens and its normalisers (LogitCandidates), so a GPU sends a few KB instead of
-  // the whole vocabulary. Every step of a batch asks for the same count or 0.
+  // > 0: instead of the logits rows (the last, or every row with all_logits), each row reduced where the
+  // backend runs to its `candidates` most likely tokens and its normalisers (LogitCandidates), so a GPU sends
+  // a few KB instead of the whole vocabulary. Every step of a batch asks for the same count or 0.
   int candidates = 0;
   float temperature = 1.0f;  // for LogitCandidates::sum_exp_t (> 0)
   // Images (docs/vision.md): the rows of this step listed in feature_rows (step-relative, ascending) take
@@ -32,20 +32,21 @@ struct SequenceStep {
   // axis is start_pos + i + rope_delta (text after an image runs rope_delta behind its cache index).
   std::span<const int64_t> rope_positions{};
   int64_t rope_delta = 0;
-  // Speculative decoding (engine/speculative.h). hidden: also return the final-normed hidden state of every
-  // new token (ForwardOutput::hidden), what the MTP layer drafts from. trail_slots: after new token t, copy
-  // each GDN layer's state into state slot trail_slots[t] (t < trail_slots.size()), so a verify pass can be
-  // rolled back to any accepted prefix; those tokens then run through the GDN layers one at a time.
+  // Speculative decoding (engine/speculative.h). hidden: also keep the final-normed hidden state of every
+  // new token where the model runs (Qwen35Model::mtp_draft, download_hidden), what the MTP layer drafts from.
+  // trail_slots: after new token t, copy each GDN layer's state into state slot trail_slots[t] (t <
+  // trail_slots.size()), so a verify pass can be rolled back to any accepted prefix; those tokens then run
+  // through the GDN layers one at a time.
   bool hidden = false;
   std::span<const int32_t> trail_slots{};
 };
 
 struct ForwardOutput {
-  // Row-major [rows, vocab]: for each step in order, tokens.size() rows if all_logits, else one row unless
-  // the step asked for candidates.
+  // Row-major [rows, vocab]: for each step in order that did not ask for candidates, tokens.size() rows if
+  // all_logits, else one row.
   std::vector<float> logits;
   int64_t rows = 0;
-  // One per step that asked for candidates, in batch order.
+  // One per logits row of the steps that asked for candidates, in batch order (a step's rows in order).
   std::vector<LogitCandidates> candidates;
   // fetch_row(i, host): the full logits row behind candidates[i] (for what the candidates cannot decide).
   // Valid until the model's next forward.
@@ -53,8 +54,9 @@ struct ForwardOutput {
   // Filled only when capture_hidden was asked for (batch of one): [num_layers + 1][tokens][hidden],
   // the embeddings, then each layer's output, the last one after the final norm (HF's hidden_states).
   std::vector<float> hidden_states;
-  // [tokens][hidden]: every new token of the steps that asked for `hidden`, in batch order, after the final
-  // norm (the vector lm_head reads). From mtp_forward(): the rows whose logits it returns, after mtp.norm.
+  // [tokens][hidden], host memory: from SequenceRunner::prefill with `hidden`, every new token after the
+  // final norm (the vector lm_head reads); from mtp_forward(), the rows whose logits it returns, after
+  // mtp.norm.
   std::vector<float> hidden;
 };
 

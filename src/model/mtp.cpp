@@ -32,41 +32,35 @@ KvCacheSpec Qwen35Model::mtp_kv_cache_spec(int page_size, int64_t num_pages) con
   return spec;
 }
 
-ForwardOutput Qwen35Model::mtp_forward(std::span<const SequenceStep> batch, std::span<const float> hidden,
-                                       KvCache& mtp_kv) const {
-  check(weights_.mtp.has_value(), "this checkpoint has no MTP layer (mtp.* tensors)");
-  check(weights_.shard.size == 1, "the MTP layer runs without tensor parallelism");
+void Qwen35Model::mtp_layer(std::span<const SequenceStep> batch, const float* hidden, int64_t n,
+                            KvCache& mtp_kv, float* h) const {
   const MtpWeights& m = *weights_.mtp;
-  const auto& c = config();
-  const int64_t H = c.hidden_size, V = c.vocab_size;
-  const float eps = float(c.rms_norm_eps);
+  const int64_t H = config().hidden_size;
+  const float eps = float(config().rms_norm_eps);
   Backend& be = backend_;
-
   std::vector<int32_t> tokens;
   for (const auto& step : batch) {
     check(!step.tokens.empty(), "an MTP step needs at least one row");
     tokens.insert(tokens.end(), step.tokens.begin(), step.tokens.end());
   }
-  const int64_t n = int64_t(tokens.size());
-  check(int64_t(hidden.size()) == n * H, "the MTP layer got {} hidden values for {} rows of {}",
-        hidden.size(), n, H);
+  check(int64_t(tokens.size()) == n, "the MTP layer got {} hidden rows for {} tokens", n, tokens.size());
 
   // [n][2H]: the normed embedding in the first half of each row, the normed hidden in the second.
-  auto cat = be.allocate(size_t(n * 2 * H)), rows = be.allocate(size_t(n * H));
-  be.embed(tokens, weights_.embed, rows.get());
-  be.rms_norm(rows.get(), n, H, H, m.pre_fc_norm_embedding.data(), eps, true, cat.get(), 2 * H);
-  be.upload(hidden.data(), rows.get(), size_t(n * H));
-  be.rms_norm(rows.get(), n, H, H, m.pre_fc_norm_hidden.data(), eps, true, cat.get() + H, 2 * H);
-  auto h = be.allocate(size_t(n * H)), x = be.allocate(size_t(n * H)), y = be.allocate(size_t(n * H));
-  be.matmul(cat.get(), n, m.fc, h.get());
+  auto cat = be.allocate(size_t(n * 2 * H)), x = be.allocate(size_t(n * H)), y = be.allocate(size_t(n * H));
+  be.embed(tokens, weights_.embed, x.get());
+  be.rms_norm(x.get(), n, H, H, m.pre_fc_norm_embedding.data(), eps, true, cat.get(), 2 * H);
+  be.rms_norm(hidden, n, H, H, m.pre_fc_norm_hidden.data(), eps, true, cat.get() + H, 2 * H);
+  be.matmul(cat.get(), n, m.fc, h);
 
   const LayerWeights& lw = m.layer;
-  be.rms_norm(h.get(), n, H, H, lw.input_norm.data(), eps, true, x.get(), H);
+  be.rms_norm(h, n, H, H, lw.input_norm.data(), eps, true, x.get(), H);
   gated_attention(lw, 0, x.get(), n, batch, mtp_kv, y.get());
-  be.add_rms_norm(h.get(), y.get(), n, H, lw.post_norm.data(), eps, x.get());
+  be.add_rms_norm(h, y.get(), n, H, lw.post_norm.data(), eps, x.get());
   feed_forward(lw, x.get(), n, y.get());
-  be.add(h.get(), y.get(), size_t(n * H));
+  be.add(h, y.get(), size_t(n * H));
+}
 
+std::vector<int64_t> Qwen35Model::logits_rows(std::span<const SequenceStep> batch) {
   std::vector<int64_t> selected;
   int64_t row = 0;
   for (const auto& step : batch) {
@@ -74,10 +68,28 @@ ForwardOutput Qwen35Model::mtp_forward(std::span<const SequenceStep> batch, std:
     for (int64_t t = step.all_logits ? 0 : T - 1; t < T; ++t) selected.push_back(row + t);
     row += T;
   }
+  return selected;
+}
+
+ForwardOutput Qwen35Model::mtp_forward(std::span<const SequenceStep> batch, std::span<const float> hidden,
+                                       KvCache& mtp_kv) const {
+  check(weights_.mtp.has_value(), "this checkpoint has no MTP layer (mtp.* tensors)");
+  check(weights_.shard.size == 1, "the MTP layer runs without tensor parallelism");
+  const int64_t H = config().hidden_size, V = config().vocab_size;
+  Backend& be = backend_;
+  const int64_t n = int64_t(hidden.size()) / H;
+  check(int64_t(hidden.size()) == n * H, "the MTP layer got {} hidden values, not rows of {}", hidden.size(),
+        H);
+  auto rows = be.allocate(size_t(n * H)), h = be.allocate(size_t(n * H));
+  be.upload(hidden.data(), rows.get(), size_t(n * H));
+  mtp_layer(batch, rows.get(), n, mtp_kv, h.get());
+
+  const std::vector<int64_t> selected = logits_rows(batch);
   const int64_t k = int64_t(selected.size());
   auto out = be.allocate(size_t(k * H)), logits = be.allocate(size_t(k * V));
   for (int64_t i = 0; i < k; ++i) be.copy(h.get() + selected[size_t(i)] * H, out.get() + i * H, size_t(H));
-  be.rms_norm(out.get(), k, H, H, m.norm.data(), eps, true, out.get(), H);
+  be.rms_norm(out.get(), k, H, H, weights_.mtp->norm.data(), float(config().rms_norm_eps), true, out.get(),
+              H);
   lm_head(out.get(), k, logits.get());
 
   ForwardOutput result;
@@ -87,6 +99,63 @@ ForwardOutput Qwen35Model::mtp_forward(std::span<const SequenceStep> batch, std:
   result.hidden.resize(size_t(k * H));
   be.download(out.get(), result.hidden.data(), result.hidden.size());
   return result;
+}
+
+std::vector<int32_t> Qwen35Model::mtp_draft(std::span<const SequenceStep> batch,
+                                            std::span<const int64_t> hidden_rows, bool from_forward,
+                                            KvCache& mtp_kv) const {
+  check(weights_.mtp.has_value(), "this checkpoint has no MTP layer (mtp.* tensors)");
+  check(weights_.shard.size == 1, "the MTP layer runs without tensor parallelism");
+  const int64_t H = config().hidden_size, V = config().vocab_size;
+  Backend& be = backend_;
+  const float* source = from_forward ? hidden_rows_.get() : mtp_rows_.get();
+  const int64_t available = from_forward ? hidden_count_ : mtp_count_;
+  const int64_t n = int64_t(hidden_rows.size());
+  for (int64_t r : hidden_rows)
+    check(r >= 0 && r < available, "MTP hidden row {} of {} kept rows", r, available);
+  const std::vector<int64_t> selected = logits_rows(batch);
+  const int64_t k = int64_t(selected.size());
+  // A chained step (one row per step, fed the previous step's rows in order) is the MTP layer's decode step:
+  // the same device work for the same batch size, which the backend may record and replay (CUDA graphs) under
+  // keys apart from the model's decode steps. Its output rows fit where the previous step's were.
+  bool chained = !from_forward && k == n;
+  for (int64_t i = 0; i < n && chained; ++i) {
+    const SequenceStep& step = batch[size_t(i)];
+    chained = hidden_rows[size_t(i)] == i && step.tokens.size() == 1 && step.rope_positions.empty();
+  }
+  // dst row i = src row index[i] (device to device), a run of consecutive source rows in one copy.
+  auto gather = [&](const float* src, std::span<const int64_t> index, float* dst) {
+    const int64_t m = int64_t(index.size());
+    for (int64_t i = 0; i < m;) {
+      int64_t j = i + 1;
+      while (j < m && index[size_t(j)] == index[size_t(j - 1)] + 1) ++j;
+      be.copy(src + index[size_t(i)] * H, dst + i * H, size_t((j - i) * H));
+      i = j;
+    }
+  };
+  std::vector<int32_t> drafts(static_cast<size_t>(k));
+  auto run = [&] {
+    auto rows = be.allocate(size_t(n * H)), h = be.allocate(size_t(n * H));
+    gather(source, hidden_rows, rows.get());
+    mtp_layer(batch, rows.get(), n, mtp_kv, h.get());
+
+    // The draft rows after mtp.norm stay for the next call (its hidden rows); their logits only give argmax.
+    // (Grown after the gather, which may read the old rows; a chained step never grows them.)
+    grow(mtp_rows_, mtp_rows_floats_, size_t(k * H), 0);
+    mtp_count_ = k;
+    gather(h.get(), selected, mtp_rows_.get());
+    be.rms_norm(mtp_rows_.get(), k, H, H, weights_.mtp->norm.data(), float(config().rms_norm_eps), true,
+                mtp_rows_.get(), H);
+    auto logits = be.allocate(size_t(k * V));
+    lm_head(mtp_rows_.get(), k, logits.get());
+    be.argmax(logits.get(), k, V, drafts.data());
+  };
+  constexpr uint64_t kChainedDraftKey = uint64_t(1) << 48;  // decode steps: batch | candidates << 32
+  if (chained)
+    be.run_step(kChainedDraftKey | uint64_t(n), run);
+  else
+    run();
+  return drafts;
 }
 
 }  // namespace moeserve

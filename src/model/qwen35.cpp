@@ -112,16 +112,6 @@ StateCacheSpec Qwen35Model::state_cache_spec(int num_slots) const {
           backend_.cache_memory()};
 }
 
-void Qwen35Model::keep_state(StateCache& state, int gdn_layer, int32_t slot, const float* conv,
-                             const float* recurrent) const {
-  if (!state.is_f32()) {
-    state.store(gdn_layer, slot, conv, recurrent);
-    return;
-  }
-  backend_.copy(conv, state.conv(gdn_layer, slot), size_t(state.spec().conv_floats()));
-  backend_.copy(recurrent, state.recurrent(gdn_layer, slot), size_t(state.spec().recurrent_floats()));
-}
-
 void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const float* x, int64_t n,
                                   std::span<const SequenceStep> batch, StateCache& state, float* out) const {
   const auto& c = local_;
@@ -162,26 +152,31 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
                   w.a_log.data(), w.dt_bias.data(), w.norm.data(), float(c.rms_norm_eps), conv_states, states,
                   core.get());
   } else {
-    auto conv = be.allocate(size_t(n * C));
-    auto beta = be.allocate(size_t(n * Hv)), g = be.allocate(size_t(n * Hv));
-    be.gdn_gates(b.get(), a.get(), w.a_log.data(), w.dt_bias.data(), n, Hv, beta.get(), g.get());
+    // The chunk ops' buffers and gates; a batch of verify steps only needs none (gdn_verify gates itself).
+    Buffer conv, beta, g;
+    if (std::any_of(batch.begin(), batch.end(),
+                    [](const SequenceStep& s) { return s.trail_slots.empty(); })) {
+      conv = be.allocate(size_t(n * C)), beta = be.allocate(size_t(n * Hv)), g = be.allocate(size_t(n * Hv));
+      be.gdn_gates(b.get(), a.get(), w.a_log.data(), w.dt_bias.data(), n, Hv, beta.get(), g.get());
+    }
+    // Verify steps (a state kept after every token but the last) go through gdn_verify together, token by
+    // token (the same arithmetic as plain decoding, so a verified token gets the logits it would have had);
+    // the other sequences through the chunk ops, one by one.
+    std::vector<int64_t> first_rows, lengths;
+    std::vector<float*> verify_conv, verify_states;
+    std::vector<int32_t> trail_slots, verify_slots;
     int64_t row = 0;
-    bool trails = false;
     for (size_t i = 0; i < batch.size(); ++i) {
       const int64_t T = int64_t(batch[i].tokens.size());
       if (!batch[i].trail_slots.empty()) {
-        // Token by token through the decode kernel (the same arithmetic as plain decoding, so a verified
-        // token gets the logits it would have had), keeping each position's state.
-        trails = true;
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t r = row + t;
-          be.gdn_decode(shape, qkv.get() + r * C, z.get() + r * value_dim, b.get() + r * Hv, a.get() + r * Hv,
-                        1, w.conv1d.data(), c.linear_conv_kernel, w.a_log.data(), w.dt_bias.data(),
-                        w.norm.data(), float(c.rms_norm_eps), {&conv_states[i], 1}, {&states[i], 1},
-                        core.get() + r * value_dim);
-          if (t < int64_t(batch[i].trail_slots.size()))
-            keep_state(state, gdn_layer, batch[i].trail_slots[size_t(t)], conv_states[i], states[i]);
-        }
+        check(int64_t(batch[i].trail_slots.size()) == T - 1, "a verify step of {} tokens has {} trail slots",
+              T, batch[i].trail_slots.size());
+        first_rows.push_back(row);
+        lengths.push_back(T);
+        verify_conv.push_back(conv_states[i]);
+        verify_states.push_back(states[i]);
+        verify_slots.push_back(batch[i].state_slot);
+        trail_slots.insert(trail_slots.end(), batch[i].trail_slots.begin(), batch[i].trail_slots.end());
         row += T;
         continue;
       }
@@ -194,10 +189,11 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
                           core.get() + row * value_dim);
       row += T;
     }
-    if (!trails) {
+    if (first_rows.empty()) {
       be.gated_rms_norm(core.get(), z.get(), n * Hv, c.linear_value_head_dim, w.norm.data(),
                         float(c.rms_norm_eps), core.get());
-    } else {  // gdn_decode normed the trail rows already
+    } else {
+      // gdn_verify norms its rows itself.
       row = 0;
       for (const auto& step : batch) {
         const int64_t T = int64_t(step.tokens.size());
@@ -206,6 +202,31 @@ void Qwen35Model::gated_delta_net(const LayerWeights& lw, int gdn_layer, const f
                             c.linear_value_head_dim, w.norm.data(), float(c.rms_norm_eps),
                             core.get() + row * value_dim);
         row += T;
+      }
+      if (!staged) {
+        std::vector<float*> conv_trails, trails;
+        for (int32_t slot : trail_slots) {
+          conv_trails.push_back(state.conv(gdn_layer, slot));
+          trails.push_back(state.recurrent(gdn_layer, slot));
+        }
+        be.gdn_verify(shape, qkv.get(), z.get(), b.get(), a.get(), first_rows, lengths, w.conv1d.data(),
+                      c.linear_conv_kernel, w.a_log.data(), w.dt_bias.data(), w.norm.data(),
+                      float(c.rms_norm_eps), verify_conv, verify_states, conv_trails, trails, core.get());
+      } else {
+        // A host bf16 pool: plain decoding rounds the slot after every token, so each verified token runs
+        // alone and its state goes through its trail slot (the last token's: the live slot) and back.
+        size_t trail = 0;
+        for (size_t v = 0; v < first_rows.size(); ++v)
+          for (int64_t t = 0; t < lengths[v]; ++t) {
+            const int64_t row_t = first_rows[v] + t, one = 1;
+            be.gdn_verify(shape, qkv.get(), z.get(), b.get(), a.get(), {&row_t, 1}, {&one, 1},
+                          w.conv1d.data(), c.linear_conv_kernel, w.a_log.data(), w.dt_bias.data(),
+                          w.norm.data(), float(c.rms_norm_eps), {&verify_conv[v], 1}, {&verify_states[v], 1},
+                          {}, {}, core.get());
+            const int32_t slot = t + 1 < lengths[v] ? trail_slots[trail++] : verify_slots[v];
+            state.store(gdn_layer, slot, verify_conv[v], verify_states[v]);
+            state.load(gdn_layer, slot, verify_conv[v], verify_states[v]);
+          }
       }
     }
   }
@@ -231,15 +252,34 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
 
   // Decode: one token per sequence, all sequences at once. Text after an image rotates rope_delta behind its
   // cache index (the same on all three M-RoPE axes), an offset attention_decode takes; explicit positions
-  // (image tokens) take the per-sequence path below.
-  const bool fused_decode =
-      int64_t(batch.size()) == n &&
-      std::all_of(batch.begin(), batch.end(), [](const auto& s) { return s.rope_positions.empty(); });
+  // (image tokens) take the per-sequence path below. A verify step's k+1 tokens go as k+1 such rows of one
+  // sequence (positions in order, one page table): every row's K and V are written before any row attends,
+  // and each attends to positions up to its own, so this is the step's causal attention, with a plain decode
+  // step's arithmetic.
+  const bool fused_decode = std::all_of(batch.begin(), batch.end(), [](const auto& s) {
+    return s.rope_positions.empty() && (s.tokens.size() == 1 || !s.trail_slots.empty());
+  });
   if (fused_decode) {
+    // A verify batch's page tables go padded to a multiple of kVerifyPageBucket pages (page 0 past the end,
+    // never read: each row attends up to its own position), so the table stride that a recorded verify step
+    // bakes in changes once per kVerifyPageBucket pages of growth, not with every page.
+    constexpr size_t kVerifyPageBucket = 16;
+    const bool verify =
+        std::any_of(batch.begin(), batch.end(), [](const auto& s) { return !s.trail_slots.empty(); });
+    std::vector<std::vector<int32_t>> padded(verify ? batch.size() : 0);
     std::vector<int64_t> positions, offsets;
     std::vector<std::span<const int32_t>> pages;
-    for (const auto& step : batch)
-      positions.push_back(step.start_pos), offsets.push_back(step.rope_delta), pages.push_back(step.pages);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const SequenceStep& step = batch[i];
+      std::span<const int32_t> table = step.pages;
+      if (verify) {
+        padded[i].assign(table.begin(), table.end());
+        padded[i].resize((table.size() + kVerifyPageBucket - 1) / kVerifyPageBucket * kVerifyPageBucket, 0);
+        table = padded[i];
+      }
+      for (int64_t t = 0; t < int64_t(step.tokens.size()); ++t)
+        positions.push_back(step.start_pos + t), offsets.push_back(step.rope_delta), pages.push_back(table);
+    }
     be.attention_decode(qg.get(), k.get(), v.get(), n, H, KVH, hd, w.q_norm.data(), w.k_norm.data(), eps,
                         c.rotary_dim(), rope_inv_freq_.data(), positions, offsets, pages, kv, attn_layer,
                         attn.get());
@@ -311,7 +351,7 @@ ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache&
   int k = 0;
   size_t reduced = 0;
   for (const auto& s : batch) {
-    if (s.candidates <= 0 || s.all_logits) continue;
+    if (s.candidates <= 0) continue;
     check(k == 0 || k == s.candidates,
           "every step of a batch asks for the same number of candidates ({} and {})", k, s.candidates);
     check(s.candidates <= kMaxLogitsTopk, "at most {} logit candidates per row, not {}", kMaxLogitsTopk,
@@ -319,15 +359,16 @@ ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache&
     check(s.temperature > 0 && std::isfinite(s.temperature), "candidates need a temperature > 0, not {}",
           s.temperature);
     k = s.candidates;
-    ++reduced;
+    reduced += s.all_logits ? s.tokens.size() : 1;
   }
-  // The reduced rows' logits stay in the backend's memory for fetch_row. Allocated here, outside a recorded
-  // step, and only ever grown (geometrically): a recording bakes their address in.
-  if (reduced * size_t(V) > candidate_logits_floats_) {
-    candidate_logits_.reset();
-    candidate_logits_floats_ = std::max({reduced * size_t(V), 2 * candidate_logits_floats_, size_t(64 * V)});
-    candidate_logits_ = backend_.allocate(candidate_logits_floats_);
-  }
+  // The reduced rows' logits stay in the backend's memory for fetch_row, the hidden rows for mtp_draft.
+  // Allocated here, outside a recorded step, and only ever grown (geometrically): a recording bakes their
+  // address in.
+  grow(candidate_logits_, candidate_logits_floats_, reduced * size_t(V), size_t(64 * V));
+  size_t hidden_rows = 0;
+  for (const auto& s : batch) hidden_rows += s.hidden ? s.tokens.size() : 0;
+  grow(hidden_rows_, hidden_rows_floats_, hidden_rows * size_t(config().hidden_size), 0);
+  hidden_count_ = int64_t(hidden_rows);
 
   // Decode steps (one new token per sequence) of the same batch size repeat the same device work, so the
   // backend may record and replay them (CUDA graphs); prefill chunks vary and run directly. A sequence with
@@ -336,10 +377,28 @@ ForwardOutput Qwen35Model::forward(std::span<const SequenceStep> batch, KvCache&
   const bool decode = !capture_hidden && std::all_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
     return s.tokens.size() == 1 && s.start_pos > 0 && !s.all_logits && !s.hidden && s.rope_positions.empty();
   });
+  // Speculative verify batches (each step a verify step of k+1 tokens or a decode step) repeat the same
+  // device work for the same shape too (every position, slot and page table a staged input): recorded under a
+  // key of their shape, apart from decode keys.
+  const bool verify =
+      !decode && !capture_hidden &&
+      std::any_of(batch.begin(), batch.end(), [](const SequenceStep& s) { return !s.trail_slots.empty(); }) &&
+      std::all_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
+        const bool verifies = !s.trail_slots.empty() && s.all_logits;
+        return s.start_pos > 0 && s.rope_positions.empty() && s.feature_rows.empty() &&
+               (verifies || (s.tokens.size() == 1 && !s.all_logits));
+      });
   ForwardOutput result;
   std::vector<float> records;
   if (decode) {
     const uint64_t key = uint64_t(batch.size()) | uint64_t(k) << 32;
+    backend_.run_step(key, [&] { result = forward_step(batch, kv, state, false, k, &records); });
+  } else if (verify) {
+    uint64_t shape = 0xcbf29ce484222325ull;  // FNV-1a over the candidates and each step's rows and outputs
+    auto mix = [&](uint64_t v) { shape = (shape ^ v) * 0x100000001b3ull; };
+    mix(uint64_t(k));
+    for (const auto& s : batch) mix(uint64_t(s.tokens.size()) << 2 | uint64_t(s.hidden) << 1 | s.all_logits);
+    const uint64_t key = shape | uint64_t(1) << 63;  // decode keys stay below 2^41
     backend_.run_step(key, [&] { result = forward_step(batch, kv, state, false, k, &records); });
   } else {
     result = forward_step(batch, kv, state, capture_hidden, k, &records);
@@ -424,37 +483,37 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
   }
 
   // Only the rows whose logits were asked for go through the final norm and the (large) lm_head: first the
-  // last rows of the steps that want candidates, then the full rows, each group in batch order.
+  // rows of the steps that want candidates (the last row, or every row with all_logits), then the full rows,
+  // each group in batch order.
   std::vector<int64_t> rows;
   std::vector<float> temperatures;
-  int64_t row = 0;
-  for (const auto& step : batch) {
-    row += int64_t(step.tokens.size());
-    if (candidates > 0 && step.candidates > 0 && !step.all_logits) {
-      rows.push_back(row - 1);
-      temperatures.push_back(step.temperature);
+  auto add_rows = [&](bool want_candidates) {
+    int64_t row = 0;
+    for (const auto& step : batch) {
+      const int64_t T = int64_t(step.tokens.size());
+      if ((candidates > 0 && step.candidates > 0) == want_candidates)
+        for (int64_t t = step.all_logits ? 0 : T - 1; t < T; ++t) {
+          rows.push_back(row + t);
+          if (want_candidates) temperatures.push_back(step.temperature);
+        }
+      row += T;
     }
-  }
+  };
+  add_rows(true);
   const int64_t reduced = int64_t(rows.size());
-  row = 0;
-  for (const auto& step : batch) {
-    const int64_t T = int64_t(step.tokens.size());
-    if (step.all_logits || candidates == 0 || step.candidates == 0)
-      for (int64_t t = step.all_logits ? 0 : T - 1; t < T; ++t) rows.push_back(row + t);
-    row += T;
-  }
+  add_rows(false);
   if (capture_hidden) {
     be.rms_norm(h.get(), n, H, H, weights_.final_norm.data(), eps, true, x.get(), H);
     capture(x.get());
   }
-  final_hidden(batch, h.get(), result.hidden);
+  final_hidden(batch, h.get());
   const int64_t m = int64_t(rows.size()), V = c.vocab_size;
   auto selected = be.allocate(size_t(m * H));
-  // One copy per run of consecutive rows: a decode batch's rows are all consecutive, and a copy per row cost
-  // 256 copies a step at batch 256.
-  for (int64_t i = 0, j = 0; i < m; i = j) {
-    for (j = i + 1; j < m && rows[j] == rows[j - 1] + 1;) ++j;
-    be.copy(h.get() + rows[i] * H, selected.get() + i * H, size_t((j - i) * H));
+  for (int64_t i = 0; i < m;) {  // a run of consecutive rows in one copy
+    int64_t j = i + 1;
+    while (j < m && rows[size_t(j)] == rows[size_t(j - 1)] + 1) ++j;
+    be.copy(h.get() + rows[size_t(i)] * H, selected.get() + i * H, size_t((j - i) * H));
+    i = j;
   }
   be.rms_norm(selected.get(), m, H, H, weights_.final_norm.data(), eps, true, selected.get(), H);
   if (reduced > 0) {
@@ -475,26 +534,30 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
   return result;
 }
 
-void Qwen35Model::final_hidden(std::span<const SequenceStep> batch, const float* h,
-                               std::vector<float>& out) const {
+void Qwen35Model::grow(Buffer& buffer, size_t& floats, size_t need, size_t least) const {
+  if (need <= floats) return;
+  buffer.reset();
+  floats = std::max({need, 2 * floats, least});
+  buffer = backend_.allocate(floats);
+}
+
+void Qwen35Model::final_hidden(std::span<const SequenceStep> batch, const float* h) const {
   const int64_t H = config().hidden_size;
-  int64_t row = 0, count = 0;
-  for (const auto& step : batch) count += step.hidden ? int64_t(step.tokens.size()) : 0;
-  if (count == 0) return;
-  Backend& be = backend_;
-  auto rows = be.allocate(size_t(count * H));
-  int64_t at = 0;
+  int64_t row = 0, at = 0;
   for (const auto& step : batch) {
     const int64_t T = int64_t(step.tokens.size());
     if (step.hidden) {
-      be.rms_norm(h + row * H, T, H, H, weights_.final_norm.data(), float(config().rms_norm_eps), true,
-                  rows.get() + at * H, H);
+      backend_.rms_norm(h + row * H, T, H, H, weights_.final_norm.data(), float(config().rms_norm_eps), true,
+                        hidden_rows_.get() + at * H, H);
       at += T;
     }
     row += T;
   }
-  out.resize(size_t(count * H));
-  be.download(rows.get(), out.data(), out.size());
+}
+
+void Qwen35Model::download_hidden(std::vector<float>& out) const {
+  out.resize(size_t(hidden_count_ * config().hidden_size));
+  if (!out.empty()) backend_.download(hidden_rows_.get(), out.data(), out.size());
 }
 
 void Qwen35Model::all_reduce(float* x, size_t n) const {

@@ -47,11 +47,20 @@ class Qwen35Model {
   KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const;
   // One MTP step over draft rows. A step's row p = (token t_{p+1}, position p, hidden h_p): its tokens are
   // the tokens after its positions [start_pos, start_pos + tokens.size()), `hidden` holds one row per token
-  // of the batch (the model's final-normed hidden, or a previous draft's ForwardOutput::hidden). Each row
-  // predicts the token two ahead of its position. Returns the logits (last row per step, or every row with
-  // all_logits) and, in `hidden`, the same rows after mtp.norm.
+  // of the batch (host memory: the model's final-normed hidden, or a previous step's ForwardOutput::hidden).
+  // Each row predicts the token two ahead of its position. Returns the logits (last row per step, or every
+  // row with all_logits) and, in `hidden`, the same rows after mtp.norm. The reference path (verify, tests).
   ForwardOutput mtp_forward(std::span<const SequenceStep> batch, std::span<const float> hidden,
                             KvCache& mtp_kv) const;
+  // The serving path of the same step, with the hidden rows kept where the backend runs: row i of the batch
+  // takes row hidden_rows[i] of the last forward()'s hidden rows (from_forward; SequenceStep::hidden, in
+  // batch order) or of the previous mtp_draft's output rows (one per step, in batch order). Returns each
+  // step's greedy draft (the argmax of its last row's logits, found where the logits are).
+  std::vector<int32_t> mtp_draft(std::span<const SequenceStep> batch, std::span<const int64_t> hidden_rows,
+                                 bool from_forward, KvCache& mtp_kv) const;
+  // The final-normed hidden rows of the last forward() (those of its steps that asked for them, in batch
+  // order), into host memory.
+  void download_hidden(std::vector<float>& out) const;
 
  private:
   // candidates: the batch's candidate count (0: none); their records (Backend::logits_topk) go to *records.
@@ -63,11 +72,17 @@ class Qwen35Model {
                        std::span<const SequenceStep> batch, KvCache& kv, float* out) const;
   void feed_forward(const LayerWeights& lw, const float* x, int64_t n, float* out) const;
   void prepare_layer(const LayerWeights& lw) const;  // its weights where the backend runs
-  // Copies one GDN layer's state (float32, where the backend runs) into `slot` (SequenceStep::trail_slots).
-  void keep_state(StateCache& state, int gdn_layer, int32_t slot, const float* conv,
-                  const float* recurrent) const;
-  // The final-normed rows h [tokens][hidden] of the steps that asked for them, into out (host).
-  void final_hidden(std::span<const SequenceStep> batch, const float* h, std::vector<float>& out) const;
+  // The final-normed rows h [tokens][hidden] of the steps that asked for them, into hidden_rows_.
+  void final_hidden(std::span<const SequenceStep> batch, const float* h) const;
+  // The MTP layer over the batch's n rows (their tokens; their hidden rows [n][hidden] where the backend
+  // runs): fc over the normed embedding and hidden, the decoder layer, the residual stream (before mtp.norm)
+  // into h [n][hidden]. The part mtp_forward and mtp_draft share.
+  void mtp_layer(std::span<const SequenceStep> batch, const float* hidden, int64_t n, KvCache& mtp_kv,
+                 float* h) const;
+  // The rows of each step whose logits are asked for (its last row, or every row with all_logits).
+  static std::vector<int64_t> logits_rows(std::span<const SequenceStep> batch);
+  // Grows a buffer kept between steps to at least `need` floats (geometrically, at least `least`).
+  void grow(Buffer& buffer, size_t& floats, size_t need, size_t least) const;
 
   // Tensor parallelism: the sum over ranks of a row-parallel layer's partial outputs, in place.
   void all_reduce(float* x, size_t n) const;
@@ -87,6 +102,11 @@ class Qwen35Model {
   // The last step's logits of the rows reduced to candidates, kept (in the backend's memory) for fetch_row.
   mutable Buffer candidate_logits_;
   mutable size_t candidate_logits_floats_ = 0;
+  // The last forward's hidden rows (SequenceStep::hidden) and the last mtp_draft's output rows, kept in the
+  // backend's memory for the next mtp_draft.
+  mutable Buffer hidden_rows_, mtp_rows_;
+  mutable size_t hidden_rows_floats_ = 0, mtp_rows_floats_ = 0;
+  mutable int64_t hidden_count_ = 0, mtp_count_ = 0;
 };
 
 }  // namespace moeserve

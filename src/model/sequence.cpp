@@ -23,11 +23,12 @@ SequenceRunner::SequenceRunner(const Qwen35Model& model, int64_t max_tokens, int
 ForwardOutput SequenceRunner::prefill(std::span<const int32_t> tokens, bool all_logits, bool capture_hidden,
                                       bool hidden) {
   check(!tokens.empty(), "the prompt is empty");
-  check(int64_t(tokens.size()) <= max_tokens_, "the prompt has {} tokens; this runner holds {}", tokens.size(),
-        max_tokens_);
+  check(int64_t(tokens.size()) <= max_tokens_, "the prompt has {} tokens; this runner holds {}",
+        tokens.size(), max_tokens_);
   SequenceStep step{tokens, 0, pages_, 0, all_logits};
   step.hidden = hidden;
   auto out = model_.forward({&step, 1}, kv_, state_, capture_hidden);
+  if (hidden) model_.download_hidden(out.hidden);
   length_ = int64_t(tokens.size());
   return out;
 }

@@ -16,7 +16,8 @@ namespace {
 std::vector<int32_t> read_ids(const TensorSet& ref, const std::string& name) {
   const TensorInfo* t = ref.find(name);
   check(t != nullptr, "reference: missing tensor {}", name);
-  check(t->dtype == DType::I64 && t->shape.size() == 1, "reference: {} must be I64 [T], is {}", name, t->describe());
+  check(t->dtype == DType::I64 && t->shape.size() == 1, "reference: {} must be I64 [T], is {}", name,
+        t->describe());
   std::vector<int32_t> ids(size_t(t->shape[0]));
   const auto* src = reinterpret_cast<const int64_t*>(t->data);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(src[i]);
@@ -27,8 +28,8 @@ std::vector<int32_t> read_ids(const TensorSet& ref, const std::string& name) {
 const float* read_f32(const TensorSet& ref, const std::string& name, int64_t expected_elements) {
   const TensorInfo* t = ref.find(name);
   check(t != nullptr, "reference: missing tensor {}", name);
-  check(t->dtype == DType::F32 && t->numel() == expected_elements, "reference: {} is {}, expected {} float32 values",
-        name, t->describe(), expected_elements);
+  check(t->dtype == DType::F32 && t->numel() == expected_elements,
+        "reference: {} is {}, expected {} float32 values", name, t->describe(), expected_elements);
   return reinterpret_cast<const float*>(t->data);
 }
 
@@ -38,8 +39,16 @@ double max_abs_diff(const float* a, const float* b, size_t n) {
   return m;
 }
 
-bool case_passed(const VerifyCase& c, double tolerance) {
-  return c.max_abs_error <= tolerance && c.tokens_match;
+bool case_passed(const VerifyCase& c) {
+  return c.max_abs_error <= c.tolerance && c.tokens_match;
+}
+
+// The bound of a case whose reference logits are ref[n].
+double case_tolerance(const VerifyOptions& options, const float* ref, size_t n) {
+  if (!options.relative) return options.tolerance;
+  double scale = 1;
+  for (size_t i = 0; i < n; ++i) scale = std::max(scale, double(std::fabs(ref[i])));
+  return options.tolerance * scale;
 }
 
 // The MTP layer's own KV cache for one sequence of up to `tokens` positions, pages 0, 1, ...
@@ -72,7 +81,9 @@ VerifyReport verify_mtp_against_reference(const Qwen35Model& model, const Tensor
     SequenceStep step{{ids.data() + 1, size_t(T - 1)}, 0, seq.pages, 0, true};
     auto out = model.mtp_forward({&step, 1}, {hidden, size_t((T - 1) * H)}, seq.kv);
     const float* expected = read_f32(reference, name + ".logits", (T - 1) * V);
-    report.cases.push_back({name, T, 0, max_abs_diff(out.logits.data(), expected, size_t((T - 1) * V))});
+    const size_t values = size_t((T - 1) * V);
+    report.cases.push_back({name, T, 0, max_abs_diff(out.logits.data(), expected, values),
+                            case_tolerance(options, expected, values)});
   }
 
   // chainK: the model's own greedy token and hidden states, then chained greedy drafts through the MTP cache.
@@ -86,7 +97,7 @@ VerifyReport verify_mtp_against_reference(const Qwen35Model& model, const Tensor
 
     SequenceRunner runner(model, T);
     auto target = runner.prefill(ids, false, false, true);
-    VerifyCase c{name, T, steps, 0};
+    VerifyCase c{name, T, steps, 0, case_tolerance(options, expected, size_t(steps * V))};
     const int32_t s = argmax(target.logits);
     c.tokens_match = s == next_token;
     if (!c.tokens_match) c.first_mismatch = 0;
@@ -115,8 +126,7 @@ VerifyReport verify_mtp_against_reference(const Qwen35Model& model, const Tensor
     report.cases.push_back(c);
   }
   check(!report.cases.empty(), "MTP reference: no mtpN or chainN cases found");
-  report.passed = std::all_of(report.cases.begin(), report.cases.end(),
-                              [&](const VerifyCase& c) { return case_passed(c, options.tolerance); });
+  report.passed = std::all_of(report.cases.begin(), report.cases.end(), case_passed);
   return report;
 }
 
@@ -135,19 +145,20 @@ VerifyReport verify_against_reference(const Qwen35Model& model, const TensorSet&
     SequenceRunner runner(model, T, 16, options.kv_cache_dtype);
     auto out = runner.prefill(ids, true, layers);
     const float* expected = read_f32(reference, name + ".logits", T * V);
-    report.cases.push_back({name, T, 0, max_abs_diff(out.logits.data(), expected, size_t(T * V))});
+    report.cases.push_back({name, T, 0, max_abs_diff(out.logits.data(), expected, size_t(T * V)),
+                            case_tolerance(options, expected, size_t(T * V))});
 
     if (layers) {
       const int L = config.num_layers;
       const float* hidden = read_f32(reference, name + ".hidden_states", (L + 1) * T * H);
       for (int l = 0; l <= L; ++l) {
         // Entry l is the output of layer l-1; HF replaces the last one by its final-normed form.
-        std::string layer_name = l == 0 ? std::string("embeddings")
-                                        : fmt::format("layer {} ({}){}", l - 1,
-                                                      config.layer_types[l - 1] == LayerType::FullAttention
-                                                          ? "full_attention"
-                                                          : "linear_attention",
-                                                      l == L ? " + final norm" : "");
+        std::string layer_name =
+            l == 0 ? std::string("embeddings")
+                   : fmt::format("layer {} ({}){}", l - 1,
+                                 config.layer_types[l - 1] == LayerType::FullAttention ? "full_attention"
+                                                                                       : "linear_attention",
+                                 l == L ? " + final norm" : "");
         double err = max_abs_diff(out.hidden_states.data() + l * T * H, hidden + l * T * H, size_t(T * H));
         report.layers.push_back({layer_name, err});
         if (err > options.tolerance && report.first_divergent_layer.empty())
@@ -166,7 +177,7 @@ VerifyReport verify_against_reference(const Qwen35Model& model, const TensorSet&
     // reference's after a near-tie the model resolves the other way (a rounded KV cache can).
     SequenceRunner runner(model, int64_t(prompt.size()) + steps, 16, options.kv_cache_dtype);
     std::vector<float> logits = runner.prefill(prompt).logits;
-    VerifyCase c{name, int64_t(prompt.size()), steps, 0};
+    VerifyCase c{name, int64_t(prompt.size()), steps, 0, case_tolerance(options, scores, size_t(steps * V))};
     for (int64_t s = 0; s < steps; ++s) {
       if (s > 0) logits = runner.decode(expected_ids[s - 1]);
       c.max_abs_error = std::max(c.max_abs_error, max_abs_diff(logits.data(), scores + s * V, size_t(V)));
@@ -180,8 +191,7 @@ VerifyReport verify_against_reference(const Qwen35Model& model, const TensorSet&
   }
   check(!report.cases.empty(), "reference: no promptN or genN cases found");
 
-  report.passed = std::all_of(report.cases.begin(), report.cases.end(),
-                              [&](const VerifyCase& c) { return case_passed(c, options.tolerance); });
+  report.passed = std::all_of(report.cases.begin(), report.cases.end(), case_passed);
   return report;
 }
 

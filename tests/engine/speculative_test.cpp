@@ -69,27 +69,26 @@ class OracleDrafts : public ModelRunner {
   ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
     return inner_->forward(batch, kv, state);
   }
+  bool reduces_logits() const override { return inner_->reduces_logits(); }
+  int default_logit_candidates() const override { return inner_->default_logit_candidates(); }
   bool has_mtp() const override { return true; }
   int64_t hidden_size() const override { return inner_->hidden_size(); }
   void prepare_mtp() override { inner_->prepare_mtp(); }
   KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const override {
     return inner_->mtp_kv_cache_spec(page_size, num_pages);
   }
-  ForwardOutput mtp_forward(std::span<const SequenceStep> batch, std::span<const float> hidden,
-                            KvCache& kv) override {
-    ForwardOutput out = inner_->mtp_forward(batch, hidden, kv);
+  std::vector<int32_t> mtp_draft(std::span<const SequenceStep> batch, std::span<const int64_t> hidden_rows,
+                                 bool from_forward, KvCache& kv) override {
+    std::vector<int32_t> drafts = inner_->mtp_draft(batch, hidden_rows, from_forward, kv);
     const int64_t V = vocab_size();
     for (size_t i = 0; i < batch.size(); ++i) {
       // The step's last row: token t_{p+1} at position p drafts t_{p+2}.
       const int64_t position = batch[i].start_pos + int64_t(batch[i].tokens.size());
       auto it = next_.find({position, batch[i].tokens.back()});
       if (it == next_.end()) continue;
-      const int32_t draft = position % miss_ == 0 ? (it->second + 1) % int32_t(V) : it->second;
-      float* row = out.logits.data() + int64_t(i) * V;
-      std::fill(row, row + V, 0.0f);
-      row[draft] = 1.0f;
+      drafts[i] = position % miss_ == 0 ? (it->second + 1) % int32_t(V) : it->second;
     }
-    return out;
+    return drafts;
   }
 
  private:
@@ -350,6 +349,48 @@ TEST(Speculative, StopTokensMaxTokensAndLogprobsCompose) {
       EXPECT_EQ(int(got.outputs[i].tokens.size()), *w.params[i].max_tokens) << i;
     }
   }
+}
+
+// Verify rows reduced to logit candidates where the model runs (what a GPU does by default): every row of a
+// verify step is sampled from its candidates when they decide the token and from the fetched full row when
+// they do not (penalties, a top-k beyond them), so greedy and seeded sampling, logprobs included, give the
+// tokens full rows give.
+TEST(Speculative, VerifyRowsReducedToCandidatesChangeNoToken) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  for (bool sampling : {false, true}) {
+    SCOPED_TRACE(sampling ? "greedy and sampled" : "greedy");
+    Workload w = workload(int(weights.config.vocab_size), 12, 41, sampling);
+    for (size_t i = 0; i < w.params.size(); ++i)
+      if (i % 3 == 0) w.params[i].top_logprobs = 3;
+    EngineOptions full = options(0);
+    full.logit_candidates = 0;
+    const RunResult plain = run(make_qwen35_runner(weights, nullptr), full, w.prompts, w.params);
+    for (int k : {1, 16}) {
+      SCOPED_TRACE("candidates = " + std::to_string(k));
+      EngineOptions o = options(3);
+      o.logit_candidates = k;
+      const RunResult got = run(oracle_for(weights, w, plain, 4), o, w.prompts, w.params);
+      expect_same_outputs(got, plain);
+      EXPECT_GT(got.stats.spec_accepted_tokens, 0u);
+      if (sampling)
+        EXPECT_GT(got.stats.sampled_from_full_rows, 0u) << "penalties need full rows";
+      else
+        EXPECT_EQ(got.stats.sampled_from_full_rows, 0u) << "greedy rows need only their candidates";
+    }
+  }
+}
+
+// bf16 state slots (--mamba-ssm-cache-dtype bfloat16): plain decoding rounds a slot after every token, and
+// so must a verify step, after every position it keeps, or the continuation after a rollback drifts.
+TEST(Speculative, Bf16StateSlotsRoundAfterEveryVerifiedToken) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  Workload w = workload(int(weights.config.vocab_size), 10, 43, false);
+  EngineOptions plain_options = options(0), spec_options = options(3);
+  plain_options.state_dtype = spec_options.state_dtype = StateDtype::BF16;
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), plain_options, w.prompts, w.params);
+  const RunResult got = run(oracle_for(weights, w, plain, 4), spec_options, w.prompts, w.params);
+  expect_same_outputs(got, plain);
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0u);
 }
 
 // Structured output: the grammar advances only over accepted tokens, so every answer is the one plain

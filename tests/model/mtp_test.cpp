@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -57,15 +58,85 @@ TEST_P(MtpReference, LogitsAndChainedDraftsMatchHuggingFace) {
   ASSERT_TRUE(w.mtp.has_value());
   auto backend = make_cpu_backend();
   Qwen35Model model(w, *backend);
-  auto report = verify_mtp_against_reference(model, TensorSet::open_file(dir + "/mtp_reference.safetensors"),
-                                             {kCpuTolerance});
+  const TensorSet reference = TensorSet::open_file(dir + "/mtp_reference.safetensors");
+  auto report = verify_mtp_against_reference(model, reference, {kCpuTolerance});
   ASSERT_EQ(report.cases.size(), 4u);
   for (const auto& c : report.cases) {
     EXPECT_LE(c.max_abs_error, kCpuTolerance) << c.name;
+    EXPECT_EQ(c.tolerance, kCpuTolerance) << c.name;
     EXPECT_TRUE(c.tokens_match) << c.name << " differs at step " << c.first_mismatch;
     EXPECT_EQ(c.generated_tokens, c.name.starts_with("chain") ? 3 : 0) << c.name;
   }
   EXPECT_TRUE(report.passed);
+
+  // The bound of bf16 mode (verify --device cuda --matmul bf16): each case's own, the tolerance times
+  // max(1, its largest |reference logit|), read from the reference here.
+  VerifyOptions relative{kCpuTolerance};
+  relative.relative = true;
+  auto scaled = verify_mtp_against_reference(model, reference, relative);
+  ASSERT_EQ(scaled.cases.size(), report.cases.size());
+  for (size_t i = 0; i < scaled.cases.size(); ++i) {
+    const auto& c = scaled.cases[i];
+    const std::string key = c.name + ".logits";
+    const TensorInfo* logits = reference.find(key);
+    ASSERT_NE(logits, nullptr) << key;
+    const auto* values = reinterpret_cast<const float*>(logits->data);
+    double scale = 1;
+    for (int64_t v = 0; v < logits->numel(); ++v) scale = std::max(scale, double(std::fabs(values[v])));
+    EXPECT_DOUBLE_EQ(c.tolerance, kCpuTolerance * scale) << c.name;
+    EXPECT_EQ(c.max_abs_error, report.cases[i].max_abs_error) << c.name;
+  }
+  EXPECT_TRUE(scaled.passed);
+}
+
+// The serving path (mtp_draft: hidden rows kept where the backend runs, gathered by index, greedy drafts
+// found where the logits are) drafts exactly what the reference path (mtp_forward over host rows, argmax on
+// the host) does: two sequences of one batched forward, then two chained draft steps from the MTP's own rows.
+TEST_P(MtpReference, DraftsFromKeptHiddenRowsEqualTheHostPath) {
+  ModelWeights w = load_for_reference(kFixtures + GetParam());
+  const int64_t H = w.config.hidden_size, V = w.config.vocab_size;
+  auto backend = make_cpu_backend();
+  Qwen35Model model(w, *backend);
+  model.prepare_mtp();
+  const std::vector<int32_t> a(kPrompt.begin(), kPrompt.begin() + 9), b(kPrompt.begin() + 4, kPrompt.end());
+  KvCache kv(model.kv_cache_spec(16, 4));
+  StateCache state(model.state_cache_spec(2));
+  const std::vector<int32_t> pages_a{0, 1}, pages_b{2, 3};
+  SequenceStep target[2] = {{a, 0, pages_a, 0}, {b, 0, pages_b, 1}};
+  target[0].hidden = target[1].hidden = true;
+  model.forward(target, kv, state);
+  std::vector<float> hidden;
+  model.download_hidden(hidden);
+  ASSERT_EQ(hidden.size(), (a.size() + b.size()) * size_t(H));
+
+  // Row p of a sequence: token t_{p+1} (the last one a made-up next token) with hidden h_p.
+  std::vector<int32_t> rows_a(a.begin() + 1, a.end()), rows_b(b.begin() + 1, b.end());
+  rows_a.push_back(17);
+  rows_b.push_back(300);
+  SequenceStep steps[2] = {{rows_a, 0, pages_a, 0}, {rows_b, 0, pages_b, 1}};
+  std::vector<int64_t> sources(a.size() + b.size());
+  std::iota(sources.begin(), sources.end(), 0);
+  KvCache kv_device(model.mtp_kv_cache_spec(16, 4)), kv_host(model.mtp_kv_cache_spec(16, 4));
+  std::vector<int32_t> drafts = model.mtp_draft(steps, sources, true, kv_device);
+  ForwardOutput host = model.mtp_forward(steps, hidden, kv_host);
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("draft step " + std::to_string(step));
+    ASSERT_EQ(drafts.size(), 2u);
+    ASSERT_EQ(host.logits.size(), size_t(2 * V));
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_EQ(drafts[i], argmax({host.logits.data() + i * size_t(V), size_t(V)})) << "sequence " << i;
+    if (step == 2) break;
+    // The next row of each: its draft at the next position, fed the previous row's MTP hidden.
+    const std::vector<int32_t> these = drafts;
+    for (size_t i = 0; i < 2; ++i) {
+      steps[i].start_pos += int64_t(steps[i].tokens.size());
+      steps[i].tokens = {&these[i], 1};
+    }
+    const std::vector<int64_t> previous{0, 1};
+    const std::vector<float> host_hidden = std::move(host.hidden);
+    drafts = model.mtp_draft(steps, previous, false, kv_device);
+    host = model.mtp_forward(steps, host_hidden, kv_host);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpReference, ::testing::Values("tiny-moe-mtp", "tiny-moe-vl-layout-mtp"));

@@ -930,6 +930,59 @@ class CudaBackend final : public Backend, public CacheMemory {
                               eps, cs, rs, st, conv.get(), out, stream_);
   }
 
+  // Verify steps: every sequence's tokens in one conv and one delta-rule launch (the state in registers
+  // across a sequence's tokens), instead of a gdn_decode and two state copies per token.
+  void gdn_verify(const DeltaRuleShape& s, const float* qkv, const float* z, const float* b, const float* a,
+                  std::span<const int64_t> first_rows, std::span<const int64_t> lengths, const float* conv_w,
+                  int kernel, const float* a_log, const float* dt_bias, const float* norm_w, float eps,
+                  std::span<float* const> conv_states, std::span<float* const> states,
+                  std::span<float* const> conv_trails, std::span<float* const> trails, float* out) override {
+    const size_t n = first_rows.size();
+    check(n > 0 && lengths.size() == n && conv_states.size() == n && states.size() == n,
+          "gdn_verify: {} sequences, {} lengths, {} states", n, lengths.size(), states.size());
+    const cuda::StateType st = cache_state_type(states[0], "gated delta rule state");
+    if (!cuda::gdn_decode_supported(s.k_dim, s.v_dim, kernel) || s.k_heads <= 0 ||
+        s.v_heads % s.k_heads != 0) {
+      // The composed default copies trail states as float32 values.
+      check(st == cuda::StateType::F32, "gdn_verify: bf16 state slots need k_dim, v_dim ≤ 128");
+      Backend::gdn_verify(s, qkv, z, b, a, first_rows, lengths, conv_w, kernel, a_log, dt_bias, norm_w, eps,
+                          conv_states, states, conv_trails, trails, out);
+      return;
+    }
+    int64_t rows = 0, trail_count = 0;
+    for (size_t i = 0; i < n; ++i) {
+      check(lengths[i] >= 1, "gdn_verify: a sequence of {} tokens", lengths[i]);
+      rows = std::max(rows, first_rows[i] + lengths[i]);
+      trail_count += lengths[i] - 1;
+    }
+    check(int64_t(conv_trails.size()) == trail_count && int64_t(trails.size()) == trail_count,
+          "gdn_verify: {} trail states for {} tokens after the first", trails.size(), trail_count);
+    for (auto list : {conv_states, states, conv_trails, trails})
+      for (float* p : list)
+        check(cache_state_type(p, "gated delta rule state") == st,
+              "gdn_verify: the state slots differ in dtype");
+    const int64_t C = 2 * int64_t(s.k_heads) * s.k_dim + int64_t(s.v_heads) * s.v_dim;
+    const float* cw = vec(conv_w, size_t(C * kernel));
+    const float* al = vec(a_log, size_t(s.v_heads));
+    const float* dt = vec(dt_bias, size_t(s.v_heads));
+    const float* nw = vec(norm_w, size_t(s.v_dim));
+    const auto* fr = static_cast<const int64_t*>(stage(first_rows.data(), first_rows.size_bytes()));
+    const auto* ln = static_cast<const int64_t*>(stage(lengths.data(), lengths.size_bytes()));
+    const auto* cs = static_cast<void* const*>(stage(conv_states.data(), conv_states.size_bytes()));
+    const auto* rs = static_cast<void* const*>(stage(states.data(), states.size_bytes()));
+    // Sequences of one token keep no trail: a batch of only those has no trail arrays to read.
+    const auto* ct = trail_count
+                         ? static_cast<void* const*>(stage(conv_trails.data(), conv_trails.size_bytes()))
+                         : nullptr;
+    const auto* ts =
+        trail_count ? static_cast<void* const*>(stage(trails.data(), trails.size_bytes())) : nullptr;
+    auto conv = allocate(size_t(rows * C));
+    if (auto op = start("gdn_verify", qkv, z, b, a, int64_t(n), fr, ln, cw, kernel, al, dt, nw, eps, cs, rs,
+                        ct, ts, conv.get(), out, s.k_heads, s.v_heads, s.k_dim, s.v_dim))
+      cuda::launch_gdn_verify(qkv, z, b, a, int64_t(n), fr, ln, s.k_heads, s.k_dim, s.v_heads, s.v_dim, cw,
+                              kernel, al, dt, nw, eps, cs, rs, ct, ts, st, conv.get(), out, stream_);
+  }
+
   // Decode-sized batches: router and shared-expert gate in one GEMV, then routing, the gate/up of every pair
   // and of the shared expert, and the down projections with the combine (launch_moe_decode): 4 launches.
   void moe_block(const Matrix& router, std::span<const SwiGlu> experts, int top_k, bool renormalize,

@@ -115,8 +115,8 @@ __global__ __launch_bounds__(128) void delta_rule_kernel(const float* __restrict
                                                          const float* __restrict__ kn, int k_heads, int dk,
                                                          const float* __restrict__ v, int64_t v_stride,
                                                          int v_heads, int dv, const float* __restrict__ g,
-                                                         const float* __restrict__ beta, int64_t T,
-                                                         St* state, float* __restrict__ out) {
+                                                         const float* __restrict__ beta, int64_t T, St* state,
+                                                         float* __restrict__ out) {
   pdl_begin();
   __shared__ float ks[kDeltaMaxDim], qs[kDeltaMaxDim];
   __shared__ float red_kv[kDeltaWarps][32], red_o[kDeltaWarps][32];
@@ -199,48 +199,53 @@ __global__ void gdn_decode_conv_kernel(const float* __restrict__ qkv, int64_t C,
 // slabs of the head in one block), so that the gated RMSNorm over the head's columns ends the same block.
 // Gates, q/k l2-normalisation, one delta-rule step, the norm.
 constexpr int kDecodeMaxSlabs = kDeltaMaxDim / 32;
-template <typename St>
-__global__ __launch_bounds__(32 * kDeltaWarps * kDecodeMaxSlabs) void gdn_decode_delta_kernel(
-    const float* __restrict__ conv, int64_t C, int k_heads, int dk, int v_heads, int dv,
-    const float* __restrict__ b, const float* __restrict__ a, const float* __restrict__ a_log,
-    const float* __restrict__ dt_bias, void* const* __restrict__ states, const float* __restrict__ z,
-    const float* __restrict__ norm_w, float eps, float* __restrict__ out) {
-  __shared__ float ks[kDeltaMaxDim], qs[kDeltaMaxDim], scratch[32];
-  __shared__ float red_kv[kDeltaWarps * kDecodeMaxSlabs][32], red_o[kDeltaWarps * kDecodeMaxSlabs][32];
-  const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+constexpr int kDecodeWarps = kDeltaWarps * kDecodeMaxSlabs;
+
+// The shared memory of one block of the decode layout.
+struct DecodeShared {
+  float ks[kDeltaMaxDim], qs[kDeltaMaxDim], scratch[32];
+  float red_kv[kDecodeWarps][32], red_o[kDecodeWarps][32];
+};
+
+// The gates of value head h for the token at gi (= token * v_heads + h): beta = sigmoid(b), the decay
+// e^g with g = -exp(a_log) * softplus(a + dt_bias).
+struct TokenGates {
+  float beta, decay;
+};
+__device__ __forceinline__ TokenGates gdn_token_gates(const float* __restrict__ b,
+                                                      const float* __restrict__ a,
+                                                      const float* __restrict__ a_log,
+                                                      const float* __restrict__ dt_bias, int h, int64_t gi) {
+  const float xg = a[gi] + dt_bias[h];
+  const float softplus = xg > 20.0f ? xg : log1pf(expf(xg));
+  return {sigmoidf_(b[gi]), expf(-expf(a_log[h]) * softplus)};
+}
+
+// One token of one sequence for the block of value head h (gi as above): q/k l2-normalisation of the conv
+// output row, one delta-rule step on the thread's state entries s (rows wr + kDeltaWarps * m of column j, in
+// registers), and the gated RMSNorm into out[gi * dv + j].
+__device__ __forceinline__ void gdn_token_step(const float* __restrict__ row, int k_heads, int dk,
+                                               int v_heads, int dv, int h, int64_t gi, TokenGates gates,
+                                               const float* __restrict__ z, const float* __restrict__ norm_w,
+                                               float eps, float* s, DecodeShared& sh,
+                                               float* __restrict__ out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int slab = warp / kDeltaWarps, wr = warp % kDeltaWarps;
-  const int64_t i = blockIdx.y;
   const int j = slab * 32 + lane;
   const bool col = j < dv;
   const int kh = h / (v_heads / k_heads);
-  // Before pdl_wait: the state (last written by an earlier step) and the gates (b, a: written by the input
-  // projection two kernels back, complete once this kernel runs; see common.cuh). Only the conv output
-  // needs the wait.
-  const int64_t gi = i * v_heads + h;
-  const float beta = sigmoidf_(b[gi]);
-  const float xg = a[gi] + dt_bias[h];
-  const float softplus = xg > 20.0f ? xg : log1pf(expf(xg));
-  const float decay = expf(-expf(a_log[h]) * softplus);
-  St* S = static_cast<St*>(states[i]) + int64_t(h) * dk * dv;
-  float s[kDeltaRows];
-#pragma unroll
-  for (int m = 0; m < kDeltaRows; ++m) {
-    const int r = wr + kDeltaWarps * m;
-    s[m] = (col && r < dk) ? state_load(S + int64_t(r) * dv + j) : 0.0f;
-  }
-  pdl_begin();
-  const float* row = conv + i * C;
+  const float beta = gates.beta, decay = gates.decay;
   const float* q = row + int64_t(kh) * dk;
   const float* k = row + int64_t(k_heads) * dk + int64_t(kh) * dk;
   const float* v = row + 2 * int64_t(k_heads) * dk + int64_t(h) * dv;
 
   const int t = threadIdx.x;
   const float qv = t < dk ? q[t] : 0.0f, kv0 = t < dk ? k[t] : 0.0f;
-  const float sq = block_sum(qv * qv, scratch);
-  const float sk = block_sum(kv0 * kv0, scratch);
+  const float sq = block_sum(qv * qv, sh.scratch);
+  const float sk = block_sum(kv0 * kv0, sh.scratch);
   if (t < dk) {
-    qs[t] = qv * (1.0f / sqrtf(sq + 1e-6f)) * (1.0f / sqrtf(float(dk)));
-    ks[t] = kv0 * (1.0f / sqrtf(sk + 1e-6f));
+    sh.qs[t] = qv * (1.0f / sqrtf(sq + 1e-6f)) * (1.0f / sqrtf(float(dk)));
+    sh.ks[t] = kv0 * (1.0f / sqrtf(sk + 1e-6f));
   }
   const float vj = col ? v[j] : 0.0f;
   __syncthreads();  // qs, ks
@@ -250,41 +255,156 @@ __global__ __launch_bounds__(32 * kDeltaWarps * kDecodeMaxSlabs) void gdn_decode
     const int r = wr + kDeltaWarps * m;
     if (r < dk) {
       s[m] *= decay;
-      part += s[m] * ks[r];
+      part += s[m] * sh.ks[r];
     }
   }
-  red_kv[warp][lane] = part;
+  sh.red_kv[warp][lane] = part;
   __syncthreads();
   float kv = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kDeltaWarps; ++w) kv += red_kv[slab * kDeltaWarps + w][lane];
+  for (int w = 0; w < kDeltaWarps; ++w) kv += sh.red_kv[slab * kDeltaWarps + w][lane];
   const float delta = (vj - kv) * beta;
   float o = 0.0f;
 #pragma unroll
   for (int m = 0; m < kDeltaRows; ++m) {
     const int r = wr + kDeltaWarps * m;
     if (r < dk) {
-      s[m] += ks[r] * delta;
-      o += s[m] * qs[r];
+      s[m] += sh.ks[r] * delta;
+      o += s[m] * sh.qs[r];
     }
   }
-  red_o[warp][lane] = o;
-#pragma unroll
-  for (int m = 0; m < kDeltaRows; ++m) {
-    const int r = wr + kDeltaWarps * m;
-    if (col && r < dk) state_store(S + int64_t(r) * dv + j, s[m]);
-  }
+  sh.red_o[warp][lane] = o;
   __syncthreads();
   float oj = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kDeltaWarps; ++w) oj += red_o[slab * kDeltaWarps + w][lane];
+  for (int w = 0; w < kDeltaWarps; ++w) oj += sh.red_o[slab * kDeltaWarps + w][lane];
   // Gated RMSNorm over the head's dv outputs (each counted once: by the slab's first warp).
-  const float ss = block_sum(wr == 0 && col ? oj * oj : 0.0f, scratch);
+  const float ss = block_sum(wr == 0 && col ? oj * oj : 0.0f, sh.scratch);
   if (wr == 0 && col) {
     const float scale = 1.0f / sqrtf(ss / float(dv) + eps);
     const int64_t o_at = gi * dv + j;
     out[o_at] = norm_w[j] * (oj * scale) * siluf_(z[o_at]);
   }
+}
+
+// The thread's entries of a state S [dk][dv] (see gdn_token_step), widened into registers or stored.
+template <typename St>
+__device__ __forceinline__ void load_state_entries(const St* S, int dk, int dv, float* s) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int j = (warp / kDeltaWarps) * 32 + lane, wr = warp % kDeltaWarps;
+#pragma unroll
+  for (int m = 0; m < kDeltaRows; ++m) {
+    const int r = wr + kDeltaWarps * m;
+    s[m] = (j < dv && r < dk) ? state_load(S + int64_t(r) * dv + j) : 0.0f;
+  }
+}
+template <typename St>
+__device__ __forceinline__ void store_state_entries(St* S, int dk, int dv, const float* s) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int j = (warp / kDeltaWarps) * 32 + lane, wr = warp % kDeltaWarps;
+#pragma unroll
+  for (int m = 0; m < kDeltaRows; ++m) {
+    const int r = wr + kDeltaWarps * m;
+    if (j < dv && r < dk) state_store(S + int64_t(r) * dv + j, s[m]);
+  }
+}
+
+template <typename St>
+__global__ __launch_bounds__(32 * kDecodeWarps) void gdn_decode_delta_kernel(
+    const float* __restrict__ conv, int64_t C, int k_heads, int dk, int v_heads, int dv,
+    const float* __restrict__ b, const float* __restrict__ a, const float* __restrict__ a_log,
+    const float* __restrict__ dt_bias, void* const* __restrict__ states, const float* __restrict__ z,
+    const float* __restrict__ norm_w, float eps, float* __restrict__ out) {
+  __shared__ DecodeShared sh;
+  const int h = blockIdx.x;
+  const int64_t i = blockIdx.y;
+  // Before pdl_wait: the state (last written by an earlier step); the gates (b, a: written by the input
+  // projection two kernels back) are complete once this kernel runs (see common.cuh). Only the conv output
+  // needs the wait.
+  const int64_t gi = i * v_heads + h;
+  const TokenGates gates = gdn_token_gates(b, a, a_log, dt_bias, h, gi);
+  St* S = static_cast<St*>(states[i]) + int64_t(h) * dk * dv;
+  float s[kDeltaRows];
+  load_state_entries(S, dk, dv, s);
+  pdl_begin();
+  gdn_token_step(conv + i * C, k_heads, dk, v_heads, dv, h, gi, gates, z, norm_w, eps, s, sh, out);
+  store_state_entries(S, dk, dv, s);
+}
+
+// ---- speculative verify: n sequences of lengths[i] tokens, a state kept after each but the last ----------
+// The first trail state of sequence i: the trails before it, one per token after each sequence's first.
+__device__ __forceinline__ int64_t first_trail(const int64_t* lengths, int64_t i) {
+  int64_t at = 0;
+  for (int64_t p = 0; p < i; ++p) at += lengths[p] - 1;
+  return at;
+}
+
+// Conv: thread = (channel, sequence), the gdn_decode_conv_kernel arithmetic token after token, its window
+// in registers in the state's storage type (so each token reads what a decode step would have stored).
+template <typename St>
+__global__ void gdn_verify_conv_kernel(const float* __restrict__ qkv, int64_t C, const float* __restrict__ w,
+                                       int kernel, const int64_t* __restrict__ first_rows,
+                                       const int64_t* __restrict__ lengths, void* const* __restrict__ states,
+                                       void* const* __restrict__ trails, float* __restrict__ out) {
+  pdl_begin();
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t i = blockIdx.y;
+  if (c >= C) return;
+  const int hist = kernel - 1;
+  const int64_t first = first_rows[i], T = lengths[i], trail = first_trail(lengths, i);
+  St* st = static_cast<St*>(states[i]) + c * hist;
+  St win[kMaxKernel];
+  for (int j = 0; j < hist; ++j) win[j] = st[j];
+  for (int64_t t = 0; t < T; ++t) {
+    const float x = qkv[(first + t) * C + c];
+    float acc = 0.0f;
+    for (int j = 0; j < hist; ++j) acc += w[c * kernel + j] * state_load(&win[j]);
+    acc += w[c * kernel + hist] * x;
+    out[(first + t) * C + c] = siluf_(acc);
+    for (int j = 0; j + 1 < hist; ++j) win[j] = win[j + 1];
+    if (hist > 0) state_store(&win[hist - 1], x);
+    if (t + 1 < T) {
+      St* kept = static_cast<St*>(trails[trail + t]) + c * hist;
+      for (int j = 0; j < hist; ++j) kept[j] = win[j];
+    }
+  }
+  for (int j = 0; j < hist; ++j) st[j] = win[j];
+}
+
+// Delta rule: block = (value head, sequence) as gdn_decode_delta_kernel, the state in registers across the
+// sequence's tokens, rounded through the storage type after each (what a decode step stores and the next
+// reads), and written to the token's trail state but after the last.
+template <typename St>
+__global__ __launch_bounds__(32 * kDecodeWarps) void gdn_verify_delta_kernel(
+    const float* __restrict__ conv, int64_t C, int k_heads, int dk, int v_heads, int dv,
+    const float* __restrict__ b, const float* __restrict__ a, const float* __restrict__ a_log,
+    const float* __restrict__ dt_bias, const int64_t* __restrict__ first_rows,
+    const int64_t* __restrict__ lengths, void* const* __restrict__ states, void* const* __restrict__ trails,
+    const float* __restrict__ z, const float* __restrict__ norm_w, float eps, float* __restrict__ out) {
+  __shared__ DecodeShared sh;
+  const int h = blockIdx.x;
+  const int64_t i = blockIdx.y;
+  const int64_t head = int64_t(h) * dk * dv;
+  St* S = static_cast<St*>(states[i]) + head;
+  float s[kDeltaRows];
+  load_state_entries(S, dk, dv, s);
+  pdl_begin();
+  const int64_t first = first_rows[i], T = lengths[i], trail = first_trail(lengths, i);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t r = first + t;
+    const int64_t gi = r * v_heads + h;
+    gdn_token_step(conv + r * C, k_heads, dk, v_heads, dv, h, gi,
+                   gdn_token_gates(b, a, a_log, dt_bias, h, gi), z, norm_w, eps, s, sh, out);
+#pragma unroll
+    for (int m = 0; m < kDeltaRows; ++m) {
+      St rounded;
+      state_store(&rounded, s[m]);
+      s[m] = state_load(&rounded);
+    }
+    if (t + 1 < T) store_state_entries(static_cast<St*>(trails[trail + t]) + head, dk, dv, s);
+    __syncthreads();  // the next token's block_sum reuses sh.scratch
+  }
+  store_state_entries(S, dk, dv, s);
 }
 
 }  // namespace
@@ -297,8 +417,8 @@ void launch_gdn_gates(const float* b, const float* a, const float* a_log, const 
 }
 
 template <typename St>
-void conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel, St* state, float* out,
-                 cudaStream_t s) {
+void conv1d_silu(const float* x, int64_t T, int64_t channels, const float* w, int kernel, St* state,
+                 float* out, cudaStream_t s) {
   const unsigned token_blocks = unsigned((T + kConvTokens - 1) / kConvTokens);
   const dim3 grid(blocks_for(channels, 128), token_blocks);
   if (kernel == 4)
@@ -340,6 +460,29 @@ void launch_delta_rule(const float* qn, const float* kn, int k_heads, int k_dim,
 
 bool gdn_decode_supported(int k_dim, int v_dim, int kernel) {
   return k_dim <= kDeltaMaxDim && v_dim <= 32 * kDecodeMaxSlabs && kernel >= 1 && kernel <= kMaxKernel;
+}
+
+void launch_gdn_verify(const float* qkv, const float* z, const float* b, const float* a, int64_t n,
+                       const int64_t* first_rows, const int64_t* lengths, int k_heads, int k_dim, int v_heads,
+                       int v_dim, const float* conv_w, int kernel, const float* a_log, const float* dt_bias,
+                       const float* norm_w, float eps, void* const* conv_states, void* const* states,
+                       void* const* conv_trails, void* const* trails, StateType state_type, float* conv,
+                       float* out, cudaStream_t s) {
+  if (n == 0) return;
+  const int64_t C = 2 * int64_t(k_heads) * k_dim + int64_t(v_heads) * v_dim;
+  const dim3 conv_grid{blocks_for(C, 128), unsigned(n)}, delta_grid{unsigned(v_heads), unsigned(n)};
+  const int threads = 32 * kDeltaWarps * ((v_dim + 31) / 32);
+  if (state_type == StateType::BF16) {
+    launch_k(gdn_verify_conv_kernel<__nv_bfloat16>, conv_grid, 128, 0, s, qkv, C, conv_w, kernel, first_rows,
+             lengths, conv_states, conv_trails, conv);
+    launch_k(gdn_verify_delta_kernel<__nv_bfloat16>, delta_grid, threads, 0, s, conv, C, k_heads, k_dim,
+             v_heads, v_dim, b, a, a_log, dt_bias, first_rows, lengths, states, trails, z, norm_w, eps, out);
+  } else {
+    launch_k(gdn_verify_conv_kernel<float>, conv_grid, 128, 0, s, qkv, C, conv_w, kernel, first_rows, lengths,
+             conv_states, conv_trails, conv);
+    launch_k(gdn_verify_delta_kernel<float>, delta_grid, threads, 0, s, conv, C, k_heads, k_dim, v_heads,
+             v_dim, b, a, a_log, dt_bias, first_rows, lengths, states, trails, z, norm_w, eps, out);
+  }
 }
 
 void launch_gdn_decode(const float* qkv, const float* z, const float* b, const float* a, int64_t n,

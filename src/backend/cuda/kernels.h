@@ -87,6 +87,18 @@ void launch_gdn_decode(const float* qkv, const float* z, const float* b, const f
                        void* const* conv_states, void* const* states, StateType state_type, float* conv,
                        float* out, cudaStream_t s);
 
+// Speculative verify (Backend::gdn_verify): n sequences, sequence i's lengths[i] tokens at rows
+// first_rows[i].. of qkv / z / b / a / out, each token with launch_gdn_decode's arithmetic in order over
+// conv_states[i] / states[i]; after each token but the last the state also goes to the sequence's next trail
+// (conv_trails / trails: Σ (lengths[i] - 1) states, sequence by sequence). first_rows, lengths and the
+// pointer arrays are device arrays; conv [rows][C] holds the conv output of every row.
+void launch_gdn_verify(const float* qkv, const float* z, const float* b, const float* a, int64_t n,
+                       const int64_t* first_rows, const int64_t* lengths, int k_heads, int k_dim, int v_heads,
+                       int v_dim, const float* conv_w, int kernel, const float* a_log, const float* dt_bias,
+                       const float* norm_w, float eps, void* const* conv_states, void* const* states,
+                       void* const* conv_trails, void* const* trails, StateType state_type, float* conv,
+                       float* out, cudaStream_t s);
+
 // ---- matmul (gemm.cu) ------------------------------------------------------------------------------------
 // Small batches (n ≤ 8 per pass): weight-streaming GEMV with float32 activations.
 void launch_gemv(const float* x, int64_t n, const WeightView& w, float* y, cudaStream_t s);

@@ -7,6 +7,7 @@
 // so it may differ by one bf16 rounding step (2^-8 relative) where the float32 results straddle a boundary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -211,6 +212,100 @@ TEST_F(CudaGdn, Bf16StateSlotsMatchCpuRoundedState) {
   }
   mem.free_cache(reinterpret_cast<float*>(conv));
   mem.free_cache(reinterpret_cast<float*>(rec));
+}
+
+// A speculative verify step (gdn_verify): three sequences of 4, 1 and 3 tokens at scattered rows, against the
+// CPU's composition (gdn_decode token by token, the state copied after each token but the last). Float32
+// slots hold the decode bound on the outputs, the live states and every trail state; bf16 slots are compared
+// with the CPU's widen-compute-round per token (what a decode step stores and the next reads). Outputs and
+// trail slots are poisoned with NaN first.
+TEST_F(CudaGdn, VerifyStepKeepsEveryPositionsStateAsDecodeWould) {
+  const int K = 4;
+  const int64_t value_dim = 32 * 128;
+  const size_t conv_n = size_t(kC * (K - 1));
+  auto conv_w = random_vector(size_t(kC * K), 130), a_log = random_vector(32, 131, 0.5f);
+  auto dt_bias = random_vector(32, 132), norm_w = random_vector(128, 133, 0.1f);
+  const std::vector<int64_t> first_rows = {4, 0, 1}, lengths = {4, 1, 3};
+  const int64_t rows = 8, n = 3, trails = 5;
+  auto qkv = random_vector(size_t(rows * kC), 134), z = random_vector(size_t(rows * value_dim), 135);
+  auto b = random_vector(size_t(rows * 32), 136), a = random_vector(size_t(rows * 32), 137);
+  auto qd = to_device(*gpu, qkv), zd = to_device(*gpu, z), bd = to_device(*gpu, b), ad = to_device(*gpu, a);
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 slots" : "float32 slots");
+    const size_t per = bf16 ? 2 : 1;  // values per float-sized unit of a range
+    // n live states, then the trails; conv states in one range, recurrent states in another.
+    auto conv_host = random_vector(size_t(n) * conv_n, 138, 0.5f);
+    auto rec_host = random_vector(size_t(n) * kStateN, 139, 0.1f);
+    if (bf16) conv_host = widen(to_bf16(conv_host)), rec_host = widen(to_bf16(rec_host));
+    CacheMemory& mem = *gpu->cache_memory();
+    const size_t slots = size_t(n + trails);
+    float* conv = bf16 ? reinterpret_cast<float*>(mem.allocate_cache_bf16(slots * conv_n))
+                       : mem.allocate_cache(slots * conv_n);
+    float* rec = bf16 ? reinterpret_cast<float*>(mem.allocate_cache_bf16(slots * kStateN))
+                      : mem.allocate_cache(slots * kStateN);
+    auto put = [&](const std::vector<float>& host, float* dst) {
+      if (bf16)
+        upload_bf16(*gpu, to_bf16(host), reinterpret_cast<uint16_t*>(dst));
+      else
+        gpu->upload(host.data(), dst, host.size());
+    };
+    auto get = [&](const float* src, size_t values) {
+      return bf16 ? widen(download_bf16(*gpu, reinterpret_cast<const uint16_t*>(src), values))
+                  : to_host(*gpu, src, values);
+    };
+    put(conv_host, conv);
+    put(rec_host, rec);
+    put(std::vector<float>(size_t(trails) * conv_n, NAN), conv + n * conv_n / per);
+    put(std::vector<float>(size_t(trails) * kStateN, NAN), rec + n * kStateN / per);
+    auto conv_at = [&](int64_t slot) { return conv + slot * int64_t(conv_n / per); };
+    auto rec_at = [&](int64_t slot) { return rec + slot * int64_t(kStateN / per); };
+
+    // The CPU: token after token, rounding the state through bf16 after each when the slots are bf16.
+    std::vector<float> ref(size_t(rows * value_dim));
+    std::vector<std::vector<float>> ref_conv_trails, ref_rec_trails;
+    for (int64_t i = 0; i < n; ++i) {
+      float* cc = conv_host.data() + i * conv_n;
+      float* cr = rec_host.data() + i * kStateN;
+      for (int64_t t = 0; t < lengths[size_t(i)]; ++t) {
+        const int64_t r = first_rows[size_t(i)] + t;
+        cpu->gdn_decode(kShape, qkv.data() + r * kC, z.data() + r * value_dim, b.data() + r * 32,
+                        a.data() + r * 32, 1, conv_w.data(), K, a_log.data(), dt_bias.data(), norm_w.data(),
+                        1e-6f, {&cc, 1}, {&cr, 1}, ref.data() + r * value_dim);
+        if (bf16) {
+          std::vector<float> c(cc, cc + conv_n), s(cr, cr + kStateN);
+          c = widen(to_bf16(c)), s = widen(to_bf16(s));
+          std::copy(c.begin(), c.end(), cc), std::copy(s.begin(), s.end(), cr);
+        }
+        if (t + 1 < lengths[size_t(i)])
+          ref_conv_trails.emplace_back(cc, cc + conv_n), ref_rec_trails.emplace_back(cr, cr + kStateN);
+      }
+    }
+    std::vector<float*> gc, gr, gct, grt;
+    for (int64_t i = 0; i < n; ++i) gc.push_back(conv_at(i)), gr.push_back(rec_at(i));
+    for (int64_t t = 0; t < trails; ++t) gct.push_back(conv_at(n + t)), grt.push_back(rec_at(n + t));
+    auto out = poisoned(*gpu, ref.size());
+    gpu->gdn_verify(kShape, qd.get(), zd.get(), bd.get(), ad.get(), first_rows, lengths, conv_w.data(), K,
+                    a_log.data(), dt_bias.data(), norm_w.data(), 1e-6f, gc, gr, gct, grt, out.get());
+    const double tol = bf16 ? kBf16Slot : kRecurrent;
+    EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), tol) << "outputs";
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_LT(rel_error(get(gc[size_t(i)], conv_n),
+                          {conv_host.begin() + i * conv_n, conv_host.begin() + (i + 1) * conv_n}),
+                tol)
+          << "conv state " << i;
+      EXPECT_LT(rel_error(get(gr[size_t(i)], kStateN),
+                          {rec_host.begin() + i * kStateN, rec_host.begin() + (i + 1) * kStateN}),
+                tol)
+          << "state " << i;
+    }
+    for (int64_t t = 0; t < trails; ++t) {
+      EXPECT_LT(rel_error(get(gct[size_t(t)], conv_n), ref_conv_trails[size_t(t)]), tol)
+          << "conv trail " << t;
+      EXPECT_LT(rel_error(get(grt[size_t(t)], kStateN), ref_rec_trails[size_t(t)]), tol) << "trail " << t;
+    }
+    mem.free_cache(conv);
+    mem.free_cache(rec);
+  }
 }
 
 // Snapshots of bf16 slots in GPU memory: copy_slot moves the stored bytes, clear_slot zeroes them.

@@ -369,5 +369,55 @@ TEST_F(CudaReplay, ConvDeltaRuleAndGdnDecodeOverChangingStateSlots) {
   }
 }
 
+// A verify step's GDN core: two sequences whose lengths, rows, live slots and trail slots change every step
+// (all staged), the trail slots moving to others from kSwitchStep.
+TEST_F(CudaReplay, GdnVerifyOverChangingLengthsAndTrailSlots) {
+  const DeltaRuleShape s{2, 4, 32, 32};
+  const int K = 4, slots = 10;
+  const int64_t key_dim = int64_t(s.k_heads) * s.k_dim, value_dim = int64_t(s.v_heads) * s.v_dim;
+  const int64_t C = 2 * key_dim + value_dim, rows = 5;
+  const size_t conv_n = size_t(C * (K - 1)), rec_n = size_t(s.v_heads) * s.k_dim * s.v_dim;
+  auto& conv_w = keep.emplace_back(random_vector(size_t(C * K), 60));
+  auto& a_log = keep.emplace_back(random_vector(size_t(s.v_heads), 61, 0.5f));
+  auto& dt_bias = keep.emplace_back(random_vector(size_t(s.v_heads), 62));
+  auto& norm_w = keep.emplace_back(random_vector(size_t(s.v_dim), 63, 0.1f));
+  float* conv[2];
+  float* rec[2];
+  for (int side : {0, 1}) {
+    CacheMemory& mem = *be[side]->cache_memory();
+    conv[side] = mem.allocate_cache(conv_n * slots);
+    rec[side] = mem.allocate_cache(rec_n * slots);
+    be[side]->upload(random_vector(conv_n * slots, 64, 0.5f).data(), conv[side], conv_n * slots);
+    be[side]->upload(random_vector(rec_n * slots, 65, 0.1f).data(), rec[side], rec_n * slots);
+  }
+  expect_replays_like_eager([&](int side, int i) {
+    Backend& b = *be[side];
+    const uint32_t seed = uint32_t(900 + 10 * i);
+    // Lengths 3 and 2, then 2 and 3 (5 rows, 3 trails either way); the live slots swap every step.
+    const std::vector<int64_t> lengths = i % 2 ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{3, 2};
+    const std::vector<int64_t> first_rows = {0, lengths[0]};
+    std::vector<float*> cs, rs, ct, rt;
+    for (int64_t j = 0; j < 2; ++j) {
+      const int64_t sl = (j + i) % 2;
+      cs.push_back(conv[side] + sl * conv_n), rs.push_back(rec[side] + sl * rec_n);
+    }
+    const int64_t trail_base = i >= kSwitchStep ? 6 : 2;
+    for (int64_t t = 0; t < 3; ++t)
+      ct.push_back(conv[side] + (trail_base + t) * conv_n),
+          rt.push_back(rec[side] + (trail_base + t) * rec_n);
+    float* out = output(side, size_t(rows * value_dim));
+    b.gdn_verify(s, input(side, random_vector(size_t(rows * C), seed)),
+                 input(side, random_vector(size_t(rows * value_dim), seed + 1)),
+                 input(side, random_vector(size_t(rows * s.v_heads), seed + 2)),
+                 input(side, random_vector(size_t(rows * s.v_heads), seed + 3)), first_rows, lengths,
+                 conv_w.data(), K, a_log.data(), dt_bias.data(), norm_w.data(), 1e-6f, cs, rs, ct, rt, out);
+    return download_all(side, {{conv[side], conv_n * slots}, {rec[side], rec_n * slots}});
+  });
+  for (int side : {0, 1}) {
+    be[side]->cache_memory()->free_cache(conv[side]);
+    be[side]->cache_memory()->free_cache(rec[side]);
+  }
+}
+
 }  // namespace
 }  // namespace moeserve

@@ -1,0 +1,190 @@
+// Speculative decoding on the CUDA backend (engine/speculative.h): with the MTP layer's drafts verified on
+// the GPU (verify rows reduced to logit candidates there, hidden rows kept there, the GDN trail states
+// written by gdn_verify, float32 or bf16 slots), greedy output equals plain decoding on the same GPU token
+// for token. The fixture's random MTP layer is almost always wrong, so an oracle that knows the plain
+// continuation drafts instead (wrong every 4th position), taking every rollback depth. fp32 matmuls: a verify
+// step's matmuls run over k+1 rows where decode runs one, and only float32 keeps both paths' logits within
+// rounding of each other (bf16 tensor cores would round the verify rows' activations and may flip a
+// near-tie).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "backend/cuda/cuda_backend.h"
+#include "cuda_test_util.h"
+#include "engine/engine.h"
+#include "engine/engine_core.h"
+#include "engine/model_runner.h"
+#include "model/checkpoint.h"
+#include "model/qwen35.h"
+#include "storage/kv_cache.h"
+#include "storage/state_cache.h"
+
+namespace moeserve {
+namespace {
+
+// The real runner on the GPU, with each draft replaced by the plain run's next token where it knows it.
+class OracleDrafts : public ModelRunner {
+ public:
+  OracleDrafts(const ModelWeights& weights, Backend& backend)
+      : inner_(make_qwen35_runner(weights, &backend)) {}
+  void learn(const std::vector<int32_t>& sequence) {
+    for (size_t i = 0; i + 1 < sequence.size(); ++i) next_[{int64_t(i), sequence[i]}] = sequence[i + 1];
+  }
+
+  int64_t vocab_size() const override { return inner_->vocab_size(); }
+  int64_t max_position_embeddings() const override { return inner_->max_position_embeddings(); }
+  std::vector<int32_t> eos_token_ids() const override { return inner_->eos_token_ids(); }
+  KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const override {
+    return inner_->kv_cache_spec(page_size, num_pages);
+  }
+  StateCacheSpec state_cache_spec(int num_slots) const override {
+    return inner_->state_cache_spec(num_slots);
+  }
+  ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
+    return inner_->forward(batch, kv, state);
+  }
+  bool reduces_logits() const override { return inner_->reduces_logits(); }
+  int default_logit_candidates() const override { return inner_->default_logit_candidates(); }
+  int64_t cache_memory_available() const override { return inner_->cache_memory_available(); }
+  bool has_mtp() const override { return true; }
+  int64_t hidden_size() const override { return inner_->hidden_size(); }
+  void prepare_mtp() override { inner_->prepare_mtp(); }
+  KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const override {
+    return inner_->mtp_kv_cache_spec(page_size, num_pages);
+  }
+  std::vector<int32_t> mtp_draft(std::span<const SequenceStep> batch, std::span<const int64_t> hidden_rows,
+                                 bool from_forward, KvCache& kv) override {
+    std::vector<int32_t> drafts = inner_->mtp_draft(batch, hidden_rows, from_forward, kv);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int64_t position = batch[i].start_pos + int64_t(batch[i].tokens.size());
+      auto it = next_.find({position, batch[i].tokens.back()});
+      if (it == next_.end()) continue;
+      drafts[i] = position % 4 == 0 ? (it->second + 1) % int32_t(vocab_size()) : it->second;
+    }
+    return drafts;
+  }
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+  std::map<std::pair<int64_t, int32_t>, int32_t> next_;
+};
+
+struct Outputs {
+  std::vector<std::vector<int32_t>> tokens;
+  EngineStats stats;
+};
+
+Outputs run(std::unique_ptr<ModelRunner> model, const EngineOptions& o,
+            const std::vector<std::vector<int32_t>>& prompts) {
+  EngineCore core(std::move(model), o);
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = 24 + int(i % 3) * 8;
+    p.ignore_eos = true;
+    GenerateRequest r{"r" + std::to_string(i), prompts[i], p, 0, {}};
+    streams.push_back(std::make_shared<OutputStream>());
+    r.on_output = streams.back()->sink();
+    core.validate(r);
+    core.add(std::move(r));
+  }
+  for (int step = 0; step < 5000 && !core.idle(); ++step) {
+    core.step();
+    core.deliver();
+  }
+  EXPECT_TRUE(core.idle());
+  Outputs result;
+  for (auto& s : streams) result.tokens.push_back(s->collect().tokens);
+  result.stats = core.stats();
+  return result;
+}
+
+TEST(CudaSpeculative, GreedyOutputEqualsPlainDecodingOnTheGpu) {
+  MOESERVE_REQUIRE_GPU();
+  ModelWeights weights = load_checkpoint("tests/fixtures/models/tiny-moe-mtp");
+  auto gpu = make_backend("cuda", {.fp32_matmul = true});
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> p(size_t(5 + 9 * i));
+    for (auto& t : p) t = std::uniform_int_distribution<int>(0, int(weights.config.vocab_size) - 1)(rng);
+    prompts.push_back(p);
+  }
+  for (StateDtype state : {StateDtype::F32, StateDtype::BF16}) {
+    SCOPED_TRACE(state == StateDtype::BF16 ? "bf16 state slots" : "float32 state slots");
+    EngineOptions o;
+    o.backend = gpu.get();
+    o.page_size = 16;
+    o.cache_memory_bytes = 64 << 20;
+    // Two at a time: a verify batch is then at most 8 rows, which the matmuls and the MoE take through the
+    // same few-row kernels as decode, so verified rows get a decode step's arithmetic.
+    o.max_running_requests = 2;
+    o.max_model_len = 256;
+    o.state_dtype = state;
+    const Outputs plain = run(make_qwen35_runner(weights, gpu.get()), o, prompts);
+    o.speculative_num_steps = 3;
+    o.speculative_adaptive = false;
+    const Outputs own =
+        run(make_qwen35_runner(weights, gpu.get()), o, prompts);  // the MTP layer's own drafts
+    auto oracle = std::make_unique<OracleDrafts>(weights, *gpu);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      auto sequence = prompts[i];
+      sequence.insert(sequence.end(), plain.tokens[i].begin(), plain.tokens[i].end());
+      oracle->learn(sequence);
+    }
+    const Outputs drafted = run(std::move(oracle), o, prompts);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(own.tokens[i], plain.tokens[i]) << "request " << i << ", the MTP layer's drafts";
+      EXPECT_EQ(drafted.tokens[i], plain.tokens[i]) << "request " << i << ", oracle drafts";
+    }
+    EXPECT_GT(own.stats.spec_drafts, 0u);
+    EXPECT_GT(drafted.stats.spec_accepted_tokens, drafted.stats.spec_draft_tokens / 2);
+  }
+}
+
+// The MTP drafting steps on the GPU against the CPU (fp32 matmuls): the first from the forward's hidden rows
+// kept on the device, then chained steps, which the GPU measures, records and replays as CUDA graphs (the
+// same batch size every time): every draft equal to the CPU's.
+TEST(CudaSpeculative, ChainedDraftStepsReplayedAsGraphsDraftWhatTheCpuDrafts) {
+  MOESERVE_REQUIRE_GPU();
+  ModelWeights weights = load_checkpoint("tests/fixtures/models/tiny-moe-mtp");
+  auto cpu = make_cpu_backend();
+  auto gpu = make_backend("cuda", {.fp32_matmul = true});
+  const std::vector<int32_t> a = {5, 77, 301, 12, 12, 490, 3, 250, 18}, b = {64, 7, 99, 411, 2, 35, 200, 140};
+  const std::vector<int32_t> pages_a{0, 1, 2}, pages_b{3, 4, 5};
+  std::vector<std::vector<int32_t>> drafts_of;  // per backend: every step's drafts, in order
+  for (Backend* be : {cpu.get(), gpu.get()}) {
+    Qwen35Model model(weights, *be);
+    model.prepare_mtp();
+    KvCache kv(model.kv_cache_spec(16, 6)), mtp_kv(model.mtp_kv_cache_spec(16, 6));
+    StateCache state(model.state_cache_spec(2));
+    SequenceStep target[2] = {{a, 0, pages_a, 0}, {b, 0, pages_b, 1}};
+    target[0].hidden = target[1].hidden = true;
+    model.forward(target, kv, state);
+    std::vector<int32_t> rows_a(a.begin() + 1, a.end()), rows_b(b.begin() + 1, b.end());
+    rows_a.push_back(17);
+    rows_b.push_back(300);
+    SequenceStep steps[2] = {{rows_a, 0, pages_a, 0}, {rows_b, 0, pages_b, 1}};
+    std::vector<int64_t> sources(a.size() + b.size());
+    for (size_t i = 0; i < sources.size(); ++i) sources[i] = int64_t(i);
+    std::vector<int32_t> drafts = model.mtp_draft(steps, sources, true, mtp_kv), all = drafts;
+    for (int step = 0; step < 12; ++step) {
+      const std::vector<int32_t> these = drafts;
+      for (size_t i = 0; i < 2; ++i) {
+        steps[i].start_pos += int64_t(steps[i].tokens.size());
+        steps[i].tokens = {&these[i], 1};
+      }
+      const std::vector<int64_t> previous{0, 1};
+      drafts = model.mtp_draft(steps, previous, false, mtp_kv);
+      all.insert(all.end(), drafts.begin(), drafts.end());
+    }
+    drafts_of.push_back(all);
+  }
+  EXPECT_EQ(drafts_of[1], drafts_of[0]);
+}
+
+}  // namespace
+}  // namespace moeserve
