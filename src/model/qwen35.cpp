@@ -260,26 +260,12 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
     return s.rope_positions.empty() && (s.tokens.size() == 1 || !s.trail_slots.empty());
   });
   if (fused_decode) {
-    // A verify batch's page tables go padded to a multiple of kVerifyPageBucket pages (page 0 past the end,
-    // never read: each row attends up to its own position), so the table stride that a recorded verify step
-    // bakes in changes once per kVerifyPageBucket pages of growth, not with every page.
-    constexpr size_t kVerifyPageBucket = 16;
-    const bool verify =
-        std::any_of(batch.begin(), batch.end(), [](const auto& s) { return !s.trail_slots.empty(); });
-    std::vector<std::vector<int32_t>> padded(verify ? batch.size() : 0);
     std::vector<int64_t> positions, offsets;
     std::vector<std::span<const int32_t>> pages;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const SequenceStep& step = batch[i];
-      std::span<const int32_t> table = step.pages;
-      if (verify) {
-        padded[i].assign(table.begin(), table.end());
-        padded[i].resize((table.size() + kVerifyPageBucket - 1) / kVerifyPageBucket * kVerifyPageBucket, 0);
-        table = padded[i];
-      }
+    for (const SequenceStep& step : batch)
       for (int64_t t = 0; t < int64_t(step.tokens.size()); ++t)
-        positions.push_back(step.start_pos + t), offsets.push_back(step.rope_delta), pages.push_back(table);
-    }
+        positions.push_back(step.start_pos + t), offsets.push_back(step.rope_delta),
+            pages.push_back(step.pages);
     be.attention_decode(qg.get(), k.get(), v.get(), n, H, KVH, hd, w.q_norm.data(), w.k_norm.data(), eps,
                         c.rotary_dim(), rope_inv_freq_.data(), positions, offsets, pages, kv, attn_layer,
                         attn.get());

@@ -642,8 +642,13 @@ class CudaBackend final : public Backend, public CacheMemory {
           "attention_decode: {} sequences, {} tables", n, pages.size());
     check(rope_offsets.empty() || int64_t(rope_offsets.size()) == n,
           "attention_decode: {} sequences, {} offsets", n, rope_offsets.size());
-    size_t stride = 1;
-    for (const auto& p : pages) stride = std::max(stride, p.size());
+    // The table stride is baked into a recorded step (the staged table's size, the split count): a power of
+    // two of at least 16 pages, it changes a few times over a long generation rather than with every page a
+    // sequence grows by (a change costs an eager step and a new recording). Entries past a sequence's own
+    // table are never read: each row attends up to its own position.
+    size_t stride = 16;
+    for (const auto& p : pages)
+      while (stride < p.size()) stride *= 2;
     decode_pages_.assign(size_t(n) * stride, 0);
     for (int64_t i = 0; i < n; ++i) {
       const auto& p = pages[size_t(i)];
@@ -1079,6 +1084,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     fill_seconds_ = launch_seconds_ = 0;
     return s;
   }
+  cuda_tools::GraphCounts graph_counts() const { return counts_; }
   std::string device_summary() const {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
@@ -1317,6 +1323,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     cudaGraphDestroy(graph);
     g.signature = signature_;
     g.state = StepGraph::State::Ready;
+    ++counts_.recordings;
     launch(g);
   }
 
@@ -1350,6 +1357,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     launch(g);
     launch_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     ++replays_;
+    ++counts_.replays;
   }
 
   void launch(StepGraph& g) {
@@ -1527,6 +1535,7 @@ class CudaBackend final : public Backend, public CacheMemory {
   std::vector<cuda::SegmentTile> segment_tiles_;  // segment_attention's tiles, before staging
 
   int64_t replays_ = 0;
+  cuda_tools::GraphCounts counts_;  // since the backend was made
   double fill_seconds_ = 0, launch_seconds_ = 0;
 
   int depth_ = 0;
@@ -1595,6 +1604,9 @@ std::string device_summary(Backend& b) {
 }
 std::string graph_timing(Backend& b) {
   return cuda_of(b).graph_timing();
+}
+GraphCounts graph_counts(Backend& b) {
+  return cuda_of(b).graph_counts();
 }
 }  // namespace cuda_tools
 

@@ -31,6 +31,13 @@ void reset_profile(Backend& backend);
 void set_graphs(Backend& backend, bool on);
 // Where replayed steps spend their time since the last call: host fill pass vs graph launch + run + sync.
 std::string graph_timing(Backend& backend);
+// Steps recorded as graphs and replayed since the backend was made (a step that keeps its recording across
+// calls replays; one whose baked-in arguments change is recorded again).
+struct GraphCounts {
+  int64_t recordings = 0;
+  int64_t replays = 0;
+};
+GraphCounts graph_counts(Backend& backend);
 // Routed (token, expert) pairs from which moe_experts runs the experts as a grouped tensor-core GEMM
 // (activations rounded to bf16, or quantized to e4m3 for FP8 weights in 128x128 blocks).
 int64_t moe_tensor_core_min_pairs(DType weights);

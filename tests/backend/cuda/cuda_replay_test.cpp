@@ -15,6 +15,7 @@
 #include <numeric>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/logit_candidates.h"
 #include "cuda_test_util.h"
 #include "storage/kv_cache.h"
@@ -282,6 +283,60 @@ TEST_F(CudaReplay, PagedAttentionAndAttentionDecodeOverChangingPagesAndPositions
                        tables, cache, 0, out);
     return download_all(side);
   });
+}
+
+// A decode step's recording outlives the growth of its sequences' page tables: the table stride it bakes in
+// moves in powers of two, so 40 steps over positions 20..59 (two to four pages) are recorded once and replay
+// 38 times, each equal to the eager step. Recorded per page, a long generation ran every 16th step eagerly
+// and recorded it again.
+TEST_F(CudaReplay, AttentionDecodeKeepsItsRecordingAsTablesGrow) {
+  const int heads = 4, kv_heads = 2, hd = 64, rotary = 32, page_size = 16, steps = 40;
+  const int64_t prompt = 20;
+  auto& q_norm = keep.emplace_back(random_vector(hd, 80, 0.1f));
+  auto& k_norm = keep.emplace_back(random_vector(hd, 81, 0.1f));
+  auto& inv_freq = keep.emplace_back();
+  for (int j = 0; j < rotary / 2; ++j) inv_freq.push_back(float(std::pow(1e7, -2.0 * j / rotary)));
+  const std::vector<int32_t> all_pages = {6, 2, 9, 4};
+  std::vector<std::unique_ptr<KvCache>> kv;
+  for (int side : {0, 1}) {
+    kv.push_back(
+        std::make_unique<KvCache>(KvCacheSpec{1, kv_heads, hd, page_size, 12, be[side]->cache_memory()}));
+    auto q = to_device(*be[side], random_vector(size_t(prompt * heads * hd), 82));
+    auto k = to_device(*be[side], random_vector(size_t(prompt * kv_heads * hd), 83));
+    auto v = to_device(*be[side], random_vector(size_t(prompt * kv_heads * hd), 84));
+    auto o = poisoned(*be[side], size_t(prompt * heads * hd));
+    be[side]->paged_attention(q.get(), k.get(), v.get(), prompt, heads, kv_heads, hd, 0,
+                              std::span(all_pages).first(2), *kv[size_t(side)], 0, o.get());
+  }
+  const cuda_tools::GraphCounts before = cuda_tools::graph_counts(*be[1]);
+  for (int i = 0; i < steps; ++i) {
+    const int64_t pos = prompt + i;
+    const std::vector<int64_t> positions = {pos}, offsets = {0};
+    const std::vector<std::span<const int32_t>> tables = {
+        std::span(all_pages).first(size_t(pos / page_size + 1))};
+    const uint32_t seed = uint32_t(700 + 10 * i);
+    std::vector<float> got[2];
+    for (int side : {0, 1}) {
+      auto run = [&] {
+        float* out = output(side, size_t(heads * hd));
+        be[side]->attention_decode(input(side, random_vector(size_t(heads * 2 * hd), seed)),
+                                   input(side, random_vector(size_t(kv_heads * hd), seed + 1)),
+                                   input(side, random_vector(size_t(kv_heads * hd), seed + 2)), 1, heads,
+                                   kv_heads, hd, q_norm.data(), k_norm.data(), 1e-6f, rotary, inv_freq.data(),
+                                   positions, offsets, tables, *kv[size_t(side)], 0, out);
+        got[side] = download_all(side);
+      };
+      if (side == 0)
+        run();
+      else
+        be[1]->run_step(kKey, run);
+    }
+    ASSERT_FALSE(got[0].empty());
+    EXPECT_LE(rel_error(got[1], got[0]), kSame) << "step " << i << ", position " << pos;
+  }
+  const cuda_tools::GraphCounts after = cuda_tools::graph_counts(*be[1]);
+  EXPECT_EQ(after.recordings - before.recordings, 1);
+  EXPECT_EQ(after.replays - before.replays, steps - 2);  // step 0 runs eagerly, step 1 is recorded
 }
 
 // The vision tower's ops. rope_table runs inside a recorded step when a one-token chunk carries explicit
