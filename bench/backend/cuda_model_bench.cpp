@@ -31,7 +31,8 @@ struct Options {
   int64_t context = 256;  // prompt length before decode steps
   bool profile = true;
   bool fp8 = false;
-  std::string kv_cache_dtype = "auto";  // as serve: bf16 on the GPU
+  std::string kv_cache_dtype = "auto";      // as serve: bf16 on the GPU
+  std::string gdn_state_dtype = "float32";  // as serve: float32 or bfloat16 state slots
   // How decode steps pick their tokens: full-greedy / full-top-p (every logits row to the host, the sampler
   // there), greedy / top-p (rows reduced to candidates on the GPU), none (logits downloaded, nothing
   // sampled).
@@ -79,9 +80,15 @@ int run(const Options& o) {
     return m;
   });
   Qwen35Model model(weights, *be);
+  auto state_spec = [&](int slots) {
+    StateCacheSpec spec = model.state_cache_spec(slots);
+    spec.dtype = o.gdn_state_dtype == "bfloat16" ? DType::BF16 : DType::F32;
+    return spec;
+  };
   cuda_tools::synchronize(*be);
   std::printf("%s\n", config.summary().c_str());
-  std::printf("KV cache: %s\n", kv_cache_dtype_name(kv_dtype).data());
+  std::printf("KV cache: %s, GDN state: %s\n", kv_cache_dtype_name(kv_dtype).data(),
+              o.gdn_state_dtype.c_str());
   std::printf("%s weights: %.1f GB made on the GPU in %.1f s\n", dtype_name(dt).data(), weight_bytes / 1e9,
               seconds_since(t0));
   std::printf("%s\n", cuda_tools::device_summary(*be).c_str());
@@ -97,7 +104,7 @@ int run(const Options& o) {
   // Prefill: one sequence, one forward over the whole prompt (logits of the last token).
   for (int64_t T : o.prompts) {
     KvCache kv(model.kv_cache_spec(page_size, T / page_size + 2, kv_dtype));
-    StateCache state(model.state_cache_spec(1));
+    StateCache state(state_spec(1));
     std::vector<int32_t> pages(size_t(kv.spec().num_pages));
     std::iota(pages.begin(), pages.end(), 0);
     auto prompt = ids(T, 1);
@@ -129,7 +136,7 @@ int run(const Options& o) {
       const int64_t cap = o.context + o.decode_steps + 8;
       const int64_t pages_per_seq = (cap + page_size - 1) / page_size;
       KvCache kv(model.kv_cache_spec(page_size, pages_per_seq * B, kv_dtype));
-      StateCache state(model.state_cache_spec(B));
+      StateCache state(state_spec(B));
       std::vector<std::vector<int32_t>> pages(static_cast<size_t>(B));
       std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B)), next(static_cast<size_t>(B));
       std::vector<SequenceStep> steps(static_cast<size_t>(B));
@@ -193,7 +200,7 @@ int run(const Options& o) {
   if (o.profile) {
     // Per-op time of one decode step and one prefill (each op synchronised: costs, not overlapped wall time).
     KvCache kv(model.kv_cache_spec(page_size, o.profile_prompt / page_size + 4, kv_dtype));
-    StateCache state(model.state_cache_spec(1));
+    StateCache state(state_spec(1));
     std::vector<int32_t> pages(size_t(kv.spec().num_pages));
     std::iota(pages.begin(), pages.end(), 0);
     auto prompt = ids(o.profile_prompt, 9);
@@ -208,7 +215,7 @@ int run(const Options& o) {
       // B sequences of 256 tokens (prefilled unprofiled), then 4 profiled decode steps with candidates.
       const int64_t per_seq = 256 / page_size + 2;
       KvCache dkv(model.kv_cache_spec(page_size, per_seq * B, kv_dtype));
-      StateCache dstate(model.state_cache_spec(B));
+      StateCache dstate(state_spec(B));
       std::vector<std::vector<int32_t>> dpages(static_cast<size_t>(B)), dprompts(static_cast<size_t>(B));
       std::vector<SequenceStep> steps(static_cast<size_t>(B));
       std::vector<int32_t> tok(static_cast<size_t>(B), 5);
@@ -251,6 +258,9 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-profile", o.profile, "skip the per-op profile");
   app.add_flag("--fp8", o.fp8, "FP8 block-scaled weights (embeddings and lm_head bf16)");
   app.add_option("--kv-cache-dtype", o.kv_cache_dtype, "auto (bf16 here), float32, bfloat16 or fp8_e4m3")
+      ->capture_default_str();
+  app.add_option("--gdn-state-dtype", o.gdn_state_dtype, "GDN state slots: float32 or bfloat16")
+      ->check(CLI::IsMember({"float32", "bfloat16"}))
       ->capture_default_str();
   app.add_option("--sampling", o.sampling, "full-greedy, full-top-p, greedy, top-p (T=1, p=0.9) or none")
       ->capture_default_str();
