@@ -4,10 +4,11 @@
 // serves the whole group; calls with few row blocks split the key range over blocks (split-K) and a second
 // kernel combines the partial results.
 //
-// Two kernels. The float32 one (32 rows, SIMT FMAs, stored elements widened to float32 in registers) is the
-// exact path and takes decode. Prefill in bf16 mode (AttentionArgs::tensor_cores, at least one 128-row block,
-// head_dim 64..256) takes attention_tc_kernel: Q, K, V and the probabilities rounded to bf16 for mma.sync
-// m16n8k16 with float32 accumulation and a float32 softmax, as FlashAttention-2 does.
+// Three kernels. The float32 one (32 rows, SIMT FMAs, stored elements widened to float32 in registers) is the
+// exact path. Batched decode with KV groups of up to 16 heads takes attention_decode_kernel, the same
+// arithmetic with a warp per query row (below). Prefill in bf16 mode (AttentionArgs::tensor_cores, at least
+// one 128-row block, head_dim 64..256) takes attention_tc_kernel: Q, K, V and the probabilities rounded to
+// bf16 for mma.sync m16n8k16 with float32 accumulation and a float32 softmax, as FlashAttention-2 does.
 #include <algorithm>
 #include <type_traits>
 
@@ -281,6 +282,158 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
 #pragma unroll
       for (int c = 0; c < kCols; ++c) a.part_out[prow * D + column(c)] = acc[r4][c];
       if (pc == 0) a.part_m[prow] = m_s[r], a.part_l[prow] = l_s[r];
+    }
+  }
+}
+
+// ---- batched decode ----------------------------------------------------------------------------------
+// One query row per head of the KV group (G ≤ 16): a block takes one (sequence, KV head, split) with a warp
+// per query row (two rows per warp when G > 8). Lane j scores key j of the tile, the warp's shuffles make the
+// row's online softmax, and the value phase takes lane j's probability by shuffle. The general kernel's
+// 32-row blocks left 24 of their 32 rows idle at G = 8 and ran four times the arithmetic: at an 8K-token
+// context a batch-16 decode step spent ~1 ms in each attention layer.
+constexpr int kDecodeWarps = kThreads / 32;
+constexpr int kDecodeMaxGroup = 16;
+
+template <int D, int R>
+constexpr size_t decode_smem_floats() {
+  return size_t(R + 2 * kKeys) * (D + 4);
+}
+
+template <int D, typename KV, int R>  // R: query rows per block, kDecodeWarps or 2 x kDecodeWarps
+__global__ __launch_bounds__(kThreads) void attention_decode_kernel(AttentionArgs a) {
+  pdl_begin();
+  extern __shared__ float4 smem4[];
+  constexpr int LD = D + 4;
+  constexpr int D4 = D / 4;
+  constexpr int RW = R / kDecodeWarps;  // rows per warp
+  constexpr int kCols = D / 32;         // output columns per lane
+  float* Qs = reinterpret_cast<float*>(smem4);
+  float* Ks = Qs + R * LD;
+  float* Vs = Ks + kKeys * LD;
+
+  const int G = a.heads / a.kv_heads;
+  const int kvh = blockIdx.y;
+  const int64_t seq = blockIdx.x;
+  const int64_t start = a.start_pos[seq];
+  const int32_t* pages = a.pages + seq * a.pages_stride;
+  const int row_floats = a.kv_heads * D;
+  const float scale = 1.0f / sqrtf(float(D));
+
+  for (int l = threadIdx.x; l < R * D4; l += kThreads) {
+    const int r = l / D4, c4 = l % D4;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r < G) v = reinterpret_cast<const float4*>(a.q + (seq * a.heads + kvh * G + r) * D)[c4];
+    *reinterpret_cast<float4*>(Qs + r * LD + c4 * 4) = v;
+  }
+
+  // The row attends to positions 0..start; this split takes a contiguous run of key tiles.
+  const int64_t kv_len = start + 1;
+  const int64_t tiles = (kv_len + kKeys - 1) / kKeys;
+  const int64_t per_split = (tiles + a.splits - 1) / a.splits;
+  const int64_t tile_begin = int64_t(blockIdx.z) * per_split, tile_end = imin(tiles, tile_begin + per_split);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  auto column = [&](int c) { return kCols >= 4 ? ((c / 4) * 32 + lane) * 4 + c % 4 : c * 32 + lane; };
+  float m_run[RW], l_run[RW], acc[RW][kCols];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    m_run[i] = -INFINITY, l_run[i] = 0.f;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[i][c] = 0.f;
+  }
+
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    const int64_t kt0 = tile * kKeys;
+    __syncthreads();  // the previous tile is consumed (and Qs is written, on the first pass)
+    for (int l = threadIdx.x; l < kKeys * D4; l += kThreads) {
+      const int j = l / D4, c4 = l % D4;
+      const int64_t kp = kt0 + j;
+      float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+      if (kp < kv_len) {
+        const int64_t off = (int64_t(pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_floats +
+                            int64_t(kvh) * D + c4 * 4;
+        kv = KvElems<KV>::load(a.k_cache, off, a.k_scale);
+        vv = KvElems<KV>::load(a.v_cache, off, a.v_scale);
+      }
+      *reinterpret_cast<float4*>(Ks + j * LD + c4 * 4) = kv;
+      *reinterpret_cast<float4*>(Vs + j * LD + c4 * 4) = vv;
+    }
+    __syncthreads();
+
+    // Scores and softmax: lane = key of the tile, one row per warp at a time (warp-uniform branches).
+    float p[RW];
+    const bool key_valid = kt0 + lane < kv_len;
+#pragma unroll
+    for (int i = 0; i < RW; ++i) {
+      p[i] = 0.f;
+      const int r = warp + kDecodeWarps * i;
+      if (r >= G) continue;
+      float s = 0.f;
+#pragma unroll 8
+      for (int d4 = 0; d4 < D4; ++d4) {
+        const float4 q = *reinterpret_cast<const float4*>(Qs + r * LD + d4 * 4);
+        const float4 k = *reinterpret_cast<const float4*>(Ks + lane * LD + d4 * 4);
+        s = fmaf(q.x, k.x, s);
+        s = fmaf(q.y, k.y, s);
+        s = fmaf(q.z, k.z, s);
+        s = fmaf(q.w, k.w, s);
+      }
+      s = key_valid ? s * scale : -INFINITY;
+      float mx = s;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_new = fmaxf(m_run[i], mx);  // finite: the tile's first key is in range
+      p[i] = expf(s - m_new);
+      const float alpha = expf(m_run[i] - m_new);
+      float psum = p[i];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
+      l_run[i] = l_run[i] * alpha + psum;
+      m_run[i] = m_new;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[i][c] *= alpha;
+    }
+
+    // Values: lane owns kCols columns; each key's V row is read once for the warp's rows.
+#pragma unroll 4
+    for (int j = 0; j < kKeys; ++j) {
+      float v[kCols];
+      if constexpr (kCols >= 4) {
+#pragma unroll
+        for (int q = 0; q < kCols / 4; ++q) {
+          const float4 v4 = *reinterpret_cast<const float4*>(Vs + j * LD + (q * 32 + lane) * 4);
+          v[4 * q] = v4.x, v[4 * q + 1] = v4.y, v[4 * q + 2] = v4.z, v[4 * q + 3] = v4.w;
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < kCols; ++q) v[q] = Vs[j * LD + q * 32 + lane];
+      }
+#pragma unroll
+      for (int i = 0; i < RW; ++i) {
+        const float pj = __shfl_sync(0xffffffffu, p[i], j);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) acc[i][c] = fmaf(pj, v[c], acc[i][c]);
+      }
+    }
+  }
+
+  const int64_t out_rows = a.T * a.heads;
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    const int r = warp + kDecodeWarps * i;
+    if (r >= G) continue;
+    const int64_t row = seq * a.heads + kvh * G + r;
+    if (a.splits == 1) {
+      const float inv = 1.0f / l_run[i];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) a.out[row * D + column(c)] = acc[i][c] * inv;
+    } else {
+      // A split past the row's keys has no tiles: m = -inf and l = 0, which the combine skips.
+      const int64_t prow = int64_t(blockIdx.z) * out_rows + row;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) a.part_out[prow * D + column(c)] = acc[i][c];
+      if (lane == 0) a.part_m[prow] = m_run[i], a.part_l[prow] = l_run[i];
     }
   }
 }
@@ -610,6 +763,32 @@ void launch_for(const AttentionArgs& a, cudaStream_t s) {
   launch_k(attention_kernel<D, KV>, grid, kThreads, bytes, s, a);
 }
 
+template <int D, typename KV, int R>
+void launch_decode_rows(const AttentionArgs& a, cudaStream_t s) {
+  constexpr size_t bytes = decode_smem_floats<D, R>() * sizeof(float);
+  static bool configured = false;  // the attribute is per kernel and process
+  if (!configured) {
+    cudaFuncSetAttribute(attention_decode_kernel<D, KV, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         int(bytes));
+    configured = true;
+  }
+  const dim3 grid(unsigned(a.T), unsigned(a.kv_heads), unsigned(a.splits));
+  launch_k(attention_decode_kernel<D, KV, R>, grid, kThreads, bytes, s, a);
+}
+
+template <int D, typename KV>
+void launch_decode_for(const AttentionArgs& a, cudaStream_t s) {
+  if (a.heads / a.kv_heads <= kDecodeWarps)
+    launch_decode_rows<D, KV, kDecodeWarps>(a, s);
+  else
+    launch_decode_rows<D, KV, 2 * kDecodeWarps>(a, s);
+}
+
+// The decode kernel: batched decode (one token per sequence) with a KV group of at most 16 heads.
+bool takes_decode_kernel(const AttentionArgs& a) {
+  return a.batch && a.heads / a.kv_heads <= kDecodeMaxGroup;
+}
+
 template <int D, typename KV>
 void launch_tc_for(const AttentionArgs& a, cudaStream_t s) {
   constexpr size_t bytes = tc_smem_bytes<D>();
@@ -650,6 +829,23 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
     }
     return;
   }
+  if (takes_decode_kernel(a)) {
+    switch (a.head_dim) {
+      case 32:
+        launch_decode_for<32, KV>(a, s);
+        break;
+      case 64:
+        launch_decode_for<64, KV>(a, s);
+        break;
+      case 128:
+        launch_decode_for<128, KV>(a, s);
+        break;
+      default:
+        launch_decode_for<256, KV>(a, s);
+        break;
+    }
+    return;
+  }
   switch (a.head_dim) {
     case 32:
       launch_for<32, KV>(a, s);
@@ -679,8 +875,15 @@ int attention_splits(int64_t T, int heads, int kv_heads, int64_t capacity) {
 }
 
 int attention_decode_splits(int64_t n, int heads, int kv_heads, int64_t capacity) {
-  // A decode block is latency-bound (one query row per head of the group): aim at ~128 blocks, a key tile
-  // or more each.
+  if (heads / kv_heads <= kDecodeMaxGroup) {
+    // The decode kernel: one block per (sequence, KV head) streams its keys tile after tile, latency-bound
+    // (two or three blocks fit an SM). Split the keys until there are ~512 blocks (about four per SM of an
+    // H200, so loads of some overlap others' arithmetic), keeping two tiles or more per split.
+    const int64_t blocks = n * kv_heads;
+    const int64_t by_keys = (capacity + 2 * kKeys - 1) / (2 * kKeys), by_blocks = (512 + blocks - 1) / blocks;
+    return int(std::clamp<int64_t>(std::min(by_keys, by_blocks), 1, 128));
+  }
+  // The general kernel (32-row blocks): aim at ~128 blocks, a key tile or more each.
   const int64_t blocks = n * ((heads / kv_heads + kRows - 1) / kRows) * kv_heads;
   if (blocks >= 64) return 1;
   return int(std::clamp<int64_t>(std::min<int64_t>(capacity / kKeys, 128 / blocks), 1, 128));

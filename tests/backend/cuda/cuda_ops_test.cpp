@@ -84,8 +84,13 @@ TEST_F(CudaOps, Fp8PrefillMatmulQuantizesActivationsPerBlock) {
 // each (rows, cols, n) gets its own cuBLASLt algorithm (K = 256 gave wrong ones from 128 tokens: those shapes
 // take the bf16 path).
 TEST_F(CudaOps, Fp8PrefillMatmulAtSmallModelShapes) {
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{256, 256}, {256, 512}, {512, 256}, {1024, 256},
-                            {768, 256}, {768, 512}, {512, 1024}}) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{256, 256},
+                            {256, 512},
+                            {512, 256},
+                            {1024, 256},
+                            {768, 256},
+                            {768, 512},
+                            {512, 1024}}) {
     Matrix w = store.make(DType::F8_E4M3, rows, cols, uint32_t(7 * rows + cols));
     for (int64_t n : {65, 128, 129, 200, 256, 300}) {
       auto x = random_vector(size_t(n * cols), uint32_t(n + 11));
@@ -424,7 +429,10 @@ TEST_F(CudaOps, AttentionDecodeMatchesComposedOps) {
   // Weight vectors live for the whole test: the backend keys its device copies by host address.
   std::deque<std::vector<float>> keep;
   for (DType dtype : {DType::F32, DType::BF16, DType::F8_E4M3})
-    for (const Case& c : {Case{16, 2, 256, 64}, Case{4, 2, 32, 16}, Case{8, 8, 64, 64}}) {
+    // Groups of 8 (Qwen3.5-35B-A3B), 16 (two query rows per warp of the decode kernel), 2 and 1; 256 KV
+    // heads make 768 blocks, which the decode kernel runs unsplit.
+    for (const Case& c : {Case{16, 2, 256, 64}, Case{32, 2, 128, 32}, Case{4, 2, 32, 16}, Case{8, 8, 64, 64},
+                          Case{256, 256, 32, 16}}) {
       SCOPED_TRACE(std::string(dtype_name(dtype)));
       // The decode prologue's norm and RoPE may differ from the CPU's in the last bit, which can round a
       // stored element the other way: a bf16 step is 2^-8 of it, an FP8 step 2^-3.
