@@ -292,9 +292,13 @@ struct StepGraph {
   }
 };
 
+// Keyed by the experts' array; the first and last experts' weights make sure a hit is that array and not a
+// later one at a freed array's address (tests build expert sets of one size in turn).
 struct ExpertTableEntry {
   cuda::ExpertTable table;
   size_t count = 0;
+  const void* first_gate = nullptr;
+  const void* last_down = nullptr;
 };
 
 struct ProfileEntry {
@@ -1443,7 +1447,10 @@ class CudaBackend final : public Backend, public CacheMemory {
   const cuda::ExpertTable& expert_table(std::span<const SwiGlu> experts) {
     check(!experts.empty(), "moe: no experts");
     auto it = expert_tables_.find(experts.data());
-    if (it != expert_tables_.end() && it->second.count == experts.size()) return it->second.table;
+    if (it != expert_tables_.end() && it->second.count == experts.size() &&
+        it->second.first_gate == experts.front().gate.data &&
+        it->second.last_down == experts.back().down.data)
+      return it->second.table;
     const size_t E = experts.size();
     check(E <= 512, "moe: {} experts; the CUDA backend takes at most 512", E);
     std::vector<const void*> ptrs(6 * E);
@@ -1477,6 +1484,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     auto& entry = expert_tables_[experts.data()];
     entry.table = t;
     entry.count = E;
+    entry.first_gate = experts.front().gate.data, entry.last_down = experts.back().down.data;
     return entry.table;
   }
 
@@ -1586,14 +1594,14 @@ std::string profile_report(Backend& b) {
 void reset_profile(Backend& b) {
   cuda_of(b).reset_profile();
 }
-// bf16: the grouped GEMM streams the experts faster than the GEMV-style kernels from 512 pairs on (batch 64:
-// 496 vs 657 us per layer on the H200) and ties at 128. FP8: the mid-size MMA kernels (mma_fp8.cuh; items of
+// bf16: the MMA work items (moe.cu) beat the grouped GEMM below 1,024 pairs (batch 64: 390 vs 496 us per
+// layer on the H200; the GEMV-style FMA kernels took 657) and tie at 1,024 (559 us grouped). FP8: the mid-size MMA kernels (mma_fp8.cuh; items of
 // 16 from 6 pairs per expert) stay up to 4,096 pairs (H200, 35B-A3B experts: 2,048 pairs 508 vs 607 us,
 // 4,096 578 vs 556). MOESERVE_CUDA_MOE_MMA_MIN_PAIRS overrides both (for measuring).
 int64_t moe_tensor_core_min_pairs(DType weights) {
   static const char* env = std::getenv("MOESERVE_CUDA_MOE_MMA_MIN_PAIRS");
   if (env) return std::atoll(env);
-  return weights == DType::F8_E4M3 ? 4096 : 256;
+  return weights == DType::F8_E4M3 ? 4096 : 1024;
 }
 
 void set_graphs(Backend& b, bool on) {

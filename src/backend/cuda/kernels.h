@@ -230,7 +230,7 @@ struct MoeScratch {
   float* y = nullptr;            // [P][hidden]
 };
 constexpr int kMoeSimtTile = 8;     // tokens per work item, SIMT path
-constexpr int kMoeMmaMidTile = 16;  // tokens per work item, FP8 mid-size MMA path with many pairs per expert
+constexpr int kMoeMmaMidTile = 16;  // tokens per work item, mid-size MMA path with many pairs per expert
 constexpr int kMoeMmaTile = 64;     // tokens per work item, tensor-core path
 // Rows per work item for n tokens: kMoeMmaTile, kMoeMmaMidTile, kMoeSimtTile, or 1 when pairs are spread thin
 // (decode).

@@ -324,29 +324,76 @@ __global__ __launch_bounds__(kMidWarps * 32) void moe_down_mid(ExpertTable t, co
         if (b < count && rows[r] < t.hidden) y[int64_t(first + b) * t.hidden + rows[r]] = acc[r][b];
 }
 
-// ---- FP8 mid-size batches on tensor cores
-// ------------------------------------------------------------------ The kernels above do every product as a
-// float32 FMA: from 9 tokens they are bound by FMA issue, not by bytes, and FP8 (twice the products per byte,
-// plus the conversions) came out slower than bf16. Here a work item's ≤ 8 rows are the n8 tile of mma.sync
-// (mma_fp8.cuh): a warp takes 32 gate rows and the 32 up rows beside them (so silu(gate) * up is formed in
-// registers), or 32 down rows, and the warps of a block split the 128-column chunks; their sums are added in
-// warp order through shared memory. The activations go in as three bf16 terms (float32 accuracy, as the SIMT
-// path), h stays float32.
+// ---- mid-size batches on tensor cores (FP8 and bf16 weights)
+// ------------------------------------------------ The kernels above do every product as a float32 FMA: from
+// 9 tokens they are bound by FMA issue, not by bytes (FP8, twice the products per byte plus the conversions,
+// came out slower than bf16; bf16 with a routing that gives experts several tokens each took 230 us per layer
+// at batch 16, FP8 here 53). Here a work item's ≤ 8 rows are the n8 tile of mma.sync (mma_fp8.cuh): a warp
+// takes 32 gate rows and the 32 up rows beside them (so silu(gate) * up is formed in registers), or 32 down
+// rows, and the warps of a block split the 128-column chunks; their sums are added in warp order through
+// shared memory. The activations go in as three bf16 terms (float32 accuracy, as the SIMT path), h stays
+// float32.
 constexpr int kMoeMmaTerms = 3;
 constexpr int kMoeMmaGateUpSplits = 4, kMoeMmaDownSplits = 2;
 
-bool moe_fp8_mma_enabled() {
+bool moe_items_mma_enabled() {
   static const bool on = [] {
     const char* e =
-        std::getenv("MOESERVE_CUDA_MOE_FP8_MMA");  // 0: the SIMT mid-size kernels (for comparison)
+        std::getenv("MOESERVE_CUDA_MOE_ITEMS_MMA");  // 0: the SIMT mid-size kernels (for comparison)
     return !(e && std::strcmp(e, "0") == 0);
   }();
   return on;
 }
 
-bool moe_fp8_mma_supported(const ExpertTable& t) {
-  return t.type == WType::FP8 && t.block_cols == kMmaChunk && t.block_rows % kMmaWarpRows == 0 &&
-         t.hidden % kMmaChunk == 0 && t.inter % kMmaChunk == 0 && t.gate_scale && t.up_scale && t.down_scale;
+// FP8 weights in 128-column blocks (one scale per chunk), or bf16; rows and columns in whole chunks.
+bool moe_items_mma_supported(const ExpertTable& t) {
+  const bool shape = t.hidden % kMmaChunk == 0 && t.inter % kMmaChunk == 0;
+  if (t.type == WType::BF16) return shape;
+  return t.type == WType::FP8 && shape && t.block_cols == kMmaChunk && t.block_rows % kMmaWarpRows == 0 &&
+         t.gate_scale && t.up_scale && t.down_scale;
+}
+
+// Bytes per weight element of the MMA item kernels.
+template <WType T>
+constexpr int64_t mma_elem_bytes() {
+  return T == WType::FP8 ? 1 : 2;
+}
+
+// The bf16 counterpart of load_w_fragment + mma_chunk (mma_fp8.cuh), one 64-column half at a time: the
+// thread's columns 64h + 16q + [0, 16) of rows g + 8i are 32 bytes, two 16-byte loads, whose eight words are
+// the bf16 pairs p = 0..7 that the FP8 layout forms by conversion (so the activation fragments are the same).
+// By halves, the fragments of gate and up take the registers FP8's whole chunk does.
+template <int kNT, int kTerms>
+__device__ __forceinline__ void mma_chunk_bf16(const uint8_t* const (&wp)[4], int64_t k0,
+                                               const uint32_t (&xf)[kNT][kTerms][2][8],
+                                               float (&part)[2][kNT][4]) {
+  auto word = [](const uint4(&w)[2], int p) {
+    const uint4& u = w[p >> 2];
+    return (p & 3) == 0 ? u.x : (p & 3) == 1 ? u.y : (p & 3) == 2 ? u.z : u.w;
+  };
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint4 wv[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const auto* at = reinterpret_cast<const uint4*>(wp[i] + 2 * (k0 + 64 * h));
+      wv[i][0] = __ldg(at), wv[i][1] = __ldg(at + 1);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int p = 2 * s;
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const uint32_t a0 = word(wv[2 * m], p), a1 = word(wv[2 * m + 1], p);
+        const uint32_t a2 = word(wv[2 * m], p + 1), a3 = word(wv[2 * m + 1], p + 1);
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int t = 0; t < kTerms; ++t)
+            mma_bf16(part[m][j], a0, a1, a2, a3, xf[j][t][h][p], xf[j][t][h][p + 1]);
+      }
+    }
+  }
 }
 
 // The block's warps' accumulators (kVals per lane) summed in warp order into warp 0's; other warps return
@@ -377,8 +424,8 @@ constexpr int moe_mma_terms() {
   return kNT == 1 ? kMoeMmaTerms : 1;
 }
 
-template <int kNT>
-__global__ __launch_bounds__(kMoeMmaGateUpSplits * 32) void moe_fp8_gate_up_mma(
+template <WType T, int kNT>
+__global__ __launch_bounds__(kMoeMmaGateUpSplits * 32) void moe_gate_up_mma(
     ExpertTable t, const float* __restrict__ x, int top_k, const int32_t* __restrict__ sorted,
     const int32_t* __restrict__ items, const int32_t* __restrict__ num_items, float* __restrict__ h) {
   pdl_begin();
@@ -390,31 +437,41 @@ __global__ __launch_bounds__(kMoeMmaGateUpSplits * 32) void moe_fp8_gate_up_mma(
   const int64_t row_base = int64_t(blockIdx.x) * kMmaWarpRows, K = t.hidden;
   const WeightView gv = expert_view(t, t.gate, t.gate_scale, e, t.inter, t.hidden);
   const WeightView uv = expert_view(t, t.up, t.up_scale, e, t.inter, t.hidden);
+  constexpr int64_t B = mma_elem_bytes<T>();
   const uint8_t *gp[4], *up[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t row = imin<int64_t>(row_base + g + 8 * i, t.inter - 1);
-    gp[i] = static_cast<const uint8_t*>(gv.data) + row * K + 16 * q;
-    up[i] = static_cast<const uint8_t*>(uv.data) + row * K + 16 * q;
+    gp[i] = static_cast<const uint8_t*>(gv.data) + (row * K + 16 * q) * B;
+    up[i] = static_cast<const uint8_t*>(uv.data) + (row * K + 16 * q) * B;
   }
-  const float *gs = fp8_scale_row(gv, row_base), *us = fp8_scale_row(uv, row_base);
+  const bool fp8 = T == WType::FP8;
+  const float *gs = fp8 ? fp8_scale_row(gv, row_base) : nullptr,
+              *us = fp8 ? fp8_scale_row(uv, row_base) : nullptr;
   const float* xr[kNT];
 #pragma unroll
   for (int j = 0; j < kNT; ++j) xr[j] = x + int64_t(sorted[first + imin(g + 8 * j, count - 1)] / top_k) * K;
   float ag[2][kNT][4] = {}, au[2][kNT][4] = {};
   for (int c = warp; c < int(K / kMmaChunk); c += splits) {
     const int64_t k0 = int64_t(c) * kMmaChunk;
-    uint4 wg[4][2], wu[4][2];
-    load_w_fragment(gp, k0, wg);
-    load_w_fragment(up, k0, wu);
     constexpr int kTerms = moe_mma_terms<kNT>();
     uint32_t xf[kNT][kTerms][2][8];
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) load_x_fragment<kTerms>(xr[j], k0, q, g + 8 * j < count, xf[j]);
     float pg[2][kNT][4] = {}, pu[2][kNT][4] = {};
-    mma_chunk<kNT, kTerms>(wg, xf, pg);
-    mma_chunk<kNT, kTerms>(wu, xf, pu);
-    const float sg = __ldg(gs + c), su = __ldg(us + c);
+    if constexpr (T == WType::FP8) {
+      uint4 wg[4][2], wu[4][2];
+      load_w_fragment(gp, k0, wg);
+      load_w_fragment(up, k0, wu);
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) load_x_fragment<kTerms>(xr[j], k0, q, g + 8 * j < count, xf[j]);
+      mma_chunk<kNT, kTerms>(wg, xf, pg);
+      mma_chunk<kNT, kTerms>(wu, xf, pu);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) load_x_fragment<kTerms>(xr[j], k0, q, g + 8 * j < count, xf[j]);
+      mma_chunk_bf16<kNT, kTerms>(gp, k0, xf, pg);
+      mma_chunk_bf16<kNT, kTerms>(up, k0, xf, pu);
+    }
+    const float sg = fp8 ? __ldg(gs + c) : 1.0f, su = fp8 ? __ldg(us + c) : 1.0f;
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
@@ -441,12 +498,12 @@ __global__ __launch_bounds__(kMoeMmaGateUpSplits * 32) void moe_fp8_gate_up_mma(
   }
 }
 
-template <int kNT>
-__global__ __launch_bounds__(kMoeMmaDownSplits *
-                             32) void moe_fp8_down_mma(ExpertTable t, const float* __restrict__ h,
-                                                       const int32_t* __restrict__ items,
-                                                       const int32_t* __restrict__ num_items,
-                                                       float* __restrict__ y) {
+template <WType T, int kNT>
+__global__ __launch_bounds__(kMoeMmaDownSplits * 32) void moe_down_mma(ExpertTable t,
+                                                                       const float* __restrict__ h,
+                                                                       const int32_t* __restrict__ items,
+                                                                       const int32_t* __restrict__ num_items,
+                                                                       float* __restrict__ y) {
   pdl_begin();
   if (int(blockIdx.y) >= *num_items) return;
   const int32_t* it = items + 3 * blockIdx.y;
@@ -455,27 +512,35 @@ __global__ __launch_bounds__(kMoeMmaDownSplits *
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int64_t row_base = int64_t(blockIdx.x) * kMmaWarpRows, K = t.inter;
   const WeightView dv = expert_view(t, t.down, t.down_scale, e, t.hidden, t.inter);
+  constexpr int64_t B = mma_elem_bytes<T>();
   const uint8_t* dp[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    dp[i] =
-        static_cast<const uint8_t*>(dv.data) + imin<int64_t>(row_base + g + 8 * i, t.hidden - 1) * K + 16 * q;
-  const float* ds = fp8_scale_row(dv, row_base);
+    dp[i] = static_cast<const uint8_t*>(dv.data) +
+            (imin<int64_t>(row_base + g + 8 * i, t.hidden - 1) * K + 16 * q) * B;
+  const bool fp8 = T == WType::FP8;
+  const float* ds = fp8 ? fp8_scale_row(dv, row_base) : nullptr;
   const float* hr[kNT];
 #pragma unroll
   for (int j = 0; j < kNT; ++j) hr[j] = h + int64_t(first + imin(g + 8 * j, count - 1)) * K;
   float acc[2][kNT][4] = {};
   for (int c = warp; c < int(K / kMmaChunk); c += splits) {
     const int64_t k0 = int64_t(c) * kMmaChunk;
-    uint4 wd[4][2];
-    load_w_fragment(dp, k0, wd);
     constexpr int kTerms = moe_mma_terms<kNT>();
     uint32_t xf[kNT][kTerms][2][8];
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) load_x_fragment<kTerms>(hr[j], k0, q, g + 8 * j < count, xf[j]);
     float part[2][kNT][4] = {};
-    mma_chunk<kNT, kTerms>(wd, xf, part);
-    const float sc = __ldg(ds + c);
+    if constexpr (T == WType::FP8) {
+      uint4 wd[4][2];
+      load_w_fragment(dp, k0, wd);
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) load_x_fragment<kTerms>(hr[j], k0, q, g + 8 * j < count, xf[j]);
+      mma_chunk<kNT, kTerms>(wd, xf, part);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) load_x_fragment<kTerms>(hr[j], k0, q, g + 8 * j < count, xf[j]);
+      mma_chunk_bf16<kNT, kTerms>(dp, k0, xf, part);
+    }
+    const float sc = fp8 ? __ldg(ds + c) : 1.0f;
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
@@ -541,9 +606,9 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
   }
   const bool vec = (t.hidden % W<T>::kVec == 0) && (t.inter % W<T>::kVec == 0) &&
                    (T != WType::FP8 || (t.block_cols % W<T>::kVec == 0 && is_pow2(t.block_cols)));
-  if constexpr (T == WType::FP8) {
-    if ((tile == kMoeSimtTile || tile == kMoeMmaMidTile) && moe_fp8_mma_supported(t) &&
-        moe_fp8_mma_enabled()) {
+  if constexpr (T == WType::FP8 || T == WType::BF16) {
+    if ((tile == kMoeSimtTile || tile == kMoeMmaMidTile) && moe_items_mma_supported(t) &&
+        moe_items_mma_enabled()) {
       const dim3 g1(blocks_for(t.inter, kMmaWarpRows), unsigned(max_items));
       const dim3 g2(blocks_for(t.hidden, kMmaWarpRows), unsigned(max_items));
       const int s1 = int(imin<int64_t>(kMoeMmaGateUpSplits, t.hidden / kMmaChunk));
@@ -551,9 +616,9 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
       float* h = static_cast<float*>(s.h);
       auto launch = [&](auto token_tiles) {
         constexpr int NT = decltype(token_tiles)::value;
-        launch_k(moe_fp8_gate_up_mma<NT>, g1, 32 * s1, 0, stream, t, x, top_k, s.sorted, s.items, s.num_items,
+        launch_k(moe_gate_up_mma<T, NT>, g1, 32 * s1, 0, stream, t, x, top_k, s.sorted, s.items, s.num_items,
                  h);
-        launch_k(moe_fp8_down_mma<NT>, g2, 32 * s2, 0, stream, t, static_cast<const float*>(h), s.items,
+        launch_k(moe_down_mma<T, NT>, g2, 32 * s2, 0, stream, t, static_cast<const float*>(h), s.items,
                  s.num_items, s.y);
       };
       if (tile == kMoeMmaMidTile)
@@ -824,9 +889,9 @@ int moe_tile(const ExpertTable& t, int64_t n, int top_k, bool tensor_cores, bool
   const int64_t pairs = n * top_k;
   // Few pairs per expert (decode): one row per work item, so no warp reduces accumulators it does not use.
   if (pairs <= 2 * int64_t(t.experts) / 8) return 1;
-  // FP8 MMA items of 16 rows (activations rounded to bf16 once) once an expert averages 6 tokens: most would
+  // MMA items of 16 rows (activations rounded to bf16 once) once an expert averages 6 tokens: most would
   // otherwise take two items of 8, each streaming the expert's weights again.
-  if (!exact && pairs >= 6 * int64_t(t.experts) && moe_fp8_mma_supported(t) && moe_fp8_mma_enabled())
+  if (!exact && pairs >= 6 * int64_t(t.experts) && moe_items_mma_supported(t) && moe_items_mma_enabled())
     return kMoeMmaMidTile;
   return kMoeSimtTile;
 }

@@ -503,7 +503,8 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
       std::vector<int64_t> ns;
     };
     // 8 x 2 x 192 x 128: the tensor-core path's partial 128-row down slab, and items of every row count.
-    // 16 x 4 x 256 x 128 at 40 and 100 tokens (10 and 25 pairs per expert): FP8's mid-size MMA items of 16.
+    // 16 x 4 x 256 x 128 at 40 and 100 tokens (10 and 25 pairs per expert): the mid-size MMA items of 16;
+    // 256 x 8 x 2048 x 512 at 64 tokens: items of 8 (bf16 and FP8 weights alike).
     for (const Case& c : {Case{16, 4, 256, 64, {1, 5, 300}}, Case{256, 8, 2048, 512, {1, 3, 64, 200}},
                           Case{8, 2, 192, 128, {700}}, Case{16, 4, 256, 128, {40, 100}}}) {
       std::vector<SwiGlu> experts;
@@ -536,10 +537,10 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
           // FP8 in whole 128x128 blocks: the activations are quantized to e4m3 as well (FP8 x FP8 MMA).
           const bool fp8_blocks = dt == DType::F8_E4M3 && c.hidden % 128 == 0 && c.inter % 128 == 0;
           const bool fp8_activations = tensor_cores && fp8_blocks;
-          // FP8's mid-size MMA items of 16 (from 6 pairs per expert, cuda::moe_tile) round the activations to
-          // bf16 once, outside exact mode.
-          const bool bf16_activations =
-              tensor_cores || (be == gpu.get() && fp8_blocks && n * c.top_k >= 6 * c.E);
+          // The mid-size MMA items of 16 (bf16 or FP8 weights in whole 128-column chunks, from 6 pairs per
+          // expert, cuda::moe_tile) round the activations to bf16 once, outside exact mode.
+          const bool chunks = c.hidden % 128 == 0 && c.inter % 128 == 0 && (dt == DType::BF16 || fp8_blocks);
+          const bool bf16_activations = tensor_cores || (be == gpu.get() && chunks && n * c.top_k >= 6 * c.E);
           EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref), fp8_activations    ? kFp8Activations
                                                                          : bf16_activations ? kBf16
                                                                                             : 1e-4)
