@@ -192,10 +192,10 @@ class OpsBench {
         // Distinct experts a call reads, in expectation for uniform routing.
         const double touched = E * (1.0 - std::pow(1.0 - double(k) / E, double(n)));
         const double flops = 2.0 * double(n) * k * 3 * H * I;
-        const std::string path = n * k >= cuda_tools::moe_tensor_core_min_pairs(dt) ? "mma" : "simt";
+        const std::string path = n * k >= cuda_tools::moe_tensor_core_min_pairs() ? "mma" : "simt";
         add(fmt::format("moe E=256 top8 {} n={} ({})", dtype_name(dt), n, path), s,
             n <= 1024 ? gbs(touched * expert_bytes, s) + fmt::format(" {:.0f} experts", touched)
-                     : tflops(flops, s));
+                      : tflops(flops, s));
       }
     }
   }

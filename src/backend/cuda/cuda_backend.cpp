@@ -777,8 +777,8 @@ class CudaBackend final : public Backend, public CacheMemory {
     check(top_k >= 1 && top_k <= 16 && top_k <= table.experts,
           "moe: top-k {} is not supported on CUDA (1..16)", top_k);
     const int64_t P = n * top_k;
-    const bool tc = !fp32_matmul_ && P >= cuda_tools::moe_tensor_core_min_pairs(experts[0].gate.dtype) &&
-                    cuda::moe_mma_supported(table);
+    const bool tc =
+        !fp32_matmul_ && P >= cuda_tools::moe_tensor_core_min_pairs() && cuda::moe_mma_supported(table);
     const int tile = cuda::moe_tile(table, n, top_k, tc, fp32_matmul_);
     const int64_t max_items = cuda::moe_max_items(P, table.experts, tile);
     auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
@@ -799,7 +799,8 @@ class CudaBackend final : public Backend, public CacheMemory {
     s.y = y.get();
     if (auto op = start("moe_experts", router_logits, top_k, renormalize, x, n, out, tc, s.ids, s.h, s.y,
                         table.gate))
-      cuda::launch_moe(table, router_logits, top_k, renormalize, x, n, tile, tc, s, out, stream_);
+      cuda::launch_moe(table, router_logits, top_k, renormalize, x, n, tile, tc, fp32_matmul_, s, out,
+                       stream_);
   }
 
   void add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows,
@@ -1594,14 +1595,14 @@ std::string profile_report(Backend& b) {
 void reset_profile(Backend& b) {
   cuda_of(b).reset_profile();
 }
-// bf16: the MMA work items (moe.cu) beat the grouped GEMM below 1,024 pairs (batch 64: 390 vs 496 us per
-// layer on the H200; the GEMV-style FMA kernels took 657) and tie at 1,024 (559 us grouped). FP8: the mid-size MMA kernels (mma_fp8.cuh; items of
-// 16 from 6 pairs per expert) stay up to 4,096 pairs (H200, 35B-A3B experts: 2,048 pairs 508 vs 607 us,
-// 4,096 578 vs 556). MOESERVE_CUDA_MOE_MMA_MIN_PAIRS overrides both (for measuring).
-int64_t moe_tensor_core_min_pairs(DType weights) {
+// The MMA work items (moe.cu; items of 16 from 6 pairs per expert) stream the experts faster than the
+// grouped GEMM up to 4,096 pairs, bf16 and FP8 alike (H200, 35B-A3B experts, cuda_ops_bench moe: bf16 1,024
+// pairs 476 vs 554 us, 2,048 600 vs 612, 4,096 659 vs 550; FP8 2,048 508 vs 607, 4,096 578 vs 556).
+// MOESERVE_CUDA_MOE_MMA_MIN_PAIRS overrides it (for measuring).
+int64_t moe_tensor_core_min_pairs() {
   static const char* env = std::getenv("MOESERVE_CUDA_MOE_MMA_MIN_PAIRS");
   if (env) return std::atoll(env);
-  return weights == DType::F8_E4M3 ? 4096 : 1024;
+  return 4096;
 }
 
 void set_graphs(Backend& b, bool on) {

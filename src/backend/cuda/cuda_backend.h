@@ -40,7 +40,7 @@ struct GraphCounts {
 GraphCounts graph_counts(Backend& backend);
 // Routed (token, expert) pairs from which moe_experts runs the experts as a grouped tensor-core GEMM
 // (activations rounded to bf16, or quantized to e4m3 for FP8 weights in 128x128 blocks).
-int64_t moe_tensor_core_min_pairs(DType weights);
+int64_t moe_tensor_core_min_pairs();
 // Device name, memory in use and total (for reports).
 std::string device_summary(Backend& backend);
 }  // namespace cuda_tools

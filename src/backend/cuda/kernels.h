@@ -254,7 +254,9 @@ bool moe_decode_supported(const ExpertTable& t, int top_k, const MoeDecodeShared
 void launch_moe_decode(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize,
                        const float* x, int64_t n, const MoeDecodeShared& shared, const MoeScratch& s,
                        float* out, cudaStream_t stream);
+// exact (BackendOptions::fp32_matmul): the activations enter the MMA work items as three bf16 terms.
 void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize, const float* x,
-                int64_t n, int tile, bool tensor_cores, const MoeScratch& s, float* out, cudaStream_t stream);
+                int64_t n, int tile, bool tensor_cores, bool exact, const MoeScratch& s, float* out,
+                cudaStream_t stream);
 
 }  // namespace moeserve::cuda

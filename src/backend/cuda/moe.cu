@@ -331,9 +331,8 @@ __global__ __launch_bounds__(kMidWarps * 32) void moe_down_mid(ExpertTable t, co
 // at batch 16, FP8 here 53). Here a work item's ≤ 8 rows are the n8 tile of mma.sync (mma_fp8.cuh): a warp
 // takes 32 gate rows and the 32 up rows beside them (so silu(gate) * up is formed in registers), or 32 down
 // rows, and the warps of a block split the 128-column chunks; their sums are added in warp order through
-// shared memory. The activations go in as three bf16 terms (float32 accuracy, as the SIMT path), h stays
-// float32.
-constexpr int kMoeMmaTerms = 3;
+// shared memory. The activations go in as one bf16 term, or three (float32 accuracy, as the SIMT path) in
+// exact mode; h stays float32.
 constexpr int kMoeMmaGateUpSplits = 4, kMoeMmaDownSplits = 2;
 
 bool moe_items_mma_enabled() {
@@ -415,16 +414,11 @@ __device__ __forceinline__ bool reduce_warps(float (&v)[kVals], float (*red)[kVa
   return true;
 }
 
-// kNT token tiles of 8: a work item's ≤ 8 kNT rows share each weight fragment. kNT 2 (items of 16, when most
-// experts get more than 8 tokens, as at decode batch 256) halves the expert re-reads and takes the
-// activations as one bf16 term: three terms made the kernel MMA-bound there (571 vs 533 us at 2,048 pairs),
-// and the path it replaces, the grouped GEMM, rounds them to e4m3.
-template <int kNT>
-constexpr int moe_mma_terms() {
-  return kNT == 1 ? kMoeMmaTerms : 1;
-}
-
-template <WType T, int kNT>
+// kNT token tiles of 8: a work item's ≤ 8 kNT rows share each weight fragment (kNT 2: items of 16, when most
+// experts get more than 8 tokens, as at decode batch 256, halving the expert re-reads). kTerms: the
+// activations as three bf16 terms in exact mode (float32 accuracy), else one, as the grouped GEMM and cuBLAS
+// round them: three made the kernels MMA-bound (2,048 pairs: 571 vs 533 us with items of 16).
+template <WType T, int kNT, int kTerms>
 __global__ __launch_bounds__(kMoeMmaGateUpSplits * 32) void moe_gate_up_mma(
     ExpertTable t, const float* __restrict__ x, int top_k, const int32_t* __restrict__ sorted,
     const int32_t* __restrict__ items, const int32_t* __restrict__ num_items, float* __restrict__ h) {
@@ -454,7 +448,6 @@ __global__ __launch_bounds__(kMoeMmaGateUpSplits * 32) void moe_gate_up_mma(
   float ag[2][kNT][4] = {}, au[2][kNT][4] = {};
   for (int c = warp; c < int(K / kMmaChunk); c += splits) {
     const int64_t k0 = int64_t(c) * kMmaChunk;
-    constexpr int kTerms = moe_mma_terms<kNT>();
     uint32_t xf[kNT][kTerms][2][8];
     float pg[2][kNT][4] = {}, pu[2][kNT][4] = {};
     if constexpr (T == WType::FP8) {
@@ -498,7 +491,7 @@ __global__ __launch_bounds__(kMoeMmaGateUpSplits * 32) void moe_gate_up_mma(
   }
 }
 
-template <WType T, int kNT>
+template <WType T, int kNT, int kTerms>
 __global__ __launch_bounds__(kMoeMmaDownSplits * 32) void moe_down_mma(ExpertTable t,
                                                                        const float* __restrict__ h,
                                                                        const int32_t* __restrict__ items,
@@ -526,7 +519,6 @@ __global__ __launch_bounds__(kMoeMmaDownSplits * 32) void moe_down_mma(ExpertTab
   float acc[2][kNT][4] = {};
   for (int c = warp; c < int(K / kMmaChunk); c += splits) {
     const int64_t k0 = int64_t(c) * kMmaChunk;
-    constexpr int kTerms = moe_mma_terms<kNT>();
     uint32_t xf[kNT][kTerms][2][8];
     float part[2][kNT][4] = {};
     if constexpr (T == WType::FP8) {
@@ -599,7 +591,7 @@ __global__ void moe_combine_kernel(const int32_t* __restrict__ ids, const float*
 
 template <WType T>
 void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, bool tensor_cores, int tile,
-                 int64_t max_items, const MoeScratch& s, cudaStream_t stream) {
+                 bool exact, int64_t max_items, const MoeScratch& s, cudaStream_t stream) {
   if (tensor_cores) {
     launch_moe_grouped_mma(t, x, n, top_k, max_items, s, stream);
     return;
@@ -614,17 +606,20 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
       const int s1 = int(imin<int64_t>(kMoeMmaGateUpSplits, t.hidden / kMmaChunk));
       const int s2 = int(imin<int64_t>(kMoeMmaDownSplits, t.inter / kMmaChunk));
       float* h = static_cast<float*>(s.h);
-      auto launch = [&](auto token_tiles) {
-        constexpr int NT = decltype(token_tiles)::value;
-        launch_k(moe_gate_up_mma<T, NT>, g1, 32 * s1, 0, stream, t, x, top_k, s.sorted, s.items, s.num_items,
-                 h);
-        launch_k(moe_down_mma<T, NT>, g2, 32 * s2, 0, stream, t, static_cast<const float*>(h), s.items,
+      auto launch = [&](auto token_tiles, auto terms) {
+        constexpr int NT = decltype(token_tiles)::value, Terms = decltype(terms)::value;
+        launch_k(moe_gate_up_mma<T, NT, Terms>, g1, 32 * s1, 0, stream, t, x, top_k, s.sorted, s.items,
+                 s.num_items, h);
+        launch_k(moe_down_mma<T, NT, Terms>, g2, 32 * s2, 0, stream, t, static_cast<const float*>(h), s.items,
                  s.num_items, s.y);
       };
-      if (tile == kMoeMmaMidTile)
-        launch(std::integral_constant<int, kMoeMmaMidTile / 8>{});
+      using One = std::integral_constant<int, 1>;
+      if (tile == kMoeMmaMidTile)  // never in exact mode (moe_tile)
+        launch(std::integral_constant<int, kMoeMmaMidTile / 8>{}, One{});
+      else if (exact)
+        launch(One{}, std::integral_constant<int, 3>{});
       else
-        launch(std::integral_constant<int, 1>{});
+        launch(One{}, One{});
       return;
     }
   }
@@ -901,7 +896,7 @@ int64_t moe_max_items(int64_t pairs, int experts, int tile) {
 }
 
 void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize, const float* x,
-                int64_t n, int tile, bool tensor_cores, const MoeScratch& s, float* out,
+                int64_t n, int tile, bool tensor_cores, bool exact, const MoeScratch& s, float* out,
                 cudaStream_t stream) {
   if (n == 0) return;
   const int64_t P = n * top_k;
@@ -916,7 +911,7 @@ void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, boo
   }
   const int64_t max_items = moe_max_items(P, t.experts, tile);
   MOESERVE_DISPATCH_WTYPE(t.type, T,
-                          run_experts<T>(t, x, n, top_k, tensor_cores, tile, max_items, s, stream));
+                          run_experts<T>(t, x, n, top_k, tensor_cores, tile, exact, max_items, s, stream));
   launch_k(moe_combine_kernel, unsigned(n), 256, 0, stream, s.ids, s.weights, s.pair_row, top_k, s.y,
            t.hidden, out);
 }

@@ -502,11 +502,12 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
       int64_t hidden, inter;
       std::vector<int64_t> ns;
     };
-    // 8 x 2 x 192 x 128: the tensor-core path's partial 128-row down slab, and items of every row count.
+    // 8 x 2 x 192 x 128: the SIMT items of every row count at 700 tokens, at 2,100 (4,200 pairs) the grouped
+    // tensor-core GEMM with its partial 128-row down slab.
     // 16 x 4 x 256 x 128 at 40 and 100 tokens (10 and 25 pairs per expert): the mid-size MMA items of 16;
     // 256 x 8 x 2048 x 512 at 64 tokens: items of 8 (bf16 and FP8 weights alike).
     for (const Case& c : {Case{16, 4, 256, 64, {1, 5, 300}}, Case{256, 8, 2048, 512, {1, 3, 64, 200}},
-                          Case{8, 2, 192, 128, {700}}, Case{16, 4, 256, 128, {40, 100}}}) {
+                          Case{8, 2, 192, 128, {700, 2100}}, Case{16, 4, 256, 128, {40, 100}}}) {
       std::vector<SwiGlu> experts;
       for (int e = 0; e < c.E; ++e)
         experts.push_back({store.make(dt, c.inter, c.hidden, uint32_t(1000 + 3 * e), 0.05f),
@@ -532,15 +533,15 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
           auto xd = to_device(*be, x), ld = to_device(*be, logits);
           auto out = poisoned(*be, x.size());
           be->moe_experts(experts, ld.get(), c.top_k, true, xd.get(), n, c.hidden, out.get());
-          const bool tensor_cores =
-              be == gpu.get() && n * c.top_k >= cuda_tools::moe_tensor_core_min_pairs(dt);
+          const bool tensor_cores = be == gpu.get() && n * c.top_k >= cuda_tools::moe_tensor_core_min_pairs();
           // FP8 in whole 128x128 blocks: the activations are quantized to e4m3 as well (FP8 x FP8 MMA).
           const bool fp8_blocks = dt == DType::F8_E4M3 && c.hidden % 128 == 0 && c.inter % 128 == 0;
           const bool fp8_activations = tensor_cores && fp8_blocks;
-          // The mid-size MMA items of 16 (bf16 or FP8 weights in whole 128-column chunks, from 6 pairs per
-          // expert, cuda::moe_tile) round the activations to bf16 once, outside exact mode.
+          // The MMA work items (bf16 or FP8 weights in whole 128-column chunks, past one row per item: more
+          // than 2E/8 pairs, cuda::moe_tile) round the activations to bf16 once, outside exact mode.
           const bool chunks = c.hidden % 128 == 0 && c.inter % 128 == 0 && (dt == DType::BF16 || fp8_blocks);
-          const bool bf16_activations = tensor_cores || (be == gpu.get() && chunks && n * c.top_k >= 6 * c.E);
+          const bool bf16_activations =
+              tensor_cores || (be == gpu.get() && chunks && n * c.top_k > 2 * c.E / 8);
           EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref), fp8_activations    ? kFp8Activations
                                                                          : bf16_activations ? kBf16
                                                                                             : 1e-4)
