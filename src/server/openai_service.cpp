@@ -213,6 +213,8 @@ Reply OpenAiService::route(HttpRequest& req) {
   } else if (p == "/v1/responses") {
     method_is("POST");
     return responses(req);
+  } else if (p.starts_with("/v1/responses/")) {
+    r.response = stored_response_request(response_store_, req, std::string_view(p).substr(14));
   } else if (p == "/v1/messages") {
     method_is("POST");
     return messages(req);
@@ -353,7 +355,8 @@ std::optional<HttpResponse> OpenAiService::preflight(const HttpRequest& req) con
     return r;
   }
   r.body = "OK";
-  r.headers = {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"}, {"Access-Control-Max-Age", "600"}};
+  r.headers = {{"Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS"},
+               {"Access-Control-Max-Age", "600"}};
   // Any header may be sent (vLLM allows "*"), so the ones the browser asks for are granted.
   if (auto asked = req.header("access-control-request-headers"); !asked.empty()) {
     r.headers.emplace_back("Access-Control-Allow-Headers", std::string(asked));

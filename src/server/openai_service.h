@@ -1,8 +1,8 @@
 #pragma once
 // The OpenAI-compatible API over one engine: routing, API-key auth, CORS, readiness and draining, the simple
 // endpoints (/health, /ping, /v1/models, /get_model_info, /metrics, /version, /tokenize, /detokenize,
-// /reset_prefix_cache), and generation requests (/v1/completions, /v1/chat/completions, /health_generate)
-// handed to GenerationJob.
+// /reset_prefix_cache, the stored responses of /v1/responses/{id}), and generation requests (/v1/completions,
+// /v1/chat/completions, /v1/responses, /v1/messages, /health_generate) handed to GenerationJob.
 
 #include <atomic>
 #include <chrono>
@@ -165,7 +165,7 @@ class OpenAiService {
   std::mutex token_bytes_mutex_;
   std::shared_ptr<const TokenBytes> token_bytes_;
 
-  ResponseStore response_store_;  // previous_response_id
+  ResponseStore response_store_;  // /v1/responses/{id} and previous_response_id
 
   std::mutex jobs_mutex_;
   std::vector<std::weak_ptr<GenerationJob>> jobs_;

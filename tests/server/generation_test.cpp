@@ -288,6 +288,65 @@ TEST(Generation, ResponsesLogprobsCoverTheAnswersText) {
   EXPECT_EQ(bad.status, 400) << bad.body;
 }
 
+// The stored responses: GET returns the object the client received (whole or the stream's final one),
+// input_items lists the items that produced it (a continuation's include the earlier turns' input and
+// output), DELETE forgets it, and store: false keeps nothing.
+TEST(Generation, StoredResponsesAreRetrievedListedAndDeleted) {
+  Server s(kThinkingTail, "The user greets me.\n</think>\n\nHello there!");
+  auto get = [&](const std::string& path, int status) {
+    auto r = s.harness->get(path);
+    EXPECT_EQ(r.status, status) << path << ": " << r.body;
+    return json::parse(r.body, nullptr, false);
+  };
+  const json first = s.post("/v1/responses", {{"model", "scripted"}, {"input", "Hi!"}});
+  const std::string id = first["id"];
+  EXPECT_EQ(get("/v1/responses/" + id, 200), first);
+  const json items = get("/v1/responses/" + id + "/input_items", 200);
+  ASSERT_EQ(items["data"].size(), 1u) << items.dump();
+  EXPECT_EQ(items["data"][0]["role"], "user");
+  EXPECT_EQ(items["data"][0]["content"], json::parse(R"([{"type":"input_text","text":"Hi!"}])"));
+  EXPECT_EQ(items["first_id"], items["data"][0]["id"]);
+
+  // A continuation, streamed: its stored object is the final event's.
+  auto [events, done] = s.stream("/v1/responses", {{"model", "scripted"},
+                                                   {"previous_response_id", id},
+                                                   {"input", {{{"role", "user"}, {"content", "Again"}}}}});
+  ASSERT_FALSE(events.empty());
+  const json second = events.back()["response"];
+  EXPECT_EQ(events.back()["type"], "response.completed");
+  EXPECT_EQ(get("/v1/responses/" + second["id"].get<std::string>(), 200), second);
+  // Oldest first: the first turn's input, its output (reasoning and message items, their ids), this input.
+  const json chain = get("/v1/responses/" + second["id"].get<std::string>() + "/input_items?order=asc", 200);
+  ASSERT_EQ(chain["data"].size(), 4u) << chain.dump();
+  EXPECT_EQ(chain["data"][0], items["data"][0]);
+  EXPECT_EQ(chain["data"][1], first["output"][0]);
+  EXPECT_EQ(chain["data"][2], first["output"][1]);
+  EXPECT_EQ(chain["data"][3]["content"][0]["text"], "Again");
+  std::set<std::string> ids;
+  for (const json& item : chain["data"]) ids.insert(item["id"].get<std::string>());
+  EXPECT_EQ(ids.size(), 4u);
+
+  // Deleted: gone for GET, for a second DELETE and for previous_response_id.
+  Connection c(s.harness->port());
+  auto deleted = c.roundtrip("DELETE", "/v1/responses/" + id);
+  EXPECT_EQ(deleted.status, 200) << deleted.body;
+  EXPECT_EQ(json::parse(deleted.body), (json{{"id", id}, {"object", "response"}, {"deleted", true}}));
+  EXPECT_EQ(get("/v1/responses/" + id, 404)["error"]["param"], "response_id");
+  EXPECT_EQ(Connection(s.harness->port()).roundtrip("DELETE", "/v1/responses/" + id).status, 404);
+  auto continued = s.harness->post(
+      "/v1/responses", json{{"model", "scripted"}, {"previous_response_id", id}, {"input", "x"}}.dump());
+  EXPECT_EQ(continued.status, 404) << continued.body;
+
+  // store: false answers as usual and keeps nothing.
+  const json unstored = s.post("/v1/responses", {{"model", "scripted"}, {"input", "Hi!"}, {"store", false}});
+  EXPECT_EQ(unstored["store"], false);
+  get("/v1/responses/" + unstored["id"].get<std::string>(), 404);
+  get("/v1/responses/" + unstored["id"].get<std::string>() + "/input_items", 404);
+  // A stored foreground response cannot be cancelled (only background ones can).
+  auto cancel = s.harness->post("/v1/responses/" + second["id"].get<std::string>() + "/cancel", "");
+  EXPECT_EQ(cancel.status, 400) << cancel.body;
+}
+
 // Structured output with a reasoning model: the reasoning is free, the JSON constraint starts at </think>, so
 // the content is a document of the schema although the script goes on in prose.
 TEST(Generation, JsonSchemaAppliesAfterTheReasoning) {
