@@ -218,6 +218,9 @@ Reply OpenAiService::route(HttpRequest& req) {
   } else if (p == "/v1/messages") {
     method_is("POST");
     return messages(req);
+  } else if (p == "/v1/messages/count_tokens") {
+    method_is("POST");
+    r.response = count_message_tokens(req);
   } else if (p == "/tokenize" || p == "/v1/tokenize") {
     method_is("POST");
     r.response = tokenize(req);
@@ -559,18 +562,33 @@ Reply OpenAiService::responses(HttpRequest& req) {
   return start_job(std::move(spec));
 }
 
-JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
+OpenAiService::ChatPrompt OpenAiService::chat_prompt(const ChatRequest& cr) {
   note_ignored(cr.ignored);
   check_model(cr.model);
   const ServedModel model = served();
   check_chat_template(model);
-  bool tools_on = cr.tool_choice != ToolChoice::kNone;
-  check_tool_calls(model, tools_on);
-  std::string forced_prefix;
-  std::string prompt = render_chat(cr, &forced_prefix);
+  check_tool_calls(model, cr.tool_choice != ToolChoice::kNone);
+  ChatPrompt p;
+  p.text = render_chat(cr, &p.forced_prefix);
+  p.ids = encode(p.text + p.forced_prefix, /*add_special_tokens=*/false, "messages");
+  if (!cr.images.empty()) p.images = load_images(cr.images, p.ids);
+  return p;
+}
+
+HttpResponse OpenAiService::count_message_tokens(HttpRequest& req) {
+  ChatRequest cr = parse_messages_request(req.body, MessagesBody::kCountTokens);
+  return json_response({{"input_tokens", chat_prompt(cr).ids.size()}});
+}
+
+JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
+  const ServedModel model = served();
+  const bool tools_on = cr.tool_choice != ToolChoice::kNone;
+  ChatPrompt chat = chat_prompt(cr);
+  const std::string& prompt = chat.text;
+  const std::string& forced_prefix = chat.forced_prefix;
   JobSpec spec = new_spec(JobSpec::Kind::kChat, id_prefix);
-  spec.prompts.push_back(encode(prompt + forced_prefix, /*add_special_tokens=*/false, "messages"));
-  if (!cr.images.empty()) spec.images = load_images(cr.images, spec.prompts[0]);
+  spec.prompts.push_back(std::move(chat.ids));
+  spec.images = std::move(chat.images);
   spec.snapshot_hint = turn_boundary(spec.prompts[0]);
   spec.prompt_texts.push_back(prompt + forced_prefix);
   spec.assistant_prefix = forced_prefix;

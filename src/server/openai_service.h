@@ -2,7 +2,8 @@
 // The OpenAI-compatible API over one engine: routing, API-key auth, CORS, readiness and draining, the simple
 // endpoints (/health, /ping, /v1/models, /get_model_info, /metrics, /version, /tokenize, /detokenize,
 // /reset_prefix_cache, the stored responses of /v1/responses/{id}), and generation requests (/v1/completions,
-// /v1/chat/completions, /v1/responses, /v1/messages, /health_generate) handed to GenerationJob.
+// /v1/chat/completions, /v1/responses, /v1/messages, /health_generate) handed to GenerationJob, and
+// Anthropic's token count (/v1/messages/count_tokens).
 
 #include <atomic>
 #include <chrono>
@@ -118,6 +119,17 @@ class OpenAiService {
   Reply chat_completions(HttpRequest& request);
   Reply responses(HttpRequest& request);
   Reply messages(HttpRequest& request);
+  // A chat request's prompt, after the checks every chat path makes (model, template, tool parser): the
+  // rendered text, the opening written to force a tool call (tool_choice "required" or a named function),
+  // and the token ids of both, images expanded.
+  struct ChatPrompt {
+    std::string text, forced_prefix;
+    std::vector<int32_t> ids;
+    std::shared_ptr<const PromptImages> images;
+  };
+  ChatPrompt chat_prompt(const ChatRequest& request);
+  // POST /v1/messages/count_tokens: the prompt tokens /v1/messages counts as usage.input_tokens.
+  HttpResponse count_message_tokens(HttpRequest& request);
   // A chat request's job (tokenized prompt, parameters, parsers, constraint); its id starts with id_prefix.
   JobSpec chat_job(ChatRequest& request, const char* id_prefix);
   // A job of `kind` arriving now, its id `id_prefix` and a random part.

@@ -347,6 +347,40 @@ TEST(Generation, StoredResponsesAreRetrievedListedAndDeleted) {
   EXPECT_EQ(cancel.status, 400) << cancel.body;
 }
 
+// Anthropic's count_tokens: the prompt /v1/messages generates from (system, tools, thinking switch, a forced
+// call's opening), counted as that request's usage.input_tokens, without max_tokens; the same checks.
+TEST(Generation, MessagesCountTokensIsTheUsageOfTheSameRequest) {
+  Server s(kThinkingTail, "The user greets me.\n</think>\n\nHello there!");
+  const json tool = {
+      {"name", "get_weather"},
+      {"input_schema", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}};
+  const json user = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+  std::vector<json> prompts = {
+      {{"messages", user}},
+      {{"system", "Be brief."}, {"messages", user}, {"thinking", {{"type", "disabled"}}}},
+      {{"messages", user}, {"tools", {tool}}},
+      {{"messages", user}, {"tools", {tool}}, {"tool_choice", {{"type", "any"}}}},
+  };
+  std::set<int64_t> counts;
+  for (json prompt : prompts) {
+    prompt["model"] = "scripted";
+    json counted = s.post("/v1/messages/count_tokens", prompt);
+    ASSERT_TRUE(counted.contains("input_tokens")) << counted.dump();
+    json request = prompt;
+    request["max_tokens"] = 4;
+    json answered = s.post("/v1/messages", request);
+    EXPECT_EQ(counted["input_tokens"], answered["usage"]["input_tokens"]) << prompt.dump();
+    counts.insert(counted["input_tokens"].get<int64_t>());
+  }
+  EXPECT_EQ(counts.size(), prompts.size());  // each field counts
+
+  auto bad = s.harness->post("/v1/messages/count_tokens", json{{"messages", json::array()}}.dump());
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  bad = s.harness->post("/v1/messages/count_tokens", json{{"model", "other"}, {"messages", user}}.dump());
+  EXPECT_EQ(bad.status, 404) << bad.body;
+  EXPECT_EQ(s.harness->get("/v1/messages/count_tokens").status, 405);
+}
+
 // Structured output with a reasoning model: the reasoning is free, the JSON constraint starts at </think>, so
 // the content is a document of the schema although the script goes on in prose.
 TEST(Generation, JsonSchemaAppliesAfterTheReasoning) {
