@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "engine/json_constraint.h"
 #include "server/api_error.h"
+#include "server/generate_api.h"
 #include "server/messages_api.h"
 #include "server/request_checks.h"
 #include "server/responses_api.h"
@@ -221,6 +222,9 @@ Reply OpenAiService::route(HttpRequest& req) {
   } else if (p == "/v1/messages/count_tokens") {
     method_is("POST");
     r.response = count_message_tokens(req);
+  } else if (p == "/generate") {
+    method_is("POST");
+    return generate(req);
   } else if (p == "/tokenize" || p == "/v1/tokenize") {
     method_is("POST");
     r.response = tokenize(req);
@@ -493,11 +497,25 @@ Reply OpenAiService::start_job(JobSpec spec) {
 
 Reply OpenAiService::completions(HttpRequest& req) {
   CompletionRequest cr = parse_completion_request(req.body);
+  return start_job(
+      completion_job(cr, JobSpec::Kind::kCompletion, "cmpl-", options_.default_completion_max_tokens));
+}
+
+Reply OpenAiService::generate(HttpRequest& req) {
+  GenerateRequest gr = parse_generate_request(req.body);
+  JobSpec spec =
+      completion_job(gr.completion, JobSpec::Kind::kGenerate, "generate-", kGenerateDefaultMaxNewTokens);
+  spec.generate = std::move(gr.options);
+  return start_job(std::move(spec));
+}
+
+JobSpec OpenAiService::completion_job(CompletionRequest& cr, JobSpec::Kind kind, const char* id_prefix,
+                                      int default_max_tokens) {
   note_ignored(cr.ignored);
   check_model(cr.model);
   const ServedModel model = served();
   if (!cr.sampling.stop.empty()) check_tokenizer(model, "stop");
-  JobSpec spec = new_spec(JobSpec::Kind::kCompletion, "cmpl-");
+  JobSpec spec = new_spec(kind, id_prefix);
   for (auto& prompt : cr.prompts) {
     if (auto* text = std::get_if<std::string>(&prompt)) {
       spec.prompts.push_back(encode(*text, true, "prompt"));
@@ -514,9 +532,9 @@ Reply OpenAiService::completions(HttpRequest& req) {
   options_.sampling_defaults.apply(cr.sampling);
   spec.params = to_engine(cr.sampling);
   if (!explicit_max_tokens) {
-    // The OpenAI default of 16, clipped to the room the longest prompt leaves (an explicit max_tokens over
-    // the context is an error instead).
-    int64_t max_tokens = options_.default_completion_max_tokens;
+    // The API's default (OpenAI's 16, SGLang's 128), clipped to the room the longest prompt leaves (an
+    // explicit max_tokens over the context is an error instead).
+    int64_t max_tokens = default_max_tokens;
     for (auto& p : spec.prompts) {
       if (model.max_model_len > 0) {
         max_tokens = std::min<int64_t>(max_tokens, model.max_model_len - static_cast<int64_t>(p.size()));
@@ -538,7 +556,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
   spec.echo = cr.echo;
   spec.return_token_ids = cr.return_token_ids;
   spec.logprobs = cr.logprobs;
-  return start_job(std::move(spec));
+  return spec;
 }
 
 Reply OpenAiService::chat_completions(HttpRequest& req) {

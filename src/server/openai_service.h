@@ -116,6 +116,11 @@ class OpenAiService {
   void check_model(const std::optional<std::string>& model) const;
   void check_generation_ready() const;
   Reply completions(HttpRequest& request);
+  Reply generate(HttpRequest& request);  // SGLang's /generate
+  // A completion request's job (tokenized prompts, parameters); its id starts with id_prefix, and without a
+  // max_tokens it generates up to default_max_tokens.
+  JobSpec completion_job(CompletionRequest& request, JobSpec::Kind kind, const char* id_prefix,
+                         int default_max_tokens);
   Reply chat_completions(HttpRequest& request);
   Reply responses(HttpRequest& request);
   Reply messages(HttpRequest& request);

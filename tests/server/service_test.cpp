@@ -79,6 +79,7 @@ TEST(Service, ApiKeyGuardsTheApiButNotHealthOrMetrics) {
   EXPECT_EQ(testing_http::Connection(h.port()).roundtrip("DELETE", "/v1/responses/resp_x").status, 401);
   EXPECT_EQ(h.get("/v1/responses/resp_x/input_items").status, 401);
   EXPECT_EQ(h.get("/v1/responses/resp_x", {"Authorization: Bearer sk-secret"}).status, 404);
+  EXPECT_EQ(h.post("/generate", R"({"text":"x"})").status, 401);  // SGLang's, outside /v1/
   EXPECT_EQ(h.get("/health").status, 200);
   EXPECT_EQ(h.get("/v1/health").status, 200);
   EXPECT_EQ(h.get("/metrics").status, 200);
