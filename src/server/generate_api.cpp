@@ -4,10 +4,10 @@
 
 #include <chrono>
 #include <map>
+#include <string>
 
 #include "server/api_error.h"
 #include "server/body_fields.h"
-#include "text/tokenizer.h"
 
 namespace moeserve::server {
 
@@ -15,35 +15,37 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-// SGLang's sampling_params -> the completion request's field (the same name where it is not listed).
-const std::map<std::string, std::string, std::less<>> kRenamed = {
+// SGLang's sampling_params -> the completion request's fields.
+const std::map<std::string, std::string, std::less<>> kSamplingFields = {
     {"max_new_tokens", "max_tokens"},
     {"min_new_tokens", "min_tokens"},
+    {"no_stop_trim", "include_stop_str_in_output"},
     {"sampling_seed", "seed"},
-    {"no_stop_trim", "include_stop_str_in_output"}};
-constexpr const char* kSameName[] = {"temperature",
-                                     "top_p",
-                                     "top_k",
-                                     "min_p",
-                                     "frequency_penalty",
-                                     "presence_penalty",
-                                     "repetition_penalty",
-                                     "stop",
-                                     "stop_token_ids",
-                                     "ignore_eos",
-                                     "skip_special_tokens",
-                                     "n",
-                                     "logit_bias",
-                                     "regex",
-                                     "seed"};
+    {"seed", "seed"},
+    {"temperature", "temperature"},
+    {"top_p", "top_p"},
+    {"top_k", "top_k"},
+    {"min_p", "min_p"},
+    {"frequency_penalty", "frequency_penalty"},
+    {"presence_penalty", "presence_penalty"},
+    {"repetition_penalty", "repetition_penalty"},
+    {"stop", "stop"},
+    {"stop_token_ids", "stop_token_ids"},
+    {"ignore_eos", "ignore_eos"},
+    {"skip_special_tokens", "skip_special_tokens"},
+    {"n", "n"},
+    {"logit_bias", "logit_bias"},
+    {"regex", "regex"},
+    // SGLang takes the schema as a JSON string, as vLLM's guided_json may be: that rule parses it (within
+    // the JSON limits) and compiles it.
+    {"json_schema", "guided_json"},
+};
 
 // The completion field's name as the /generate client wrote it, for an error from the completion rules.
 std::string generate_param(const std::string& completion_param) {
-  for (const auto& [sglang, completion] : kRenamed)
+  if (kSamplingFields.contains(completion_param)) return "sampling_params." + completion_param;
+  for (const auto& [sglang, completion] : kSamplingFields)
     if (completion == completion_param) return "sampling_params." + sglang;
-  for (const char* same : kSameName)
-    if (completion_param == same) return "sampling_params." + completion_param;
-  if (completion_param == "response_format") return "sampling_params.json_schema";
   if (completion_param == "logprobs") return "top_logprobs_num";
   if (completion_param == "prompt_logprobs") return "logprob_start_len";
   return completion_param;
@@ -59,18 +61,10 @@ void translate_sampling(const json& params, json& completion) {
   if (!params.is_object()) throw invalid_param("sampling_params", "must be an object");
   for (const auto& [key, value] : params.items()) {
     if (value.is_null()) continue;  // SGLang's unset
-    if (auto renamed = kRenamed.find(key); renamed != kRenamed.end()) {
-      completion[renamed->second] = value;
-    } else if (std::find(std::begin(kSameName), std::end(kSameName), key) != std::end(kSameName)) {
-      completion[key] = value;
-    } else if (key == "json_schema") {
-      // SGLang takes the schema as a JSON string.
-      if (!value.is_string()) throw invalid_param("sampling_params.json_schema", "must be a JSON string");
-      json schema = json::parse(value.get<std::string>(), nullptr, false);
-      if (schema.is_discarded() || !schema.is_object())
-        throw invalid_param("sampling_params.json_schema", "is not a JSON object");
-      completion["response_format"] = {
-          {"type", "json_schema"}, {"json_schema", {{"name", "generate"}, {"schema", std::move(schema)}}}};
+    if (key == "json_schema" && !value.is_string()) {
+      throw invalid_param("sampling_params.json_schema", "must be a JSON string");
+    } else if (auto field = kSamplingFields.find(key); field != kSamplingFields.end()) {
+      completion[field->second] = value;
     } else if (key == "spaces_between_special_tokens") {
       // Byte-level BPE decodes special tokens without spaces either way (as Hugging Face's fast tokenizers).
       if (!value.is_boolean()) throw invalid_param("sampling_params." + key, "must be a boolean");

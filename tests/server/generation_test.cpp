@@ -311,6 +311,15 @@ TEST(Generation, SglangGenerateRefusesWhatItCannotApply) {
   EXPECT_EQ(error_param({{"input_ids", {-1}}}), "input_ids");
   EXPECT_EQ(error_param({{"text", kPrompt}, {"return_logprob", true}, {"top_logprobs_num", 99}}),
             "top_logprobs_num");
+  // The schema string is parsed within the JSON limits: 100,000 levels are a 400, not a stack overflow.
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", {{"json_schema", deep}}}}),
+            "sampling_params.json_schema");
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", {{"json_schema", "{\"type\": \"strin"}}}}),
+            "sampling_params.json_schema");
+  EXPECT_EQ(error_param({{"text", kPrompt},
+                         {"sampling_params", {{"json_schema", R"({"type":"string","pattern":"(a)\\1"})"}}}}),
+            "sampling_params.json_schema");
   // A JSON schema (SGLang's string form) constrains the answer (the scripted text is no JSON: the constraint
   // writes it, a valid document once it stops); a regex too.
   json r = s.post(
