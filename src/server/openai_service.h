@@ -94,9 +94,10 @@ class OpenAiService {
   // A 401 for a request without the right key on a path that needs it; nullopt when it may go on.
   std::optional<HttpResponse> check_head(const HttpRequest& head) const;
   // GETs (/health, /metrics, /v1/models, /version) and CORS preflights read no body and do no parsing: they
-  // run inline.
+  // run inline. A stored response's GET writes out a response (or a page of items) that may be megabytes of
+  // JSON: it runs on the request pool.
   static bool runs_inline(const HttpRequest& head) {
-    return head.method == "GET" || head.method == "OPTIONS";
+    return (head.method == "GET" && !head.path.starts_with("/v1/responses/")) || head.method == "OPTIONS";
   }
 
   void set_ready(bool ready) { ready_ = ready; }
