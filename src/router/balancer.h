@@ -105,8 +105,8 @@ struct RouteRequest {
   std::string model;          // "" when the body names none
   std::vector<uint32_t> key;  // cache_aware: bytes of the rendered text or token ids; empty when none
   std::string session;        // affinity key (X-Session-ID or "user"); "" when none
-  // The Responses API's previous_response_id: the backend that produced that response holds it, and no
-  // other; "" when none.
+  // The Responses API's previous_response_id, or the id in a /v1/responses/{id} path: the backend that
+  // produced that response holds it, and no other; "" when none.
   std::string previous_response;
 };
 

@@ -949,6 +949,8 @@ struct Router::Impl {
       co_return co_await send_local(client, http::status::bad_request, client_version, client_keep_alive,
                                     error_json(invalid, "invalid_request_error", 400));
     }
+    // A stored response read, listed, deleted or cancelled: the node that made it holds it.
+    if (auto id = response_id_in_path(request.target())) route.previous_response = std::move(*id);
 
     std::string original_target(request.target());
     for (auto field :

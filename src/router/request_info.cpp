@@ -137,6 +137,16 @@ std::optional<std::string> response_id_in(std::string_view head) {
   return std::nullopt;
 }
 
+std::optional<std::string> response_id_in_path(std::string_view target) {
+  constexpr std::string_view kPrefix = "/v1/responses/";
+  std::string_view path = target.substr(0, target.find('?'));
+  if (!path.starts_with(kPrefix)) return std::nullopt;
+  path.remove_prefix(kPrefix.size());
+  const std::string_view id = path.substr(0, path.find('/'));
+  if (id.empty()) return std::nullopt;
+  return std::string(id);
+}
+
 ReportedLoad parse_reported_load(std::string_view text) {
   static constexpr std::string_view kRequestGauges[] = {
       "moeserve:num_requests_running", "moeserve:num_requests_waiting", "vllm:num_requests_running",

@@ -45,6 +45,11 @@ RouteRequest describe_request(std::string_view body, std::string_view session_he
 // bytes hold none (yet).
 std::optional<std::string> response_id_in(std::string_view body_head);
 
+// The response id a request to the stored responses names in its path (GET or DELETE /v1/responses/{id},
+// GET .../input_items, POST .../cancel; a query string aside): the node that made the response holds it, so
+// the request routes as a previous_response_id does. nullopt for every other path.
+std::optional<std::string> response_id_in_path(std::string_view target);
+
 struct ReportedLoad {
   double requests = -1;  // running + waiting
   double kv_usage = -1;  // 0..1

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "server/api_error.h"
+#include "server/generate_api.h"
 #include "server/messages_api.h"
 #include "server/responses_api.h"
 #include "text/tokenizer.h"
@@ -292,6 +293,8 @@ std::unique_ptr<ResponseEncoder> make_encoder(const EncoderContext& ctx) {
       return make_responses_encoder(ctx);
     case JobSpec::Kind::kMessages:
       return make_messages_encoder(ctx);
+    case JobSpec::Kind::kGenerate:
+      return make_generate_encoder(ctx);
   }
   return nullptr;
 }

@@ -19,9 +19,18 @@ namespace moeserve::server {
 struct ResponsesRequest;
 class ResponseStore;
 
+// SGLang's /generate (server/generate_api.h): how its answer is written.
+struct GenerateOptions {
+  bool batch = false;              // the prompt was a list: the answer is a list, even of one
+  bool logprobs = false;           // return_logprob
+  bool text_in_logprobs = false;   // return_text_in_logprobs: each logprob entry carries its token's text
+  int64_t logprob_start_len = -1;  // >= 0: the prompt's logprobs from this position on
+  std::string rid;                 // the client's request id (meta_info.id); "": the job's id
+};
+
 struct JobSpec {
-  enum class Kind { kCompletion, kChat, kResponses, kMessages } kind = Kind::kCompletion;
-  std::string id;  // cmpl-... / chatcmpl-... / resp_... / msg_...
+  enum class Kind { kCompletion, kChat, kResponses, kMessages, kGenerate } kind = Kind::kCompletion;
+  std::string id;  // cmpl-... / chatcmpl-... / resp_... / msg_... / generate-...
   int64_t created = 0;
   Clock::time_point arrival;
   std::chrono::milliseconds queue_timeout{0};
@@ -50,6 +59,7 @@ struct JobSpec {
   // Responses API: the request's echoed fields and conversation, and where the answer is kept.
   std::shared_ptr<const ResponsesRequest> responses;
   ResponseStore* response_store = nullptr;
+  GenerateOptions generate;  // kGenerate
 };
 
 }  // namespace moeserve::server

@@ -92,7 +92,7 @@ void append_message(const json& m, const std::string& p, json& out) {
 
 }  // namespace
 
-ChatRequest parse_messages_request(std::string_view body) {
+ChatRequest parse_messages_request(std::string_view body, MessagesBody use) {
   json j = parse_json_object(body);
   json chat = json::object();
   json messages = json::array();
@@ -105,13 +105,16 @@ ChatRequest parse_messages_request(std::string_view body) {
   for (size_t i = 0; i < list->size(); ++i)
     append_message((*list)[i], fmt::format("messages[{}]", i), messages);
   chat["messages"] = std::move(messages);
-  // Anthropic requires max_tokens; a request without one is answered as the API would.
-  if (!present(j, "max_tokens")) throw invalid_param("max_tokens", "is required");
-  chat["max_tokens"] = j["max_tokens"];
-  for (const char* key : {"model", "temperature", "top_p", "top_k", "stream"}) {
-    if (const json* v = present(j, key)) chat[key] = *v;
+  if (const json* v = present(j, "model")) chat["model"] = *v;
+  if (use == MessagesBody::kCreate) {
+    // Anthropic requires max_tokens; a request without one is answered as the API would.
+    if (!present(j, "max_tokens")) throw invalid_param("max_tokens", "is required");
+    chat["max_tokens"] = j["max_tokens"];
+    for (const char* key : {"temperature", "top_p", "top_k", "stream"}) {
+      if (const json* v = present(j, key)) chat[key] = *v;
+    }
+    if (const json* v = present(j, "stop_sequences")) chat["stop"] = *v;
   }
-  if (const json* v = present(j, "stop_sequences")) chat["stop"] = *v;
   if (const json* v = present(j, "tools")) {
     if (!v->is_array()) throw invalid_param("tools", "must be an array");
     json tools = json::array();

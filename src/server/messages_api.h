@@ -11,8 +11,12 @@
 
 namespace moeserve::server {
 
+// What a Messages body is for: a message to create, or POST /v1/messages/count_tokens (the same prompt
+// fields; max_tokens is not required and sampling is not read).
+enum class MessagesBody { kCreate, kCountTokens };
+
 // Throws ApiError 400 naming the field.
-ChatRequest parse_messages_request(std::string_view body);
+ChatRequest parse_messages_request(std::string_view body, MessagesBody use = MessagesBody::kCreate);
 
 // The encoder of kMessages jobs.
 std::unique_ptr<ResponseEncoder> make_messages_encoder(const EncoderContext& ctx);

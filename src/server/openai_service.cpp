@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "engine/json_constraint.h"
 #include "server/api_error.h"
+#include "server/generate_api.h"
 #include "server/messages_api.h"
 #include "server/request_checks.h"
 #include "server/responses_api.h"
@@ -213,9 +214,17 @@ Reply OpenAiService::route(HttpRequest& req) {
   } else if (p == "/v1/responses") {
     method_is("POST");
     return responses(req);
+  } else if (p.starts_with("/v1/responses/")) {
+    r.response = stored_response_request(response_store_, req, std::string_view(p).substr(14));
   } else if (p == "/v1/messages") {
     method_is("POST");
     return messages(req);
+  } else if (p == "/v1/messages/count_tokens") {
+    method_is("POST");
+    r.response = count_message_tokens(req);
+  } else if (p == "/generate") {
+    method_is("POST");
+    return generate(req);
   } else if (p == "/tokenize" || p == "/v1/tokenize") {
     method_is("POST");
     r.response = tokenize(req);
@@ -353,7 +362,8 @@ std::optional<HttpResponse> OpenAiService::preflight(const HttpRequest& req) con
     return r;
   }
   r.body = "OK";
-  r.headers = {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"}, {"Access-Control-Max-Age", "600"}};
+  r.headers = {{"Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS"},
+               {"Access-Control-Max-Age", "600"}};
   // Any header may be sent (vLLM allows "*"), so the ones the browser asks for are granted.
   if (auto asked = req.header("access-control-request-headers"); !asked.empty()) {
     r.headers.emplace_back("Access-Control-Allow-Headers", std::string(asked));
@@ -487,11 +497,25 @@ Reply OpenAiService::start_job(JobSpec spec) {
 
 Reply OpenAiService::completions(HttpRequest& req) {
   CompletionRequest cr = parse_completion_request(req.body);
+  return start_job(
+      completion_job(cr, JobSpec::Kind::kCompletion, "cmpl-", options_.default_completion_max_tokens));
+}
+
+Reply OpenAiService::generate(HttpRequest& req) {
+  GenerateRequest gr = parse_generate_request(req.body);
+  JobSpec spec =
+      completion_job(gr.completion, JobSpec::Kind::kGenerate, "generate-", kGenerateDefaultMaxNewTokens);
+  spec.generate = std::move(gr.options);
+  return start_job(std::move(spec));
+}
+
+JobSpec OpenAiService::completion_job(CompletionRequest& cr, JobSpec::Kind kind, const char* id_prefix,
+                                      int default_max_tokens) {
   note_ignored(cr.ignored);
   check_model(cr.model);
   const ServedModel model = served();
   if (!cr.sampling.stop.empty()) check_tokenizer(model, "stop");
-  JobSpec spec = new_spec(JobSpec::Kind::kCompletion, "cmpl-");
+  JobSpec spec = new_spec(kind, id_prefix);
   for (auto& prompt : cr.prompts) {
     if (auto* text = std::get_if<std::string>(&prompt)) {
       spec.prompts.push_back(encode(*text, true, "prompt"));
@@ -508,9 +532,9 @@ Reply OpenAiService::completions(HttpRequest& req) {
   options_.sampling_defaults.apply(cr.sampling);
   spec.params = to_engine(cr.sampling);
   if (!explicit_max_tokens) {
-    // The OpenAI default of 16, clipped to the room the longest prompt leaves (an explicit max_tokens over
-    // the context is an error instead).
-    int64_t max_tokens = options_.default_completion_max_tokens;
+    // The API's default (OpenAI's 16, SGLang's 128), clipped to the room the longest prompt leaves (an
+    // explicit max_tokens over the context is an error instead).
+    int64_t max_tokens = default_max_tokens;
     for (auto& p : spec.prompts) {
       if (model.max_model_len > 0) {
         max_tokens = std::min<int64_t>(max_tokens, model.max_model_len - static_cast<int64_t>(p.size()));
@@ -532,7 +556,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
   spec.echo = cr.echo;
   spec.return_token_ids = cr.return_token_ids;
   spec.logprobs = cr.logprobs;
-  return start_job(std::move(spec));
+  return spec;
 }
 
 Reply OpenAiService::chat_completions(HttpRequest& req) {
@@ -556,18 +580,33 @@ Reply OpenAiService::responses(HttpRequest& req) {
   return start_job(std::move(spec));
 }
 
-JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
+OpenAiService::ChatPrompt OpenAiService::chat_prompt(const ChatRequest& cr) {
   note_ignored(cr.ignored);
   check_model(cr.model);
   const ServedModel model = served();
   check_chat_template(model);
-  bool tools_on = cr.tool_choice != ToolChoice::kNone;
-  check_tool_calls(model, tools_on);
-  std::string forced_prefix;
-  std::string prompt = render_chat(cr, &forced_prefix);
+  check_tool_calls(model, cr.tool_choice != ToolChoice::kNone);
+  ChatPrompt p;
+  p.text = render_chat(cr, &p.forced_prefix);
+  p.ids = encode(p.text + p.forced_prefix, /*add_special_tokens=*/false, "messages");
+  if (!cr.images.empty()) p.images = load_images(cr.images, p.ids);
+  return p;
+}
+
+HttpResponse OpenAiService::count_message_tokens(HttpRequest& req) {
+  ChatRequest cr = parse_messages_request(req.body, MessagesBody::kCountTokens);
+  return json_response({{"input_tokens", chat_prompt(cr).ids.size()}});
+}
+
+JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
+  const ServedModel model = served();
+  const bool tools_on = cr.tool_choice != ToolChoice::kNone;
+  ChatPrompt chat = chat_prompt(cr);
+  const std::string& prompt = chat.text;
+  const std::string& forced_prefix = chat.forced_prefix;
   JobSpec spec = new_spec(JobSpec::Kind::kChat, id_prefix);
-  spec.prompts.push_back(encode(prompt + forced_prefix, /*add_special_tokens=*/false, "messages"));
-  if (!cr.images.empty()) spec.images = load_images(cr.images, spec.prompts[0]);
+  spec.prompts.push_back(std::move(chat.ids));
+  spec.images = std::move(chat.images);
   spec.snapshot_hint = turn_boundary(spec.prompts[0]);
   spec.prompt_texts.push_back(prompt + forced_prefix);
   spec.assistant_prefix = forced_prefix;

@@ -1,8 +1,9 @@
 #pragma once
 // The OpenAI-compatible API over one engine: routing, API-key auth, CORS, readiness and draining, the simple
 // endpoints (/health, /ping, /v1/models, /get_model_info, /metrics, /version, /tokenize, /detokenize,
-// /reset_prefix_cache), and generation requests (/v1/completions, /v1/chat/completions, /health_generate)
-// handed to GenerationJob.
+// /reset_prefix_cache, the stored responses of /v1/responses/{id}), and generation requests (/v1/completions,
+// /v1/chat/completions, /v1/responses, /v1/messages, /health_generate) handed to GenerationJob, and
+// Anthropic's token count (/v1/messages/count_tokens).
 
 #include <atomic>
 #include <chrono>
@@ -93,9 +94,10 @@ class OpenAiService {
   // A 401 for a request without the right key on a path that needs it; nullopt when it may go on.
   std::optional<HttpResponse> check_head(const HttpRequest& head) const;
   // GETs (/health, /metrics, /v1/models, /version) and CORS preflights read no body and do no parsing: they
-  // run inline.
+  // run inline. A stored response's GET writes out a response (or a page of items) that may be megabytes of
+  // JSON: it runs on the request pool.
   static bool runs_inline(const HttpRequest& head) {
-    return head.method == "GET" || head.method == "OPTIONS";
+    return (head.method == "GET" && !head.path.starts_with("/v1/responses/")) || head.method == "OPTIONS";
   }
 
   void set_ready(bool ready) { ready_ = ready; }
@@ -115,9 +117,25 @@ class OpenAiService {
   void check_model(const std::optional<std::string>& model) const;
   void check_generation_ready() const;
   Reply completions(HttpRequest& request);
+  Reply generate(HttpRequest& request);  // SGLang's /generate
+  // A completion request's job (tokenized prompts, parameters); its id starts with id_prefix, and without a
+  // max_tokens it generates up to default_max_tokens.
+  JobSpec completion_job(CompletionRequest& request, JobSpec::Kind kind, const char* id_prefix,
+                         int default_max_tokens);
   Reply chat_completions(HttpRequest& request);
   Reply responses(HttpRequest& request);
   Reply messages(HttpRequest& request);
+  // A chat request's prompt, after the checks every chat path makes (model, template, tool parser): the
+  // rendered text, the opening written to force a tool call (tool_choice "required" or a named function),
+  // and the token ids of both, images expanded.
+  struct ChatPrompt {
+    std::string text, forced_prefix;
+    std::vector<int32_t> ids;
+    std::shared_ptr<const PromptImages> images;
+  };
+  ChatPrompt chat_prompt(const ChatRequest& request);
+  // POST /v1/messages/count_tokens: the prompt tokens /v1/messages counts as usage.input_tokens.
+  HttpResponse count_message_tokens(HttpRequest& request);
   // A chat request's job (tokenized prompt, parameters, parsers, constraint); its id starts with id_prefix.
   JobSpec chat_job(ChatRequest& request, const char* id_prefix);
   // A job of `kind` arriving now, its id `id_prefix` and a random part.
@@ -165,7 +183,7 @@ class OpenAiService {
   std::mutex token_bytes_mutex_;
   std::shared_ptr<const TokenBytes> token_bytes_;
 
-  ResponseStore response_store_;  // previous_response_id
+  ResponseStore response_store_;  // /v1/responses/{id} and previous_response_id
 
   std::mutex jobs_mutex_;
   std::vector<std::weak_ptr<GenerationJob>> jobs_;

@@ -21,7 +21,7 @@ bool same_secret(std::string_view a, std::string_view b) {
 
 bool path_needs_api_key(std::string_view path) {
   if (path == "/v1/health") return false;
-  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize" ||
+  return path.rfind("/v1/", 0) == 0 || path == "/generate" || path == "/tokenize" || path == "/detokenize" ||
          path == "/reset_prefix_cache" || path == "/flush_cache";
 }
 

@@ -20,7 +20,8 @@
 namespace moeserve::server {
 
 // The paths behind the API key: the whole OpenAI API under /v1/ (unknown paths included, so they reveal
-// nothing either) and the tokenizer and cache endpoints; /health, /metrics and /version stay open.
+// nothing either), SGLang's /generate, and the tokenizer and cache endpoints; /health, /metrics and /version
+// stay open.
 bool path_needs_api_key(std::string_view path);
 
 // nullopt when `head` may go on: no key configured, a path outside the key, a CORS preflight (when CORS is

@@ -11,33 +11,6 @@ namespace moeserve::server {
 
 using json = nlohmann::ordered_json;
 
-void ResponseStore::put(const std::string& id, json messages) {
-  auto stored = std::make_shared<const json>(std::move(messages));
-  size_t bytes = stored->dump(-1, ' ', false, json::error_handler_t::replace).size();
-  std::lock_guard lock(mutex_);
-  if (bytes > max_bytes_) return;  // larger than the whole store: never kept
-  order_.push_back({id, std::move(stored), bytes});
-  by_id_[id] = std::prev(order_.end());
-  bytes_ += bytes;
-  while (order_.size() > max_entries_ || bytes_ > max_bytes_) {
-    bytes_ -= order_.front().bytes;
-    by_id_.erase(order_.front().id);
-    order_.pop_front();
-  }
-}
-
-std::optional<json> ResponseStore::get(const std::string& id) const {
-  std::lock_guard lock(mutex_);
-  auto it = by_id_.find(id);
-  if (it == by_id_.end()) return std::nullopt;
-  return *it->second->messages;
-}
-
-size_t ResponseStore::size() const {
-  std::lock_guard lock(mutex_);
-  return order_.size();
-}
-
 namespace {
 
 // An input message's content: a string, or parts whose text is joined (input_text, output_text), or with
@@ -118,6 +91,31 @@ void append_input(const json& input, json& messages) {
   }
 }
 
+// This request's input as the items the store lists (input_items): a string is one user message, a message's
+// string content one text part, and a client's item id is kept when it is a string (else the store names
+// the item). Runs after append_input has validated the input.
+json input_items_of(const json& input) {
+  json items = json::array();
+  if (input.is_string()) {
+    items.push_back(
+        {{"type", "message"}, {"role", "user"}, {"content", {{{"type", "input_text"}, {"text", input}}}}});
+    return items;
+  }
+  for (const json& given : input) {
+    json item = given;
+    if (!present(item, "type")) item["type"] = "message";
+    if (auto id = item.find("id");
+        id != item.end() && (!id->is_string() || id->get_ref<const std::string&>().empty()))
+      item.erase(id);
+    if (item["type"] == "message" && item["content"].is_string()) {
+      const char* part = item["role"] == "assistant" ? "output_text" : "input_text";
+      item["content"] = json::array({{{"type", part}, {"text", item["content"]}}});
+    }
+    items.push_back(std::move(item));
+  }
+  return items;
+}
+
 json chat_tools(const json& tools) {
   if (!tools.is_array()) throw invalid_param("tools", "must be an array");
   json out = json::array();
@@ -143,6 +141,7 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
   json j = parse_json_object(body);
   ResponsesRequest r;
   json conversation = json::array();
+  json input_items = json::array();
   if (const json* prev = present(j, "previous_response_id")) {
     if (!prev->is_string()) throw invalid_param("previous_response_id", "must be a string");
     auto stored = store.get(prev->get<std::string>());
@@ -154,12 +153,15 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
                       brief(*prev)),
           "invalid_request_error", "previous_response_id");
     }
-    conversation = std::move(*stored);
+    conversation = stored->messages;
+    input_items = stored->input_items;
+    for (const json& item : stored->response.value("output", json::array())) input_items.push_back(item);
     r.previous_response_id = prev->get<std::string>();
   }
   const json* input = present(j, "input");
   if (!input) throw invalid_param("input", "is required");
   append_input(*input, conversation);
+  for (json& item : input_items_of(*input)) input_items.push_back(std::move(item));
   if (const json* s = present(j, "store")) {
     if (!s->is_boolean()) throw invalid_param("store", "must be a boolean");
     r.store = s->get<bool>();
@@ -239,6 +241,7 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
   r.chat = parse_chat_request(chat.dump(-1, ' ', false, json::error_handler_t::replace));
 
   r.conversation = std::move(conversation);
+  r.input_items = std::move(input_items);
   const json* metadata = present(j, "metadata");
   r.echo = {{"instructions", instructions},
             {"max_output_tokens", present(j, "max_output_tokens") ? j["max_output_tokens"] : json(nullptr)},
@@ -306,7 +309,7 @@ class ResponsesEncoder : public ResponseEncoder {
       return out + event("response.failed", {{"response", failed}});
     }
     json done = response_object(status(), items_, true);
-    remember(ctx_.choices.at(0));
+    remember(ctx_.choices.at(0), done);
     return out + event(done["status"] == "completed" ? "response.completed" : "response.incomplete",
                        {{"response", done}});
   }
@@ -338,8 +341,9 @@ class ResponsesEncoder : public ResponseEncoder {
                        {"call_id", call.id},
                        {"name", call.name}});
     }
-    remember(c);
-    return response_object(status(), items, true).dump(-1, ' ', false, json::error_handler_t::replace);
+    json response = response_object(status(), items, true);
+    remember(c, response);
+    return response.dump(-1, ' ', false, json::error_handler_t::replace);
   }
 
  private:
@@ -458,9 +462,25 @@ class ResponsesEncoder : public ResponseEncoder {
     return out;
   }
 
-  // The conversation with this answer, for a later previous_response_id.
-  void remember(const ChoiceOutput& c) {
+  // The response as the client received it, the items that produced it (named here where the client gave no
+  // id) and the conversation with this answer, for GET /v1/responses/{id}, its input_items and a later
+  // previous_response_id.
+  void remember(const ChoiceOutput& c, const json& response) {
     if (!request_.store || !ctx_.spec.response_store) return;
+    StoredResponse stored;
+    stored.response = response;
+    stored.input_items = request_.input_items;
+    for (size_t i = 0; i < stored.input_items.size(); ++i) {
+      json& item = stored.input_items[i];
+      if (item.contains("id")) continue;
+      const std::string type = item.value("type", "");
+      const char* kind = type == "function_call"          ? "fc"
+                         : type == "function_call_output" ? "fco"
+                         : type == "reasoning"            ? "rs"
+                                                          : "msg";
+      // "in" is no hex digit, so these never meet an output item's id (kind, hex, counter).
+      item["id"] = fmt::format("{}_{}in{}", kind, ctx_.spec.id.substr(5), i);
+    }
     const auto& m = c.message();
     json assistant = {{"role", "assistant"}, {"content", m.content}};
     if (!m.tool_calls.empty()) {
@@ -472,9 +492,9 @@ class ResponsesEncoder : public ResponseEncoder {
       }
       assistant["tool_calls"] = std::move(calls);
     }
-    json conversation = request_.conversation;
-    conversation.push_back(std::move(assistant));
-    ctx_.spec.response_store->put(ctx_.spec.id, std::move(conversation));
+    stored.messages = request_.conversation;
+    stored.messages.push_back(std::move(assistant));
+    ctx_.spec.response_store->put(ctx_.spec.id, std::move(stored));
   }
 
   EncoderContext ctx_;

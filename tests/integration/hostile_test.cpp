@@ -101,6 +101,14 @@ std::vector<Poison> poisons() {
                R"({"model":"demo","messages":[{"role":"user","content":)" + arrays + "}]}"});
   p.push_back(
       {"completion prompt", "/v1/completions", R"({"model":"demo","max_tokens":2,"prompt":)" + arrays + "}"});
+  p.push_back({"responses input", "/v1/responses",
+               R"({"model":"demo","max_output_tokens":2,"input":)" + arrays + "}"});
+  p.push_back({"count_tokens messages", "/v1/messages/count_tokens",
+               R"({"model":"demo","messages":[{"role":"user","content":)" + arrays + "}]}"});
+  p.push_back({"generate input_ids", "/generate", R"({"input_ids":)" + arrays + "}"});
+  p.push_back(
+      {"generate json_schema string", "/generate",
+       R"({"text":"hi","sampling_params":{"max_new_tokens":2,"json_schema":)" + json(arrays).dump() + "}}"});
   p.push_back({"160,000 keys", "/v1/chat/completions", chat_with("metadata", many_keys(160'000))});
   std::string big_enum = R"({"type":"object","properties":{"v":{"enum":[)";
   for (int i = 0; i < 100'000; ++i) big_enum += (i ? ",\"v" : "\"v") + std::to_string(i) + "\"";

@@ -134,6 +134,16 @@ TEST(RequestInfo, ResponseIdsOfRequestsAndAnswers) {
             "resp_2");
   EXPECT_EQ(response_id_in(R"({"id":"resp_cut)"), std::nullopt);  // the rest comes in the next chunk
   EXPECT_EQ(response_id_in(R"({"error":{"message":"no"}})"), std::nullopt);
+
+  // The stored-response endpoints name the response in their path.
+  EXPECT_EQ(response_id_in_path("/v1/responses/resp_1a"), "resp_1a");
+  EXPECT_EQ(response_id_in_path("/v1/responses/resp_1a/input_items?limit=2&after=msg_1"), "resp_1a");
+  EXPECT_EQ(response_id_in_path("/v1/responses/resp_1a/cancel"), "resp_1a");
+  EXPECT_EQ(response_id_in_path("/v1/responses/resp_1a?stream=false"), "resp_1a");
+  EXPECT_EQ(response_id_in_path("/v1/responses"), std::nullopt);
+  EXPECT_EQ(response_id_in_path("/v1/responses/"), std::nullopt);
+  EXPECT_EQ(response_id_in_path("/v1/responses?x=/v1/responses/resp_1"), std::nullopt);
+  EXPECT_EQ(response_id_in_path("/v1/chat/completions"), std::nullopt);
 }
 
 // An image is a short digest of its URL in the key: the same image (a data: URL's bytes) in the next turn

@@ -266,5 +266,36 @@ TEST(RouterRealNodes, PreviousResponseIdReachesTheNodeThatHoldsIt) {
   EXPECT_NE(gone.body.find("previous_response_id"), std::string::npos) << gone.body;
 }
 
+// The stored responses behind the router: a retrieve, an input_items list, a cancel and a delete name the
+// response in their path, and reach the node that holds it under round_robin (the other node has never seen
+// it: a 404 there).
+TEST(RouterRealNodes, StoredResponseRequestsReachTheNodeThatHoldsIt) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ready());
+  Router router(config_for(cluster.urls(), Policy::round_robin));
+  router.start();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    json body = {{"model", "demo"}, {"input", "stored " + std::to_string(i)}, {"max_output_tokens", 2}};
+    HttpResponse r = http_request(router.port(), "POST", "/v1/responses", body.dump(), {}, kSlow);
+    ASSERT_EQ(r.status, 200) << r.body;
+    ids.push_back(json::parse(r.body)["id"]);
+  }
+  for (const std::string& id : ids) {
+    for (int repeat = 0; repeat < 2; ++repeat) {  // round_robin alternates: each request would change node
+      HttpResponse got = http_request(router.port(), "GET", "/v1/responses/" + id, "", {}, kSlow);
+      EXPECT_EQ(got.status, 200) << got.body;
+      if (got.status == 200) EXPECT_EQ(json::parse(got.body)["id"], id);
+      HttpResponse items =
+          http_request(router.port(), "GET", "/v1/responses/" + id + "/input_items?limit=5", "", {}, kSlow);
+      EXPECT_EQ(items.status, 200) << items.body;
+    }
+    EXPECT_EQ(http_request(router.port(), "POST", "/v1/responses/" + id + "/cancel", "", {}, kSlow).status,
+              400);
+    EXPECT_EQ(http_request(router.port(), "DELETE", "/v1/responses/" + id, "", {}, kSlow).status, 200);
+    EXPECT_EQ(http_request(router.port(), "GET", "/v1/responses/" + id, "", {}, kSlow).status, 404);
+  }
+}
+
 }  // namespace
 }  // namespace moeserve::router

@@ -209,6 +209,136 @@ TEST(Generation, CompletionStreamMatchesTheWholeResponse) {
   EXPECT_EQ(usage["usage"]["completion_tokens"], ids(" it was scripted, twice over.").size() + 1);
 }
 
+// SGLang's native /generate: its field names in, its answer's shape out (text, output_ids, meta_info with
+// finish_reason objects), a batch as a list, logprobs as [logprob, id, text] triples, and its streaming
+// chunks, each with everything so far.
+TEST(Generation, SglangGenerateAnswersInItsFormat) {
+  const std::string reply = " it was scripted, twice over.";
+  Server s(kPrompt, reply);
+  const int32_t eos = *qwen3_text().tokenizer.token_id("<|im_end|>");
+  json r = s.post("/generate", {{"text", kPrompt}, {"sampling_params", {{"max_new_tokens", 50}}}});
+  EXPECT_EQ(r["text"], reply);
+  std::vector<int32_t> out = ids(reply);
+  out.push_back(eos);
+  EXPECT_EQ(r["output_ids"], json(out));
+  const json& meta = r["meta_info"];
+  EXPECT_EQ(meta["finish_reason"], (json{{"type", "stop"}, {"matched", eos}}));
+  EXPECT_EQ(meta["prompt_tokens"], ids(kPrompt).size());
+  EXPECT_EQ(meta["completion_tokens"], out.size());
+  EXPECT_TRUE(meta["id"].get<std::string>().starts_with("generate-")) << meta.dump();
+  EXPECT_TRUE(meta["e2e_latency"].is_number());
+
+  // Token ids in, SGLang's default of 128 tokens, a stop string matched, the client's rid.
+  r = s.post("/generate",
+             {{"input_ids", ids(kPrompt)}, {"rid", "my-req"}, {"sampling_params", {{"stop", ","}}}});
+  EXPECT_EQ(r["text"], " it was scripted");
+  EXPECT_EQ(r["meta_info"]["finish_reason"], (json{{"type", "stop"}, {"matched", ","}}));
+  EXPECT_EQ(r["meta_info"]["id"], "my-req");
+  r = s.post("/generate", {{"text", kPrompt},
+                           {"sampling_params", {{"max_new_tokens", 2}, {"temperature", 0}, {"top_k", -1}}}});
+  EXPECT_EQ(r["meta_info"]["finish_reason"], (json{{"type", "length"}, {"length", 2}}));
+
+  // A batch of one is still a list; n > 1 lists its choices.
+  r = s.post("/generate", {{"text", {kPrompt}}, {"sampling_params", {{"max_new_tokens", 3}}}});
+  ASSERT_TRUE(r.is_array()) << r.dump();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0]["text"], " it was scripted");
+  r = s.post("/generate", {{"input_ids", {ids(kPrompt), ids(kPrompt)}},
+                           {"sampling_params", {{"max_new_tokens", 2}, {"n", 2}}}});
+  ASSERT_EQ(r.size(), 4u) << r.dump();
+  for (const json& c : r) EXPECT_EQ(c["text"], " it was");
+
+  // Logprobs: output triples with their text, the top alternatives, and the prompt's from a start position.
+  r = s.post("/generate", {{"text", kPrompt},
+                           {"sampling_params", {{"max_new_tokens", 2}}},
+                           {"return_logprob", true},
+                           {"top_logprobs_num", 2},
+                           {"return_text_in_logprobs", true},
+                           {"logprob_start_len", 0}});
+  const json& lp = r["meta_info"]["output_token_logprobs"];
+  ASSERT_EQ(lp.size(), 2u) << r.dump();
+  EXPECT_NEAR(lp[0][0].get<double>(), 0.0, 1e-3);
+  EXPECT_EQ(lp[0][1], ids(" it")[0]);
+  EXPECT_EQ(lp[0][2], " it");
+  ASSERT_EQ(r["meta_info"]["output_top_logprobs"][0].size(), 2u);
+  EXPECT_EQ(r["meta_info"]["output_top_logprobs"][0][0][1], lp[0][1]);
+  const json& input = r["meta_info"]["input_token_logprobs"];
+  ASSERT_EQ(input.size(), ids(kPrompt).size());
+  EXPECT_TRUE(input[0][0].is_null());
+  EXPECT_TRUE(input[1][0].is_number());
+  EXPECT_EQ(input[1][1], ids(kPrompt)[1]);
+  r = s.post("/generate",
+             {{"text", kPrompt}, {"sampling_params", {{"max_new_tokens", 1}}}, {"return_logprob", true}});
+  EXPECT_TRUE(r["meta_info"]["output_token_logprobs"][0][2].is_null());  // no text unless asked
+  EXPECT_FALSE(r["meta_info"].contains("input_token_logprobs"));
+
+  // Streamed: each chunk holds the text so far; the last has the finish reason; then [DONE].
+  auto [chunks, done] =
+      s.stream("/generate", {{"text", kPrompt}, {"sampling_params", {{"max_new_tokens", 50}}}});
+  EXPECT_TRUE(done);
+  ASSERT_GE(chunks.size(), 2u);
+  for (size_t i = 0; i + 1 < chunks.size(); ++i) {
+    EXPECT_TRUE(chunks[i]["meta_info"]["finish_reason"].is_null());
+    const std::string so_far = chunks[i]["text"];
+    EXPECT_EQ(reply.substr(0, so_far.size()), so_far);
+  }
+  EXPECT_EQ(chunks.back()["text"], reply);
+  EXPECT_EQ(chunks.back()["meta_info"]["finish_reason"]["type"], "stop");
+}
+
+// What /generate cannot do is a 400 naming the field as the client wrote it.
+TEST(Generation, SglangGenerateRefusesWhatItCannotApply) {
+  Server s(kPrompt, " yes");
+  auto error_param = [&](const json& body) {
+    auto r = s.harness->post("/generate", body.dump());
+    EXPECT_EQ(r.status, 400) << body.dump() << ": " << r.body;
+    return json::parse(r.body, nullptr, false)["error"].value("param", "");
+  };
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", {{"ebnf", "root ::= \"a\""}}}}),
+            "sampling_params.ebnf");
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", {{"structural_tag", "{}"}}}}),
+            "sampling_params.structural_tag");
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", {{"frobnicate", 1}}}}),
+            "sampling_params.frobnicate");
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", {{"max_new_tokens", -1}}}}),
+            "sampling_params.max_new_tokens");
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", {{"temperature", "hot"}}}}),
+            "sampling_params.temperature");
+  EXPECT_EQ(error_param({{"text", {kPrompt}}, {"sampling_params", json::array({json::object()})}}),
+            "sampling_params");
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"input_ids", {1}}}), "text");
+  EXPECT_EQ(error_param({{"sampling_params", json::object()}}), "text");
+  EXPECT_EQ(error_param({{"input_ids", {-1}}}), "input_ids");
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"return_logprob", true}, {"top_logprobs_num", 99}}),
+            "top_logprobs_num");
+  // The schema string is parsed within the JSON limits: 100,000 levels are a 400, not a stack overflow.
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", {{"json_schema", deep}}}}),
+            "sampling_params.json_schema");
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", {{"json_schema", "{\"type\": \"strin"}}}}),
+            "sampling_params.json_schema");
+  EXPECT_EQ(error_param({{"text", kPrompt},
+                         {"sampling_params", {{"json_schema", R"({"type":"string","pattern":"(a)\\1"})"}}}}),
+            "sampling_params.json_schema");
+  // A JSON schema (SGLang's string form) constrains the answer (the scripted text is no JSON: the constraint
+  // writes it, a valid document once it stops); a regex too.
+  json r = s.post(
+      "/generate",
+      {{"text", kPrompt},
+       {"sampling_params",
+        {{"max_new_tokens", 20},
+         {"json_schema", R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})"}}}});
+  json doc = json::parse(r["text"].get<std::string>(), nullptr, false);
+  if (r["meta_info"]["finish_reason"]["type"] == "stop") {
+    EXPECT_TRUE(doc.is_object() && doc["a"].is_number_integer()) << r.dump();
+  }
+  const std::string text = r["text"];
+  EXPECT_EQ(text[text.find_first_not_of(" \t\r\n")], '{') << r.dump();  // JSON may open with whitespace
+  r = s.post("/generate",
+             {{"text", kPrompt}, {"sampling_params", {{"max_new_tokens", 5}, {"regex", "(yes|no)"}}}});
+  EXPECT_TRUE(r["text"] == "yes" || r["text"] == "no") << r.dump();
+}
+
 TEST(Generation, ChatReasoningAndContent) {
   Server s(kThinkingTail, "The user greets me.\n</think>\n\nHello there!");
   json r = s.post("/v1/chat/completions", chat_body("Hi!"));
@@ -286,6 +416,99 @@ TEST(Generation, ResponsesLogprobsCoverTheAnswersText) {
   bad = s.harness->post("/v1/responses",
                         json{{"model", "scripted"}, {"input", "Hi!"}, {"include", "x"}}.dump());
   EXPECT_EQ(bad.status, 400) << bad.body;
+}
+
+// The stored responses: GET returns the object the client received (whole or the stream's final one),
+// input_items lists the items that produced it (a continuation's include the earlier turns' input and
+// output), DELETE forgets it, and store: false keeps nothing.
+TEST(Generation, StoredResponsesAreRetrievedListedAndDeleted) {
+  Server s(kThinkingTail, "The user greets me.\n</think>\n\nHello there!");
+  auto get = [&](const std::string& path, int status) {
+    auto r = s.harness->get(path);
+    EXPECT_EQ(r.status, status) << path << ": " << r.body;
+    return json::parse(r.body, nullptr, false);
+  };
+  const json first = s.post("/v1/responses", {{"model", "scripted"}, {"input", "Hi!"}});
+  const std::string id = first["id"];
+  EXPECT_EQ(get("/v1/responses/" + id, 200), first);
+  const json items = get("/v1/responses/" + id + "/input_items", 200);
+  ASSERT_EQ(items["data"].size(), 1u) << items.dump();
+  EXPECT_EQ(items["data"][0]["role"], "user");
+  EXPECT_EQ(items["data"][0]["content"], json::parse(R"([{"type":"input_text","text":"Hi!"}])"));
+  EXPECT_EQ(items["first_id"], items["data"][0]["id"]);
+
+  // A continuation, streamed: its stored object is the final event's.
+  auto [events, done] = s.stream("/v1/responses", {{"model", "scripted"},
+                                                   {"previous_response_id", id},
+                                                   {"input", {{{"role", "user"}, {"content", "Again"}}}}});
+  ASSERT_FALSE(events.empty());
+  const json second = events.back()["response"];
+  EXPECT_EQ(events.back()["type"], "response.completed");
+  EXPECT_EQ(get("/v1/responses/" + second["id"].get<std::string>(), 200), second);
+  // Oldest first: the first turn's input, its output (reasoning and message items, their ids), this input.
+  const json chain = get("/v1/responses/" + second["id"].get<std::string>() + "/input_items?order=asc", 200);
+  ASSERT_EQ(chain["data"].size(), 4u) << chain.dump();
+  EXPECT_EQ(chain["data"][0], items["data"][0]);
+  EXPECT_EQ(chain["data"][1], first["output"][0]);
+  EXPECT_EQ(chain["data"][2], first["output"][1]);
+  EXPECT_EQ(chain["data"][3]["content"][0]["text"], "Again");
+  std::set<std::string> ids;
+  for (const json& item : chain["data"]) ids.insert(item["id"].get<std::string>());
+  EXPECT_EQ(ids.size(), 4u);
+
+  // Deleted: gone for GET, for a second DELETE and for previous_response_id.
+  Connection c(s.harness->port());
+  auto deleted = c.roundtrip("DELETE", "/v1/responses/" + id);
+  EXPECT_EQ(deleted.status, 200) << deleted.body;
+  EXPECT_EQ(json::parse(deleted.body), (json{{"id", id}, {"object", "response"}, {"deleted", true}}));
+  EXPECT_EQ(get("/v1/responses/" + id, 404)["error"]["param"], "response_id");
+  EXPECT_EQ(Connection(s.harness->port()).roundtrip("DELETE", "/v1/responses/" + id).status, 404);
+  auto continued = s.harness->post(
+      "/v1/responses", json{{"model", "scripted"}, {"previous_response_id", id}, {"input", "x"}}.dump());
+  EXPECT_EQ(continued.status, 404) << continued.body;
+
+  // store: false answers as usual and keeps nothing.
+  const json unstored = s.post("/v1/responses", {{"model", "scripted"}, {"input", "Hi!"}, {"store", false}});
+  EXPECT_EQ(unstored["store"], false);
+  get("/v1/responses/" + unstored["id"].get<std::string>(), 404);
+  get("/v1/responses/" + unstored["id"].get<std::string>() + "/input_items", 404);
+  // A stored foreground response cannot be cancelled (only background ones can).
+  auto cancel = s.harness->post("/v1/responses/" + second["id"].get<std::string>() + "/cancel", "");
+  EXPECT_EQ(cancel.status, 400) << cancel.body;
+}
+
+// Anthropic's count_tokens: the prompt /v1/messages generates from (system, tools, thinking switch, a forced
+// call's opening), counted as that request's usage.input_tokens, without max_tokens; the same checks.
+TEST(Generation, MessagesCountTokensIsTheUsageOfTheSameRequest) {
+  Server s(kThinkingTail, "The user greets me.\n</think>\n\nHello there!");
+  const json tool = {
+      {"name", "get_weather"},
+      {"input_schema", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}};
+  const json user = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+  std::vector<json> prompts = {
+      {{"messages", user}},
+      {{"system", "Be brief."}, {"messages", user}, {"thinking", {{"type", "disabled"}}}},
+      {{"messages", user}, {"tools", {tool}}},
+      {{"messages", user}, {"tools", {tool}}, {"tool_choice", {{"type", "any"}}}},
+  };
+  std::set<int64_t> counts;
+  for (json prompt : prompts) {
+    prompt["model"] = "scripted";
+    json counted = s.post("/v1/messages/count_tokens", prompt);
+    ASSERT_TRUE(counted.contains("input_tokens")) << counted.dump();
+    json request = prompt;
+    request["max_tokens"] = 4;
+    json answered = s.post("/v1/messages", request);
+    EXPECT_EQ(counted["input_tokens"], answered["usage"]["input_tokens"]) << prompt.dump();
+    counts.insert(counted["input_tokens"].get<int64_t>());
+  }
+  EXPECT_EQ(counts.size(), prompts.size());  // each field counts
+
+  auto bad = s.harness->post("/v1/messages/count_tokens", json{{"messages", json::array()}}.dump());
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  bad = s.harness->post("/v1/messages/count_tokens", json{{"model", "other"}, {"messages", user}}.dump());
+  EXPECT_EQ(bad.status, 404) << bad.body;
+  EXPECT_EQ(s.harness->get("/v1/messages/count_tokens").status, 405);
 }
 
 // Structured output with a reasoning model: the reasoning is free, the JSON constraint starts at </think>, so

@@ -429,6 +429,37 @@ TEST_F(ServeDemo, ChatStreamingAndNot) {
   EXPECT_EQ(tok["tokens"], json({9707, 1879, 0, 358, 2776, 220, 16, 17, 18, 19, 20}));
 }
 
+// SGLang's /generate on the real binary: greedy, the same tokens and text as /v1/completions for the same
+// prompt, whole and streamed (the stream's last chunk holds the whole answer), behind the API key.
+TEST_F(ServeDemo, SglangGenerateMatchesCompletions) {
+  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-g"});
+  const std::vector<std::string> key = {"Authorization: Bearer sk-g"};
+  const std::string prompt = "The capital of France is";
+  json completion = post_json(
+      p->port(), "/v1/completions",
+      {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"return_token_ids", true}}, 200, key);
+  json generated = post_json(
+      p->port(), "/generate",
+      {{"text", prompt}, {"sampling_params", {{"max_new_tokens", 8}, {"temperature", 0}}}}, 200, key);
+  EXPECT_EQ(generated["text"], completion["choices"][0]["text"]) << generated.dump();
+  EXPECT_EQ(generated["output_ids"], completion["choices"][0]["token_ids"]);
+  EXPECT_EQ(generated["meta_info"]["prompt_tokens"], completion["usage"]["prompt_tokens"]);
+  EXPECT_EQ(generated["meta_info"]["completion_tokens"], completion["usage"]["completion_tokens"]);
+
+  json body = {
+      {"text", prompt}, {"sampling_params", {{"max_new_tokens", 8}, {"temperature", 0}}}, {"stream", true}};
+  auto streamed = Connection(p->port()).roundtrip("POST", "/generate", body.dump(), key);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  auto events = sse_data(streamed.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  json last = json::parse(events[events.size() - 2]);
+  EXPECT_EQ(last["text"], generated["text"]);
+  EXPECT_EQ(last["output_ids"], generated["output_ids"]);
+  EXPECT_EQ(last["meta_info"]["finish_reason"], generated["meta_info"]["finish_reason"]);
+  post_json(p->port(), "/generate", {{"text", prompt}}, 401);
+}
+
 TEST_F(ServeDemo, ReasoningAndToolCalls) {
   // Qwen3.5's template: its generation prompt opens <think> (the npm Qwen3 tokenizer's template does not).
   auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--chat-template", kQwen35Template});
@@ -810,15 +841,14 @@ TEST_F(ServeDemo, RandomWeightsAnswersValidateWithAjv) {
 // parses and has the schema's fields and types (enums and bounded arrays, so that it also finishes).
 TEST_F(ServeDemo, ResponseFormatJsonSchemaAndJsonObject) {
   auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625"});
-  const json schema = {
-      {"type", "object"},
-      {"properties",
-       {{"color", {{"enum", {"red", "green", "blue"}}}},
-        {"ok", {{"type", "boolean"}}},
-        {"level", {{"enum", {1, 2, 3}}}},
-        {"tags", {{"type", "array"}, {"items", {{"enum", {"a", "b"}}}}, {"maxItems", 3}}},
-        {"none", {{"type", "null"}}}}},
-      {"required", {"color", "ok", "level", "tags", "none"}}};
+  const json schema = {{"type", "object"},
+                       {"properties",
+                        {{"color", {{"enum", {"red", "green", "blue"}}}},
+                         {"ok", {{"type", "boolean"}}},
+                         {"level", {{"enum", {1, 2, 3}}}},
+                         {"tags", {{"type", "array"}, {"items", {{"enum", {"a", "b"}}}}, {"maxItems", 3}}},
+                         {"none", {{"type", "null"}}}}},
+                       {"required", {"color", "ok", "level", "tags", "none"}}};
   const json format = {{"type", "json_schema"}, {"json_schema", {{"name", "answer"}, {"schema", schema}}}};
   auto check = [&](const std::string& text) {
     json doc = json::parse(text, nullptr, false);
@@ -900,7 +930,8 @@ TEST_F(ServeDemo, ResponseFormatJsonSchemaAndJsonObject) {
 // Runs one of the SDK scripts in tests/server/js against a server and checks that it exited 0 and printed
 // `passed` (each script prints one line per check, so a failure shows which).
 void run_sdk_script(ServeProcess& p, const std::string& script, const std::string& passed) {
-  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0) << "node is missing: run scripts/install-deps.sh";
+  ASSERT_EQ(std::system("command -v node >/dev/null 2>&1"), 0)
+      << "node is missing: run scripts/install-deps.sh";
   ASSERT_TRUE(std::filesystem::exists("tests/server/js/node_modules/openai/package.json") &&
               std::filesystem::exists("tests/server/js/node_modules/@anthropic-ai/sdk/package.json"))
       << "the npm SDKs are missing: run tests/server/js/install.sh (scripts/fetch-test-data.sh does)";
@@ -918,8 +949,9 @@ void run_sdk_script(ServeProcess& p, const std::string& script, const std::strin
 
 TEST_F(ServeDemo, OfficialOpenAiSdk) {
   // The limits sdk_test.mjs checks 413, 429 and 503 against.
-  auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk", "--max-concurrency", "2",
-                  "--max-queued-requests", "1", "--queue-timeout", "1", "--max-request-body-mb", "1"});
+  auto p =
+      start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk", "--max-concurrency",
+             "2", "--max-queued-requests", "1", "--queue-timeout", "1", "--max-request-body-mb", "1"});
   run_sdk_script(*p, "sdk_test.mjs", "all SDK checks passed");
 }
 

@@ -75,6 +75,11 @@ TEST(Service, ApiKeyGuardsTheApiButNotHealthOrMetrics) {
   EXPECT_EQ(h.get("/v1/models", {"Authorization: bearer sk-secret"}).status, 200);
   EXPECT_EQ(h.get("/v1/nothing").status, 401);  // everything under /v1/, so unknown paths reveal nothing
   EXPECT_EQ(h.get("/v1/nothing", {"Authorization: Bearer sk-secret"}).status, 404);
+  // The stored responses too: without the key, whether an id exists is not told.
+  EXPECT_EQ(testing_http::Connection(h.port()).roundtrip("DELETE", "/v1/responses/resp_x").status, 401);
+  EXPECT_EQ(h.get("/v1/responses/resp_x/input_items").status, 401);
+  EXPECT_EQ(h.get("/v1/responses/resp_x", {"Authorization: Bearer sk-secret"}).status, 404);
+  EXPECT_EQ(h.post("/generate", R"({"text":"x"})").status, 401);  // SGLang's, outside /v1/
   EXPECT_EQ(h.get("/health").status, 200);
   EXPECT_EQ(h.get("/v1/health").status, 200);
   EXPECT_EQ(h.get("/metrics").status, 200);

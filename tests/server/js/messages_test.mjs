@@ -1,6 +1,7 @@
 // Drives a running `moeserve serve --model demo` through the official Anthropic SDK (@anthropic-ai/sdk):
 // messages with text, thinking blocks, a client tool (tool_choice any, then its tool_result), streaming
-// through the SDK's MessageStream (which rebuilds the message from the events and parses tool input).
+// through the SDK's MessageStream (which rebuilds the message from the events and parses tool input), and
+// countTokens against the usage the same requests report.
 // Usage: node messages_test.mjs BASE_URL MODEL API_KEY. Prints one line per check; exits 1 if any failed.
 import Anthropic from "@anthropic-ai/sdk";
 
@@ -59,6 +60,31 @@ const next = await client.messages.create({ model, max_tokens: 4, temperature: 0
   { role: "user", content: [{ type: "tool_result", tool_use_id: use?.id ?? "x", content: "18 C, sunny" }] }] });
 check("messages: a tool_result turn is answered", next.type === "message" && next.usage.input_tokens >
       calledWhole.usage.input_tokens, JSON.stringify(next.usage));
+
+// countTokens: the input_tokens the same request's usage reports, with system and thinking, with a forced
+// tool (its call's opening is part of the prompt), and over a tool_result turn.
+const countOf = async (request) => {
+  const { max_tokens, temperature, stream, ...prompt } = request;
+  return (await client.messages.countTokens(prompt)).input_tokens;
+};
+for (const [name, request, answered] of [["system and thinking", thinking, whole], ["a forced tool", withTool, calledWhole]]) {
+  const counted = await countOf(request);
+  check(`messages.countTokens: ${name} as usage.input_tokens`, counted === answered.usage.input_tokens,
+        JSON.stringify({ counted, usage: answered.usage }));
+}
+const toolResultTurn = { model, max_tokens: 4, tools: [weather], messages: [
+  { role: "user", content: "Weather in Paris?" },
+  { role: "assistant", content: called.content },
+  { role: "user", content: [{ type: "tool_result", tool_use_id: use?.id ?? "x", content: "18 C, sunny" }] }] };
+const countedTurn = await countOf(toolResultTurn);
+check("messages.countTokens: a tool_result turn as usage.input_tokens", countedTurn === next.usage.input_tokens,
+      JSON.stringify({ countedTurn, usage: next.usage }));
+try {
+  await client.messages.countTokens({ model, messages: [] });
+  check("messages.countTokens: no messages is a 400", false, "no error");
+} catch (e) {
+  check("messages.countTokens: no messages is a 400", e instanceof Anthropic.BadRequestError, String(e));
+}
 
 try {
   await client.messages.create({ model, max_tokens: 4, messages: [{ role: "user", content: [

@@ -1,6 +1,7 @@
 // Drives a running `moeserve serve --model demo` through the official OpenAI SDK's Responses API
 // (client.responses): text, reasoning items, a function tool, streaming through the SDK's own event
-// accumulator (which throws on events out of order), and previous_response_id.
+// accumulator (which throws on events out of order), previous_response_id, and the stored responses
+// (retrieve, inputItems.list, delete, cancel).
 // Usage: node responses_test.mjs BASE_URL MODEL API_KEY. Prints one line per check; exits 1 if any failed.
 import OpenAI from "openai";
 
@@ -80,6 +81,40 @@ try {
 } catch (e) {
   check("responses: an unknown previous_response_id is a 404", e instanceof OpenAI.NotFoundError, String(e));
 }
+// The stored response: retrieved as created, its input items listed (the SDK's cursor pages), deleted.
+const retrieved = await client.responses.retrieve(next.id);
+check("responses.retrieve: the object the create returned",
+      JSON.stringify(retrieved) === JSON.stringify(next) && retrieved.output_text === next.output_text,
+      JSON.stringify({ retrieved, next }));
+const listed = [];
+for await (const item of client.responses.inputItems.list(next.id, { order: "asc", limit: 1 })) listed.push(item);
+check("responses.inputItems.list: earlier turns' items, then this input, paged one by one",
+      listed.length === 1 + called.output.length + 1 && listed[0].content?.[0]?.text === "Weather in Paris?" &&
+          listed.at(-1).type === "function_call_output" && listed.at(-1).call_id === call?.call_id &&
+          new Set(listed.map((i) => i.id)).size === listed.length,
+      JSON.stringify(listed));
+const newestFirst = await client.responses.inputItems.list(next.id);
+check("responses.inputItems.list: newest first by default", newestFirst.data[0]?.id === listed.at(-1)?.id &&
+      newestFirst.data.length === listed.length && newestFirst.has_more === false, JSON.stringify(newestFirst));
+const expectError = async (name, kind, promise) => {
+  try {
+    await promise;
+    check(name, false, "no error");
+  } catch (e) {
+    check(name, e instanceof kind, String(e));
+  }
+};
+await expectError("responses.cancel: a foreground response cannot be cancelled (400)", OpenAI.BadRequestError,
+                  client.responses.cancel(next.id));
+await client.responses.delete(next.id);
+await expectError("responses.retrieve after delete: 404", OpenAI.NotFoundError, client.responses.retrieve(next.id));
+await expectError("responses.delete twice: 404", OpenAI.NotFoundError, client.responses.delete(next.id));
+await expectError("responses.inputItems.list after delete: 404", OpenAI.NotFoundError,
+                  client.responses.inputItems.list(next.id));
+const unstored = await client.responses.create({ ...plain, store: false });
+await expectError("responses.retrieve of a store: false response: 404", OpenAI.NotFoundError,
+                  client.responses.retrieve(unstored.id));
+
 try {
   await client.responses.create({ model, input: "hi", tools: [{ type: "web_search" }] });
   check("responses: a hosted tool is a 400", false, "no error");
