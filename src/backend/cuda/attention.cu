@@ -97,6 +97,50 @@ __global__ void kv_write_kernel(const float* __restrict__ k_new, const float* __
   KvElems<KV>::store(v_cache, dst, reinterpret_cast<const float4*>(v_new)[i], v_scale);
 }
 
+// Keys kt0 .. kt0 + kKeys - 1 of KV head kvh (zeros past kv_len) into shared rows of D + 4 floats, widened
+// from the cache's elements; all threads of the block take part.
+template <int D, typename KV>
+__device__ __forceinline__ void stage_kv_tile(const AttentionArgs& a, const int32_t* __restrict__ pages,
+                                              int kvh, int64_t kt0, int64_t kv_len, float* Ks, float* Vs) {
+  constexpr int LD = D + 4, D4 = D / 4;
+  const int row_floats = a.kv_heads * D;
+  for (int l = threadIdx.x; l < kKeys * D4; l += kThreads) {
+    const int j = l / D4, c4 = l % D4;
+    const int64_t kp = kt0 + j;
+    float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+    if (kp < kv_len) {
+      const int64_t off = (int64_t(pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_floats +
+                          int64_t(kvh) * D + c4 * 4;
+      kv = KvElems<KV>::load(a.k_cache, off, a.k_scale);
+      vv = KvElems<KV>::load(a.v_cache, off, a.v_scale);
+    }
+    *reinterpret_cast<float4*>(Ks + j * LD + c4 * 4) = kv;
+    *reinterpret_cast<float4*>(Vs + j * LD + c4 * 4) = vv;
+  }
+}
+
+// The D / 32 output columns a lane owns in the value phase: float4 runs, lane-interleaved, when D ≥ 128.
+template <int D>
+__device__ __forceinline__ int lane_column(int c, int lane) {
+  constexpr int kCols = D / 32;
+  return kCols >= 4 ? ((c / 4) * 32 + lane) * 4 + c % 4 : c * 32 + lane;
+}
+// Those columns of one shared V row.
+template <int D>
+__device__ __forceinline__ void load_v_columns(const float* vrow, int lane, float (&v)[D / 32]) {
+  constexpr int kCols = D / 32;
+  if constexpr (kCols >= 4) {
+#pragma unroll
+    for (int q = 0; q < kCols / 4; ++q) {
+      const float4 v4 = *reinterpret_cast<const float4*>(vrow + (q * 32 + lane) * 4);
+      v[4 * q] = v4.x, v[4 * q + 1] = v4.y, v[4 * q + 2] = v4.z, v[4 * q + 3] = v4.w;
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < kCols; ++q) v[q] = vrow[q * 32 + lane];
+  }
+}
+
 template <int D, typename KV>
 __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
   pdl_begin();
@@ -127,7 +171,6 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
   }
   const int64_t rows_total = T * G;
   const int64_t rho0 = bx * kRows;
-  const int row_floats = a.kv_heads * D;
   const float scale = 1.0f / sqrtf(float(D));
 
   for (int l = threadIdx.x; l < kRows * D4; l += kThreads) {
@@ -169,19 +212,7 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const int64_t kt0 = tile * kKeys;
     __syncthreads();  // the previous tile is consumed (and Qs is written, on the first pass)
-    for (int l = threadIdx.x; l < kKeys * D4; l += kThreads) {
-      const int j = l / D4, c4 = l % D4;
-      const int64_t kp = kt0 + j;
-      float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-      if (kp < kv_len) {
-        const int64_t off = (int64_t(pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_floats +
-                            int64_t(kvh) * D + c4 * 4;
-        kv = KvElems<KV>::load(a.k_cache, off, a.k_scale);
-        vv = KvElems<KV>::load(a.v_cache, off, a.v_scale);
-      }
-      *reinterpret_cast<float4*>(Ks + j * LD + c4 * 4) = kv;
-      *reinterpret_cast<float4*>(Vs + j * LD + c4 * 4) = vv;
-    }
+    stage_kv_tile<D, KV>(a, pages, kvh, kt0, kv_len, Ks, Vs);
     __syncthreads();
 
     float s[2][2] = {};
@@ -243,16 +274,7 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
       const float4 p4 = *reinterpret_cast<const float4*>(Pt + j * kPtLd + pr * 4);
       const float p[4] = {p4.x, p4.y, p4.z, p4.w};
       float v[kCols];
-      if constexpr (kCols >= 4) {
-#pragma unroll
-        for (int q = 0; q < kCols / 4; ++q) {
-          const float4 v4 = *reinterpret_cast<const float4*>(Vs + j * LD + (q * 32 + pc) * 4);
-          v[4 * q] = v4.x, v[4 * q + 1] = v4.y, v[4 * q + 2] = v4.z, v[4 * q + 3] = v4.w;
-        }
-      } else {
-#pragma unroll
-        for (int q = 0; q < kCols; ++q) v[q] = Vs[j * LD + q * 32 + pc];
-      }
+      load_v_columns<D>(Vs + j * LD, pc, v);
 #pragma unroll
       for (int r4 = 0; r4 < 4; ++r4)
 #pragma unroll
@@ -272,7 +294,7 @@ __global__ __launch_bounds__(kThreads) void attention_kernel(AttentionArgs a) {
     const int64_t rho = rho0 + r;
     if (rho >= rows_total) continue;
     const int64_t row = (seq + rho / G) * a.heads + kvh * G + rho % G;
-    auto column = [&](int c) { return kCols >= 4 ? ((c / 4) * 32 + pc) * 4 + c % 4 : c * 32 + pc; };
+    auto column = [&](int c) { return lane_column<D>(c, pc); };
     if (a.splits == 1) {
       const float inv = 1.0f / l_s[r];
 #pragma unroll
@@ -317,7 +339,6 @@ __global__ __launch_bounds__(kThreads) void attention_decode_kernel(AttentionArg
   const int64_t seq = blockIdx.x;
   const int64_t start = a.start_pos[seq];
   const int32_t* pages = a.pages + seq * a.pages_stride;
-  const int row_floats = a.kv_heads * D;
   const float scale = 1.0f / sqrtf(float(D));
 
   for (int l = threadIdx.x; l < R * D4; l += kThreads) {
@@ -334,7 +355,7 @@ __global__ __launch_bounds__(kThreads) void attention_decode_kernel(AttentionArg
   const int64_t tile_begin = int64_t(blockIdx.z) * per_split, tile_end = imin(tiles, tile_begin + per_split);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  auto column = [&](int c) { return kCols >= 4 ? ((c / 4) * 32 + lane) * 4 + c % 4 : c * 32 + lane; };
+  auto column = [&](int c) { return lane_column<D>(c, lane); };
   float m_run[RW], l_run[RW], acc[RW][kCols];
 #pragma unroll
   for (int i = 0; i < RW; ++i) {
@@ -346,19 +367,7 @@ __global__ __launch_bounds__(kThreads) void attention_decode_kernel(AttentionArg
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const int64_t kt0 = tile * kKeys;
     __syncthreads();  // the previous tile is consumed (and Qs is written, on the first pass)
-    for (int l = threadIdx.x; l < kKeys * D4; l += kThreads) {
-      const int j = l / D4, c4 = l % D4;
-      const int64_t kp = kt0 + j;
-      float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-      if (kp < kv_len) {
-        const int64_t off = (int64_t(pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_floats +
-                            int64_t(kvh) * D + c4 * 4;
-        kv = KvElems<KV>::load(a.k_cache, off, a.k_scale);
-        vv = KvElems<KV>::load(a.v_cache, off, a.v_scale);
-      }
-      *reinterpret_cast<float4*>(Ks + j * LD + c4 * 4) = kv;
-      *reinterpret_cast<float4*>(Vs + j * LD + c4 * 4) = vv;
-    }
+    stage_kv_tile<D, KV>(a, pages, kvh, kt0, kv_len, Ks, Vs);
     __syncthreads();
 
     // Scores and softmax: lane = key of the tile, one row per warp at a time (warp-uniform branches).
@@ -399,16 +408,7 @@ __global__ __launch_bounds__(kThreads) void attention_decode_kernel(AttentionArg
 #pragma unroll 4
     for (int j = 0; j < kKeys; ++j) {
       float v[kCols];
-      if constexpr (kCols >= 4) {
-#pragma unroll
-        for (int q = 0; q < kCols / 4; ++q) {
-          const float4 v4 = *reinterpret_cast<const float4*>(Vs + j * LD + (q * 32 + lane) * 4);
-          v[4 * q] = v4.x, v[4 * q + 1] = v4.y, v[4 * q + 2] = v4.z, v[4 * q + 3] = v4.w;
-        }
-      } else {
-#pragma unroll
-        for (int q = 0; q < kCols; ++q) v[q] = Vs[j * LD + q * 32 + lane];
-      }
+      load_v_columns<D>(Vs + j * LD, lane, v);
 #pragma unroll
       for (int i = 0; i < RW; ++i) {
         const float pj = __shfl_sync(0xffffffffu, p[i], j);
