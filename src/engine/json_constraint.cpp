@@ -557,8 +557,9 @@ class SchemaCompiler {
   bool exclusive(int a, int b, int depth) const {
     if (depth > 8) return false;
     if (!(starts(a) & starts(b))) return true;
-    for (auto [u, other] : {std::pair{a, b}, std::pair{b, a}}) {
+    for (const auto& [u, v] : {std::pair{a, b}, std::pair{b, a}}) {
       const std::vector<int>& alts = out_.nodes_[size_t(u)].alternatives;
+      const int other = v;  // a named copy: clang 14 does not capture structured bindings
       if (!alts.empty())
         return std::all_of(alts.begin(), alts.end(),
                            [&](int alt) { return exclusive(alt, other, depth + 1); });
