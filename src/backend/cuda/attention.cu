@@ -18,8 +18,9 @@
 namespace moeserve::cuda {
 namespace {
 
-constexpr int kRows = 32;  // query rows per block
-constexpr int kKeys = 32;  // keys per tile
+constexpr int kRows = 32;        // query rows per block
+constexpr int kMaxSplits = 128;  // key ranges of one row computed apart, then combined
+constexpr int kKeys = 32;        // keys per tile
 constexpr int kThreads = 256;
 constexpr int kPtLd = kRows + 4;
 
@@ -679,24 +680,32 @@ __global__ __launch_bounds__(kTcThreads) void attention_tc_kernel(AttentionArgs 
   }
 }
 
-// One block per output row: weights e^(m_s − M) over the splits.
-__global__ void attention_combine_kernel(AttentionArgs a) {
+// One block per output row (kCombineThreads ≥ splits): thread s turns split s's maximum and sum into its
+// weight e^(m_s − M) / Σ_s e^(m_s − M) l_s in shared memory, then each thread sums its columns over the
+// splits with independent loads. (Every thread used to walk all splits' maxima three times over, serially: at
+// the 128 splits of a batch-1 decode at an 8K context that was most of the combine.)
+constexpr int kCombineThreads = 128;
+static_assert(kCombineThreads >= kMaxSplits, "a combine thread per split");
+__global__ __launch_bounds__(kCombineThreads) void attention_combine_kernel(AttentionArgs a) {
   pdl_begin();
+  __shared__ float weight[kMaxSplits];
+  __shared__ float scratch[32];
   const int64_t rows = a.T * a.heads, row = blockIdx.x;
-  float M = -INFINITY;
-  for (int s = 0; s < a.splits; ++s) M = fmaxf(M, a.part_m[s * rows + row]);
-  float total = 0.f;
-  for (int s = 0; s < a.splits; ++s) {
-    const float m = a.part_m[s * rows + row];
-    if (m != -INFINITY) total += expf(m - M) * a.part_l[s * rows + row];
-  }
+  const int s = threadIdx.x;
+  const float m = s < a.splits ? a.part_m[s * rows + row] : -INFINITY;
+  const float M = block_max(m, scratch);  // finite: the first split has keys
+  const float e = m != -INFINITY ? expf(m - M) : 0.f;
+  const float total = block_sum(s < a.splits ? e * a.part_l[s * rows + row] : 0.f, scratch);
+  if (s < a.splits) weight[s] = e / total;
+  __syncthreads();
   for (int c = threadIdx.x; c < a.head_dim; c += blockDim.x) {
     float o = 0.f;
-    for (int s = 0; s < a.splits; ++s) {
-      const float m = a.part_m[s * rows + row];
-      if (m != -INFINITY) o += expf(m - M) * a.part_out[(s * rows + row) * a.head_dim + c];
+#pragma unroll 4
+    for (int t = 0; t < a.splits; ++t) {
+      const float w = weight[t];
+      if (w != 0.f) o = fmaf(w, a.part_out[(t * rows + row) * a.head_dim + c], o);  // empty splits skipped
     }
-    a.out[row * a.head_dim + c] = o / total;
+    a.out[row * a.head_dim + c] = o;
   }
 }
 
@@ -871,7 +880,7 @@ bool attention_head_dim_supported(int head_dim) {
 int attention_splits(int64_t T, int heads, int kv_heads, int64_t capacity) {
   const int64_t blocks = (T * (heads / kv_heads) + kRows - 1) / kRows * kv_heads;
   if (blocks >= 64) return 1;
-  return int(std::clamp<int64_t>(capacity / 64, 1, 128));  // two key tiles per split at full capacity
+  return int(std::clamp<int64_t>(capacity / 64, 1, kMaxSplits));  // two key tiles per split at full capacity
 }
 
 int attention_decode_splits(int64_t n, int heads, int kv_heads, int64_t capacity) {
@@ -881,12 +890,12 @@ int attention_decode_splits(int64_t n, int heads, int kv_heads, int64_t capacity
     // H200, so loads of some overlap others' arithmetic), keeping two tiles or more per split.
     const int64_t blocks = n * kv_heads;
     const int64_t by_keys = (capacity + 2 * kKeys - 1) / (2 * kKeys), by_blocks = (512 + blocks - 1) / blocks;
-    return int(std::clamp<int64_t>(std::min(by_keys, by_blocks), 1, 128));
+    return int(std::clamp<int64_t>(std::min(by_keys, by_blocks), 1, kMaxSplits));
   }
   // The general kernel (32-row blocks): aim at ~128 blocks, a key tile or more each.
   const int64_t blocks = n * ((heads / kv_heads + kRows - 1) / kRows) * kv_heads;
   if (blocks >= 64) return 1;
-  return int(std::clamp<int64_t>(std::min<int64_t>(capacity / kKeys, 128 / blocks), 1, 128));
+  return int(std::clamp<int64_t>(std::min<int64_t>(capacity / kKeys, 128 / blocks), 1, kMaxSplits));
 }
 
 void launch_attention(const AttentionArgs& a, cudaStream_t s) {
@@ -902,7 +911,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
       launch_typed<float>(a, s);
       break;
   }
-  if (a.splits > 1) launch_k(attention_combine_kernel, unsigned(a.T * a.heads), 128, 0, s, a);
+  if (a.splits > 1) launch_k(attention_combine_kernel, unsigned(a.T * a.heads), kCombineThreads, 0, s, a);
 }
 
 void launch_attention_decode_prep(const float* qg, float* q, float* k, const float* v, int64_t n,

@@ -207,6 +207,18 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return total;
 }
 
+// Maximum over the block, as block_sum.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float m = -INFINITY;
+  for (int i = 0; i < warps; ++i) m = fmaxf(m, scratch[i]);
+  return m;
+}
+
 // Dispatches a runtime WType to a template parameter.
 #define MOESERVE_DISPATCH_WTYPE(type, T, ...) \
   switch (type) {                             \
