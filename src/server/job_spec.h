@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/generate_request.h"
 #include "server/http.h"
 #include "server/openai_request.h"
 #include "text/output_parser.h"
@@ -18,15 +19,6 @@ namespace moeserve::server {
 
 struct ResponsesRequest;
 class ResponseStore;
-
-// SGLang's /generate (server/generate_api.h): how its answer is written.
-struct GenerateOptions {
-  bool batch = false;              // the prompt was a list: the answer is a list, even of one
-  bool logprobs = false;           // return_logprob
-  bool text_in_logprobs = false;   // return_text_in_logprobs: each logprob entry carries its token's text
-  int64_t logprob_start_len = -1;  // >= 0: the prompt's logprobs from this position on
-  std::string rid;                 // the client's request id (meta_info.id); "": the job's id
-};
 
 struct JobSpec {
   enum class Kind { kCompletion, kChat, kResponses, kMessages, kGenerate } kind = Kind::kCompletion;

@@ -8,6 +8,7 @@
 #include "engine/json_constraint.h"
 #include "server/api_error.h"
 #include "server/generate_api.h"
+#include "server/generate_request.h"
 #include "server/messages_api.h"
 #include "server/request_checks.h"
 #include "server/responses_api.h"
@@ -502,7 +503,7 @@ Reply OpenAiService::completions(HttpRequest& req) {
 }
 
 Reply OpenAiService::generate(HttpRequest& req) {
-  GenerateRequest gr = parse_generate_request(req.body);
+  SglangGenerateRequest gr = parse_generate_request(req.body);
   JobSpec spec =
       completion_job(gr.completion, JobSpec::Kind::kGenerate, "generate-", kGenerateDefaultMaxNewTokens);
   spec.generate = std::move(gr.options);

@@ -1,12 +1,13 @@
-// The OpenAI request parsers on one body, as both endpoints: each request is either a typed request whose
-// fields hold what the parser promises, or an ApiError 400 with a short message. Anything else escaping (a
-// nlohmann exception, a crash on deep nesting, a SchemaError) is a finding.
+// The OpenAI request parsers on one body, as both endpoints and as SGLang's /generate: each request is either
+// a typed request whose fields hold what the parser promises, or an ApiError 400 with a short message.
+// Anything else escaping (a nlohmann exception, a crash on deep nesting, a SchemaError) is a finding.
 #include <set>
 #include <string>
 
 #include "engine/json_constraint.h"
 #include "fuzz_target.h"
 #include "server/api_error.h"
+#include "server/generate_request.h"
 #include "server/openai_request.h"
 
 namespace moeserve::fuzz {
@@ -91,6 +92,14 @@ Verdict fuzz_openai_request(std::string_view data) {
   }
   try {
     check_completion(server::parse_completion_request(data));
+    verdict = Verdict::kAccepted;
+  } catch (const ApiError& e) {
+    check_refusal(e);
+  }
+  try {
+    const server::SglangGenerateRequest r = server::parse_generate_request(data);
+    check_completion(r.completion);
+    FUZZ_CHECK(r.options.logprob_start_len >= -1, "logprob_start_len {}", r.options.logprob_start_len);
     verdict = Verdict::kAccepted;
   } catch (const ApiError& e) {
     check_refusal(e);
