@@ -10,6 +10,7 @@
 #include "server/generate_api.h"
 #include "server/generate_request.h"
 #include "server/messages_api.h"
+#include "server/messages_request.h"
 #include "server/request_checks.h"
 #include "server/responses_api.h"
 #include "server/vllm_metrics.h"

@@ -1,4 +1,5 @@
-// The OpenAI request parsers on one body, as both endpoints and as SGLang's /generate: each request is either
+// The OpenAI request parsers on one body, as both endpoints, as SGLang's /generate and as Anthropic's
+// /v1/messages: each request is either
 // a typed request whose fields hold what the parser promises, or an ApiError 400 with a short message.
 // Anything else escaping (a nlohmann exception, a crash on deep nesting, a SchemaError) is a finding.
 #include <set>
@@ -8,6 +9,7 @@
 #include "fuzz_target.h"
 #include "server/api_error.h"
 #include "server/generate_request.h"
+#include "server/messages_request.h"
 #include "server/openai_request.h"
 
 namespace moeserve::fuzz {
@@ -103,6 +105,14 @@ Verdict fuzz_openai_request(std::string_view data) {
     verdict = Verdict::kAccepted;
   } catch (const ApiError& e) {
     check_refusal(e);
+  }
+  for (auto use : {server::MessagesBody::kCreate, server::MessagesBody::kCountTokens}) {
+    try {
+      check_chat(server::parse_messages_request(data, use));
+      verdict = Verdict::kAccepted;
+    } catch (const ApiError& e) {
+      check_refusal(e);
+    }
   }
   return verdict;
 }
