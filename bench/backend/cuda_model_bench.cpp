@@ -212,25 +212,28 @@ int run(const Options& o) {
     cuda_tools::reset_profile(*be);
     cuda_tools::set_profiling(*be, false);
     for (int B : o.profile_batches) {
-      // B sequences of 256 tokens (prefilled unprofiled), then 4 profiled decode steps with candidates.
-      const int64_t per_seq = 256 / page_size + 2;
+      // B sequences of --context tokens (prefilled unprofiled), then 4 profiled decode steps with candidates.
+      const int64_t per_seq = o.context / page_size + 2;
       KvCache dkv(model.kv_cache_spec(page_size, per_seq * B, kv_dtype));
       StateCache dstate(state_spec(B));
       std::vector<std::vector<int32_t>> dpages(static_cast<size_t>(B)), dprompts(static_cast<size_t>(B));
       std::vector<SequenceStep> steps(static_cast<size_t>(B));
-      std::vector<int32_t> tok(static_cast<size_t>(B), 5);
+      // A different token per sequence: one shared token routes every row to nearly the same experts, which
+      // would understate the experts' bytes per step at batch > 1.
+      std::vector<int32_t> tok(static_cast<size_t>(B));
       for (int b = 0; b < B; ++b) {
+        tok[size_t(b)] = ids(1, b + 101)[0];
         dpages[size_t(b)].resize(size_t(per_seq));
         std::iota(dpages[size_t(b)].begin(), dpages[size_t(b)].end(), int32_t(b * per_seq));
-        dprompts[size_t(b)] = ids(256, b + 11);
+        dprompts[size_t(b)] = ids(o.context, b + 11);
         steps[size_t(b)] = {dprompts[size_t(b)], 0, dpages[size_t(b)], b, false};
+        model.forward({&steps[size_t(b)], 1}, dkv, dstate);  // one at a time: long contexts fit
       }
-      model.forward(steps, dkv, dstate);
       cuda_tools::reset_profile(*be);
       cuda_tools::set_profiling(*be, true);
       for (int i = 0; i < 4; ++i) {
         for (int b = 0; b < B; ++b) {
-          steps[size_t(b)] = {std::span(&tok[size_t(b)], 1), 256 + i, dpages[size_t(b)], b, false};
+          steps[size_t(b)] = {std::span(&tok[size_t(b)], 1), o.context + i, dpages[size_t(b)], b, false};
           steps[size_t(b)].candidates = kMaxLogitsTopk;
         }
         model.forward(steps, dkv, dstate);

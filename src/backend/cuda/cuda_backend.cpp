@@ -1083,8 +1083,10 @@ class CudaBackend final : public Backend, public CacheMemory {
   }
   std::string graph_timing() {
     std::string s = fmt::format(
-        "{} graph replays: host fill {:.1f} us, launch + run + sync {:.1f} us per replay", replays_,
-        replays_ ? 1e6 * fill_seconds_ / replays_ : 0.0, replays_ ? 1e6 * launch_seconds_ / replays_ : 0.0);
+        "{} graph replays: host fill {:.1f} us, launch + run + sync {:.1f} us per replay; {} nodes in "
+        "the last recording",
+        replays_, replays_ ? 1e6 * fill_seconds_ / replays_ : 0.0,
+        replays_ ? 1e6 * launch_seconds_ / replays_ : 0.0, counts_.last_nodes);
     replays_ = 0;
     fill_seconds_ = launch_seconds_ = 0;
     return s;
@@ -1325,6 +1327,8 @@ class CudaBackend final : public Backend, public CacheMemory {
       step();
       return;
     }
+    size_t nodes = 0;
+    if (cudaGraphGetNodes(graph, nullptr, &nodes) == cudaSuccess) counts_.last_nodes = int64_t(nodes);
     cudaGraphDestroy(graph);
     g.signature = signature_;
     g.state = StepGraph::State::Ready;

@@ -36,6 +36,7 @@ std::string graph_timing(Backend& backend);
 struct GraphCounts {
   int64_t recordings = 0;
   int64_t replays = 0;
+  int64_t last_nodes = 0;  // nodes (kernels and copies) of the last graph recorded
 };
 GraphCounts graph_counts(Backend& backend);
 // Routed (token, expert) pairs from which moe_experts runs the experts as a grouped tensor-core GEMM
