@@ -4,11 +4,12 @@
 // serves the whole group; calls with few row blocks split the key range over blocks (split-K) and a second
 // kernel combines the partial results.
 //
-// Three kernels. The float32 one (32 rows, SIMT FMAs, stored elements widened to float32 in registers) is the
+// Four kernels. The float32 one (32 rows, SIMT FMAs, stored elements widened to float32 in registers) is the
 // exact path. Batched decode with KV groups of up to 16 heads takes attention_decode_kernel, the same
 // arithmetic with a warp per query row (below). Prefill in bf16 mode (AttentionArgs::tensor_cores, at least
 // one 128-row block, head_dim 64..256) takes attention_tc_kernel: Q, K, V and the probabilities rounded to
 // bf16 for mma.sync m16n8k16 with float32 accumulation and a float32 softmax, as FlashAttention-2 does.
+// Batched decode in bf16 mode (head_dim 64..256) takes attention_decode_tc_kernel, the same rounding.
 #include <algorithm>
 #include <type_traits>
 
@@ -482,21 +483,22 @@ struct KvBf16x8<__nv_fp8_e4m3> {
   }
 };
 
-// Key tile `tile` into one stage (Ks, then Vs): bf16 pages by cp.async (in flight until the caller waits for
-// the group), other dtypes widened through registers. Keys past kv_len are zeros: a stale page's bits could
-// be NaN, and 0 · NaN would reach O.
-template <int D, typename KV>
-__device__ __forceinline__ void load_kv_tile(const AttentionArgs& a, int kvh, int64_t tile, int64_t kv_len,
-                                             __nv_bfloat16* Ks, __nv_bfloat16* Vs) {
+// Key tile `tile` (of Keys keys, by a block of Threads threads) into one stage (Ks, then Vs): bf16 pages by
+// cp.async (in flight until the caller waits for the group), other dtypes widened through registers. Keys
+// past kv_len are zeros: a stale page's bits could be NaN, and 0 · NaN would reach O.
+template <int D, typename KV, int Keys, int Threads>
+__device__ __forceinline__ void load_kv_tile(const AttentionArgs& a, const int32_t* __restrict__ pages,
+                                             int kvh, int64_t tile, int64_t kv_len, __nv_bfloat16* Ks,
+                                             __nv_bfloat16* Vs) {
   constexpr int P = tc_pitch<D>();
   constexpr int C8 = D / 8;  // 16-byte chunks per bf16 row
   const int64_t row_elems = int64_t(a.kv_heads) * D;
-  for (int l = threadIdx.x; l < kTcKeys * C8; l += kTcThreads) {
+  for (int l = threadIdx.x; l < Keys * C8; l += Threads) {
     const int j = l / C8, c = l % C8;
-    const int64_t kp = tile * kTcKeys + j;
+    const int64_t kp = tile * Keys + j;
     const bool live = kp < kv_len;
     const int64_t off =
-        live ? (int64_t(a.pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_elems +
+        live ? (int64_t(pages[kp / a.page_size]) * a.page_size + kp % a.page_size) * row_elems +
                    int64_t(kvh) * D + c * 8
              : 0;
     if constexpr (std::is_same_v<KV, __nv_bfloat16>) {
@@ -546,7 +548,8 @@ __global__ __launch_bounds__(kTcThreads) void attention_tc_kernel(AttentionArgs 
   const int64_t per_split = (tiles + a.splits - 1) / a.splits;
   const int64_t tile_begin = int64_t(blockIdx.z) * per_split, tile_end = imin(tiles, tile_begin + per_split);
   if (tile_begin < tile_end)
-    load_kv_tile<D, KV>(a, kvh, tile_begin, kv_len, stage_k(tile_begin), stage_k(tile_begin) + kTcKeys * P);
+    load_kv_tile<D, KV, kTcKeys, kTcThreads>(a, a.pages, kvh, tile_begin, kv_len, stage_k(tile_begin),
+                                             stage_k(tile_begin) + kTcKeys * P);
   cp_async_commit();
 
   for (int l = threadIdx.x; l < kTcRows * C8; l += kTcThreads) {
@@ -579,7 +582,8 @@ __global__ __launch_bounds__(kTcThreads) void attention_tc_kernel(AttentionArgs 
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const int64_t kt0 = tile * kTcKeys;
     if (tile + 1 < tile_end)
-      load_kv_tile<D, KV>(a, kvh, tile + 1, kv_len, stage_k(tile + 1), stage_k(tile + 1) + kTcKeys * P);
+      load_kv_tile<D, KV, kTcKeys, kTcThreads>(a, a.pages, kvh, tile + 1, kv_len, stage_k(tile + 1),
+                                               stage_k(tile + 1) + kTcKeys * P);
     cp_async_commit();  // one group per iteration (empty at the last), so "all but one" is this tile's
     cp_async_wait<1>();
     __syncthreads();  // this tile's stage (and Qs, on the first pass) is written by every thread
@@ -676,6 +680,169 @@ __global__ __launch_bounds__(kTcThreads) void attention_tc_kernel(AttentionArgs 
         *reinterpret_cast<float2*>(a.part_out + prow * D + 8 * j + 2 * q4) =
             make_float2(o[j][2 * i], o[j][2 * i + 1]);
       if (q4 == 0) a.part_m[prow] = m_run[i], a.part_l[prow] = l_run[i];
+    }
+  }
+}
+
+// ---- batched decode on tensor cores ---------------------------------------------------------------------
+// bf16 mode, KV groups of at most 16 heads: block = (sequence, KV head, split), the group's query rows padded
+// to one m16 tile. Every warp computes the whole key tile's scores S = Q Kᵀ (16 x 32) and their online
+// softmax (the same values in every warp, so nothing is exchanged), then multiplies P by its own quarter of
+// V's columns; the next tile's K and V load into the other stage meanwhile. The float32 decode kernel has
+// each warp read the whole K and V tile from shared memory for its single row, eight times the tile per KV
+// head: shared-memory bound (a batch-16 step at an 8K context spent 390 µs a layer there, against ~60 µs of
+// HBM traffic). Fragment layouts as in attention_tc_kernel.
+constexpr int kDecTcKeys = 32;
+constexpr int kDecTcWarps = 4;
+constexpr int kDecTcThreads = 32 * kDecTcWarps;
+
+template <int D>
+constexpr size_t decode_tc_smem_bytes() {
+  return size_t(16 + 4 * kDecTcKeys) * tc_pitch<D>() * sizeof(__nv_bfloat16);
+}
+
+template <int D, typename KV>
+__global__ __launch_bounds__(kDecTcThreads) void attention_decode_tc_kernel(AttentionArgs a) {
+  pdl_begin();
+  constexpr int P = tc_pitch<D>();
+  constexpr int C8 = D / 8;
+  constexpr int DW = D / kDecTcWarps;  // output columns per warp
+  extern __shared__ uint4 smem_dtc[];
+  auto* Qs = reinterpret_cast<__nv_bfloat16*>(smem_dtc);
+  auto* stages = Qs + 16 * P;
+  auto stage_k = [&](int64_t tile) { return stages + int(tile & 1) * 2 * kDecTcKeys * P; };
+
+  const int G = a.heads / a.kv_heads;
+  const int kvh = blockIdx.y;
+  const int64_t seq = blockIdx.x;
+  const int32_t* pages = a.pages + seq * a.pages_stride;
+  const int64_t kv_len = a.start_pos[seq] + 1;
+  const int64_t tiles = (kv_len + kDecTcKeys - 1) / kDecTcKeys;
+  const int64_t per_split = (tiles + a.splits - 1) / a.splits;
+  const int64_t tile_begin = int64_t(blockIdx.z) * per_split, tile_end = imin(tiles, tile_begin + per_split);
+  auto load = [&](int64_t tile) {
+    load_kv_tile<D, KV, kDecTcKeys, kDecTcThreads>(a, pages, kvh, tile, kv_len, stage_k(tile),
+                                                   stage_k(tile) + kDecTcKeys * P);
+  };
+  if (tile_begin < tile_end) load(tile_begin);
+  cp_async_commit();
+
+  for (int l = threadIdx.x; l < 16 * C8; l += kDecTcThreads) {
+    const int r = l / C8, c = l % C8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < G) {
+      const auto* src = reinterpret_cast<const float4*>(a.q + (seq * a.heads + kvh * G + r) * D + c * 8);
+      const float4 x0 = src[0], x1 = src[1];
+      v = make_uint4(bf16x2_bits(x0.x, x0.y), bf16x2_bits(x0.z, x0.w), bf16x2_bits(x1.x, x1.y),
+                     bf16x2_bits(x1.z, x1.w));
+    }
+    *reinterpret_cast<uint4*>(Qs + r * P + c * 8) = v;
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q4 = lane % 4;
+  const float scale = 1.0f / sqrtf(float(D));
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float o[DW / 8][4] = {};
+
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    const int64_t kt0 = tile * kDecTcKeys;
+    if (tile + 1 < tile_end) load(tile + 1);
+    cp_async_commit();  // one group per iteration (empty at the last), so "all but one" is this tile's
+    cp_async_wait<1>();
+    __syncthreads();  // this tile's stage (and Qs, on the first pass) is written by every thread
+    const __nv_bfloat16* Ks = stage_k(tile);
+    const __nv_bfloat16* Vs = Ks + kDecTcKeys * P;
+
+    float s[kDecTcKeys / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D; kk += 16) {
+      uint32_t qa[4];
+      ldmatrix_x4(qa, Qs + (lane & 15) * P + kk + (lane >> 4) * 8);
+#pragma unroll
+      for (int jp = 0; jp < kDecTcKeys / 16; ++jp) {
+        uint32_t b[4];  // n8 tiles 2jp and 2jp+1, k halves 0 and 1 each
+        ldmatrix_x4(b, Ks + (jp * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk + ((lane >> 3) & 1) * 8);
+        mma_bf16(s[2 * jp], qa[0], qa[1], qa[2], qa[3], b[0], b[1]);
+        mma_bf16(s[2 * jp + 1], qa[0], qa[1], qa[2], qa[3], b[2], b[3]);
+      }
+    }
+
+    // Every row sees keys 0..kv_len-1; a split's tiles start inside that range, so each tile has a live key.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kDecTcKeys / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t kp = kt0 + 8 * j + 2 * q4 + (e & 1);
+        s[j][e] = kp < kv_len ? s[j][e] * scale : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+      }
+    float alpha[2], psum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m_run[i], mx[i]);
+      alpha[i] = __expf(m_run[i] - m_new);
+      m_run[i] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < kDecTcKeys / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = __expf(s[j][e] - m_run[e / 2]);
+        psum[e / 2] += s[j][e];
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 1);
+      psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 2);
+      l_run[i] = l_run[i] * alpha[i] + psum[i];
+    }
+#pragma unroll
+    for (int j = 0; j < DW / 8; ++j) {
+      o[j][0] *= alpha[0], o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+    }
+
+#pragma unroll
+    for (int kj = 0; kj < kDecTcKeys / 16; ++kj) {
+      const uint32_t pa[4] = {
+          bf16x2_bits(s[2 * kj][0], s[2 * kj][1]), bf16x2_bits(s[2 * kj][2], s[2 * kj][3]),
+          bf16x2_bits(s[2 * kj + 1][0], s[2 * kj + 1][1]), bf16x2_bits(s[2 * kj + 1][2], s[2 * kj + 1][3])};
+#pragma unroll
+      for (int np = 0; np < DW / 16; ++np) {
+        uint32_t b[4];  // keys 16kj..+15 of this warp's dimensions 16np..+7 and 16np+8..+15
+        ldmatrix_x4_trans(b, Vs + (kj * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + warp * DW + np * 16 +
+                                 (lane >> 4) * 8);
+        mma_bf16(o[2 * np], pa[0], pa[1], pa[2], pa[3], b[0], b[1]);
+        mma_bf16(o[2 * np + 1], pa[0], pa[1], pa[2], pa[3], b[2], b[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before the next iteration loads into it
+  }
+
+  const int64_t out_rows = a.T * a.heads;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = g + 8 * i;
+    if (r >= G) continue;
+    const int64_t row = seq * a.heads + kvh * G + r;
+    const int col0 = warp * DW + 2 * q4;
+    if (a.splits == 1) {
+      const float inv = 1.0f / l_run[i];
+#pragma unroll
+      for (int j = 0; j < DW / 8; ++j)
+        *reinterpret_cast<float2*>(a.out + row * D + col0 + 8 * j) =
+            make_float2(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+    } else {
+      // A split past the row's keys has no tiles: m = -inf and l = 0, which the combine skips.
+      const int64_t prow = int64_t(blockIdx.z) * out_rows + row;
+#pragma unroll
+      for (int j = 0; j < DW / 8; ++j)
+        *reinterpret_cast<float2*>(a.part_out + prow * D + col0 + 8 * j) =
+            make_float2(o[j][2 * i], o[j][2 * i + 1]);
+      if (warp == 0 && q4 == 0) a.part_m[prow] = m_run[i], a.part_l[prow] = l_run[i];
     }
   }
 }
@@ -798,6 +965,24 @@ bool takes_decode_kernel(const AttentionArgs& a) {
   return a.batch && a.heads / a.kv_heads <= kDecodeMaxGroup;
 }
 
+// Its tensor-core form: bf16 mode, head_dim 64..256.
+bool takes_decode_tensor_cores(const AttentionArgs& a) {
+  return a.tensor_cores && takes_decode_kernel(a) && a.head_dim >= 64;
+}
+
+template <int D, typename KV>
+void launch_decode_tc_for(const AttentionArgs& a, cudaStream_t s) {
+  constexpr size_t bytes = decode_tc_smem_bytes<D>();
+  static bool configured = false;  // the attribute is per kernel and process
+  if (!configured) {
+    cudaFuncSetAttribute(attention_decode_tc_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         int(bytes));
+    configured = true;
+  }
+  const dim3 grid(unsigned(a.T), unsigned(a.kv_heads), unsigned(a.splits));
+  launch_k(attention_decode_tc_kernel<D, KV>, grid, kDecTcThreads, bytes, s, a);
+}
+
 template <int D, typename KV>
 void launch_tc_for(const AttentionArgs& a, cudaStream_t s) {
   constexpr size_t bytes = tc_smem_bytes<D>();
@@ -834,6 +1019,20 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
         break;
       default:
         launch_tc_for<256, KV>(a, s);
+        break;
+    }
+    return;
+  }
+  if (takes_decode_tensor_cores(a)) {
+    switch (a.head_dim) {
+      case 64:
+        launch_decode_tc_for<64, KV>(a, s);
+        break;
+      case 128:
+        launch_decode_tc_for<128, KV>(a, s);
+        break;
+      default:
+        launch_decode_tc_for<256, KV>(a, s);
         break;
     }
     return;
@@ -885,9 +1084,11 @@ int attention_splits(int64_t T, int heads, int kv_heads, int64_t capacity) {
 
 int attention_decode_splits(int64_t n, int heads, int kv_heads, int64_t capacity) {
   if (heads / kv_heads <= kDecodeMaxGroup) {
-    // The decode kernel: one block per (sequence, KV head) streams its keys tile after tile, latency-bound
+    // The decode kernels: one block per (sequence, KV head) streams its keys tile after tile, latency-bound
     // (two or three blocks fit an SM). Split the keys until there are ~512 blocks (about four per SM of an
-    // H200, so loads of some overlap others' arithmetic), keeping two tiles or more per split.
+    // H200, so loads of some overlap others' arithmetic; 264 ran the same), keeping two tiles or more per
+    // split (both kernels' tiles are kKeys keys).
+    static_assert(kDecTcKeys == kKeys);
     const int64_t blocks = n * kv_heads;
     const int64_t by_keys = (capacity + 2 * kKeys - 1) / (2 * kKeys), by_blocks = (512 + blocks - 1) / blocks;
     return int(std::clamp<int64_t>(std::min(by_keys, by_blocks), 1, kMaxSplits));

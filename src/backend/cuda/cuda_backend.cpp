@@ -95,8 +95,9 @@ int64_t small_sgemm_min_rows() {
   static const int64_t v = env_rows("MOESERVE_CUDA_SMALL_SGEMM_MIN_ROWS", 64);
   return v;
 }
-// Prefill attention in bf16 mode on tensor cores (attention.cu); MOESERVE_CUDA_ATTENTION_TC=0 keeps the
-// float32 kernel. Read at every call, so that cuda_ops_bench compares both in one process.
+// Attention in bf16 mode on tensor cores, prefill and batched decode (attention.cu);
+// MOESERVE_CUDA_ATTENTION_TC=0 keeps the float32 kernels. Read at every call, so that cuda_ops_bench compares
+// both in one process.
 bool attention_tensor_cores() {
   return env_rows("MOESERVE_CUDA_ATTENTION_TC", 1) != 0;
 }
@@ -678,6 +679,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     a.batch = true;
     set_cache(a, kv, layer);
     a.out = out;
+    a.tensor_cores = !fp32_matmul_ && attention_tensor_cores();
     a.splits = cuda::attention_decode_splits(n, heads, kv_heads, int64_t(stride) * spec.page_size);
     auto q = allocate(size_t(n * heads * head_dim));
     a.q = q.get();
@@ -691,7 +693,7 @@ class CudaBackend final : public Backend, public CacheMemory {
     }
     if (auto op = start("attention_decode", qg, k, v, n, heads, kv_heads, head_dim, qn, kn, eps, rotary_dim,
                         f, a.start_pos, rope_pos, a.pages, a.num_pages, a.k_cache, a.v_cache, a.kv_type,
-                        a.k_scale, a.v_scale, out, a.splits, a.part_out, a.q)) {
+                        a.k_scale, a.v_scale, out, a.splits, a.part_out, a.q, a.tensor_cores)) {
       cuda::launch_attention_decode_prep(qg, q.get(), k, v, n, qn, kn, eps, rotary_dim, f, rope_pos, a,
                                          stream_);
       cuda::launch_attention(a, stream_);

@@ -432,67 +432,73 @@ TEST_F(CudaOps, AttentionDecodeMatchesComposedOps) {
     // Groups of 8 (Qwen3.5-35B-A3B), 16 (two query rows per warp of the decode kernel), 2 and 1; 256 KV
     // heads make 768 blocks, which the decode kernel runs unsplit.
     for (const Case& c : {Case{16, 2, 256, 64}, Case{32, 2, 128, 32}, Case{4, 2, 32, 16}, Case{8, 8, 64, 64},
-                          Case{256, 256, 32, 16}}) {
-      SCOPED_TRACE(std::string(dtype_name(dtype)));
-      // The decode prologue's norm and RoPE may differ from the CPU's in the last bit, which can round a
-      // stored element the other way: a bf16 step is 2^-8 of it, an FP8 step 2^-3.
-      const double bound = dtype == DType::F32 ? 1e-4 : dtype == DType::BF16 ? 4e-3 : 3e-2;
-      const int page_size = 16;
-      // Three sequences with prompts of different lengths and page tables of different sizes.
-      const std::vector<int64_t> prompt = {40, 1, 100};
-      const std::vector<int64_t> table_pages = {5, 2, 12};
-      const int64_t num_pages = 19;
-      KvCache cpu_kv(kv_spec(dtype, c.kv_heads, c.hd, page_size, num_pages, nullptr));
-      KvCache gpu_kv(kv_spec(dtype, c.kv_heads, c.hd, page_size, num_pages, gpu->cache_memory()));
-      std::vector<std::vector<int32_t>> tables;
-      int32_t next = 0;
-      for (int64_t p : table_pages) {
-        auto& t = tables.emplace_back();
-        for (int64_t i = 0; i < p; ++i) t.push_back(next++);
-        std::reverse(t.begin(), t.end());
+                          Case{256, 256, 32, 16}})
+      for (Backend* gpu : {gpu32.get(), this->gpu.get()}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + (gpu == gpu32.get() ? " fp32" : " bf16"));
+        // The decode prologue's norm and RoPE may differ from the CPU's in the last bit, which can round a
+        // stored element the other way: a bf16 step is 2^-8 of it, an FP8 step 2^-3. In bf16 mode head_dim
+        // 64..256 runs on tensor cores (Q and the probabilities rounded to bf16).
+        const bool tensor_cores = gpu != gpu32.get() && c.hd >= 64;
+        const double bound = tensor_cores           ? kBf16
+                             : dtype == DType::F32  ? 1e-4
+                             : dtype == DType::BF16 ? 4e-3
+                                                    : 3e-2;
+        const int page_size = 16;
+        // Three sequences with prompts of different lengths and page tables of different sizes.
+        const std::vector<int64_t> prompt = {40, 1, 100};
+        const std::vector<int64_t> table_pages = {5, 2, 12};
+        const int64_t num_pages = 19;
+        KvCache cpu_kv(kv_spec(dtype, c.kv_heads, c.hd, page_size, num_pages, nullptr));
+        KvCache gpu_kv(kv_spec(dtype, c.kv_heads, c.hd, page_size, num_pages, gpu->cache_memory()));
+        std::vector<std::vector<int32_t>> tables;
+        int32_t next = 0;
+        for (int64_t p : table_pages) {
+          auto& t = tables.emplace_back();
+          for (int64_t i = 0; i < p; ++i) t.push_back(next++);
+          std::reverse(t.begin(), t.end());
+        }
+        auto& q_norm = keep.emplace_back(random_vector(size_t(c.hd), 70, 0.1f));
+        auto& k_norm = keep.emplace_back(random_vector(size_t(c.hd), 71, 0.1f));
+        auto& inv_freq = keep.emplace_back();
+        for (int j = 0; j < c.rotary / 2; ++j) inv_freq.push_back(float(std::pow(1e7, -2.0 * j / c.rotary)));
+        uint32_t seed = 72;
+        for (size_t i = 0; i < prompt.size(); ++i) {  // fill the caches with the prompts
+          const int64_t T = prompt[i];
+          auto q = random_vector(size_t(T * c.heads * c.hd), seed++),
+               k = random_vector(size_t(T * c.kv_heads * c.hd), seed++),
+               v = random_vector(size_t(T * c.kv_heads * c.hd), seed++);
+          std::vector<float> out(q.size());
+          cpu->paged_attention(q.data(), k.data(), v.data(), T, c.heads, c.kv_heads, c.hd, 0, tables[i],
+                               cpu_kv, 0, out.data());
+          auto qd = to_device(*gpu, q), kd = to_device(*gpu, k), vd = to_device(*gpu, v);
+          auto od = poisoned(*gpu, q.size());
+          gpu->paged_attention(qd.get(), kd.get(), vd.get(), T, c.heads, c.kv_heads, c.hd, 0, tables[i],
+                               gpu_kv, 0, od.get());
+        }
+        std::vector<int64_t> positions = prompt;
+        // M-RoPE offsets (rope_delta: text after an image rotates behind its cache index), one sequence
+        // without.
+        const std::vector<int64_t> offsets = {-5, 0, -37};
+        const int64_t n = int64_t(prompt.size());
+        std::vector<std::span<const int32_t>> spans(tables.begin(), tables.end());
+        for (int step = 0; step < 3; ++step) {
+          auto qg = random_vector(size_t(n * c.heads * 2 * c.hd), seed++);
+          auto k = random_vector(size_t(n * c.kv_heads * c.hd), seed++),
+               v = random_vector(size_t(n * c.kv_heads * c.hd), seed++);
+          std::vector<float> ref(size_t(n * c.heads * c.hd)), kc = k;
+          cpu->attention_decode(qg.data(), kc.data(), v.data(), n, c.heads, c.kv_heads, c.hd, q_norm.data(),
+                                k_norm.data(), 1e-6f, c.rotary, inv_freq.data(), positions, offsets, spans,
+                                cpu_kv, 0, ref.data());
+          auto qd = to_device(*gpu, qg), kd = to_device(*gpu, k), vd = to_device(*gpu, v);
+          auto out = poisoned(*gpu, ref.size());
+          gpu->attention_decode(qd.get(), kd.get(), vd.get(), n, c.heads, c.kv_heads, c.hd, q_norm.data(),
+                                k_norm.data(), 1e-6f, c.rotary, inv_freq.data(), positions, offsets, spans,
+                                gpu_kv, 0, out.get());
+          EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), bound)
+              << c.heads << "/" << c.kv_heads << " hd " << c.hd << " step " << step;
+          for (auto& p : positions) ++p;
+        }
       }
-      auto& q_norm = keep.emplace_back(random_vector(size_t(c.hd), 70, 0.1f));
-      auto& k_norm = keep.emplace_back(random_vector(size_t(c.hd), 71, 0.1f));
-      auto& inv_freq = keep.emplace_back();
-      for (int j = 0; j < c.rotary / 2; ++j) inv_freq.push_back(float(std::pow(1e7, -2.0 * j / c.rotary)));
-      uint32_t seed = 72;
-      for (size_t i = 0; i < prompt.size(); ++i) {  // fill the caches with the prompts
-        const int64_t T = prompt[i];
-        auto q = random_vector(size_t(T * c.heads * c.hd), seed++),
-             k = random_vector(size_t(T * c.kv_heads * c.hd), seed++),
-             v = random_vector(size_t(T * c.kv_heads * c.hd), seed++);
-        std::vector<float> out(q.size());
-        cpu->paged_attention(q.data(), k.data(), v.data(), T, c.heads, c.kv_heads, c.hd, 0, tables[i], cpu_kv,
-                             0, out.data());
-        auto qd = to_device(*gpu, q), kd = to_device(*gpu, k), vd = to_device(*gpu, v);
-        auto od = poisoned(*gpu, q.size());
-        gpu->paged_attention(qd.get(), kd.get(), vd.get(), T, c.heads, c.kv_heads, c.hd, 0, tables[i], gpu_kv,
-                             0, od.get());
-      }
-      std::vector<int64_t> positions = prompt;
-      // M-RoPE offsets (rope_delta: text after an image rotates behind its cache index), one sequence
-      // without.
-      const std::vector<int64_t> offsets = {-5, 0, -37};
-      const int64_t n = int64_t(prompt.size());
-      std::vector<std::span<const int32_t>> spans(tables.begin(), tables.end());
-      for (int step = 0; step < 3; ++step) {
-        auto qg = random_vector(size_t(n * c.heads * 2 * c.hd), seed++);
-        auto k = random_vector(size_t(n * c.kv_heads * c.hd), seed++),
-             v = random_vector(size_t(n * c.kv_heads * c.hd), seed++);
-        std::vector<float> ref(size_t(n * c.heads * c.hd)), kc = k;
-        cpu->attention_decode(qg.data(), kc.data(), v.data(), n, c.heads, c.kv_heads, c.hd, q_norm.data(),
-                              k_norm.data(), 1e-6f, c.rotary, inv_freq.data(), positions, offsets, spans,
-                              cpu_kv, 0, ref.data());
-        auto qd = to_device(*gpu, qg), kd = to_device(*gpu, k), vd = to_device(*gpu, v);
-        auto out = poisoned(*gpu, ref.size());
-        gpu->attention_decode(qd.get(), kd.get(), vd.get(), n, c.heads, c.kv_heads, c.hd, q_norm.data(),
-                              k_norm.data(), 1e-6f, c.rotary, inv_freq.data(), positions, offsets, spans,
-                              gpu_kv, 0, out.get());
-        EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), bound)
-            << c.heads << "/" << c.kv_heads << " hd " << c.hd << " step " << step;
-        for (auto& p : positions) ++p;
-      }
-    }
 }
 
 TEST_F(CudaOps, SwigluAndMoeExperts) {
