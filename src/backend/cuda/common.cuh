@@ -183,40 +183,47 @@ __device__ __forceinline__ float weight_at(const WeightView& w, int64_t r, int64
   return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+struct SumOp {
+  static constexpr float kIdentity = 0.0f;
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  static constexpr float kIdentity = -INFINITY;
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  return warp_reduce(v, SumOp{});
 }
 __device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+  return warp_reduce(v, MaxOp{});
 }
 
-// Sum over the block (blockDim.x a multiple of 32, ≤ 1024); every thread gets the total. `scratch` holds 32
-// floats; the call ends with the block synchronised.
+// Reduction over the block (blockDim.x a multiple of 32, ≤ 1024); every thread gets the result, the warps'
+// partial results combined in warp order. `scratch` holds 32 floats; the call ends with the block
+// synchronised.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float v, float* scratch, Op op) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_reduce(v, op);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = Op::kIdentity;
+  for (int i = 0; i < warps; ++i) r = op(r, scratch[i]);
+  return r;
+}
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = 0.0f;
-  for (int i = 0; i < warps; ++i) total += scratch[i];
-  return total;
+  return block_reduce(v, scratch, SumOp{});
 }
-
-// Maximum over the block, as block_sum.
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float m = -INFINITY;
-  for (int i = 0; i < warps; ++i) m = fmaxf(m, scratch[i]);
-  return m;
+  return block_reduce(v, scratch, MaxOp{});
 }
 
 // Dispatches a runtime WType to a template parameter.
