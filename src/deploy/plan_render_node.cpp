@@ -27,8 +27,9 @@ std::vector<std::string> serve_argv(const ClusterSpec& c, const Assignment& a) {
   const ModelSpec& m = *a.model;
   std::vector<std::string> v = {"serve",  "--model", m.path,   "--served-model-name", m.name,
                                 "--host", "0.0.0.0", "--port", std::to_string(m.port)};
-  // serve runs on the CPU unless told otherwise; a GPU node must say cuda (gpu: cpu nodes keep the default).
-  if (node_has_gpu(*a.node)) v.insert(v.end(), {"--device", "cuda"});
+  // The device the plan chose, always written: serve's default (auto) would take a GPU that a gpu: cpu node
+  // happens to have.
+  v.insert(v.end(), {"--device", node_has_gpu(*a.node) ? "cuda" : "cpu"});
   if (m.tp > 1) v.insert(v.end(), {"--tp", std::to_string(m.tp)});
   if (a.nnodes > 1) {
     v.insert(v.end(), {"--nnodes", std::to_string(a.nnodes), "--node-rank", std::to_string(a.rank),

@@ -261,7 +261,8 @@ TEST(CommandFlags, ComposeDemoServersGetTheTokenizer) {
   EXPECT_EQ(demo, 3);
 }
 
-// A node that reserves NVIDIA GPUs must serve on them: serve's default device is the CPU.
+// A node that reserves NVIDIA GPUs must say so to serve (its default, auto, would fall back to the CPU in a
+// container that does not see them).
 TEST(CommandFlags, ComposeGpuNodesServeOnCuda) {
   const std::string file = "deploy/docker/compose.node.yaml";
   auto doc = parse_structured_text(substitute_defaults(read_file(file)), file);

@@ -67,7 +67,6 @@ TEST(Plan, TpPairLaunchLines) {
   EXPECT_EQ(prom->content.find("10.0.0.2:30000"), std::string::npos);
 }
 
-// serve's default device is the CPU: GPU nodes must ask for cuda in every launch file; CPU nodes must not.
 // kv_cache_dtype sizes the KV cache by the bytes serve will store and is passed to serve, so the two agree.
 TEST(Plan, KvCacheDtypeSizesTheCacheAndReachesServe) {
   auto with_kv = [](const std::string& kv) {
@@ -86,6 +85,8 @@ TEST(Plan, KvCacheDtypeSizesTheCacheAndReachesServe) {
   EXPECT_NE(refusal(with_kv("fp8_e5m2")).find("kv_cache_dtype 'fp8_e5m2' is not one of"), std::string::npos);
 }
 
+// Every launch file names the plan's device: serve's own default (auto) would take a GPU that a gpu: cpu node
+// happens to have.
 TEST(Plan, GpuNodesServeOnCudaCpuNodesOnTheCpu) {
   Plan p = make_plan(parse(R"(
 nodes:
@@ -101,7 +102,8 @@ router: {host: 10.0.0.9}
     const std::string& gpu = find_file(p, std::string("nodes/g/") + file)->content;
     const std::string& cpu = find_file(p, std::string("nodes/c/") + file)->content;
     EXPECT_NE(gpu.find("--device cuda"), std::string::npos) << gpu;
-    EXPECT_EQ(cpu.find("--device"), std::string::npos) << cpu;
+    EXPECT_NE(cpu.find("--device cpu"), std::string::npos) << cpu;
+    EXPECT_EQ(cpu.find("--device cuda"), std::string::npos) << cpu;
     EXPECT_EQ(cpu.find("--gpus"), std::string::npos) << cpu;
     EXPECT_EQ(gpu.find("NOT STARTABLE"), std::string::npos) << gpu;
   }
@@ -136,7 +138,7 @@ router: {host: 10.0.0.9}
   ASSERT_EQ(cpu.warnings.size(), 1u);
   EXPECT_NE(cpu.warnings[0].find("runs one process per rank under mpirun"), std::string::npos)
       << cpu.warnings[0];
-  EXPECT_EQ(find_file(cpu, "nodes/a/serve.sh")->content.find("--device"), std::string::npos);
+  EXPECT_NE(find_file(cpu, "nodes/a/serve.sh")->content.find("--device cpu"), std::string::npos);
 }
 
 TEST(Plan, NginxCarriesTheReferenceTuning) {
