@@ -516,12 +516,98 @@ __device__ __forceinline__ void load_kv_tile(const AttentionArgs& a, const int32
   }
 }
 
-// Warp w owns query rows 16w..16w+15 of the block. Per key tile: S = Q Kᵀ (16 x 64, float32 accumulators),
-// masked and scaled, the online softmax in the accumulators' registers (a row's four owners reduce by
-// shuffles), then O += P V with P's accumulator layout reused as the A fragment. Thread (g, q) =
+// The tile steps both tensor-core kernels share, for one warp's m16 tile of query rows. Thread (g, q) =
 // (lane / 4, lane % 4) holds rows g and g + 8: S element e of n8 tile j is key 8j + 2q + (e % 2) of row
-// g + 8(e / 2); O element e of n8 tile j is dimension 8j + 2q + (e % 2) of the same rows. The next tile's K
-// and V load into the other stage while this one is multiplied.
+// g + 8(e / 2); O element e of n8 tile j is dimension 8j + 2q + (e % 2) of the same rows.
+
+// S = Q Kᵀ for Keys keys: Qr points at the warp's 16 query rows, Ks at the tile's keys (bf16, pitch P).
+template <int D, int Keys>
+__device__ __forceinline__ void tc_scores(const __nv_bfloat16* Qr, const __nv_bfloat16* Ks,
+                                          float (&s)[Keys / 8][4]) {
+  constexpr int P = tc_pitch<D>();
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < D; kk += 16) {
+    uint32_t qa[4];
+    ldmatrix_x4(qa, Qr + (lane & 15) * P + kk + (lane >> 4) * 8);
+#pragma unroll
+    for (int jp = 0; jp < Keys / 16; ++jp) {
+      uint32_t b[4];  // n8 tiles 2jp and 2jp+1, k halves 0 and 1 each
+      ldmatrix_x4(b, Ks + (jp * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk + ((lane >> 3) & 1) * 8);
+      mma_bf16(s[2 * jp], qa[0], qa[1], qa[2], qa[3], b[0], b[1]);
+      mma_bf16(s[2 * jp + 1], qa[0], qa[1], qa[2], qa[3], b[2], b[3]);
+    }
+  }
+}
+
+// The online softmax over one tile of masked, scaled scores (-inf where masked), in the accumulators'
+// registers: a row's four owner threads reduce by shuffles. s becomes the probabilities, O (NO n8 tiles) is
+// rescaled, m_run / l_run move on.
+template <int NJ, int NO>
+__device__ __forceinline__ void tc_online_softmax(float (&s)[NJ][4], float (&m_run)[2], float (&l_run)[2],
+                                                  float (&o)[NO][4]) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+  float alpha[2], m_use[2], psum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+    const float m_new = fmaxf(m_run[i], mx[i]);
+    // A row with no visible key yet keeps m = -inf: its probabilities are 0 and nothing is rescaled.
+    m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+    alpha[i] = __expf(m_run[i] - m_use[i]);
+    m_run[i] = m_new;
+  }
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[j][e] = __expf(s[j][e] - m_use[e / 2]);
+      psum[e / 2] += s[j][e];
+    }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 1);
+    psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 2);
+    l_run[i] = l_run[i] * alpha[i] + psum[i];
+  }
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+    o[j][0] *= alpha[0], o[j][1] *= alpha[0];
+    o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+  }
+}
+
+// O += P V over Keys keys for Cols columns of V from Vc (the tile's first key at those columns): P's
+// accumulator layout is the A fragment.
+template <int D, int Keys, int Cols>
+__device__ __forceinline__ void tc_apply_values(const float (&s)[Keys / 8][4], const __nv_bfloat16* Vc,
+                                                float (&o)[Cols / 8][4]) {
+  constexpr int P = tc_pitch<D>();
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kj = 0; kj < Keys / 16; ++kj) {
+    const uint32_t pa[4] = {bf16x2_bits(s[2 * kj][0], s[2 * kj][1]), bf16x2_bits(s[2 * kj][2], s[2 * kj][3]),
+                            bf16x2_bits(s[2 * kj + 1][0], s[2 * kj + 1][1]),
+                            bf16x2_bits(s[2 * kj + 1][2], s[2 * kj + 1][3])};
+#pragma unroll
+    for (int np = 0; np < Cols / 16; ++np) {
+      uint32_t b[4];  // keys 16kj..+15 of columns 16np..+7 and 16np+8..+15
+      ldmatrix_x4_trans(b,
+                        Vc + (kj * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + np * 16 + (lane >> 4) * 8);
+      mma_bf16(o[2 * np], pa[0], pa[1], pa[2], pa[3], b[0], b[1]);
+      mma_bf16(o[2 * np + 1], pa[0], pa[1], pa[2], pa[3], b[2], b[3]);
+    }
+  }
+}
+
+// Warp w owns query rows 16w..16w+15 of the block. Per key tile (the tile steps above): S = Q Kᵀ (16 x 64,
+// float32 accumulators), masked (causal) and scaled, the online softmax, then O += P V. The next tile's K and
+// V load into the other stage while this one is multiplied.
 template <int D, typename KV>
 __global__ __launch_bounds__(kTcThreads) void attention_tc_kernel(AttentionArgs a) {
   pdl_begin();
@@ -591,20 +677,7 @@ __global__ __launch_bounds__(kTcThreads) void attention_tc_kernel(AttentionArgs 
     const __nv_bfloat16* Vs = Ks + kTcKeys * P;
 
     float s[kTcKeys / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D; kk += 16) {
-      uint32_t qa[4];
-      ldmatrix_x4(qa, Qs + (warp * 16 + (lane & 15)) * P + kk + (lane >> 4) * 8);
-#pragma unroll
-      for (int jp = 0; jp < kTcKeys / 16; ++jp) {
-        uint32_t b[4];  // n8 tiles 2jp and 2jp+1, k halves 0 and 1 each
-        ldmatrix_x4(b, Ks + (jp * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk + ((lane >> 3) & 1) * 8);
-        mma_bf16(s[2 * jp], qa[0], qa[1], qa[2], qa[3], b[0], b[1]);
-        mma_bf16(s[2 * jp + 1], qa[0], qa[1], qa[2], qa[3], b[2], b[3]);
-      }
-    }
-
-    float mx[2] = {-INFINITY, -INFINITY};
+    tc_scores<D, kTcKeys>(Qs + warp * 16 * P, Ks, s);
 #pragma unroll
     for (int j = 0; j < kTcKeys / 8; ++j)
 #pragma unroll
@@ -612,52 +685,9 @@ __global__ __launch_bounds__(kTcThreads) void attention_tc_kernel(AttentionArgs 
         const int i = e / 2;
         const int64_t kp = kt0 + 8 * j + 2 * q4 + (e & 1);
         s[j][e] = rvalid[i] && kp <= qpos[i] ? s[j][e] * scale : -INFINITY;
-        mx[i] = fmaxf(mx[i], s[j][e]);
       }
-    float alpha[2], m_use[2], psum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      const float m_new = fmaxf(m_run[i], mx[i]);
-      // A row with no visible key yet keeps m = -inf: its probabilities are 0 and nothing is rescaled.
-      m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[i] = __expf(m_run[i] - m_use[i]);
-      m_run[i] = m_new;
-    }
-#pragma unroll
-    for (int j = 0; j < kTcKeys / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = __expf(s[j][e] - m_use[e / 2]);
-        psum[e / 2] += s[j][e];
-      }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 1);
-      psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 2);
-      l_run[i] = l_run[i] * alpha[i] + psum[i];
-    }
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[j][0] *= alpha[0], o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1], o[j][3] *= alpha[1];
-    }
-
-#pragma unroll
-    for (int kj = 0; kj < kTcKeys / 16; ++kj) {
-      const uint32_t pa[4] = {
-          bf16x2_bits(s[2 * kj][0], s[2 * kj][1]), bf16x2_bits(s[2 * kj][2], s[2 * kj][3]),
-          bf16x2_bits(s[2 * kj + 1][0], s[2 * kj + 1][1]), bf16x2_bits(s[2 * kj + 1][2], s[2 * kj + 1][3])};
-#pragma unroll
-      for (int np = 0; np < D / 16; ++np) {
-        uint32_t b[4];  // keys 16kj..+15 of dimensions 16np..+7 and 16np+8..+15
-        ldmatrix_x4_trans(
-            b, Vs + (kj * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + np * 16 + (lane >> 4) * 8);
-        mma_bf16(o[2 * np], pa[0], pa[1], pa[2], pa[3], b[0], b[1]);
-        mma_bf16(o[2 * np + 1], pa[0], pa[1], pa[2], pa[3], b[2], b[3]);
-      }
-    }
+    tc_online_softmax(s, m_run, l_run, o);
+    tc_apply_values<D, kTcKeys, D>(s, Vs, o);
     __syncthreads();  // every warp is done with this stage before the next iteration loads into it
   }
 
@@ -691,7 +721,7 @@ __global__ __launch_bounds__(kTcThreads) void attention_tc_kernel(AttentionArgs 
 // V's columns; the next tile's K and V load into the other stage meanwhile. The float32 decode kernel has
 // each warp read the whole K and V tile from shared memory for its single row, eight times the tile per KV
 // head: shared-memory bound (a batch-16 step at an 8K context spent 390 µs a layer there, against ~60 µs of
-// HBM traffic). Fragment layouts as in attention_tc_kernel.
+// HBM traffic). The tile steps are attention_tc_kernel's (above).
 constexpr int kDecTcKeys = 32;
 constexpr int kDecTcWarps = 4;
 constexpr int kDecTcThreads = 32 * kDecTcWarps;
@@ -754,71 +784,17 @@ __global__ __launch_bounds__(kDecTcThreads) void attention_decode_tc_kernel(Atte
     const __nv_bfloat16* Vs = Ks + kDecTcKeys * P;
 
     float s[kDecTcKeys / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D; kk += 16) {
-      uint32_t qa[4];
-      ldmatrix_x4(qa, Qs + (lane & 15) * P + kk + (lane >> 4) * 8);
-#pragma unroll
-      for (int jp = 0; jp < kDecTcKeys / 16; ++jp) {
-        uint32_t b[4];  // n8 tiles 2jp and 2jp+1, k halves 0 and 1 each
-        ldmatrix_x4(b, Ks + (jp * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk + ((lane >> 3) & 1) * 8);
-        mma_bf16(s[2 * jp], qa[0], qa[1], qa[2], qa[3], b[0], b[1]);
-        mma_bf16(s[2 * jp + 1], qa[0], qa[1], qa[2], qa[3], b[2], b[3]);
-      }
-    }
-
+    tc_scores<D, kDecTcKeys>(Qs, Ks, s);
     // Every row sees keys 0..kv_len-1; a split's tiles start inside that range, so each tile has a live key.
-    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kDecTcKeys / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t kp = kt0 + 8 * j + 2 * q4 + (e & 1);
         s[j][e] = kp < kv_len ? s[j][e] * scale : -INFINITY;
-        mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
       }
-    float alpha[2], psum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      const float m_new = fmaxf(m_run[i], mx[i]);
-      alpha[i] = __expf(m_run[i] - m_new);
-      m_run[i] = m_new;
-    }
-#pragma unroll
-    for (int j = 0; j < kDecTcKeys / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = __expf(s[j][e] - m_run[e / 2]);
-        psum[e / 2] += s[j][e];
-      }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 1);
-      psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 2);
-      l_run[i] = l_run[i] * alpha[i] + psum[i];
-    }
-#pragma unroll
-    for (int j = 0; j < DW / 8; ++j) {
-      o[j][0] *= alpha[0], o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1], o[j][3] *= alpha[1];
-    }
-
-#pragma unroll
-    for (int kj = 0; kj < kDecTcKeys / 16; ++kj) {
-      const uint32_t pa[4] = {
-          bf16x2_bits(s[2 * kj][0], s[2 * kj][1]), bf16x2_bits(s[2 * kj][2], s[2 * kj][3]),
-          bf16x2_bits(s[2 * kj + 1][0], s[2 * kj + 1][1]), bf16x2_bits(s[2 * kj + 1][2], s[2 * kj + 1][3])};
-#pragma unroll
-      for (int np = 0; np < DW / 16; ++np) {
-        uint32_t b[4];  // keys 16kj..+15 of this warp's dimensions 16np..+7 and 16np+8..+15
-        ldmatrix_x4_trans(b, Vs + (kj * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + warp * DW + np * 16 +
-                                 (lane >> 4) * 8);
-        mma_bf16(o[2 * np], pa[0], pa[1], pa[2], pa[3], b[0], b[1]);
-        mma_bf16(o[2 * np + 1], pa[0], pa[1], pa[2], pa[3], b[2], b[3]);
-      }
-    }
+    tc_online_softmax(s, m_run, l_run, o);
+    tc_apply_values<D, kDecTcKeys, DW>(s, Vs + warp * DW, o);
     __syncthreads();  // every warp is done with this stage before the next iteration loads into it
   }
 
