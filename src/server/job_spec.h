@@ -19,6 +19,7 @@ namespace moeserve::server {
 
 struct ResponsesRequest;
 class ResponseStore;
+class BackgroundResponse;
 
 struct JobSpec {
   enum class Kind { kCompletion, kChat, kResponses, kMessages, kGenerate } kind = Kind::kCompletion;
@@ -51,6 +52,8 @@ struct JobSpec {
   // Responses API: the request's echoed fields and conversation, and where the answer is kept.
   std::shared_ptr<const ResponsesRequest> responses;
   ResponseStore* response_store = nullptr;
+  // A background response: where its events go (the encoder publishes each one), from its third on.
+  std::shared_ptr<BackgroundResponse> background;
   GenerateOptions generate;  // kGenerate
 };
 

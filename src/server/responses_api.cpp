@@ -145,6 +145,11 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
   if (const json* prev = present(j, "previous_response_id")) {
     if (!prev->is_string()) throw invalid_param("previous_response_id", "must be a string");
     auto stored = store.get(prev->get<std::string>());
+    if (auto background = stored ? nullptr : store.background(prev->get<std::string>())) {
+      throw invalid_param("previous_response_id",
+                          "the background response {} has no answer to continue from (it is {})",
+                          brief(*prev), background->status());
+    }
     if (!stored) {
       throw ApiError(
           404,
@@ -166,8 +171,11 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
     if (!s->is_boolean()) throw invalid_param("store", "must be a boolean");
     r.store = s->get<bool>();
   }
-  if (const json* b = present(j, "background"); b && *b != false) {
-    throw invalid_param("background", "background responses are not supported");
+  if (const json* b = present(j, "background")) {
+    if (!b->is_boolean()) throw invalid_param("background", "must be a boolean");
+    r.background = b->get<bool>();
+    // Its state and events live in the store until the client reads them.
+    if (r.background && !r.store) throw invalid_param("background", "requires store: true");
   }
 
   // The chat request it amounts to; parse_chat_request validates it with the chat rules.
@@ -243,7 +251,8 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
   r.conversation = std::move(conversation);
   r.input_items = std::move(input_items);
   const json* metadata = present(j, "metadata");
-  r.echo = {{"instructions", instructions},
+  r.echo = {{"background", r.background},
+            {"instructions", instructions},
             {"max_output_tokens", present(j, "max_output_tokens") ? j["max_output_tokens"] : json(nullptr)},
             {"metadata", metadata ? *metadata : json::object()},
             {"parallel_tool_calls", r.chat.parallel_tool_calls},
@@ -264,17 +273,73 @@ ResponsesRequest parse_responses_request(std::string_view body, const ResponseSt
 
 namespace {
 
+// The Responses API's response object of `spec`, its request's fields echoed.
+json responses_object(const JobSpec& spec, const std::string& model, const std::string& status, json output,
+                      json usage) {
+  json r = {
+      {"id", spec.id},
+      {"object", "response"},
+      {"created_at", spec.created},
+      {"status", status},
+      {"error", nullptr},
+      {"incomplete_details", status == "incomplete" ? json{{"reason", "max_output_tokens"}} : json(nullptr)},
+      {"model", model},
+      {"output", std::move(output)}};
+  for (auto& [k, v] : spec.responses->echo.items()) r[k] = v;
+  r["usage"] = std::move(usage);
+  return r;
+}
+
+json responses_usage(const JobSpec& spec, const std::vector<ChoiceOutput>& choices) {
+  json u = usage_json(spec, choices);
+  return {{"input_tokens", u["prompt_tokens"]},
+          {"input_tokens_details", {{"cached_tokens", u["prompt_tokens_details"]["cached_tokens"]}}},
+          {"output_tokens", u["completion_tokens"]},
+          {"output_tokens_details", {{"reasoning_tokens", 0}}},
+          {"total_tokens", u["total_tokens"]}};
+}
+
+}  // namespace
+
+json queued_response(const JobSpec& spec, const std::string& model) {
+  return responses_object(spec, model, "queued", json::array(), nullptr);
+}
+
+json stored_input_items(const ResponsesRequest& request, const std::string& response_id) {
+  json items = request.input_items;
+  for (size_t i = 0; i < items.size(); ++i) {
+    json& item = items[i];
+    if (item.contains("id")) continue;
+    const std::string type = item.value("type", "");
+    const char* kind = type == "function_call"          ? "fc"
+                       : type == "function_call_output" ? "fco"
+                       : type == "reasoning"            ? "rs"
+                                                        : "msg";
+    // "in" is no hex digit, so these never meet an output item's id (kind, hex, counter).
+    item["id"] = fmt::format("{}_{}in{}", kind, response_id.substr(5), i);
+  }
+  return items;
+}
+
+namespace {
+
 // Writes a response as the Responses API's objects: output items and, streamed, typed events (each an SSE
 // event named by its type, numbered by sequence_number).
 class ResponsesEncoder : public ResponseEncoder {
  public:
-  explicit ResponsesEncoder(const EncoderContext& ctx) : ctx_(ctx), request_(*ctx.spec.responses) {}
+  // A background response's record already holds its first events (created, queued): numbering goes on.
+  explicit ResponsesEncoder(const EncoderContext& ctx)
+      : ctx_(ctx),
+        request_(*ctx.spec.responses),
+        sequence_(ctx.spec.background ? ctx.spec.background->next_sequence() : 0) {}
 
   std::string delta(const ChoiceOutput& c, const ChoiceDelta& d) override {
     std::string out;
     if (!started_) {
       started_ = true;
-      out += event("response.created", {{"response", response_object("in_progress", json::array(), false)}});
+      if (!ctx_.spec.background)
+        out +=
+            event("response.created", {{"response", response_object("in_progress", json::array(), false)}});
       out +=
           event("response.in_progress", {{"response", response_object("in_progress", json::array(), false)}});
     }
@@ -367,33 +432,14 @@ class ResponsesEncoder : public ResponseEncoder {
   std::string status() const { return finish_reason_ == "length" ? "incomplete" : "completed"; }
 
   json response_object(const std::string& status, json output, bool usage) const {
-    json r = {{"id", ctx_.spec.id},
-              {"object", "response"},
-              {"created_at", ctx_.spec.created},
-              {"status", status},
-              {"error", nullptr},
-              {"incomplete_details",
-               status == "incomplete" ? json{{"reason", "max_output_tokens"}} : json(nullptr)},
-              {"model", ctx_.model},
-              {"output", std::move(output)}};
-    for (auto& [k, v] : request_.echo.items()) r[k] = v;
-    if (usage) {
-      json u = usage_json(ctx_.spec, ctx_.choices);
-      r["usage"] = {
-          {"input_tokens", u["prompt_tokens"]},
-          {"input_tokens_details", {{"cached_tokens", u["prompt_tokens_details"]["cached_tokens"]}}},
-          {"output_tokens", u["completion_tokens"]},
-          {"output_tokens_details", {{"reasoning_tokens", 0}}},
-          {"total_tokens", u["total_tokens"]}};
-    } else {
-      r["usage"] = nullptr;
-    }
-    return r;
+    return responses_object(ctx_.spec, ctx_.model, status, std::move(output),
+                            usage ? responses_usage(ctx_.spec, ctx_.choices) : json(nullptr));
   }
 
   std::string event(const char* type, json data) {
     json e = {{"type", type}, {"sequence_number", sequence_++}};
     for (auto& [k, v] : data.items()) e[k] = std::move(v);
+    if (ctx_.spec.background) ctx_.spec.background->publish(e);
     return fmt::format("event: {}\ndata: {}\n\n", type,
                        e.dump(-1, ' ', false, json::error_handler_t::replace));
   }
@@ -469,18 +515,7 @@ class ResponsesEncoder : public ResponseEncoder {
     if (!request_.store || !ctx_.spec.response_store) return;
     StoredResponse stored;
     stored.response = response;
-    stored.input_items = request_.input_items;
-    for (size_t i = 0; i < stored.input_items.size(); ++i) {
-      json& item = stored.input_items[i];
-      if (item.contains("id")) continue;
-      const std::string type = item.value("type", "");
-      const char* kind = type == "function_call"          ? "fc"
-                         : type == "function_call_output" ? "fco"
-                         : type == "reasoning"            ? "rs"
-                                                          : "msg";
-      // "in" is no hex digit, so these never meet an output item's id (kind, hex, counter).
-      item["id"] = fmt::format("{}_{}in{}", kind, ctx_.spec.id.substr(5), i);
-    }
+    stored.input_items = stored_input_items(request_, ctx_.spec.id);
     const auto& m = c.message();
     json assistant = {{"role", "assistant"}, {"content", m.content}};
     if (!m.tool_calls.empty()) {
@@ -499,6 +534,7 @@ class ResponsesEncoder : public ResponseEncoder {
 
   EncoderContext ctx_;
   const ResponsesRequest& request_;
+  int64_t sequence_;
   bool started_ = false;
   Open open_ = Open::kNone;
   json item_;                           // the open item
@@ -506,7 +542,6 @@ class ResponsesEncoder : public ResponseEncoder {
   json text_logprobs_ = json::array();  // the open message's logprobs (when included)
   json items_ = json::array();
   int next_item_ = 0;
-  int64_t sequence_ = 0;
   std::string finish_reason_;
 };
 

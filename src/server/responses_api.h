@@ -28,10 +28,16 @@ struct ResponsesRequest {
   nlohmann::ordered_json input_items;
   std::optional<std::string> previous_response_id;
   bool store = true;
+  bool background = false;  // run without the connection (server/background_runner.h)
 };
 
 // Throws ApiError 400 naming the field (and 404 for an unknown previous_response_id).
 ResponsesRequest parse_responses_request(std::string_view body, const ResponseStore& store);
+
+// A background job's response object as created (status "queued", no output yet).
+nlohmann::ordered_json queued_response(const JobSpec& spec, const std::string& model);
+// The request's input items as the store lists them: each named (kind_<id>in<i>) where the client gave no id.
+nlohmann::ordered_json stored_input_items(const ResponsesRequest& request, const std::string& response_id);
 
 // The encoder of kResponses jobs; the spec's `responses` carries the request and the store.
 std::unique_ptr<ResponseEncoder> make_responses_encoder(const EncoderContext& ctx);

@@ -51,12 +51,16 @@ const std::string kNoThinkingTail = "<|im_start|>assistant\n<think>\n\n</think>\
 // One server over a real engine whose model replies `reply` after `anchor`.
 class Server {
  public:
+  // `gate` (optional) holds each forward pass until the test lets it run; it opens when the server goes.
   Server(const std::string& anchor, const std::string& reply,
-         AdmissionOptions admission = {.memory_pressure_threshold = 0}, ServiceOptions options = {}) {
+         AdmissionOptions admission = {.memory_pressure_threshold = 0}, ServiceOptions options = {},
+         std::shared_ptr<StepGate> gate = nullptr)
+      : gate_(gate) {
     const auto& text = qwen3_text();
     int32_t eos = *text.tokenizer.token_id("<|im_end|>");
     auto model = std::make_unique<ScriptedModel>(static_cast<int64_t>(text.tokenizer.vocab_size()), eos,
                                                  ids(anchor), ids(reply));
+    model->set_gate(std::move(gate));
     EngineOptions eo;
     eo.cache_memory_bytes = 64 << 20;
     eo.max_running_requests = 8;
@@ -75,6 +79,7 @@ class Server {
     harness->service->set_ready(true);
   }
   ~Server() {
+    if (gate_) gate_->open();
     harness.reset();
     engine->shutdown();
   }
@@ -103,6 +108,7 @@ class Server {
   }
   std::string metrics() { return harness->get("/metrics").body; }
 
+  std::shared_ptr<StepGate> gate_;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Harness> harness;
 };
@@ -475,6 +481,135 @@ TEST(Generation, StoredResponsesAreRetrievedListedAndDeleted) {
   // A stored foreground response cannot be cancelled (only background ones can).
   auto cancel = s.harness->post("/v1/responses/" + second["id"].get<std::string>() + "/cancel", "");
   EXPECT_EQ(cancel.status, 400) << cancel.body;
+}
+
+// The events of a Responses stream, parsed.
+std::vector<json> response_events(const std::string& body) {
+  std::vector<json> out;
+  for (auto& d : sse_data(body)) out.push_back(json::parse(d));
+  return out;
+}
+
+TEST(Generation, BackgroundResponseRunsIsRetrievedAndItsStreamResumes) {
+  Server s(kThinkingTail, "The user greets me.\n</think>\n\nHello there!");
+  auto get = [&](const std::string& path) {
+    auto r = s.harness->get(path);
+    EXPECT_EQ(r.status, 200) << path << ": " << r.body;
+    return r;
+  };
+  const json created =
+      s.post("/v1/responses", {{"model", "scripted"}, {"input", "Hi!"}, {"background", true}});
+  EXPECT_EQ(created["background"], true);
+  EXPECT_TRUE(created["status"] == "queued" || created["status"] == "in_progress") << created.dump();
+  const std::string id = created["id"];
+  json now;
+  for (int i = 0; i < 2000; ++i) {  // until it has ended (the test's only wait: no bound on time decides)
+    now = json::parse(get("/v1/responses/" + id).body);
+    if (now["status"] != "queued" && now["status"] != "in_progress") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(now["status"], "completed") << now.dump();
+  ASSERT_EQ(now["output"].size(), 2u) << now.dump();
+  EXPECT_EQ(now["output"][1]["content"][0]["text"], "Hello there!");
+  EXPECT_EQ(now["usage"]["output_tokens"], ids("The user greets me.\n</think>\n\nHello there!").size() + 1);
+
+  // Its stream, replayed whole: created, queued, in_progress, ..., completed with the retrieved object,
+  // numbered from 0 without a gap; and resumed after a sequence number.
+  const std::vector<json> all = response_events(get("/v1/responses/" + id + "?stream=true").body);
+  ASSERT_GE(all.size(), 5u);
+  EXPECT_EQ(all[0]["type"], "response.created");
+  EXPECT_EQ(all[0]["response"]["status"], "queued");
+  EXPECT_EQ(all[1]["type"], "response.queued");
+  EXPECT_EQ(all[2]["type"], "response.in_progress");
+  EXPECT_EQ(all.back()["type"], "response.completed");
+  EXPECT_EQ(all.back()["response"], now);
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i]["sequence_number"], i);
+  const std::vector<json> tail =
+      response_events(get("/v1/responses/" + id + "?stream=true&starting_after=5").body);
+  ASSERT_EQ(tail.size(), all.size() - 6);
+  EXPECT_EQ(tail.front(), all[6]);
+  std::string deltas;
+  for (const json& e : all)
+    if (e["type"] == "response.output_text.delta") deltas += e["delta"].get<std::string>();
+  EXPECT_EQ(deltas, "Hello there!");
+
+  // It continues a conversation like a foreground response.
+  const json next =
+      s.post("/v1/responses", {{"model", "scripted"}, {"previous_response_id", id}, {"input", "Again"}});
+  EXPECT_EQ(next["previous_response_id"], id);
+  EXPECT_GT(next["usage"]["input_tokens"], now["usage"]["input_tokens"]);
+
+  // background with stream: true answers with the live stream, the same events GET replays afterwards.
+  auto streamed = s.harness->post(
+      "/v1/responses",
+      json{{"model", "scripted"}, {"input", "Hi!"}, {"background", true}, {"stream", true}}.dump());
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  const std::vector<json> live = response_events(streamed.body);
+  ASSERT_FALSE(live.empty());
+  EXPECT_EQ(live.back()["type"], "response.completed");
+  const std::string live_id = live.front()["response"]["id"];
+  EXPECT_EQ(response_events(get("/v1/responses/" + live_id + "?stream=true").body), live);
+
+  // background needs store; a foreground response has no stream to resume.
+  auto unstored = s.harness->post(
+      "/v1/responses",
+      json{{"model", "scripted"}, {"input", "x"}, {"background", true}, {"store", false}}.dump());
+  EXPECT_EQ(unstored.status, 400) << unstored.body;
+  EXPECT_EQ(json::parse(unstored.body)["error"]["param"], "background");
+  const std::string foreground = next["id"];
+  EXPECT_EQ(s.harness->get("/v1/responses/" + foreground + "?stream=true").status, 400);
+}
+
+TEST(Generation, CancellingABackgroundResponseStopsItsSequenceAndFreesTheCache) {
+  auto gate = std::make_shared<StepGate>();
+  Server s(kThinkingTail, "The user greets me and I think about it at some length.\n</think>\n\nHello!",
+           {.memory_pressure_threshold = 0}, {}, gate);
+  const json created =
+      s.post("/v1/responses", {{"model", "scripted"}, {"input", "Hi!"}, {"background", true}});
+  const std::string id = created["id"];
+  EXPECT_EQ(created["status"], "queued");
+  auto status = [&] { return json::parse(s.harness->get("/v1/responses/" + id).body); };
+  EXPECT_EQ(status()["status"], "queued") << "no forward pass has run";
+
+  gate->allow(3);  // the prompt and two tokens
+  gate->wait_passed(3);
+  json running;
+  for (int i = 0; i < 2000; ++i) {  // until the two tokens have reached the record
+    running = status();
+    if (running["status"] == "in_progress") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(running["status"], "in_progress") << running.dump();
+  EXPECT_EQ(s.engine->stats().running, 1);
+
+  auto cancel = s.harness->post("/v1/responses/" + id + "/cancel", "");
+  ASSERT_EQ(cancel.status, 200) << cancel.body;
+  EXPECT_EQ(json::parse(cancel.body)["status"], "cancelled");
+  auto again = s.harness->post("/v1/responses/" + id + "/cancel", "");
+  EXPECT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(json::parse(again.body)["status"], "cancelled");
+
+  // The engine drops the sequence at its next step: the gate lets steps run again.
+  gate->open();
+  EngineStats st;
+  for (int i = 0; i < 2000; ++i) {
+    st = s.engine->stats();
+    if (st.running == 0 && st.kv_pages_used == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.kv_pages_used, 0);
+  EXPECT_EQ(st.requests_aborted, 1u);
+  EXPECT_EQ(status()["status"], "cancelled");
+  // Its stream ends where the cancel cut it: no terminal event after the two tokens' deltas.
+  const std::vector<json> events =
+      response_events(s.harness->get("/v1/responses/" + id + "?stream=true").body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events[2]["type"], "response.in_progress");
+  for (const json& e : events) EXPECT_NE(e["type"], "response.completed");
+  // A finished one cannot be cancelled.
+  const json done = s.post("/v1/responses", {{"model", "scripted"}, {"input", "Hi!"}});
+  EXPECT_EQ(s.harness->post("/v1/responses/" + done["id"].get<std::string>() + "/cancel", "").status, 400);
 }
 
 // Anthropic's count_tokens: the prompt /v1/messages generates from (system, tools, thinking switch, a forced
