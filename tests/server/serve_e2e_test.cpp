@@ -956,8 +956,9 @@ TEST_F(ServeDemo, OfficialOpenAiSdk) {
 }
 
 TEST_F(ServeDemo, OpenAiSdkResponsesApi) {
+  // One generation slot, so that a held slot keeps a background response queued.
   auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-sdk", "--chat-template",
-                  kQwen35Template});
+                  kQwen35Template, "--max-concurrency", "1"});
   run_sdk_script(*p, "responses_test.mjs", "all Responses checks passed");
 }
 
