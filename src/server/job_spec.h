@@ -38,6 +38,15 @@ struct JobSpec {
   std::vector<std::string> stop;
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
+  // What differs between the prompts of a batch with per-prompt sampling (SGLang's sampling_params list):
+  // prompt i uses per_prompt[i] instead of params and the stop settings above. Empty: all use those.
+  struct PromptSampling {
+    SamplingParams params;
+    std::vector<std::string> stop;
+    bool include_stop_str_in_output = false;
+    bool skip_special_tokens = true;
+  };
+  std::vector<PromptSampling> per_prompt;
   StreamSettings stream;
   bool echo = false;
   bool return_token_ids = false;

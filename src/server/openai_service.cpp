@@ -543,9 +543,30 @@ Reply OpenAiService::completions(HttpRequest& req) {
 
 Reply OpenAiService::generate(HttpRequest& req) {
   SglangGenerateRequest gr = parse_generate_request(req.body);
-  JobSpec spec =
-      completion_job(gr.completion, JobSpec::Kind::kGenerate, "generate-", kGenerateDefaultMaxNewTokens);
+  auto job = [&](CompletionRequest& cr) {
+    return completion_job(cr, JobSpec::Kind::kGenerate, "generate-", kGenerateDefaultMaxNewTokens);
+  };
+  JobSpec spec;
+  if (gr.per_prompt.empty()) {
+    spec = job(gr.completion);
+  } else {
+    // Per-prompt sampling: each prompt's job under its own parameters, run as one batch (the shared
+    // fields, n included, are the same in each).
+    for (size_t i = 0; i < gr.per_prompt.size(); ++i) {
+      JobSpec one = job(gr.per_prompt[i]);
+      JobSpec::PromptSampling sampling{one.params, one.stop, one.include_stop_str_in_output,
+                                       one.skip_special_tokens};
+      if (i == 0) {
+        spec = std::move(one);  // its id, arrival and shared fields stand for the batch
+      } else {
+        spec.prompts.push_back(std::move(one.prompts[0]));
+        spec.prompt_texts.push_back(std::move(one.prompt_texts[0]));
+      }
+      spec.per_prompt.push_back(std::move(sampling));
+    }
+  }
   spec.generate = std::move(gr.options);
+  spec.generate.incremental = options_.incremental_streaming_output;
   return start_job(std::move(spec));
 }
 

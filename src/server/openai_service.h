@@ -58,6 +58,8 @@ struct ServiceOptions {
   std::vector<std::string> allowed_origins;
   std::string tokenizer_path;  // /get_model_info
   bool vllm_metrics = false;   // /metrics also under vLLM's names (server/vllm_metrics.h)
+  // SGLang's --incremental-streaming-output: /generate's streamed chunks carry only what is new.
+  bool incremental_streaming_output = false;
 
   // Images (docs/vision.md): the image processor and the <|image_pad|> id when the engine has the vision
   // tower; without them an image is a 400 saying `images_off`.

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -292,6 +293,82 @@ TEST(Generation, SglangGenerateAnswersInItsFormat) {
   EXPECT_EQ(chunks.back()["meta_info"]["finish_reason"]["type"], "stop");
 }
 
+// SGLang's sampling_params as a list: each prompt of a batch generates under its own parameters.
+TEST(Generation, SglangGeneratePerPromptSamplingParams) {
+  const std::string reply = " it was scripted, twice over.";
+  Server s(kPrompt, reply);
+  json r = s.post("/generate", {{"text", {kPrompt, kPrompt, kPrompt}},
+                                {"sampling_params",
+                                 {{{"max_new_tokens", 2}},
+                                  {{"max_new_tokens", 50}, {"stop", ","}, {"no_stop_trim", true}},
+                                  {{"max_new_tokens", 50}, {"temperature", 0}}}}});
+  ASSERT_TRUE(r.is_array()) << r.dump();
+  ASSERT_EQ(r.size(), 3u) << r.dump();
+  EXPECT_EQ(r[0]["text"], " it was");
+  EXPECT_EQ(r[0]["meta_info"]["finish_reason"], (json{{"type", "length"}, {"length", 2}}));
+  EXPECT_EQ(r[1]["text"], " it was scripted,");
+  EXPECT_EQ(r[1]["meta_info"]["finish_reason"], (json{{"type", "stop"}, {"matched", ","}}));
+  EXPECT_EQ(r[2]["text"], reply);
+  EXPECT_EQ(r[2]["meta_info"]["finish_reason"]["type"], "stop");
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(r[i]["meta_info"]["prompt_tokens"], ids(kPrompt).size());
+
+  // Token ids, n the same for both, streamed: each choice's chunks name it, and its last holds its answer.
+  auto [chunks, done] =
+      s.stream("/generate",
+               {{"input_ids", {ids(kPrompt), ids(kPrompt)}},
+                {"sampling_params", {{{"max_new_tokens", 1}, {"n", 2}}, {{"max_new_tokens", 3}, {"n", 2}}}}});
+  EXPECT_TRUE(done);
+  std::map<int, json> last;
+  for (const json& c : chunks) last[c["index"].get<int>()] = c;
+  ASSERT_EQ(last.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(last[i]["text"], i < 2 ? " it" : " it was scripted") << i;
+}
+
+// With --incremental-streaming-output, each /generate chunk carries only what is new: its text, ids and
+// output logprobs add up to the whole answer.
+TEST(Generation, SglangGenerateIncrementalStreaming) {
+  const std::string reply = " it was scripted, twice over.";
+  ServiceOptions options;
+  options.incremental_streaming_output = true;
+  Server s(kPrompt, reply, {.memory_pressure_threshold = 0}, options);
+  const json body = {{"text", kPrompt},
+                     {"sampling_params", {{"max_new_tokens", 50}}},
+                     {"return_logprob", true},
+                     {"return_text_in_logprobs", true},
+                     {"logprob_start_len", 0}};
+  const json whole = s.post("/generate", body);
+  auto [chunks, done] = s.stream("/generate", body);
+  EXPECT_TRUE(done);
+  ASSERT_GE(chunks.size(), 3u);
+  std::string text;
+  json ids_seen = json::array(), logprobs = json::array();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const json& c = chunks[i];
+    text += c["text"].get<std::string>();
+    for (const json& id : c["output_ids"]) ids_seen.push_back(id);
+    const json& lp = c["meta_info"]["output_token_logprobs"];
+    ASSERT_EQ(lp.size(), c["output_ids"].size()) << c.dump();
+    for (size_t k = 0; k < lp.size(); ++k) {
+      EXPECT_EQ(lp[k][1], c["output_ids"][k]);
+      logprobs.push_back(lp[k]);
+    }
+    // The counts stay whole (SGLang slices the output logprobs only), and so does the prompt's.
+    EXPECT_EQ(c["meta_info"]["completion_tokens"], ids_seen.size()) << c.dump();
+    EXPECT_EQ(c["meta_info"]["input_token_logprobs"], whole["meta_info"]["input_token_logprobs"]);
+    if (i + 1 < chunks.size()) EXPECT_TRUE(c["meta_info"]["finish_reason"].is_null());
+  }
+  EXPECT_LT(chunks[0]["text"].get<std::string>().size(), reply.size()) << "the first chunk is not the whole";
+  EXPECT_EQ(text, reply);
+  EXPECT_EQ(text, whole["text"]);
+  EXPECT_EQ(ids_seen, whole["output_ids"]);
+  EXPECT_EQ(logprobs.size(), whole["meta_info"]["output_token_logprobs"].size());
+  for (size_t k = 0; k < logprobs.size(); ++k) {
+    EXPECT_EQ(logprobs[k][1], whole["meta_info"]["output_token_logprobs"][k][1]);
+    EXPECT_EQ(logprobs[k][2], whole["meta_info"]["output_token_logprobs"][k][2]);
+  }
+  EXPECT_EQ(chunks.back()["meta_info"]["finish_reason"], whole["meta_info"]["finish_reason"]);
+}
+
 // What /generate cannot do is a 400 naming the field as the client wrote it.
 TEST(Generation, SglangGenerateRefusesWhatItCannotApply) {
   Server s(kPrompt, " yes");
@@ -310,8 +387,19 @@ TEST(Generation, SglangGenerateRefusesWhatItCannotApply) {
             "sampling_params.max_new_tokens");
   EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", {{"temperature", "hot"}}}}),
             "sampling_params.temperature");
-  EXPECT_EQ(error_param({{"text", {kPrompt}}, {"sampling_params", json::array({json::object()})}}),
+  // Per-prompt sampling_params: one object per prompt of a batch, each checked under its own name.
+  EXPECT_EQ(error_param({{"text", {kPrompt, kPrompt}}, {"sampling_params", json::array({json::object()})}}),
             "sampling_params");
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", json::array({json::object()})}}),
+            "sampling_params");
+  EXPECT_EQ(error_param({{"text", {kPrompt, kPrompt}},
+                         {"sampling_params", {json::object(), {{"max_new_tokens", -1}}}}}),
+            "sampling_params[1].max_new_tokens");
+  EXPECT_EQ(
+      error_param({{"text", {kPrompt, kPrompt}}, {"sampling_params", {json::object(), {{"ebnf", "x"}}}}}),
+      "sampling_params[1].ebnf");
+  EXPECT_EQ(error_param({{"text", {kPrompt, kPrompt}}, {"sampling_params", {{{"n", 2}}, json::object()}}}),
+            "sampling_params[1].n");
   EXPECT_EQ(error_param({{"text", kPrompt}, {"input_ids", {1}}}), "text");
   EXPECT_EQ(error_param({{"sampling_params", json::object()}}), "text");
   EXPECT_EQ(error_param({{"input_ids", {-1}}}), "input_ids");
