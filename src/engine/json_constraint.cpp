@@ -456,9 +456,11 @@ class SchemaCompiler {
           types = types ? intersect_types(*types, these) : these;
           continue;
         }
-        if (!from.emplace(k, i).second)
-          fail("allOf", fmt::format("'{}' in more than one part of allOf is not supported", brief(k)));
-        out[k] = *it;
+        if (from.emplace(k, i).second) {
+          out[k] = *it;
+        } else if (out[k] != *it) {
+          out[k] = both(k, out[k], *it);
+        }
       }
     }
     for (const char* k : {"prefixItems", "additionalItems"})
@@ -469,6 +471,27 @@ class SchemaCompiler {
       out["type"] = types->size() == 1 ? json(*types->begin()) : json(*types);
     }
     return out;
+  }
+
+  // One keyword that two parts of allOf both give, as the one value that asserts both: the tighter bound,
+  // the values an enum shares with the other. Other keywords given twice (two patterns, two formats) stay
+  // a 400.
+  json both(const std::string& k, const json& a, const json& b) const {
+    static const std::set<std::string> kLower = {"minimum", "exclusiveMinimum", "minLength", "minItems"};
+    static const std::set<std::string> kUpper = {"maximum", "exclusiveMaximum", "maxLength", "maxItems"};
+    if ((kLower.count(k) || kUpper.count(k)) && a.is_number() && b.is_number()) {
+      const std::optional<Decimal> x = Decimal::parse(a.dump()), y = Decimal::parse(b.dump());
+      if (x && y) return (compare(*x, *y) < 0) == (kLower.count(k) > 0) ? b : a;
+    }
+    if (k == "enum" && a.is_array() && b.is_array()) {
+      json shared = json::array();
+      for (const json& v : a)
+        if (std::find(b.begin(), b.end(), v) != b.end()) shared.push_back(v);
+      if (shared.empty()) fail("allOf", "no value is in the enum of every part of allOf");
+      return shared;
+    }
+    fail("allOf", fmt::format("'{}' in more than one part of allOf, with different values, is not supported",
+                              brief(k)));
   }
 
   static std::set<std::string> intersect_types(const std::set<std::string>& a,

@@ -88,7 +88,7 @@ TEST(RandomProof, ConstrainedAnswersAndForcedCallsPassAjv) {
   json schemas;
   std::ifstream(dir / "schemas.json") >> schemas;
   schemas = schemas["schemas"];
-  ASSERT_EQ(schemas.size(), 300u);
+  ASSERT_GE(schemas.size(), 300u);  // 300, then the extra allOf and decimal-step ones
   const auto vocab = qwen3_tokens();
   ASSERT_GT(vocab->bytes.size(), 150000u);
 

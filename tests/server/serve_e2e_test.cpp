@@ -785,7 +785,7 @@ TEST_F(ServeDemo, RandomWeightsAnswersValidateWithAjv) {
   json cases;
   std::ifstream(dir / "schemas.json") >> cases;
   const json& schemas = cases["schemas"];
-  ASSERT_EQ(schemas.size(), 300u);
+  ASSERT_GE(schemas.size(), 300u);  // 300, then the extra allOf and decimal-step ones
 
   auto p = start({"--model", "demo", "--cache-memory-gb", "0.25"});
   std::vector<json> answers(schemas.size());
