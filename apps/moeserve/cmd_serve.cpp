@@ -57,6 +57,7 @@ struct ServeOptions {
   std::string api_key;
   std::string allowed_origins;
   bool vllm_metrics = false;
+  bool incremental_streaming_output = false;
   int max_running_requests = 0;  // an upper bound on what the cache budget holds; 0 = kMaxRunningRequests
   int max_queued_requests = 256;
   int max_concurrency = 0;
@@ -548,6 +549,7 @@ server::ServiceOptions service_options_of(const ServeOptions& o, const std::opti
   service_options.allowed_origins = server::parse_allowed_origins(o.allowed_origins);
   service_options.tokenizer_path = o.tokenizer;
   service_options.vllm_metrics = o.vllm_metrics;
+  service_options.incremental_streaming_output = o.incremental_streaming_output;
   set_image_options(o, text, service_options);
   if (!demo && !o.model.empty()) {
     service_options.sampling_defaults = server::SamplingDefaults::load(o.model);
@@ -889,7 +891,8 @@ void add_no_effect_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o) 
   option("--mm-encoder-tp-mode", "the vision tower runs on one device, unsharded");
   option("--mm-attention-backend", "the vision tower's attention is moeserve's own kernel");
   option("--mm-processor-cache-gb", "preprocessed images are not cached (the prefix cache keys on them)");
-  flag("--disable-mm-preprocessor-cache", "preprocessed images are not cached (the prefix cache keys on them)");
+  flag("--disable-mm-preprocessor-cache",
+       "preprocessed images are not cached (the prefix cache keys on them)");
   flag("--enable-multimodal", "a checkpoint with a vision tower serves images unless --language-model-only");
   option("--download-dir", "moeserve reads a local checkpoint directory");
   option("--revision", "moeserve reads a local checkpoint directory");
@@ -1079,6 +1082,9 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
   cmd.add_flag(
       "--vllm-metrics", o->vllm_metrics,
       "also export /metrics under vLLM's names (vllm:num_requests_running, ...) for vLLM dashboards");
+  cmd.add_flag("--incremental-streaming-output", o->incremental_streaming_output,
+               "SGLang's: each streamed chunk of /generate carries only its new text, ids and logprobs "
+               "(default: everything so far, as SGLang's default)");
   cmd.add_option("--max-running-requests,--max-num-seqs", o->max_running_requests,
                  "the most sequences the engine runs at once (GDN state slots); fewer when the cache budget "
                  "holds fewer at 8K tokens each (default: what it holds, up to 256)");

@@ -69,6 +69,22 @@ ParameterType parameter_type(const json& schema, const json& document) {
     }
     return out;
   }
+  // allOf: the type its parts name (each value passes every part); null only where every part that names
+  // a type names null.
+  if (auto parts = s->find("allOf"); parts != s->end() && parts->is_array()) {
+    bool typed = false;
+    out.nullable = true;
+    for (const json& part : *parts) {
+      const json* r = resolve(part, document);
+      if (!r || !r->is_object() || !(r->contains("type") || r->contains("allOf"))) continue;
+      const ParameterType p = parameter_type(part, document);
+      if (out.type.empty()) out.type = p.type;
+      out.nullable &= p.nullable;
+      typed = true;
+    }
+    out.nullable &= typed;
+    if (typed) return out;
+  }
   std::vector<const json*> values;
   if (auto c = s->find("const"); c != s->end()) values.push_back(&*c);
   if (auto e = s->find("enum"); e != s->end() && e->is_array())

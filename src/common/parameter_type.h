@@ -17,7 +17,8 @@ struct ParameterType {
 };
 
 // The type of a property's schema: its `type` (the first one that is not "null"), else that of the first
-// anyOf/oneOf alternative that has one, else "string" for an enum/const of strings. Local $refs are followed
+// anyOf/oneOf alternative that has one, else the one allOf's parts name, else "string" for an enum/const of
+// strings. Local $refs are followed
 // into `document` (the function's parameters). `schema` need not be valid: what is not understood is "".
 ParameterType parameter_type(const nlohmann::json& schema, const nlohmann::json& document);
 

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <deque>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <set>
 #include <tuple>
 
@@ -151,6 +153,7 @@ class SchemaCompiler {
       return any();
     }
     if (!s.is_object()) fail("schema", "a schema must be an object or a boolean");
+    if (s.contains("allOf")) return compile_at(all_of(s), "allOf");
     if (auto ref = s.find("$ref"); ref != s.end()) return reference(s, *ref);
     for (const char* keyword : {"anyOf", "oneOf"})
       if (s.contains(keyword)) return alternatives(s, keyword);
@@ -211,8 +214,8 @@ class SchemaCompiler {
     }
     if (n.types & Node::kNumber) n.types &= uint8_t(~Node::kInteger);  // number covers integer
     check_applies(s, n.types);
-    const int64_t multiple = multiple_of(s, n);
-    if (n.types & (Node::kNumber | Node::kInteger)) number_bounds(s, n, multiple);
+    const auto [multiple, scale] = multiple_of(s, n);
+    if (n.types & (Node::kNumber | Node::kInteger)) number_bounds(s, n, multiple, scale);
     if (n.types & Node::kString) string_rule(s, n);
     if (s.contains("enum") || s.contains("const")) literals(s, n, index);
     if (n.types & Node::kObject) object(s, n);
@@ -364,6 +367,213 @@ class SchemaCompiler {
 
   // Local references only: "#", "#/$defs/Name", "#/definitions/Name" (any JSON pointer into the document).
   // Each target is compiled once; a reference met again (recursion) gets the same node.
+  // Keywords that assert nothing: left out when allOf's parts merge.
+  static bool annotation(const std::string& key) {
+    static const std::set<std::string> kAnnotations = {"title",    "description", "default",     "examples",
+                                                       "$comment", "$defs",       "definitions", "$schema",
+                                                       "$id",      "deprecated",  "readOnly",    "writeOnly"};
+    return kAnnotations.count(key) > 0;
+  }
+
+  // allOf as the one schema with the same meaning, where there is one: what pydantic writes (a single $ref
+  // wrapped to carry a description or a default) and what zod writes for an intersection of objects. The
+  // parent's own keywords are one more part. Parts whose keywords differ merge by their union (each keyword
+  // asserts on its own; the types intersect); object parts merge by the object rule (merge_objects).
+  // Anything else is a 400 naming allOf. The merged schema lives as long as the compiler.
+  const json& all_of(const json& s) {
+    const json& parts = s.at("allOf");
+    if (!parts.is_array() || parts.empty()) fail("allOf", "allOf must be a non-empty array of schemas");
+    std::vector<json> all;
+    json own = s;
+    own.erase("allOf");
+    if (std::any_of(own.items().begin(), own.items().end(),
+                    [](const auto& kv) { return !annotation(kv.key()); }))
+      all.push_back(std::move(own));
+    for (const json& part : parts) all.push_back(part);
+    if (all.size() == 1) return merged_.emplace_back(std::move(all[0]));  // a $ref stays one: it may recurse
+    if (++merges_ > limits_.max_nodes)
+      fail("max_nodes", fmt::format("the schema's allOf merge more than {} times", limits_.max_nodes));
+    for (json& part : all) part = resolved(part);
+    const bool objects = std::any_of(all.begin(), all.end(), [](const json& p) {
+      return p.contains("properties") || p.contains("required") || p.contains("additionalProperties") ||
+             (p.contains("type") && p["type"] == "object");
+    });
+    return merged_.emplace_back(objects ? merge_objects(all) : merge_keywords(all));
+  }
+
+  // An allOf part as a schema object: a $ref's target (an allOf in it merged first), true as {}.
+  json resolved(const json& part) {
+    if (path_.size() > limits_.max_depth)
+      fail("max_depth", fmt::format("the schema nests more than {} allOf and $ref deep", limits_.max_depth));
+    if (part.is_boolean()) {
+      if (!part.get<bool>()) fail("allOf", "a part of false admits no value");
+      return json::object();
+    }
+    if (!part.is_object()) fail("allOf", "allOf's parts must be schemas");
+    if (part.contains("allOf")) {
+      Enter enter(path_, "allOf");
+      return resolved(all_of(part));
+    }
+    const auto ref = part.find("$ref");
+    if (ref == part.end()) return part;
+    for (auto it = part.begin(); it != part.end(); ++it)
+      if (it.key() != "$ref" && !annotation(it.key()))
+        fail(it.key(), fmt::format("'{}' next to $ref is not supported", brief(it.key())));
+    const std::string target = ref->is_string() ? ref->get<std::string>() : "";
+    if (target.empty() || target[0] != '#')
+      fail("$ref", "only local references ('#/$defs/Name') are supported");
+    if (std::find(resolving_.begin(), resolving_.end(), target) != resolving_.end())
+      fail("allOf", fmt::format("'{}' is a part of itself through allOf", brief(target)));
+    const json* body = nullptr;
+    try {
+      const json::json_pointer ptr(target.substr(1));
+      if (document_->contains(ptr)) body = &document_->at(ptr);
+    } catch (const json::exception&) {
+      fail("$ref", fmt::format("'{}' is not a JSON pointer", brief(target)));
+    }
+    if (!body) fail("$ref", fmt::format("'{}' points at nothing", brief(target)));
+    resolving_.push_back(target);
+    Enter enter(path_, brief(target), true);
+    json out = resolved(*body);
+    resolving_.pop_back();
+    return out;
+  }
+
+  // Parts that assert with different keywords: their union, the types intersected. items and prefixItems
+  // from different parts would change what items covers, so they must come from one part.
+  json merge_keywords(const std::vector<json>& parts) {
+    json out = json::object();
+    std::optional<std::set<std::string>> types;
+    std::map<std::string, size_t> from;  // keyword -> part
+    for (size_t i = 0; i < parts.size(); ++i) {
+      for (auto it = parts[i].begin(); it != parts[i].end(); ++it) {
+        const std::string& k = it.key();
+        if (annotation(k)) continue;
+        if (k == "type") {
+          std::set<std::string> these;
+          for (const json& t : it->is_array() ? *it : json::array({*it}))
+            if (t.is_string()) these.insert(t.get<std::string>());
+          types = types ? intersect_types(*types, these) : these;
+          continue;
+        }
+        if (from.emplace(k, i).second) {
+          out[k] = *it;
+        } else if (out[k] != *it) {
+          out[k] = both(k, out[k], *it);
+        }
+      }
+    }
+    for (const char* k : {"prefixItems", "additionalItems"})
+      if (from.count("items") && from.count(k) && from["items"] != from[k])
+        fail("allOf", fmt::format("items and {} from different parts of allOf are not supported", k));
+    if (types) {
+      if (types->empty()) fail("allOf", "no type is allowed by every part of allOf");
+      out["type"] = types->size() == 1 ? json(*types->begin()) : json(*types);
+    }
+    return out;
+  }
+
+  // One keyword that two parts of allOf both give, as the one value that asserts both: the tighter bound,
+  // the values an enum shares with the other. Other keywords given twice (two patterns, two formats) stay
+  // a 400.
+  json both(const std::string& k, const json& a, const json& b) const {
+    static const std::set<std::string> kLower = {"minimum", "exclusiveMinimum", "minLength", "minItems"};
+    static const std::set<std::string> kUpper = {"maximum", "exclusiveMaximum", "maxLength", "maxItems"};
+    if ((kLower.count(k) || kUpper.count(k)) && a.is_number() && b.is_number()) {
+      const std::optional<Decimal> x = Decimal::parse(a.dump()), y = Decimal::parse(b.dump());
+      if (x && y) return (compare(*x, *y) < 0) == (kLower.count(k) > 0) ? b : a;
+    }
+    if (k == "enum" && a.is_array() && b.is_array()) {
+      json shared = json::array();
+      for (const json& v : a)
+        if (std::find(b.begin(), b.end(), v) != b.end()) shared.push_back(v);
+      if (shared.empty()) fail("allOf", "no value is in the enum of every part of allOf");
+      return shared;
+    }
+    fail("allOf", fmt::format("'{}' in more than one part of allOf, with different values, is not supported",
+                              brief(k)));
+  }
+
+  static std::set<std::string> intersect_types(const std::set<std::string>& a,
+                                               const std::set<std::string>& b) {
+    std::set<std::string> out;
+    for (const std::string& t : a)
+      if (b.count(t)) out.insert(t);
+    // number covers integer: integer and number are integer.
+    if ((a.count("integer") && b.count("number")) || (a.count("number") && b.count("integer")))
+      out.insert("integer");
+    return out;
+  }
+
+  // Object parts (properties, required, additionalProperties true or false). A part is closed when its
+  // additionalProperties is false, or absent beside properties (this matcher's default, see JsonSchema).
+  // Merged: the keys every closed part lists (all keys when none is closed), each with every listing
+  // part's schema (an allOf of them when several), the required of all parts, closed if any part is.
+  json merge_objects(const std::vector<json>& parts) {
+    static const std::set<std::string> kObjectKeywords = {"type", "properties", "required",
+                                                          "additionalProperties"};
+    std::vector<std::string> keys;                     // in order of first appearance
+    std::map<std::string, std::vector<json>> schemas;  // key -> the listing parts' schemas
+    std::optional<std::set<std::string>> allowed;      // the keys every closed part lists
+    json required = json::array();
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const json& p = parts[i];
+      for (auto it = p.begin(); it != p.end(); ++it) {
+        if (annotation(it.key())) continue;
+        if (!kObjectKeywords.count(it.key()))
+          fail("allOf",
+               fmt::format("allOf merges object schemas (properties, required, additionalProperties); "
+                           "part {} also has '{}'",
+                           i, brief(it.key())));
+      }
+      if (p.contains("type") && p["type"] != "object")
+        fail("allOf", fmt::format("allOf's part {} is not an object schema", i));
+      const json* extra = p.contains("additionalProperties") ? &p["additionalProperties"] : nullptr;
+      if (extra && !extra->is_boolean() && !(extra->is_object() && extra->empty()))
+        fail("allOf", "additionalProperties schemas in allOf's parts are not supported (only true or false)");
+      const json properties = p.value("properties", json::object());
+      if (!properties.is_object()) fail("properties", "properties must be an object");
+      const bool closed = extra ? *extra == false : p.contains("properties");
+      std::set<std::string> listed;
+      for (auto it = properties.begin(); it != properties.end(); ++it) {
+        listed.insert(it.key());
+        if (!schemas.count(it.key())) keys.push_back(it.key());
+        schemas[it.key()].push_back(it.value());
+      }
+      if (closed) {
+        if (allowed) {
+          std::set<std::string> both;
+          for (const std::string& k : *allowed)
+            if (listed.count(k)) both.insert(k);
+          allowed = std::move(both);
+        } else {
+          allowed = std::move(listed);
+        }
+      }
+      if (auto r = p.find("required"); r != p.end()) {
+        if (!r->is_array()) fail("required", "required must be an array of property names");
+        for (const json& name : *r)
+          if (std::find(required.begin(), required.end(), name) == required.end()) required.push_back(name);
+      }
+    }
+    json properties = json::object();
+    for (const std::string& k : keys) {
+      if (allowed && !allowed->count(k)) continue;
+      std::vector<json>& these = schemas[k];
+      properties[k] = these.size() == 1 ? these[0] : json{{"allOf", these}};
+    }
+    for (const json& name : required)
+      if (name.is_string() && allowed && !allowed->count(name.get<std::string>()))
+        fail("allOf", fmt::format("'{}' is required, but a part of allOf closes the object without it "
+                                  "(additionalProperties false, or properties without it), so no object "
+                                  "passes every part",
+                                  brief(name.get<std::string>())));
+    return {{"type", "object"},
+            {"properties", std::move(properties)},
+            {"required", std::move(required)},
+            {"additionalProperties", !allowed.has_value()}};
+  }
+
   int reference(const json& s, const json& ref) {
     for (auto it = s.begin(); it != s.end(); ++it) {
       static const std::set<std::string> kAnnotations = {
@@ -871,7 +1081,7 @@ class SchemaCompiler {
 
   // minimum/maximum and exclusiveMinimum/exclusiveMaximum, as numbers (draft 6 on) or as booleans that make
   // minimum/maximum exclusive (draft 4, OpenAPI 3.0); when both kinds bound one end the tighter one holds.
-  void number_bounds(const json& s, Node& n, int64_t multiple) {
+  void number_bounds(const json& s, Node& n, int64_t multiple, int scale) {
     struct End {
       std::optional<Decimal> at;
       bool open = false;
@@ -901,6 +1111,7 @@ class SchemaCompiler {
     const bool integer = !(n.types & Node::kNumber);
     NumberBounds b = NumberBounds::make(lo.at, lo.open, hi.at, hi.open, integer);
     b.multiple = multiple;
+    b.scale = scale;
     if (b.empty())
       fail(multiple ? "multipleOf"
            : lo.at  ? "minimum"
@@ -912,19 +1123,39 @@ class SchemaCompiler {
     out_.bounds_.push_back(std::move(b));
   }
 
-  // multipleOf (0: none). Whole steps only: a multiple of one is an integer, so a number schema becomes an
-  // integer one (5.0 and 5 are one value; the integer spelling is written). Fractional steps (0.01) would
-  // need decimal arithmetic that validators do in floating point, where they disagree; they stay a 400.
-  int64_t multiple_of(const json& s, Node& n) {
+  // multipleOf as multiple * 10^-scale (multiple 0: none), read exactly from the schema's text (0.01 is
+  // 1 * 10^-2). A whole step makes a number schema an integer one (5.0 and 5 are one value; the integer
+  // spelling is written); on an integer schema a fractional step is the whole step its integer multiples
+  // share (0.5 -> 1, 0.3 -> 3); a number schema keeps a fractional one (json_number.h).
+  std::pair<int64_t, int> multiple_of(const json& s, Node& n) {
     const auto it = s.find("multipleOf");
-    if (it == s.end()) return 0;
-    const double step = it->is_number() ? it->get<double>() : 0;
-    if (!(step > 0)) fail("multipleOf", "multipleOf must be a number > 0");
-    if (step != std::floor(step) || step > double(NumberBounds::kMaxStepMagnitude))
-      fail("multipleOf", fmt::format("multipleOf is supported for whole numbers up to {} (not {})",
-                                     NumberBounds::kMaxStepMagnitude, it->dump()));
-    if (n.types & Node::kNumber) n.types = uint8_t((n.types & ~Node::kNumber) | Node::kInteger);
-    return int64_t(step);
+    if (it == s.end()) return {0, 0};
+    const std::optional<Decimal> step = it->is_number() ? Decimal::parse(it->dump()) : std::nullopt;
+    if (!step || step->zero() || step->negative) fail("multipleOf", "multipleOf must be a number > 0");
+    const int64_t decimals = std::max<int64_t>(0, int64_t(step->digits.size()) - step->exponent);
+    if (decimals > NumberBounds::kMaxStepScale)
+      fail("multipleOf", fmt::format("multipleOf is supported with at most {} decimals (not {})",
+                                     NumberBounds::kMaxStepScale, it->dump()));
+    const int scale = int(decimals);
+    const int64_t limit = scale == 0 ? NumberBounds::kMaxStepMagnitude : NumberBounds::kMaxFractionUnits;
+    int64_t units = 0;  // the step in units of 10^-scale
+    for (int64_t k = 0; k < step->exponent + scale; ++k) {
+      const int digit = k < int64_t(step->digits.size()) ? step->digits[size_t(k)] - '0' : 0;
+      if (units > (limit - digit) / 10)
+        fail("multipleOf", fmt::format("multipleOf {} is over the largest supported, {}", it->dump(),
+                                       scale == 0 ? fmt::format("{}", limit)
+                                                  : fmt::format("{} units of 10^-{}", limit, scale)));
+      units = units * 10 + digit;
+    }
+    if (scale > 0 && !(n.types & Node::kNumber)) {
+      // Integers v with v * 10^scale divisible by units: the multiples of units / gcd(units, 10^scale).
+      int64_t power = 1;
+      for (int k = 0; k < scale; ++k) power *= 10;
+      return {units / std::gcd(units, power), 0};
+    }
+    if (scale == 0 && (n.types & Node::kNumber))
+      n.types = uint8_t((n.types & ~Node::kNumber) | Node::kInteger);
+    return {units, scale};
   }
 
   void object(const json& s, Node& n) {
@@ -1092,7 +1323,10 @@ class SchemaCompiler {
   const json* document_;
   const JsonSchemaLimits& limits_;
   std::vector<Segment> path_;
-  std::map<std::string, int> refs_;                      // target -> node
+  std::map<std::string, int> refs_;  // target -> node
+  std::deque<json> merged_;          // allOf's merged schemas, compiled in place
+  size_t merges_ = 0;
+  std::vector<std::string> resolving_;                   // the $refs an allOf part is being resolved through
   std::vector<std::pair<int, std::string>> one_of_;      // oneOf union nodes, and where they are
   std::map<uint32_t, std::vector<std::string>> listed_;  // an object's name trie -> its property names
   std::map<std::string, int> rules_;                     // a string rule's keywords -> its index

@@ -1,6 +1,7 @@
 #include "engine/json_number.h"
 
 #include <algorithm>
+#include <string>
 
 namespace moeserve {
 
@@ -223,25 +224,27 @@ const Decimal& greatest_double() {
 
 namespace {
 
-// An integer's value, when its magnitude is at most kMaxStepMagnitude.
-std::optional<int64_t> small_integer(const Decimal& v) {
+// An integer's value, when its magnitude is at most `limit`.
+std::optional<int64_t> small_integer(const Decimal& v, int64_t limit) {
   if (v.zero()) return 0;
   if (v.exponent < int64_t(v.digits.size()) || v.exponent > 15) return std::nullopt;
   int64_t x = 0;
   for (char c : v.digits) x = x * 10 + (c - '0');
   for (int64_t k = int64_t(v.digits.size()); k < v.exponent; ++k) x *= 10;
+  if (x > limit) return std::nullopt;
   return v.negative ? -x : x;
 }
 
-// An integer schema's end (closed, see make()) within +-kMaxStepMagnitude.
-int64_t clamped_end(const std::optional<Decimal>& end, bool upper) {
-  constexpr int64_t kLimit = NumberBounds::kMaxStepMagnitude;
-  if (!end) return upper ? kLimit : -kLimit;
-  static const Decimal limit = *Decimal::parse("999999999999999");
-  static const Decimal minus_limit = *Decimal::parse("-999999999999999");
-  if (compare(*end, limit) > 0) return kLimit;
-  if (compare(*end, minus_limit) < 0) return -kLimit;
-  return *small_integer(*end);
+// v * 10^k.
+Decimal shifted(Decimal v, int k) {
+  if (!v.zero()) v.exponent += k;
+  return v;
+}
+
+int64_t pow10(int k) {
+  int64_t p = 1;
+  while (k-- > 0) p *= 10;
+  return p;
 }
 
 // Some multiple of `step` is in [from, to].
@@ -253,33 +256,57 @@ bool has_multiple(int64_t from, int64_t to, int64_t step) {
 
 }  // namespace
 
-// multipleOf: some integer that starts with `prefix` (an optional '-', digits) is a multiple within the
-// ends and below kMaxStepMagnitude. Its values are, by how many digits follow, the magnitude ranges
-// [v * 10^k, v * 10^k + 10^k - 1]: one interval each, so a few divisions decide it.
+int64_t NumberBounds::units_end(const std::optional<Decimal>& end, bool open, bool upper) const {
+  const int64_t limit = max_units();
+  if (!end) return upper ? limit : -limit;
+  Decimal u = shifted(*end, scale);
+  u = is_integer(u) ? (open ? plus(u, upper ? -1 : 1) : u) : to_integer(u, !upper);
+  const Decimal most = *Decimal::parse(std::to_string(limit));
+  if (compare(u, most) > 0) return limit;
+  if (compare(u, negated(most)) < 0) return -limit;
+  return *small_integer(u, limit);
+}
+
+// multipleOf: some number that starts with `prefix` (an optional '-', digits, and for a fractional step '.'
+// and at most `scale` decimals) is a multiple within the ends and below max_units(). In units of
+// 10^-scale its values are contiguous ranges: after a '.', the one range its decimals leave open; in the
+// integer part, by how many digits follow, [v * 10^j * u, (v + 1) * 10^j * u - 1] with u = 10^scale. A few
+// divisions decide it.
 bool NumberBounds::multiple_viable(std::string_view prefix) const {
   const bool negative = !prefix.empty() && prefix[0] == '-';
-  const std::string_view digits = prefix.substr(negative ? 1 : 0);
-  const int64_t lo_end = clamped_end(lo, false), hi_end = clamped_end(hi, true);
-  auto meets = [&](int64_t a, int64_t b) {  // magnitudes a..b
+  const std::string_view rest = prefix.substr(negative ? 1 : 0);
+  const size_t dot = rest.find('.');
+  const std::string_view digits = rest.substr(0, dot);
+  const std::string_view decimals = dot == std::string_view::npos ? std::string_view() : rest.substr(dot + 1);
+  if (rest.find_first_not_of("0123456789.") != std::string_view::npos || decimals.size() > size_t(scale))
+    return false;  // an exponent, or more decimals than the step has
+  const int64_t limit = max_units(), unit = pow10(scale);
+  const int64_t lo_end = units_end(lo, lo_open, false), hi_end = units_end(hi, hi_open, true);
+  auto meets = [&](int64_t a, int64_t b) {  // magnitudes a..b, in units
+    b = std::min(b, limit);
     return has_multiple(std::max(negative ? -b : a, lo_end), std::min(negative ? -a : b, hi_end), multiple);
   };
   if (prefix.empty()) return has_multiple(lo_end, hi_end, multiple);
-  if (digits.empty()) return meets(0, kMaxStepMagnitude);
-  if (digits[0] == '0') return meets(0, 0);  // "0" and "-0": nothing may follow
-  constexpr size_t kMaxDigits = 15;
-  if (digits.size() > kMaxDigits) return false;
+  if (digits.empty()) return meets(0, limit);
+  if (digits.size() > 15) return false;
   int64_t v = 0;
   for (char c : digits) v = v * 10 + (c - '0');
-  for (int64_t span = 1, length = int64_t(digits.size()); length <= int64_t(kMaxDigits); ++length) {
-    if (meets(v, v + span - 1)) return true;
-    v *= 10, span *= 10;
+  if (v > limit / unit) return false;
+  if (dot != std::string_view::npos) {
+    const int64_t span = pow10(scale - int(decimals.size()));
+    int64_t base = v * unit;
+    for (size_t i = 0; i < decimals.size(); ++i) base += (decimals[i] - '0') * pow10(scale - 1 - int(i));
+    return meets(base, base + span - 1);
   }
+  if (digits[0] == '0') return meets(0, unit - 1);  // "0" and "-0": decimals at most may follow
+  for (int64_t a = v * unit, span = unit; a <= limit; a *= 10, span *= 10)
+    if (meets(a, a + span - 1)) return true;
   return false;
 }
 
 bool NumberBounds::contains(const Decimal& v) const {
   if (multiple) {
-    const std::optional<int64_t> x = small_integer(v);
+    const std::optional<int64_t> x = small_integer(shifted(v, scale), max_units());
     if (!x || *x % multiple != 0) return false;
   }
   const Side s{lo, hi, lo_open, hi_open};
@@ -298,7 +325,7 @@ bool NumberBounds::empty() const {
 }
 
 bool NumberBounds::viable(std::string_view prefix) const {
-  if (multiple) return multiple_viable(prefix);  // an integer schema: its ends are inside the step's
+  if (multiple) return multiple_viable(prefix);  // its ends are counted in the step's units
   if (prefix.empty()) return !empty();
   const bool negative = prefix[0] == '-';
   // The bounds on the magnitude: mirrored for a negative number.

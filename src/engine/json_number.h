@@ -35,10 +35,20 @@ struct NumberBounds {
   std::optional<Decimal> lo, hi;
   bool lo_open = false, hi_open = false;
   bool integer = false;
-  // multipleOf (0: none), on integer schemas only. Its numbers are kept below kMaxStepMagnitude in
-  // magnitude, where a double (what validators divide) holds every integer exactly.
+  // multipleOf = multiple * 10^-scale (multiple 0: none), decided exactly on the decimal text: a number is
+  // a multiple when it has at most `scale` decimals and its value in units of 10^-scale divides by
+  // `multiple` (0.07 is a multiple of 0.01, where 0.07 / 0.01 is 7.000000000000001 in doubles). A whole step
+  // (scale 0) goes with integer schemas only (a number schema becomes one); a fractional step's numbers are
+  // written without an exponent and with at most `scale` decimals, as JSON.stringify writes them. Magnitudes
+  // in units stay below max_units(): for whole steps where a double holds every integer exactly, for
+  // fractional ones where a double's quotient v / step is within 1e-3 of the exact one, so a validator that
+  // divides with a tolerance (ajv's multipleOfPrecision, pydantic's) agrees with the exact answer.
   int64_t multiple = 0;
+  int scale = 0;
   static constexpr int64_t kMaxStepMagnitude = 999'999'999'999'999;
+  static constexpr int64_t kMaxFractionUnits = 999'999'999;
+  static constexpr int kMaxStepScale = 6;  // JSON.stringify writes 1e-7 with an exponent
+  int64_t max_units() const { return scale == 0 ? kMaxStepMagnitude : kMaxFractionUnits; }
 
   // Throws nothing; for an integer schema the ends are moved to the integers inside (an open 3 is 4).
   static NumberBounds make(std::optional<Decimal> lo, bool lo_open, std::optional<Decimal> hi, bool hi_open,
@@ -52,6 +62,8 @@ struct NumberBounds {
 
  private:
   bool multiple_viable(std::string_view prefix) const;
+  // An end of the bounds in units of 10^-scale, rounded inwards and clamped to +-max_units().
+  int64_t units_end(const std::optional<Decimal>& end, bool open, bool upper) const;
 };
 
 }  // namespace moeserve

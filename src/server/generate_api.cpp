@@ -5,7 +5,6 @@
 #include <chrono>
 #include <string>
 
-
 namespace moeserve::server {
 
 using json = nlohmann::ordered_json;
@@ -14,14 +13,16 @@ namespace {
 
 // Writes an answer as SGLang's /generate does: per choice {"text", "output_ids", "meta_info"}; whole, one
 // object (a list for a batch or n > 1); streamed, a `data:` chunk per new tokens with everything so far
-// (SGLang's default, non-incremental streaming), "index" naming the choice of a batch, then [DONE].
+// (SGLang's default) or, with --incremental-streaming-output, only the new text, ids and output logprobs
+// (the counts in meta_info and the prompt's logprobs stay whole, as SGLang writes them), "index" naming the
+// choice of a batch, then [DONE].
 class GenerateEncoder : public ResponseEncoder {
  public:
   explicit GenerateEncoder(const EncoderContext& ctx) : ctx_(ctx) {}
 
   std::string delta(const ChoiceOutput& c, const ChoiceDelta& d) override {
     if (!d.new_tokens() && !d.finished) return "";
-    json chunk = choice_json(c, d.finished);
+    json chunk = choice_json(c, d.finished, options().incremental ? &d : nullptr);
     if (list_answer()) chunk["index"] = c.index();
     return sse(chunk);
   }
@@ -43,18 +44,23 @@ class GenerateEncoder : public ResponseEncoder {
   const GenerateOptions& options() const { return ctx_.spec.generate; }
   bool list_answer() const { return options().batch || ctx_.choices.size() > 1; }
 
-  json choice_json(const ChoiceOutput& c, bool finished) const {
+  // `only` (incremental streaming): the text, ids and output logprobs of this delta alone.
+  json choice_json(const ChoiceOutput& c, bool finished, const ChoiceDelta* only = nullptr) const {
     const auto& prompt = ctx_.spec.prompts[size_t(c.prompt_index())];
     json meta = {{"id", id_of(c)},
                  {"finish_reason", finished ? finish_reason(c) : json(nullptr)},
                  {"prompt_tokens", prompt.size()},
                  {"completion_tokens", c.tokens().size()},
                  {"cached_tokens", c.cached_tokens()}};
-    if (options().logprobs) add_logprobs(meta, c, prompt);
+    const size_t from = only ? only->tokens_from : 0, to = only ? only->tokens_to : c.tokens().size();
+    if (options().logprobs) add_logprobs(meta, c, prompt, from, to);
     if (finished) {
       meta["e2e_latency"] = std::chrono::duration<double>(Clock::now() - ctx_.spec.arrival).count();
     }
-    return {{"text", c.text()}, {"output_ids", c.tokens()}, {"meta_info", std::move(meta)}};
+    const std::vector<int32_t> ids(c.tokens().begin() + std::ptrdiff_t(from),
+                                   c.tokens().begin() + std::ptrdiff_t(to));
+    return {
+        {"text", only ? only->text.content : c.text()}, {"output_ids", ids}, {"meta_info", std::move(meta)}};
   }
 
   // The client's rid (each choice of a list gets its index appended), else the job's id.
@@ -88,10 +94,13 @@ class GenerateEncoder : public ResponseEncoder {
     return top;
   }
 
-  void add_logprobs(json& meta, const ChoiceOutput& c, const std::vector<int32_t>& prompt) const {
+  // The output's logprobs of tokens [from, to), and the prompt's.
+  void add_logprobs(json& meta, const ChoiceOutput& c, const std::vector<int32_t>& prompt, size_t from,
+                    size_t to) const {
     const bool with_top = ctx_.spec.logprobs.value_or(0) > 0;
     json output = json::array(), output_top = json::array();
-    for (const auto& e : c.logprobs()) {
+    for (size_t i = from; i < to && i < c.logprobs().size(); ++i) {
+      const LogprobEntry& e = c.logprobs()[i];
       output.push_back(entry(e.logprob, e.token));
       if (with_top) output_top.push_back(top_entries(e));
     }

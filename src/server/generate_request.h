@@ -1,12 +1,14 @@
 #pragma once
 // SGLang's native POST /generate body: `text` or `input_ids` (one prompt or a batch), `sampling_params` under
-// SGLang's names, `stream`, `return_logprob`. It becomes a completion request (validated by
+// SGLang's names (one object, or a list of one per prompt), `stream`, `return_logprob`. It becomes a
+// completion request, or one per prompt (validated by
 // parse_completion_request, so every rule has one message) and the options of how the answer is written
 // (generate_api.h writes it). Kept apart from the encoder so that the fuzz target reaches it alone.
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "server/openai_request.h"
 
@@ -19,13 +21,19 @@ struct GenerateOptions {
   bool text_in_logprobs = false;   // return_text_in_logprobs: each logprob entry carries its token's text
   int64_t logprob_start_len = -1;  // >= 0: the prompt's logprobs from this position on
   std::string rid;                 // the client's request id (meta_info.id); "": the job's id
+  // --incremental-streaming-output (SGLang's server flag): each streamed chunk carries its new text, ids and
+  // output logprobs only, where by default it carries everything so far.
+  bool incremental = false;
 };
 
 // SGLang's default length (max_new_tokens), where /v1/completions' is OpenAI's 16.
 constexpr int kGenerateDefaultMaxNewTokens = 128;
 
 struct SglangGenerateRequest {
-  CompletionRequest completion;
+  CompletionRequest completion;  // every prompt, when per_prompt is empty
+  // sampling_params as a list: one request per prompt of the batch, in order, each with its prompt and
+  // sampling (stream and logprobs are the body's, n the same for all).
+  std::vector<CompletionRequest> per_prompt;
   GenerateOptions options;  // how the answer is written
 };
 

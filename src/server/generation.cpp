@@ -31,10 +31,13 @@ GenerationJob::GenerationJob(GenerationContext& ctx, JobSpec spec) : ctx_(ctx), 
   int total = static_cast<int>(spec_.prompts.size()) * spec_.n;
   choices_.reserve(size_t(total));
   for (int i = 0; i < total; ++i) {
+    const size_t prompt = size_t(i / spec_.n);
+    const JobSpec::PromptSampling* own = spec_.per_prompt.empty() ? nullptr : &spec_.per_prompt.at(prompt);
     text::StreamingOptions text;
-    text.stops = spec_.stop;
-    text.include_stop_str_in_output = spec_.include_stop_str_in_output;
-    text.skip_special_tokens = spec_.skip_special_tokens;
+    text.stops = own ? own->stop : spec_.stop;
+    text.include_stop_str_in_output =
+        own ? own->include_stop_str_in_output : spec_.include_stop_str_in_output;
+    text.skip_special_tokens = own ? own->skip_special_tokens : spec_.skip_special_tokens;
     text.parser = spec_.parser;
     text.assistant_prefix = spec_.assistant_prefix;
     choices_.emplace_back(i, i / spec_.n, ctx_.tokenizer, std::move(text), !spec_.parallel_tool_calls);
@@ -69,7 +72,7 @@ void GenerationJob::on_admitted() {
     r.snapshot_hint =
         spec_.kind == JobSpec::Kind::kChat ? spec_.snapshot_hint : static_cast<int64_t>(r.prompt.size()) - 1;
     r.images = spec_.images;
-    r.params = spec_.params;
+    r.params = spec_.per_prompt.empty() ? spec_.params : spec_.per_prompt.at(size_t(c.prompt_index())).params;
     r.priority = spec_.priority;
     if (r.params.seed) r.params.seed = *r.params.seed + static_cast<uint64_t>(c.index());
     int index = c.index();

@@ -19,6 +19,7 @@ namespace moeserve::server {
 
 struct ResponsesRequest;
 class ResponseStore;
+class BackgroundResponse;
 
 struct JobSpec {
   enum class Kind { kCompletion, kChat, kResponses, kMessages, kGenerate } kind = Kind::kCompletion;
@@ -37,6 +38,15 @@ struct JobSpec {
   std::vector<std::string> stop;
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
+  // What differs between the prompts of a batch with per-prompt sampling (SGLang's sampling_params list):
+  // prompt i uses per_prompt[i] instead of params and the stop settings above. Empty: all use those.
+  struct PromptSampling {
+    SamplingParams params;
+    std::vector<std::string> stop;
+    bool include_stop_str_in_output = false;
+    bool skip_special_tokens = true;
+  };
+  std::vector<PromptSampling> per_prompt;
   StreamSettings stream;
   bool echo = false;
   bool return_token_ids = false;
@@ -51,6 +61,8 @@ struct JobSpec {
   // Responses API: the request's echoed fields and conversation, and where the answer is kept.
   std::shared_ptr<const ResponsesRequest> responses;
   ResponseStore* response_store = nullptr;
+  // A background response: where its events go (the encoder publishes each one), from its third on.
+  std::shared_ptr<BackgroundResponse> background;
   GenerateOptions generate;  // kGenerate
 };
 

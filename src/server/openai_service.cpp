@@ -217,7 +217,7 @@ Reply OpenAiService::route(HttpRequest& req) {
     method_is("POST");
     return responses(req);
   } else if (p.starts_with("/v1/responses/")) {
-    r.response = stored_response_request(response_store_, req, std::string_view(p).substr(14));
+    return stored_response_request(response_store_, req, std::string_view(p).substr(14));
   } else if (p == "/v1/messages") {
     method_is("POST");
     return messages(req);
@@ -480,8 +480,7 @@ std::shared_ptr<const JsonConstraint> OpenAiService::json_constraint(
   return c;
 }
 
-Reply OpenAiService::start_job(JobSpec spec) {
-  check_generation_ready();  // after validation: a bad request is a 400 even while loading
+std::shared_ptr<GenerationJob> OpenAiService::admitted_job(JobSpec spec) {
   auto job = std::make_shared<GenerationJob>(ctx_, std::move(spec));
   job->admit();  // throws 429/503 when refused outright
   {
@@ -492,8 +491,47 @@ Reply OpenAiService::start_job(JobSpec spec) {
     });
     jobs_.push_back(job);
   }
+  return job;
+}
+
+Reply OpenAiService::start_job(JobSpec spec) {
+  check_generation_ready();  // after validation: a bad request is a 400 even while loading
   Reply r;
-  r.body = std::move(job);
+  r.body = admitted_job(std::move(spec));
+  return r;
+}
+
+Reply OpenAiService::start_background(JobSpec spec) {
+  check_generation_ready();
+  const bool stream = spec.stream.stream;
+  spec.stream.stream = true;  // the encoder's events are the record's
+  const std::string id = spec.id;
+  auto record = std::make_shared<BackgroundResponse>(queued_response(spec, options_.served_model_name),
+                                                     stored_input_items(*spec.responses, id));
+  spec.background = record;
+  response_store_.start_background(id, record);  // 429 when too many run
+  std::shared_ptr<GenerationJob> job;
+  try {
+    job = admitted_job(std::move(spec));
+  } catch (...) {
+    response_store_.erase(id);
+    throw;
+  }
+  const uint64_t task = background_.run(job, [record](int status, const std::string& body) {
+    // Refused after admission (the queue timed out, the engine would not take it): the error's message.
+    if (status >= 400) {
+      json error = json::parse(body, nullptr, false);
+      record->fail(error.is_object() && error.contains("error") ? error["error"].value("message", body)
+                                                                : body);
+    }
+  });
+  record->set_stop([this, task] { background_.cancel(task); });
+  Reply r;
+  if (stream) {
+    r.body = background_event_stream(record, -1);
+  } else {
+    r.response = json_response(record->snapshot());
+  }
   return r;
 }
 
@@ -505,9 +543,30 @@ Reply OpenAiService::completions(HttpRequest& req) {
 
 Reply OpenAiService::generate(HttpRequest& req) {
   SglangGenerateRequest gr = parse_generate_request(req.body);
-  JobSpec spec =
-      completion_job(gr.completion, JobSpec::Kind::kGenerate, "generate-", kGenerateDefaultMaxNewTokens);
+  auto job = [&](CompletionRequest& cr) {
+    return completion_job(cr, JobSpec::Kind::kGenerate, "generate-", kGenerateDefaultMaxNewTokens);
+  };
+  JobSpec spec;
+  if (gr.per_prompt.empty()) {
+    spec = job(gr.completion);
+  } else {
+    // Per-prompt sampling: each prompt's job under its own parameters, run as one batch (the shared
+    // fields, n included, are the same in each).
+    for (size_t i = 0; i < gr.per_prompt.size(); ++i) {
+      JobSpec one = job(gr.per_prompt[i]);
+      JobSpec::PromptSampling sampling{one.params, one.stop, one.include_stop_str_in_output,
+                                       one.skip_special_tokens};
+      if (i == 0) {
+        spec = std::move(one);  // its id, arrival and shared fields stand for the batch
+      } else {
+        spec.prompts.push_back(std::move(one.prompts[0]));
+        spec.prompt_texts.push_back(std::move(one.prompt_texts[0]));
+      }
+      spec.per_prompt.push_back(std::move(sampling));
+    }
+  }
   spec.generate = std::move(gr.options);
+  spec.generate.incremental = options_.incremental_streaming_output;
   return start_job(std::move(spec));
 }
 
@@ -579,7 +638,7 @@ Reply OpenAiService::responses(HttpRequest& req) {
   spec.kind = JobSpec::Kind::kResponses;
   spec.responses = rr;
   spec.response_store = &response_store_;
-  return start_job(std::move(spec));
+  return rr->background ? start_background(std::move(spec)) : start_job(std::move(spec));
 }
 
 OpenAiService::ChatPrompt OpenAiService::chat_prompt(const ChatRequest& cr) {

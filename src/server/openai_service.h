@@ -16,6 +16,7 @@
 
 #include "engine/json_constraint.h"
 #include "server/admission.h"
+#include "server/background_runner.h"
 #include "server/generation.h"
 #include "server/http.h"
 #include "server/image_input.h"
@@ -57,6 +58,8 @@ struct ServiceOptions {
   std::vector<std::string> allowed_origins;
   std::string tokenizer_path;  // /get_model_info
   bool vllm_metrics = false;   // /metrics also under vLLM's names (server/vllm_metrics.h)
+  // SGLang's --incremental-streaming-output: /generate's streamed chunks carry only what is new.
+  bool incremental_streaming_output = false;
 
   // Images (docs/vision.md): the image processor and the <|image_pad|> id when the engine has the vision
   // tower; without them an image is a 400 saying `images_off`.
@@ -149,7 +152,12 @@ class OpenAiService {
   HttpResponse models(const std::string& id) const;
   HttpResponse tokenize(const HttpRequest& request);
   HttpResponse detokenize(const HttpRequest& request);
+  // A job admitted (429/503 when refused outright) and counted in flight.
+  std::shared_ptr<GenerationJob> admitted_job(JobSpec spec);
   Reply start_job(JobSpec spec);
+  // A Responses job with background: true, run by background_ with its state in the store; the reply is
+  // the queued response, or with stream: true its event stream (which the client may leave).
+  Reply start_background(JobSpec spec);
   std::vector<int32_t> encode(const std::string& text, bool add_special_tokens, const char* param) const;
   int64_t turn_boundary(const std::vector<int32_t>& prompt) const;
   // Logs each unknown request parameter's name once, at debug level.
@@ -183,7 +191,7 @@ class OpenAiService {
   std::mutex token_bytes_mutex_;
   std::shared_ptr<const TokenBytes> token_bytes_;
 
-  ResponseStore response_store_;  // /v1/responses/{id} and previous_response_id
+  ResponseStore response_store_;  // /v1/responses/{id}, previous_response_id, background responses
 
   std::mutex jobs_mutex_;
   std::vector<std::weak_ptr<GenerationJob>> jobs_;
@@ -191,6 +199,9 @@ class OpenAiService {
   static constexpr size_t kMaxIgnoredNamesLogged = 256;
   std::mutex ignored_mutex_;
   std::set<std::string> ignored_logged_;
+
+  // Last, so it stops (and its jobs end) before the members they use go.
+  BackgroundRunner background_;
 };
 
 }  // namespace moeserve::server

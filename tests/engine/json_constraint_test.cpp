@@ -354,6 +354,113 @@ TEST(JsonSchema, MultipleOf) {
   EXPECT_EQ(rejected_at(e, "4"), 0u);
 }
 
+// Fractional multipleOf, exact on the decimal text: 0.07 is a multiple of 0.01 (0.07 / 0.01 is
+// 7.000000000000001 in doubles), written without an exponent and with at most the step's decimals.
+TEST(JsonSchema, FractionalMultipleOfIsExactDecimal) {
+  auto cents = schema(R"({"type": "number", "multipleOf": 0.01})");
+  for (const char* ok : {"0.07", "12.35", "-3", "0", "100.1", "-0.01", "9999999.99"})
+    EXPECT_TRUE(valid(cents, ok)) << ok;
+  EXPECT_EQ(rejected_at(cents, "0.075"), 4u);
+  EXPECT_EQ(rejected_at(cents, "0.070"), 4u);  // the step's decimals at most, as JSON.stringify writes it
+  EXPECT_EQ(rejected_at(cents, "1e2"), 1u);
+  EXPECT_EQ(rejected_at(cents, "10000000"), 7u);  // 10^9 cents: past the magnitudes kept (json_number.h)
+  EXPECT_TRUE(prefix_only(cents, "12."));
+
+  auto quarters = schema(R"({"type": "number", "multipleOf": 0.25, "minimum": 0.3, "exclusiveMaximum": 1})");
+  for (const char* ok : {"0.5", "0.75"}) EXPECT_TRUE(valid(quarters, ok)) << ok;
+  EXPECT_EQ(rejected_at(quarters, "0.25"), 2u);  // no multiple in [0.20, 0.29]
+  EXPECT_EQ(rejected_at(quarters, "1"), 0u);
+  EXPECT_EQ(rejected_at(quarters, "0.76"), 3u);
+
+  auto wide = schema(R"({"type": "number", "multipleOf": 2.5})");
+  for (const char* ok : {"7.5", "5", "-2.5", "0"}) EXPECT_TRUE(valid(wide, ok)) << ok;
+  EXPECT_EQ(rejected_at(wide, "2.4"), 2u);
+  EXPECT_EQ(rejected_at(wide, "2.55"), 3u);
+
+  // On integers a fractional step is the whole step its integer multiples share: 1.5 -> 3, 0.5 -> 1.
+  auto threes = schema(R"({"type": "integer", "multipleOf": 1.5})");
+  EXPECT_TRUE(valid(threes, "6"));
+  EXPECT_TRUE(prefix_only(threes, "4"));  // 42 is one
+  EXPECT_TRUE(valid(threes, "-12"));
+  EXPECT_EQ(rejected_at(threes, "1.5"), 1u);  // an integer
+  EXPECT_TRUE(valid(schema(R"({"type": "integer", "multipleOf": 0.5})"), "7"));
+}
+
+// allOf, merged into one schema where that keeps its meaning: pydantic's $ref wrapper, zod's intersections
+// of objects, parts with different keywords.
+TEST(JsonSchema, AllOfMergesWherePydanticAndZodWriteIt) {
+  auto pet = schema(R"({"$defs": {"Pet": {"type": "object", "properties": {"name": {"type": "string"}},
+                                          "required": ["name"]},
+                                  "Node": {"type": "object", "properties": {"v": {"type": "integer"},
+                                          "next": {"anyOf": [{"allOf": [{"$ref": "#/$defs/Node"}]}, {"type": "null"}]}},
+                                          "required": ["v"]}},
+                        "type": "object",
+                        "properties": {"pet": {"allOf": [{"$ref": "#/$defs/Pet"}], "description": "The pet",
+                                               "default": {"name": "Rex"}},
+                                       "list": {"allOf": [{"$ref": "#/$defs/Node"}]}},
+                        "required": ["pet"]})");
+  EXPECT_TRUE(valid(pet, R"({"pet": {"name": "Tom"}, "list": {"v": 1, "next": {"v": 2, "next": null}}})"));
+  EXPECT_EQ(rejected_at(pet, R"({"pet": {"nick)"), 11u);
+
+  // Open objects (additionalProperties true): every key, each property under every part that lists it.
+  auto open = schema(R"({"allOf": [
+      {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}, "required": ["a"],
+       "additionalProperties": true},
+      {"properties": {"a": {"maximum": 5}, "b": {"type": "string"}}, "additionalProperties": true}]})");
+  EXPECT_TRUE(valid(open, R"({"a": 5, "b": "x", "c": null})"));
+  EXPECT_EQ(rejected_at(open, R"({"a": 6)"), 6u);
+  EXPECT_TRUE(prefix_only(open, R"({"b": "x")"));  // a is required by the first part
+
+  // A closed part keeps out the keys it does not list, whatever the other parts allow.
+  auto closed = schema(R"({"allOf": [
+      {"properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}}, "required": ["a"]},
+      {"properties": {"a": {"minimum": 3}}, "additionalProperties": true}]})");
+  EXPECT_TRUE(valid(closed, R"({"a": 3, "b": true})"));
+  EXPECT_EQ(rejected_at(closed, R"({"a": -)"), 6u);
+  EXPECT_EQ(rejected_at(closed, R"({"a": 3, "c)"), 10u);
+
+  // Parts with different keywords: their union; integer and number are integer.
+  auto up_to_three = schema(R"({"allOf": [{"type": "integer"}, {"maximum": 3}], "title": "n"})");
+  EXPECT_TRUE(valid(up_to_three, "-3"));
+  EXPECT_EQ(rejected_at(up_to_three, "4"), 0u);
+  EXPECT_EQ(rejected_at(up_to_three, "3."), 1u);
+  EXPECT_EQ(rejected_at(schema(R"({"allOf": [{"type": "number"}, {"type": "integer"}]})"), "1.5"), 1u);
+  auto code = schema(R"({"$defs": {"Code": {"type": "string", "pattern": "^[A-Z]+$"}},
+                         "allOf": [{"$ref": "#/$defs/Code"}, {"maxLength": 3}]})");
+  EXPECT_TRUE(valid(code, R"("ABC")"));
+  EXPECT_EQ(rejected_at(code, R"("ABCD")"), 4u);
+}
+
+TEST(JsonSchema, AllOfThatCannotMergeIsRefusedNamingAllOf) {
+  auto keyword = [](const char* text) {
+    try {
+      schema(text);
+    } catch (const SchemaError& e) {
+      return e.keyword;
+    }
+    return std::string("(accepted)");
+  };
+  // Two closed objects with different keys: no object passes both.
+  EXPECT_EQ(keyword(R"({"allOf": [{"properties": {"a": {}}, "required": ["a"], "additionalProperties": false},
+                                  {"properties": {"b": {}}, "required": ["b"], "additionalProperties": false}]})"),
+            "allOf");
+  EXPECT_EQ(keyword(R"({"allOf": [{"type": "object", "properties": {"a": {}}}, {"type": "string"}]})"),
+            "allOf");
+  EXPECT_EQ(keyword(R"({"allOf": [{"type": "string"}, {"type": "integer"}]})"), "allOf");
+  EXPECT_EQ(keyword(R"({"allOf": [{"items": {"type": "string"}}, {"prefixItems": [{"type": "string"}]}]})"),
+            "allOf");
+  EXPECT_EQ(
+      keyword(
+          R"({"allOf": [{"type": "object", "additionalProperties": {"type": "string"}}, {"type": "object"}]})"),
+      "allOf");
+  EXPECT_EQ(
+      keyword(
+          R"({"$defs": {"A": {"allOf": [{"$ref": "#/$defs/A"}, {"type": "object"}]}}, "$ref": "#/$defs/A"})"),
+      "allOf");
+  EXPECT_EQ(keyword(R"({"allOf": []})"), "allOf");
+  EXPECT_EQ(keyword(R"({"allOf": [{"type": "string"}, false]})"), "allOf");
+}
+
 // Objects and arrays in enum/const: matched as their canonical text (compact, keys as nlohmann orders them).
 TEST(JsonSchema, EnumAndConstOfObjectsAndArrays) {
   auto s = schema(R"({"type": "object", "properties": {"c": {"const": {"b": [1, {"x": null}], "a": "é"}},
@@ -384,7 +491,7 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
     return std::string("(accepted)");
   };
   EXPECT_EQ(keyword(R"({"type": "string", "pattern": "(?<=a)b"})"), "pattern");
-  EXPECT_EQ(keyword(R"({"type": "number", "multipleOf": 0.5})"), "multipleOf");
+  EXPECT_EQ(keyword(R"({"type": "number", "multipleOf": 0.0000001})"), "multipleOf");
   EXPECT_EQ(keyword(R"({"type": "integer", "multipleOf": 0})"), "multipleOf");
   EXPECT_EQ(keyword(R"({"type": "integer", "minimum": 1, "maximum": 4, "multipleOf": 5})"), "multipleOf");
   EXPECT_EQ(keyword(R"({"type": "string", "multipleOf": 2})"), "multipleOf");
@@ -393,7 +500,7 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
   EXPECT_EQ(keyword(R"({"oneOf": [{"type": "object"}, {"type": "object", "properties": {}}]})"), "oneOf");
   EXPECT_EQ(keyword(R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})"), "oneOf");
   EXPECT_EQ(keyword(R"({"oneOf": [{"enum": ["a", "b"]}, {"const": "b"}]})"), "oneOf");
-  EXPECT_EQ(keyword(R"({"allOf": [{"type": "string"}]})"), "allOf");
+  EXPECT_EQ(keyword(R"({"allOf": [{"type": "string", "minLength": 1}, {"minLength": 2}]})"), "allOf");
   EXPECT_EQ(keyword(R"({"anyOf": [{"type": "string"}], "minLength": 1})"), "minLength");
   EXPECT_EQ(keyword(R"({"type": "strng"})"), "type");
   EXPECT_EQ(keyword(R"({"type": []})"), "type");

@@ -1,6 +1,6 @@
 // The randomized proof of structured output and forced tool calls, checked by ajv: a writer that picks tokens
 // of the real Qwen3 vocabulary (151,643 byte-level tokens, multi-byte and structure-crossing ones included)
-// at random among those the constraint allows, as a model with random weights does, answers the 300 schemas
+// at random among those the constraint allows, as a model with random weights does, answers the 343 schemas
 // of tests/engine/js/schema_oracle.mjs (zod's, pydantic's and random ones; strings, arrays and keys bounded
 // so that a writer that never chooses to stop still ends), seeded. Every answer must pass ajv; and the
 // object schemas as the parameters of a forced qwen3_coder call: the tool parser reads the constrained call
@@ -88,7 +88,7 @@ TEST(RandomProof, ConstrainedAnswersAndForcedCallsPassAjv) {
   json schemas;
   std::ifstream(dir / "schemas.json") >> schemas;
   schemas = schemas["schemas"];
-  ASSERT_EQ(schemas.size(), 300u);
+  ASSERT_GE(schemas.size(), 300u);  // 300, then the extra allOf and decimal-step ones
   const auto vocab = qwen3_tokens();
   ASSERT_GT(vocab->bytes.size(), 150000u);
 

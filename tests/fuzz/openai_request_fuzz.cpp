@@ -1,5 +1,5 @@
-// The OpenAI request parsers on one body, as both endpoints, as SGLang's /generate and as Anthropic's
-// /v1/messages: each request is either
+// The OpenAI request parsers on one body, as both endpoints, as the Responses API's, as SGLang's /generate
+// and as Anthropic's /v1/messages: each request is either
 // a typed request whose fields hold what the parser promises, or an ApiError 400 with a short message.
 // Anything else escaping (a nlohmann exception, a crash on deep nesting, a SchemaError) is a finding.
 #include <set>
@@ -11,6 +11,7 @@
 #include "server/generate_request.h"
 #include "server/messages_request.h"
 #include "server/openai_request.h"
+#include "server/responses_request.h"
 
 namespace moeserve::fuzz {
 
@@ -100,11 +101,24 @@ Verdict fuzz_openai_request(std::string_view data) {
   }
   try {
     const server::SglangGenerateRequest r = server::parse_generate_request(data);
-    check_completion(r.completion);
+    if (r.per_prompt.empty()) check_completion(r.completion);
+    for (const auto& one : r.per_prompt) {
+      check_completion(one);
+      FUZZ_CHECK(one.prompts.size() == 1 && one.n == r.per_prompt[0].n, "per-prompt sampling_params");
+    }
     FUZZ_CHECK(r.options.logprob_start_len >= -1, "logprob_start_len {}", r.options.logprob_start_len);
     verdict = Verdict::kAccepted;
   } catch (const ApiError& e) {
     check_refusal(e);
+  }
+  try {
+    const server::ResponseStore store;  // empty: a previous_response_id is a 404
+    const server::ResponsesRequest r = server::parse_responses_request(data, store);
+    check_chat(r.chat);
+    FUZZ_CHECK(!r.background || r.store, "a background response that is not stored");
+    verdict = Verdict::kAccepted;
+  } catch (const ApiError& e) {
+    if (e.status != 404) check_refusal(e);
   }
   for (auto use : {server::MessagesBody::kCreate, server::MessagesBody::kCountTokens}) {
     try {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -51,12 +52,16 @@ const std::string kNoThinkingTail = "<|im_start|>assistant\n<think>\n\n</think>\
 // One server over a real engine whose model replies `reply` after `anchor`.
 class Server {
  public:
+  // `gate` (optional) holds each forward pass until the test lets it run; it opens when the server goes.
   Server(const std::string& anchor, const std::string& reply,
-         AdmissionOptions admission = {.memory_pressure_threshold = 0}, ServiceOptions options = {}) {
+         AdmissionOptions admission = {.memory_pressure_threshold = 0}, ServiceOptions options = {},
+         std::shared_ptr<StepGate> gate = nullptr)
+      : gate_(gate) {
     const auto& text = qwen3_text();
     int32_t eos = *text.tokenizer.token_id("<|im_end|>");
     auto model = std::make_unique<ScriptedModel>(static_cast<int64_t>(text.tokenizer.vocab_size()), eos,
                                                  ids(anchor), ids(reply));
+    model->set_gate(std::move(gate));
     EngineOptions eo;
     eo.cache_memory_bytes = 64 << 20;
     eo.max_running_requests = 8;
@@ -75,6 +80,7 @@ class Server {
     harness->service->set_ready(true);
   }
   ~Server() {
+    if (gate_) gate_->open();
     harness.reset();
     engine->shutdown();
   }
@@ -103,6 +109,7 @@ class Server {
   }
   std::string metrics() { return harness->get("/metrics").body; }
 
+  std::shared_ptr<StepGate> gate_;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Harness> harness;
 };
@@ -286,6 +293,82 @@ TEST(Generation, SglangGenerateAnswersInItsFormat) {
   EXPECT_EQ(chunks.back()["meta_info"]["finish_reason"]["type"], "stop");
 }
 
+// SGLang's sampling_params as a list: each prompt of a batch generates under its own parameters.
+TEST(Generation, SglangGeneratePerPromptSamplingParams) {
+  const std::string reply = " it was scripted, twice over.";
+  Server s(kPrompt, reply);
+  json r = s.post("/generate", {{"text", {kPrompt, kPrompt, kPrompt}},
+                                {"sampling_params",
+                                 {{{"max_new_tokens", 2}},
+                                  {{"max_new_tokens", 50}, {"stop", ","}, {"no_stop_trim", true}},
+                                  {{"max_new_tokens", 50}, {"temperature", 0}}}}});
+  ASSERT_TRUE(r.is_array()) << r.dump();
+  ASSERT_EQ(r.size(), 3u) << r.dump();
+  EXPECT_EQ(r[0]["text"], " it was");
+  EXPECT_EQ(r[0]["meta_info"]["finish_reason"], (json{{"type", "length"}, {"length", 2}}));
+  EXPECT_EQ(r[1]["text"], " it was scripted,");
+  EXPECT_EQ(r[1]["meta_info"]["finish_reason"], (json{{"type", "stop"}, {"matched", ","}}));
+  EXPECT_EQ(r[2]["text"], reply);
+  EXPECT_EQ(r[2]["meta_info"]["finish_reason"]["type"], "stop");
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(r[i]["meta_info"]["prompt_tokens"], ids(kPrompt).size());
+
+  // Token ids, n the same for both, streamed: each choice's chunks name it, and its last holds its answer.
+  auto [chunks, done] =
+      s.stream("/generate",
+               {{"input_ids", {ids(kPrompt), ids(kPrompt)}},
+                {"sampling_params", {{{"max_new_tokens", 1}, {"n", 2}}, {{"max_new_tokens", 3}, {"n", 2}}}}});
+  EXPECT_TRUE(done);
+  std::map<int, json> last;
+  for (const json& c : chunks) last[c["index"].get<int>()] = c;
+  ASSERT_EQ(last.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(last[i]["text"], i < 2 ? " it" : " it was scripted") << i;
+}
+
+// With --incremental-streaming-output, each /generate chunk carries only what is new: its text, ids and
+// output logprobs add up to the whole answer.
+TEST(Generation, SglangGenerateIncrementalStreaming) {
+  const std::string reply = " it was scripted, twice over.";
+  ServiceOptions options;
+  options.incremental_streaming_output = true;
+  Server s(kPrompt, reply, {.memory_pressure_threshold = 0}, options);
+  const json body = {{"text", kPrompt},
+                     {"sampling_params", {{"max_new_tokens", 50}}},
+                     {"return_logprob", true},
+                     {"return_text_in_logprobs", true},
+                     {"logprob_start_len", 0}};
+  const json whole = s.post("/generate", body);
+  auto [chunks, done] = s.stream("/generate", body);
+  EXPECT_TRUE(done);
+  ASSERT_GE(chunks.size(), 3u);
+  std::string text;
+  json ids_seen = json::array(), logprobs = json::array();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const json& c = chunks[i];
+    text += c["text"].get<std::string>();
+    for (const json& id : c["output_ids"]) ids_seen.push_back(id);
+    const json& lp = c["meta_info"]["output_token_logprobs"];
+    ASSERT_EQ(lp.size(), c["output_ids"].size()) << c.dump();
+    for (size_t k = 0; k < lp.size(); ++k) {
+      EXPECT_EQ(lp[k][1], c["output_ids"][k]);
+      logprobs.push_back(lp[k]);
+    }
+    // The counts stay whole (SGLang slices the output logprobs only), and so does the prompt's.
+    EXPECT_EQ(c["meta_info"]["completion_tokens"], ids_seen.size()) << c.dump();
+    EXPECT_EQ(c["meta_info"]["input_token_logprobs"], whole["meta_info"]["input_token_logprobs"]);
+    if (i + 1 < chunks.size()) EXPECT_TRUE(c["meta_info"]["finish_reason"].is_null());
+  }
+  EXPECT_LT(chunks[0]["text"].get<std::string>().size(), reply.size()) << "the first chunk is not the whole";
+  EXPECT_EQ(text, reply);
+  EXPECT_EQ(text, whole["text"]);
+  EXPECT_EQ(ids_seen, whole["output_ids"]);
+  EXPECT_EQ(logprobs.size(), whole["meta_info"]["output_token_logprobs"].size());
+  for (size_t k = 0; k < logprobs.size(); ++k) {
+    EXPECT_EQ(logprobs[k][1], whole["meta_info"]["output_token_logprobs"][k][1]);
+    EXPECT_EQ(logprobs[k][2], whole["meta_info"]["output_token_logprobs"][k][2]);
+  }
+  EXPECT_EQ(chunks.back()["meta_info"]["finish_reason"], whole["meta_info"]["finish_reason"]);
+}
+
 // What /generate cannot do is a 400 naming the field as the client wrote it.
 TEST(Generation, SglangGenerateRefusesWhatItCannotApply) {
   Server s(kPrompt, " yes");
@@ -304,8 +387,19 @@ TEST(Generation, SglangGenerateRefusesWhatItCannotApply) {
             "sampling_params.max_new_tokens");
   EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", {{"temperature", "hot"}}}}),
             "sampling_params.temperature");
-  EXPECT_EQ(error_param({{"text", {kPrompt}}, {"sampling_params", json::array({json::object()})}}),
+  // Per-prompt sampling_params: one object per prompt of a batch, each checked under its own name.
+  EXPECT_EQ(error_param({{"text", {kPrompt, kPrompt}}, {"sampling_params", json::array({json::object()})}}),
             "sampling_params");
+  EXPECT_EQ(error_param({{"text", kPrompt}, {"sampling_params", json::array({json::object()})}}),
+            "sampling_params");
+  EXPECT_EQ(error_param({{"text", {kPrompt, kPrompt}},
+                         {"sampling_params", {json::object(), {{"max_new_tokens", -1}}}}}),
+            "sampling_params[1].max_new_tokens");
+  EXPECT_EQ(
+      error_param({{"text", {kPrompt, kPrompt}}, {"sampling_params", {json::object(), {{"ebnf", "x"}}}}}),
+      "sampling_params[1].ebnf");
+  EXPECT_EQ(error_param({{"text", {kPrompt, kPrompt}}, {"sampling_params", {{{"n", 2}}, json::object()}}}),
+            "sampling_params[1].n");
   EXPECT_EQ(error_param({{"text", kPrompt}, {"input_ids", {1}}}), "text");
   EXPECT_EQ(error_param({{"sampling_params", json::object()}}), "text");
   EXPECT_EQ(error_param({{"input_ids", {-1}}}), "input_ids");
@@ -475,6 +569,135 @@ TEST(Generation, StoredResponsesAreRetrievedListedAndDeleted) {
   // A stored foreground response cannot be cancelled (only background ones can).
   auto cancel = s.harness->post("/v1/responses/" + second["id"].get<std::string>() + "/cancel", "");
   EXPECT_EQ(cancel.status, 400) << cancel.body;
+}
+
+// The events of a Responses stream, parsed.
+std::vector<json> response_events(const std::string& body) {
+  std::vector<json> out;
+  for (auto& d : sse_data(body)) out.push_back(json::parse(d));
+  return out;
+}
+
+TEST(Generation, BackgroundResponseRunsIsRetrievedAndItsStreamResumes) {
+  Server s(kThinkingTail, "The user greets me.\n</think>\n\nHello there!");
+  auto get = [&](const std::string& path) {
+    auto r = s.harness->get(path);
+    EXPECT_EQ(r.status, 200) << path << ": " << r.body;
+    return r;
+  };
+  const json created =
+      s.post("/v1/responses", {{"model", "scripted"}, {"input", "Hi!"}, {"background", true}});
+  EXPECT_EQ(created["background"], true);
+  EXPECT_TRUE(created["status"] == "queued" || created["status"] == "in_progress") << created.dump();
+  const std::string id = created["id"];
+  json now;
+  for (int i = 0; i < 2000; ++i) {  // until it has ended (the test's only wait: no bound on time decides)
+    now = json::parse(get("/v1/responses/" + id).body);
+    if (now["status"] != "queued" && now["status"] != "in_progress") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(now["status"], "completed") << now.dump();
+  ASSERT_EQ(now["output"].size(), 2u) << now.dump();
+  EXPECT_EQ(now["output"][1]["content"][0]["text"], "Hello there!");
+  EXPECT_EQ(now["usage"]["output_tokens"], ids("The user greets me.\n</think>\n\nHello there!").size() + 1);
+
+  // Its stream, replayed whole: created, queued, in_progress, ..., completed with the retrieved object,
+  // numbered from 0 without a gap; and resumed after a sequence number.
+  const std::vector<json> all = response_events(get("/v1/responses/" + id + "?stream=true").body);
+  ASSERT_GE(all.size(), 5u);
+  EXPECT_EQ(all[0]["type"], "response.created");
+  EXPECT_EQ(all[0]["response"]["status"], "queued");
+  EXPECT_EQ(all[1]["type"], "response.queued");
+  EXPECT_EQ(all[2]["type"], "response.in_progress");
+  EXPECT_EQ(all.back()["type"], "response.completed");
+  EXPECT_EQ(all.back()["response"], now);
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i]["sequence_number"], i);
+  const std::vector<json> tail =
+      response_events(get("/v1/responses/" + id + "?stream=true&starting_after=5").body);
+  ASSERT_EQ(tail.size(), all.size() - 6);
+  EXPECT_EQ(tail.front(), all[6]);
+  std::string deltas;
+  for (const json& e : all)
+    if (e["type"] == "response.output_text.delta") deltas += e["delta"].get<std::string>();
+  EXPECT_EQ(deltas, "Hello there!");
+
+  // It continues a conversation like a foreground response.
+  const json next =
+      s.post("/v1/responses", {{"model", "scripted"}, {"previous_response_id", id}, {"input", "Again"}});
+  EXPECT_EQ(next["previous_response_id"], id);
+  EXPECT_GT(next["usage"]["input_tokens"], now["usage"]["input_tokens"]);
+
+  // background with stream: true answers with the live stream, the same events GET replays afterwards.
+  auto streamed = s.harness->post(
+      "/v1/responses",
+      json{{"model", "scripted"}, {"input", "Hi!"}, {"background", true}, {"stream", true}}.dump());
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  const std::vector<json> live = response_events(streamed.body);
+  ASSERT_FALSE(live.empty());
+  EXPECT_EQ(live.back()["type"], "response.completed");
+  const std::string live_id = live.front()["response"]["id"];
+  EXPECT_EQ(response_events(get("/v1/responses/" + live_id + "?stream=true").body), live);
+
+  // background needs store; a foreground response has no stream to resume.
+  auto unstored = s.harness->post(
+      "/v1/responses",
+      json{{"model", "scripted"}, {"input", "x"}, {"background", true}, {"store", false}}.dump());
+  EXPECT_EQ(unstored.status, 400) << unstored.body;
+  EXPECT_EQ(json::parse(unstored.body)["error"]["param"], "background");
+  const std::string foreground = next["id"];
+  EXPECT_EQ(s.harness->get("/v1/responses/" + foreground + "?stream=true").status, 400);
+}
+
+TEST(Generation, CancellingABackgroundResponseStopsItsSequenceAndFreesTheCache) {
+  auto gate = std::make_shared<StepGate>();
+  Server s(kThinkingTail, "The user greets me and I think about it at some length.\n</think>\n\nHello!",
+           {.memory_pressure_threshold = 0}, {}, gate);
+  const json created =
+      s.post("/v1/responses", {{"model", "scripted"}, {"input", "Hi!"}, {"background", true}});
+  const std::string id = created["id"];
+  EXPECT_EQ(created["status"], "queued");
+  auto status = [&] { return json::parse(s.harness->get("/v1/responses/" + id).body); };
+  EXPECT_EQ(status()["status"], "queued") << "no forward pass has run";
+
+  gate->allow(3);  // the prompt and two tokens
+  gate->wait_passed(3);
+  json running;
+  for (int i = 0; i < 2000; ++i) {  // until the two tokens have reached the record
+    running = status();
+    if (running["status"] == "in_progress") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(running["status"], "in_progress") << running.dump();
+  EXPECT_EQ(s.engine->stats().running, 1);
+
+  auto cancel = s.harness->post("/v1/responses/" + id + "/cancel", "");
+  ASSERT_EQ(cancel.status, 200) << cancel.body;
+  EXPECT_EQ(json::parse(cancel.body)["status"], "cancelled");
+  auto again = s.harness->post("/v1/responses/" + id + "/cancel", "");
+  EXPECT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(json::parse(again.body)["status"], "cancelled");
+
+  // The engine drops the sequence at its next step: the gate lets steps run again.
+  gate->open();
+  EngineStats st;
+  for (int i = 0; i < 2000; ++i) {
+    st = s.engine->stats();
+    if (st.running == 0 && st.kv_pages_used == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.kv_pages_used, 0);
+  EXPECT_EQ(st.requests_aborted, 1u);
+  EXPECT_EQ(status()["status"], "cancelled");
+  // Its stream ends where the cancel cut it: no terminal event after the two tokens' deltas.
+  const std::vector<json> events =
+      response_events(s.harness->get("/v1/responses/" + id + "?stream=true").body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events[2]["type"], "response.in_progress");
+  for (const json& e : events) EXPECT_NE(e["type"], "response.completed");
+  // A finished one cannot be cancelled.
+  const json done = s.post("/v1/responses", {{"model", "scripted"}, {"input", "Hi!"}});
+  EXPECT_EQ(s.harness->post("/v1/responses/" + done["id"].get<std::string>() + "/cancel", "").status, 400);
 }
 
 // Anthropic's count_tokens: the prompt /v1/messages generates from (system, tools, thinking switch, a forced

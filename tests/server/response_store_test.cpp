@@ -1,5 +1,6 @@
-// The Responses API's store and its endpoints (GET/DELETE /v1/responses/{id}, input_items, cancel), called
-// as the service calls them: a request's method, path and query over a store.
+// The Responses API's store and its endpoints (GET/DELETE /v1/responses/{id}, input_items, cancel, the
+// event stream of a background response), called as the service calls them: a request's method, path and
+// query over a store. Background responses are driven here by publishing events as the encoder does.
 #include "server/response_store.h"
 
 #include <gtest/gtest.h>
@@ -39,11 +40,46 @@ Answer call(ResponseStore& store, const std::string& method, const std::string& 
             const std::string& query = "") {
   const std::string prefix = "/v1/responses/";
   try {
-    HttpResponse r = stored_response_request(store, request(method, path, query), path.substr(prefix.size()));
-    return {r.status, json::parse(r.body), ""};
+    Reply r = stored_response_request(store, request(method, path, query), path.substr(prefix.size()));
+    EXPECT_EQ(r.body, nullptr) << "a stream where an object was expected";
+    return {r.response.status, json::parse(r.response.body), ""};
   } catch (const ApiError& e) {
     return {e.status, json(), e.param.value_or("")};
   }
+}
+
+// A background response as the service starts one: queued, its request's items named.
+std::shared_ptr<BackgroundResponse> queued(const std::string& id) {
+  json object = {{"id", id}, {"object", "response"}, {"status", "queued"}, {"output", json::array()}};
+  return std::make_shared<BackgroundResponse>(object, response_with_items(id, 1).input_items);
+}
+
+json event(const std::string& type, json fields = json::object()) {
+  json e = {{"type", type}};
+  e.update(fields);
+  return e;
+}
+
+// The events of an SSE body, in order.
+std::vector<json> events_of(const std::string& sse) {
+  std::vector<json> out;
+  for (size_t at = sse.find("data: "); at != std::string::npos; at = sse.find("data: ", at)) {
+    const size_t end = sse.find('\n', at);
+    out.push_back(json::parse(sse.substr(at + 6, end - at - 6)));
+    at = end;
+  }
+  return out;
+}
+
+// What a stream body writes until it is done or has nothing more now.
+std::string drain(AsyncBody& body) {
+  std::string out;
+  for (int i = 0; i < 100; ++i) {
+    AsyncBody::Step s = body.poll(Clock::now());
+    out += s.data;
+    if (s.done || s.data.empty()) break;
+  }
+  return out;
 }
 
 std::vector<std::string> ids_of(const json& page) {
@@ -144,6 +180,173 @@ TEST(ResponseStore, InputItemsArePagedNewestFirstByDefault) {
     EXPECT_EQ(a.status, 400) << bad;
     EXPECT_EQ(a.param, std::string(bad).substr(0, std::string(bad).find('='))) << bad;
   }
+}
+
+TEST(ResponseStore, BackgroundResponseRunsThroughItsStatuses) {
+  ResponseStore store;
+  auto bg = queued("resp_bg");
+  store.start_background("resp_bg", bg);
+  EXPECT_EQ(store.running(), 1u);
+  EXPECT_EQ(call(store, "GET", "/v1/responses/resp_bg").body["status"], "queued");
+  EXPECT_EQ(bg->next_sequence(), 2);  // response.created and response.queued
+  bg->publish(event("response.in_progress", {{"sequence_number", 2}}));
+  EXPECT_EQ(call(store, "GET", "/v1/responses/resp_bg").body["status"], "in_progress");
+  json item = {{"id", "msg_1"}, {"type", "message"}, {"status", "completed"}};
+  bg->publish(
+      event("response.output_item.done", {{"sequence_number", 3}, {"output_index", 0}, {"item", item}}));
+  json now = call(store, "GET", "/v1/responses/resp_bg").body;
+  EXPECT_EQ(now["output"], json::array({item})) << "finished items show while it runs";
+  EXPECT_EQ(call(store, "GET", "/v1/responses/resp_bg/input_items").body["data"].size(), 1u);
+
+  json done = {{"id", "resp_bg"}, {"object", "response"}, {"status", "completed"}, {"output", {item}}};
+  bg->publish(event("response.completed", {{"sequence_number", 4}, {"response", done}}));
+  EXPECT_TRUE(bg->ended());
+  EXPECT_EQ(store.running(), 0u);
+  EXPECT_EQ(call(store, "GET", "/v1/responses/resp_bg").body, done);
+  bg->publish(event("response.in_progress"));  // after the end: ignored
+  EXPECT_EQ(bg->next_sequence(), 5);
+
+  // Cancelling a finished one is a 400 that says its status; an unknown id is a 404.
+  Answer late = call(store, "POST", "/v1/responses/resp_bg/cancel");
+  EXPECT_EQ(late.status, 400);
+  EXPECT_EQ(late.param, "response_id");
+  EXPECT_EQ(call(store, "POST", "/v1/responses/resp_unknown/cancel").status, 404);
+  EXPECT_EQ(call(store, "GET", "/v1/responses/resp_unknown", "stream=true").status, 404);
+}
+
+TEST(ResponseStore, CancelStopsTheRunOnceAndASecondCancelAnswersTheSame) {
+  ResponseStore store;
+  auto bg = queued("resp_bg");
+  store.start_background("resp_bg", bg);
+  int stops = 0;
+  bg->set_stop([&] { ++stops; });
+  bg->publish(event("response.in_progress"));
+  Answer first = call(store, "POST", "/v1/responses/resp_bg/cancel");
+  EXPECT_EQ(first.status, 200);
+  EXPECT_EQ(first.body["status"], "cancelled");
+  EXPECT_EQ(stops, 1);
+  Answer second = call(store, "POST", "/v1/responses/resp_bg/cancel");
+  EXPECT_EQ(second.status, 200);
+  EXPECT_EQ(second.body, first.body);
+  EXPECT_EQ(stops, 1) << "the run is stopped once";
+  // The engine's events that were already on their way change nothing.
+  bg->publish(event("response.completed", {{"response", {{"status", "completed"}}}}));
+  EXPECT_EQ(call(store, "GET", "/v1/responses/resp_bg").body["status"], "cancelled");
+  EXPECT_EQ(store.running(), 0u);
+
+  // Cancelled before its runner was known: stopped as soon as it is.
+  auto early = queued("resp_early");
+  store.start_background("resp_early", early);
+  EXPECT_TRUE(early->cancel());
+  EXPECT_FALSE(early->cancel());
+  early->set_stop([&] { ++stops; });
+  EXPECT_EQ(stops, 2);
+
+  // A failed run ends with response.failed and its message.
+  auto failed = queued("resp_failed");
+  store.start_background("resp_failed", failed);
+  failed->fail("the request waited too long");
+  json f = call(store, "GET", "/v1/responses/resp_failed").body;
+  EXPECT_EQ(f["status"], "failed");
+  EXPECT_EQ(f["error"]["message"], "the request waited too long");
+  EXPECT_EQ(call(store, "POST", "/v1/responses/resp_failed/cancel").status, 400);
+
+  // DELETE of a running one stops it too.
+  auto deleted = queued("resp_deleted");
+  store.start_background("resp_deleted", deleted);
+  deleted->set_stop([&] { ++stops; });
+  EXPECT_EQ(call(store, "DELETE", "/v1/responses/resp_deleted").status, 200);
+  EXPECT_EQ(stops, 3);
+  EXPECT_EQ(deleted->status(), "cancelled");
+}
+
+TEST(ResponseStore, RunningBackgroundResponsesAreNeverEvictedAndAreCapped) {
+  ResponseStore store(/*max_entries=*/2, /*max_bytes=*/size_t{1} << 20, /*max_running=*/2);
+  auto a = queued("resp_a"), b = queued("resp_b");
+  store.start_background("resp_a", a);
+  store.start_background("resp_b", b);
+  try {
+    store.start_background("resp_c", queued("resp_c"));
+    ADD_FAILURE() << "a third running background response was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 429);
+    EXPECT_EQ(e.param, "background");
+  }
+  // Finished responses come and go around the running ones, which stay and do not count.
+  for (const char* id : {"resp_x", "resp_y", "resp_z"}) store.put(id, response_with_items(id, 1));
+  EXPECT_EQ(store.get("resp_x"), nullptr);
+  EXPECT_NE(store.get("resp_y"), nullptr);
+  EXPECT_NE(store.get("resp_z"), nullptr);
+  EXPECT_NE(store.background("resp_a"), nullptr);
+  EXPECT_NE(store.background("resp_b"), nullptr);
+  EXPECT_EQ(store.size(), 4u);
+
+  // Ended (the encoder stores its answer, then publishes the last event), it counts like any other.
+  StoredResponse answer = response_with_items("resp_a", 1);
+  store.put("resp_a", answer);
+  a->publish(event("response.completed", {{"response", answer.response}}));
+  EXPECT_EQ(store.background("resp_a"), a) << "the record stays beside the stored answer";
+  store.start_background("resp_c", queued("resp_c"));  // room again
+  EXPECT_EQ(store.running(), 2u);
+  EXPECT_EQ(store.get("resp_y"), nullptr);
+  store.put("resp_w", response_with_items("resp_w", 1));
+  EXPECT_EQ(store.get("resp_z"), nullptr);
+  EXPECT_NE(store.get("resp_a"), nullptr);
+  store.put("resp_v", response_with_items("resp_v", 1));
+  EXPECT_EQ(store.get("resp_a"), nullptr);  // ended, now the oldest: evicted, record and all
+  EXPECT_EQ(store.background("resp_a"), nullptr);
+  EXPECT_NE(store.background("resp_b"), nullptr);
+}
+
+TEST(ResponseStore, EventStreamResumesAfterASequenceNumberAndFollowsTheRun) {
+  ResponseStore store;
+  auto bg = queued("resp_bg");
+  store.start_background("resp_bg", bg);
+  bg->publish(event("response.in_progress", {{"response", {{"status", "in_progress"}}}}));
+  for (int i = 0; i < 3; ++i)
+    bg->publish(event("response.output_text.delta", {{"delta", std::to_string(i)}}));
+
+  const std::string prefix = "/v1/responses/";
+  Reply r = stored_response_request(store, request("GET", prefix + "resp_bg", "stream=true&starting_after=3"),
+                                    "resp_bg");
+  ASSERT_NE(r.body, nullptr);
+  int wakes = 0;
+  r.body->start([&] { ++wakes; });
+  AsyncBody::Step first = r.body->poll(Clock::now());
+  ASSERT_TRUE(first.head);
+  EXPECT_EQ(first.head->content_type, "text/event-stream");
+  std::vector<json> got = events_of(first.data);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0]["sequence_number"], 4);
+  EXPECT_EQ(got[0]["delta"], "1");
+  EXPECT_FALSE(first.done);
+
+  // Live: a new event wakes the stream, and the end ends it.
+  const int before = wakes;
+  bg->publish(event("response.output_text.delta", {{"delta", "3"}}));
+  EXPECT_GT(wakes, before);
+  bg->publish(
+      event("response.completed", {{"response", {{"status", "completed"}, {"output", json::array()}}}}));
+  std::string rest = drain(*r.body);
+  got = events_of(rest);
+  ASSERT_EQ(got.size(), 2u) << rest;
+  EXPECT_EQ(got[0]["sequence_number"], 6);
+  EXPECT_EQ(got[1]["type"], "response.completed");
+  EXPECT_TRUE(r.body->poll(Clock::now()).done);
+
+  // From the start, the whole record: created and queued first, numbered from 0 without gaps.
+  Reply all = stored_response_request(store, request("GET", prefix + "resp_bg", "stream=true"), "resp_bg");
+  all.body->start([] {});
+  got = events_of(drain(*all.body));
+  ASSERT_EQ(got.size(), 8u);
+  EXPECT_EQ(got[0]["type"], "response.created");
+  EXPECT_EQ(got[1]["type"], "response.queued");
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i]["sequence_number"], i);
+
+  EXPECT_EQ(call(store, "GET", "/v1/responses/resp_bg", "stream=true&starting_after=-1").param,
+            "starting_after");
+  EXPECT_EQ(call(store, "GET", "/v1/responses/resp_bg", "stream=true&starting_after=x").param,
+            "starting_after");
 }
 
 }  // namespace

@@ -12,8 +12,13 @@ import Ajv2020 from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
 import * as z from "zod";
 
+// multipleOfPrecision: ajv divides in doubles, where 0.07 / 0.01 is 7.000000000000001 and so "not a
+// multiple"; with a tolerance of 1e-6 on the quotient it judges decimals as written, as the matcher does
+// (exactly). The documents here have at most three decimals and the matcher's multiples stay below 10^9 of
+// the step's units (json_number.h), so the tolerance never decides a case: no quotient lands within 1e-6
+// of an integer without being one, and the doubles' error stays far below it.
 function makeAjv() {
-  const ajv = new Ajv2020({ strict: false, unicodeRegExp: true, allowUnionTypes: true });
+  const ajv = new Ajv2020({ strict: false, unicodeRegExp: true, allowUnionTypes: true, multipleOfPrecision: 6 });
   addFormats(ajv);
   return ajv;
 }
@@ -79,11 +84,12 @@ function randomString(r, min, max) {
   return s;
 }
 
-// A random schema of the supported keywords, `depth` levels of containers at most.
-function randomSchema(r, depth) {
+// A random schema of the supported keywords, `depth` levels of containers at most; `only` a kind (allOf,
+// or a number with a decimal step), as extraSchemas draws them.
+function randomSchema(r, depth, only) {
   const kinds = depth > 0 ? ["object", "array", "string", "number", "integer", "boolean", "enum", "nullable", "const", "union"]
                           : ["string", "number", "integer", "boolean", "enum", "nullable", "const"];
-  const kind = pick(r, kinds);
+  const kind = only ?? pick(r, kinds);
   const bound = () => pick(r, [-100, -7.5, -1, 0, 0.25, 1, 3, 10, 99.5, 1000]);
   switch (kind) {
     case "object": {
@@ -133,11 +139,16 @@ function randomSchema(r, depth) {
         delete s.maximum;
         delete s.exclusiveMaximum;
       }
-      if (r() < 0.25) {  // whole steps; the bounds dropped where no multiple is within them
-        s.multipleOf = pick(r, [2, 3, 5, 10]);
-        const from = "minimum" in s || "exclusiveMinimum" in s ? Math.ceil(first) : -Infinity;
-        const to = "maximum" in s || "exclusiveMaximum" in s ? Math.floor(last) : Infinity;
-        if (Number.isFinite(from) && Number.isFinite(to) && Math.floor(to / s.multipleOf) * s.multipleOf < from) {
+      if (r() < 0.25 || only) {  // steps; the bounds dropped where no multiple is within them
+        const decimal = kind === "number" ? [0.01, 0.25, 0.5, 2.5, 0.001] : [0.5, 1.5];
+        s.multipleOf = pick(r, only ? decimal : [2, 3, 5, 10]);
+        // The first multiple above the lower bound (on integers, of the step's least integer multiple).
+        let step = s.multipleOf;
+        if (kind === "integer") for (let k = 1; !Number.isInteger(+(k * s.multipleOf).toFixed(6)); ++k) step = +((k + 1) * s.multipleOf).toFixed(6);
+        const lowest = "minimum" in s ? s.minimum : "exclusiveMinimum" in s ? s.exclusiveMinimum : -Infinity;
+        let m = Number.isFinite(lowest) ? Math.ceil(+(lowest / step).toFixed(6)) * step : 0;
+        if ("exclusiveMinimum" in s && m <= lowest) m += step;
+        if (("maximum" in s && m > s.maximum) || ("exclusiveMaximum" in s && m >= s.exclusiveMaximum)) {
           delete s.maximum;
           delete s.exclusiveMaximum;
         }
@@ -146,6 +157,36 @@ function randomSchema(r, depth) {
     }
     case "boolean":
       return { type: "boolean" };
+    case "allOf": {  // as pydantic and zod write it: parts that merge (a bound split off, objects intersected)
+      const roll = r();
+      if (roll < 0.4) {
+        // A bound split off into a part of its own (the string rules stay with their type, where finite()
+        // bounds the length as it would without allOf).
+        const inner = randomSchema(r, 0);
+        const k = Object.keys(inner).find((key) => !["type", "pattern", "format", "minLength", "anyOf", "enum", "const"].includes(key));
+        if (!inner.type || !k) return { allOf: [inner] };
+        const { [k]: bound, ...rest } = inner;
+        return { allOf: [rest, { [k]: bound }], description: "split" };
+      }
+      const part = () => {
+        const properties = {};
+        for (let k = 0; k < 1 + Math.floor(r() * 2); ++k) properties[pick(r, ["a", "b", "c"])] = randomSchema(r, 0);
+        const names = Object.keys(properties);
+        return { type: "object", properties, required: names.filter(() => r() < 0.5), additionalProperties: true };
+      };
+      // The second part lists some of the first's keys, with the same schema again: closed or open, and
+      // closed by finite() too, the parts leave objects every part passes. (Bounds that tighten come from
+      // zod's loose intersection above.)
+      const first = part(), second = part();
+      for (const k of Object.keys(second.properties)) {
+        if (k in first.properties) second.properties[k] = first.properties[k];
+        else delete second.properties[k];
+      }
+      second.required = second.required.filter((k) => k in first.properties);
+      // Closed (open ones, which take any key and so end a walk late, come from zod's loose intersection).
+      first.additionalProperties = false;
+      return { allOf: [first, second] };
+    }
     case "enum":
       return { enum: pick(r, [["a", "b", "c"], [1, 2.5, "x", null, true], ["é", "ab", "abc"]]) };
     case "const":
@@ -226,8 +267,48 @@ const PYDANTIC = [
     required: ["pet", "either"], title: "Owner", type: "object" },
 ];
 
+// allOf and decimal multipleOf, drawn after the cases above (from their own seed) so that those stay as
+// they were: zod's decimal steps and intersection of loose objects (of z.object()s an intersection admits no
+// object, each part's additionalProperties being false, which the matcher refuses naming allOf), pydantic's
+// one-part allOf around a $ref with a description or default, and random ones.
+function extraSchemas(r) {
+  const out = [
+    z.toJSONSchema(z.object({ price: z.number().multipleOf(0.01).nonnegative().max(10000), rate: z.number().multipleOf(0.25) })),
+    z.toJSONSchema(z.intersection(z.looseObject({ a: z.string().max(5), n: z.int().min(0) }), z.looseObject({ n: z.int().max(9) }))),
+    { $defs: { Size: { enum: ["S", "M", "L"], title: "Size", type: "string" },
+      Box: { properties: { w: { type: "number", multipleOf: 0.5, exclusiveMinimum: 0 }, size: { allOf: [{ $ref: "#/$defs/Size" }], default: "M" } },
+        required: ["w"], title: "Box", type: "object" } },
+      properties: { box: { allOf: [{ $ref: "#/$defs/Box" }], description: "The box" }, boxes: { items: { $ref: "#/$defs/Box" }, type: "array", maxItems: 3 } },
+      required: ["box"], title: "Order", type: "object" },
+  ];
+  for (let i = 0; i < 24; ++i) out.push(randomSchema(r, 1, "allOf"));
+  for (let i = 0; i < 16; ++i)
+    out.push({ type: "object", properties: { v: randomSchema(r, 0, pick(r, ["number", "integer"])) }, required: ["v"] });
+  return out;
+}
+
+// allOf's parts as one schema to generate from (properties and required joined); ajv judges what comes out.
+function joined(parts, root) {
+  const out = {};
+  for (const p of parts.map((x) => (x.$ref ? root.$defs[x.$ref.split("/").pop()] : x))) {
+    for (const [k, v] of Object.entries(p)) {
+      if (k === "properties") out.properties = { ...(out.properties || {}), ...v };
+      else if (k === "required") out.required = [...new Set([...(out.required || []), ...v])];
+      else out[k] = v;
+    }
+  }
+  return out;
+}
+
+// A number with at most `decimals` decimals, as the decimal it is written as (no 0.30000000000000004).
+const decimal = (v, decimals = 3) => Number(v.toFixed(decimals));
+
 function generate(r, s, root, depth = 0) {
   if (s === true || s === undefined) return pick(r, [1, "x", null, true, { k: 1 }, [2]]);
+  if (s.allOf) {
+    const { allOf, ...own } = s;
+    return generate(r, joined([own, ...allOf], root), root, depth);
+  }
   if (s.$ref) return generate(r, root.$defs[s.$ref.split("/").pop()], root, depth);
   if (s.anyOf || s.oneOf) return generate(r, pick(r, s.anyOf || s.oneOf), root, depth);
   if ("const" in s) return s.const;
@@ -258,9 +339,9 @@ function generate(r, s, root, depth = 0) {
       const lo = s.minimum ?? s.exclusiveMinimum ?? -50, hi = s.maximum ?? s.exclusiveMaximum ?? 50;
       const span = Math.max(Math.min(hi, 1e6) - Math.max(lo, -1e6), 1);
       const v = Math.max(lo, -1e6) + r() * span;
-      if (s.multipleOf && r() < 0.8) return Math.round(v / s.multipleOf) * s.multipleOf;
+      if (s.multipleOf && r() < 0.8) return decimal(Math.round(v / s.multipleOf) * s.multipleOf);
       if (type === "integer") return Math.round(v);
-      return r() < 0.3 ? Math.round(v) : Math.round(v * 1000) / 1000;
+      return r() < 0.3 ? Math.round(v) : decimal(v);
     }
     case "boolean":
       return r() < 0.5;
@@ -290,7 +371,11 @@ function mutate(r, v) {
     }
     return { ...v, surprise: 1 };
   }
-  if (typeof v === "number") return pick(r, [v + 1, v - 1, v * 10, -v, v + 0.5, 0, "1"]);
+  if (typeof v === "number") {
+    const changed = pick(r, [v + 1, v - 1, v * 10, -v, v + 0.5, 0, "1"]);
+    // As a decimal (0.07 - 1 is -0.9299999999999999 in doubles), at the precision the value had.
+    return typeof changed === "number" && Math.abs(changed) < 1e15 ? Number(changed.toPrecision(15)) : changed;
+  }
   // (by code points: a surrogate pair cut in half is not a string a model can write)
   if (typeof v === "string") return pick(r, [v + "x", Array.from(v).slice(1).join(""), "", v.toUpperCase(), 5, v + v]);
   return pick(r, [0, "s", null, false, [], {}]);
@@ -313,6 +398,16 @@ function finite(s) {
     out.maxLength = (s.minLength || 0) + (s.format ? 40 : s.pattern ? 20 : 8);
   if (types.includes("array")) out.maxItems = Math.min(s.maxItems ?? Infinity, (s.minItems || 0) + 2);
   if (types.includes("object") || "properties" in s) out.additionalProperties = false;
+  // allOf's object parts: closing every part would leave only the keys all of them list. The part that
+  // lists every key is closed (that bounds the merged object); the others keep what they allowed.
+  if (Array.isArray(s.allOf)) {
+    const keys = new Set(s.allOf.flatMap((p) => Object.keys(p?.properties || {})));
+    out.allOf.forEach((f, i) => {
+      const part = s.allOf[i];
+      if (part?.properties && Object.keys(part.properties).length < keys.size)
+        f.additionalProperties = part.additionalProperties === false ? false : true;
+    });
+  }
   return out;
 }
 
@@ -321,6 +416,7 @@ if (mode === "cases") {
   const r = rng(Number(a));
   const schemas = [...zodSchemas(), ...PYDANTIC];
   while (schemas.length < 300) schemas.push(randomSchema(r, 2));
+  schemas.push(...extraSchemas(rng(Number(a) + 1)));
   const ajv = makeAjv();
   const docs = [];
   const out = schemas.map(strict);
@@ -339,6 +435,7 @@ if (mode === "cases") {
   const r = rng(Number(a));
   const schemas = [...zodSchemas(), ...PYDANTIC];
   while (schemas.length < 300) schemas.push(randomSchema(r, 2));
+  schemas.push(...extraSchemas(rng(Number(a) + 1)));
   writeFileSync(b, JSON.stringify({ schemas: schemas.map(strict).map(finite) }));
 } else if (mode === "judge") {
   const input = JSON.parse(readFileSync(a, "utf8"));

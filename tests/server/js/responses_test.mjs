@@ -1,8 +1,10 @@
 // Drives a running `moeserve serve --model demo` through the official OpenAI SDK's Responses API
 // (client.responses): text, reasoning items, a function tool, streaming through the SDK's own event
 // accumulator (which throws on events out of order), previous_response_id, and the stored responses
-// (retrieve, inputItems.list, delete, cancel).
+// (retrieve, inputItems.list, delete, cancel), and background responses (polled, their stream resumed,
+// cancelled while queued and while generating).
 // Usage: node responses_test.mjs BASE_URL MODEL API_KEY. Prints one line per check; exits 1 if any failed.
+// The server must run with --max-concurrency 1 (a held slot keeps a background response queued).
 import OpenAI from "openai";
 
 const [baseURL, model, apiKey] = process.argv.slice(2);
@@ -114,6 +116,106 @@ await expectError("responses.inputItems.list after delete: 404", OpenAI.NotFound
 const unstored = await client.responses.create({ ...plain, store: false });
 await expectError("responses.retrieve of a store: false response: 404", OpenAI.NotFoundError,
                   client.responses.retrieve(unstored.id));
+
+// Background: the same request as `plain`, run without the connection, polled until it ends.
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const running = (r) => r.status === "queued" || r.status === "in_progress";
+const bg = await client.responses.create({ ...plain, background: true });
+check("background: created at once, queued or in progress", bg.background === true && running(bg) &&
+      bg.id.startsWith("resp_"), JSON.stringify(bg));
+let polled = bg;
+for (let i = 0; i < 3000 && running(polled); i++) {  // until it ends: the count bounds nothing that is checked
+  await sleep(10);
+  polled = await client.responses.retrieve(bg.id);
+}
+check("background: retrieve polled until it ended, with the foreground answer",
+      polled.status === text.status && polled.output_text === text.output_text &&
+          polled.usage?.output_tokens === text.usage.output_tokens,
+      JSON.stringify({ polled, text }));
+// Its event stream resumed after a sequence number: the raw events, then the SDK's own resumption.
+const resumedRaw = await client.responses.retrieve(bg.id, { stream: true, starting_after: 2 });
+const seqs = [];
+let lastEvent;
+for await (const e of resumedRaw) {
+  seqs.push(e.sequence_number);
+  lastEvent = e;
+}
+check("background stream: retrieve(stream, starting_after: 2) gives 3, 4, ... and the final response",
+      seqs[0] === 3 && seqs.every((n, i) => n === 3 + i) && lastEvent?.type === `response.${polled.status}` &&
+          JSON.stringify(lastEvent.response.output) === JSON.stringify(polled.output) &&
+          JSON.stringify(lastEvent.response.usage) === JSON.stringify(polled.usage),
+      JSON.stringify({ seqs, lastEvent }));
+// The SDK fetches the whole stream and emits the events after starting_after; its accumulator replaces the
+// snapshot on response.completed only, so this one (cut by max_output_tokens) is compared by its text.
+const resumed = client.responses.stream({ response_id: bg.id, starting_after: 3 });
+const resumedSeqs = [];
+resumed.on("event", (e) => resumedSeqs.push(e.sequence_number));
+for await (const _ of resumed) {}
+const accumulated = await resumed.finalResponse();
+check("background stream: responses.stream({response_id}) accumulates the retrieved response",
+      accumulated.output.filter((i) => i.type === "message").map(textOf).join("") === polled.output_text &&
+          accumulated.id === polled.id &&
+          resumedSeqs[0] === 4 && resumedSeqs.at(-1) === seqs.at(-1),
+      JSON.stringify({ accumulated, resumedSeqs }));
+
+// Cancelled while queued: a completion stream holds the only generation slot (--max-concurrency 1).
+const holder = new AbortController();
+const hold = await client.completions.create(
+    { model, prompt: "Hold the slot", max_tokens: 30000, ignore_eos: true, stream: true },
+    { signal: holder.signal });  // returns once the server admitted it
+const waiting = await client.responses.create({ ...plain, background: true });
+const stillWaiting = await client.responses.retrieve(waiting.id);
+check("background: queued while the slot is held", waiting.status === "queued" && stillWaiting.status === "queued",
+      JSON.stringify({ waiting, stillWaiting }));
+const cancelledQueued = await client.responses.cancel(waiting.id);
+const cancelledAgain = await client.responses.cancel(waiting.id);
+check("background: cancel while queued, and a second cancel answers the same",
+      cancelledQueued.status === "cancelled" && JSON.stringify(cancelledAgain) === JSON.stringify(cancelledQueued) &&
+          (await client.responses.retrieve(waiting.id)).status === "cancelled",
+      JSON.stringify({ cancelledQueued, cancelledAgain }));
+holder.abort();
+try {
+  for await (const chunk of hold) void chunk;  // ends with the abort
+} catch (e) {
+  if (!(e instanceof OpenAI.APIUserAbortError) && e?.name !== "AbortError") throw e;
+}
+await expectError("background: cancel of a completed response is a 400", OpenAI.BadRequestError,
+                  client.responses.cancel(bg.id));
+
+// Cancelled while generating: a string of a million characters cannot end within max_output_tokens, so it is
+// still generating when the first delta has arrived and the cancel is sent.
+async function runningRequests() {
+  const metrics = await (await fetch(`${baseURL}/metrics`)).text();
+  const line = metrics.split("\n").find((l) => l.startsWith("moeserve:num_requests_running{"));
+  return line ? Number(line.split(" ").pop()) : -1;
+}
+const long = await client.responses.create({
+  model, input: "Write a long story.", reasoning: { effort: "none" }, max_output_tokens: 20000, temperature: 0,
+  background: true, stream: true,
+  text: { format: { type: "json_schema", name: "story", strict: true,
+                    schema: { type: "object", properties: { story: { type: "string", minLength: 1000000 } },
+                              required: ["story"], additionalProperties: false } } } });
+let longId;
+let deltasBeforeCancel = 0;
+const seenTypes = [];
+let cancelled;
+for await (const e of long) {
+  seenTypes.push(e.type);
+  if (e.type === "response.created") longId = e.response.id;
+  if (e.type === "response.output_text.delta" && deltasBeforeCancel++ === 0) cancelled = await client.responses.cancel(longId);
+}
+let engineRunning = -1;
+for (let i = 0; i < 3000 && engineRunning !== 0; i++) {  // until the engine has dropped the sequence
+  engineRunning = await runningRequests();
+  if (engineRunning !== 0) await sleep(10);
+}
+const afterCancel = await client.responses.retrieve(longId);
+check("background: cancelled while generating; the stream ends without a terminal event and the engine stops",
+      cancelled?.status === "cancelled" && afterCancel.status === "cancelled" && seenTypes.includes("response.in_progress") &&
+          !seenTypes.some((t) => t === "response.completed" || t === "response.incomplete") && engineRunning === 0,
+      JSON.stringify({ cancelled: cancelled?.status, after: afterCancel.status, engineRunning, last: seenTypes.slice(-3) }));
+await expectError("background: store: false is a 400", OpenAI.BadRequestError,
+                  client.responses.create({ ...plain, background: true, store: false }));
 
 try {
   await client.responses.create({ model, input: "hi", tools: [{ type: "web_search" }] });
