@@ -117,7 +117,9 @@ struct ServeOptions {
   int64_t max_image_pixels = 89'478'485;            // decoded, PIL's MAX_IMAGE_PIXELS
   double image_fetch_timeout_s = 5;                 // vLLM's VLLM_IMAGE_FETCH_TIMEOUT
   int64_t max_image_patches_per_request = 262'144;  // server::ServiceOptions says why
-  std::string mm_processor_kwargs;  // vLLM's '{"max_pixels": N, "min_pixels": M}' over the processor's
+  std::string mm_processor_kwargs;       // vLLM's '{"max_pixels": N, "min_pixels": M}' over the processor's
+  std::string allowed_local_media_path;  // vLLM's: file:// image URLs from under this directory only
+  double mm_encoder_cache_mb = 512;      // features of images seen again (engine/encoder_cache.h); 0 = off
   // Peers' flags that change nothing here, as "--flag value: why", logged once each at start.
   std::vector<std::string> no_effect;
 };
@@ -379,6 +381,9 @@ void check_flags(const ServeOptions& o) {
       "--max-buffered-body-mb {} is below --max-request-body-mb {}: the largest request could never be read",
       o.max_buffered_body_mb, o.max_request_body_mb);
   check(o.max_connections > 0, "--max-connections {}: expected at least 1", o.max_connections);
+  if (!o.allowed_local_media_path.empty()) server::canonical_media_dir(o.allowed_local_media_path);
+  check(o.mm_encoder_cache_mb >= 0, "--mm-encoder-cache-mb {}: expected 0 (off) or more",
+        o.mm_encoder_cache_mb);
   check(o.max_image_mb > 0 && o.max_image_pixels > 0 && o.image_fetch_timeout_s > 0 &&
             o.max_image_patches_per_request > 0,
         "--max-image-mb, --max-image-pixels, --image-fetch-timeout and --max-image-patches-per-request must "
@@ -525,6 +530,8 @@ void set_image_options(const ServeOptions& o, const std::optional<text::ModelTex
   service.image_fetch.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(o.image_fetch_timeout_s * 1000));
   service.image_fetch.decode.max_pixels = o.max_image_pixels;
+  if (!o.allowed_local_media_path.empty())
+    service.image_fetch.allowed_local_media_path = server::canonical_media_dir(o.allowed_local_media_path);
 }
 
 server::ServiceOptions service_options_of(const ServeOptions& o, const std::optional<text::ModelText>& text,
@@ -889,7 +896,8 @@ void add_no_effect_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o) 
   option("--mm-encoder-tp-mode", "the vision tower runs on one device, unsharded");
   option("--mm-attention-backend", "the vision tower's attention is moeserve's own kernel");
   option("--mm-processor-cache-gb", "preprocessed images are not cached (the prefix cache keys on them)");
-  flag("--disable-mm-preprocessor-cache", "preprocessed images are not cached (the prefix cache keys on them)");
+  flag("--disable-mm-preprocessor-cache",
+       "preprocessed images are not cached (the prefix cache keys on them)");
   flag("--enable-multimodal", "a checkpoint with a vision tower serves images unless --language-model-only");
   option("--download-dir", "moeserve reads a local checkpoint directory");
   option("--revision", "moeserve reads a local checkpoint directory");
@@ -1197,6 +1205,8 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
                "skip the vision tower (less memory); requests with images get 400");
   cmd.add_flag("--disable-image-fetch", o->disable_image_fetch,
                "images only as data: URLs; http(s) image URLs get 400");
+  cmd.add_option("--allowed-local-media-path", o->allowed_local_media_path,
+                 "file:// image URLs are read from under this directory only (default: refused)");
   cmd.add_option("--max-image-mb", o->max_image_mb, "encoded bytes per image (data: or fetched)")
       ->capture_default_str();
   cmd.add_option("--max-image-pixels", o->max_image_pixels,
