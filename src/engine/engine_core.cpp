@@ -66,10 +66,14 @@ void validate_request(const GenerateRequest& r, int64_t vocab, int64_t max_model
 }
 
 // The prefix cache's key of row j of an image's run: negative, so never a token id, and 31 bits of the
-// image's content hash mixed with j (splitmix64's finaliser), so a different image parts from the cached path
-// at its first row (but for a 2^-31 chance per row).
-int32_t image_cache_key(const std::array<uint64_t, 2>& hash, int64_t j) {
-  uint64_t x = hash[0] ^ (hash[1] + 0x9e3779b97f4a7c15ull * uint64_t(j + 1));
+// image's content hash and grid mixed with j (splitmix64's finaliser), so a different image, or the same one
+// resized to another grid (a request's own min/max_pixels), parts from the cached path at its first row (but
+// for a 2^-31 chance per row).
+int32_t image_cache_key(const PromptImage& image, int64_t j) {
+  const ImagePatches& p = image.patches;
+  const uint64_t grid = uint64_t(p.grid_t) << 42 ^ uint64_t(p.grid_h) << 21 ^ uint64_t(p.grid_w);
+  uint64_t x = image.hash[0] ^ (image.hash[1] + 0x9e3779b97f4a7c15ull * uint64_t(j + 1)) ^
+               grid * 0xd6e8feb86659fd93ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   x ^= x >> 31;
@@ -189,8 +193,7 @@ void EngineCore::add(GenerateRequest request) {
     size_t row = 0;
     for (const PromptImage& image : r->images->images) {
       const int64_t n = image.patches.tokens(model_->vision_merge_size());
-      for (int64_t j = 0; j < n; ++j)
-        r->tokens[size_t(r->mm->image_rows[row++])] = image_cache_key(image.hash, j);
+      for (int64_t j = 0; j < n; ++j) r->tokens[size_t(r->mm->image_rows[row++])] = image_cache_key(image, j);
     }
   }
   Request* raw = r.get();

@@ -364,6 +364,51 @@ TEST(ServeVision, MmProcessorKwargsBoundTheResize) {
       << bad.output();
 }
 
+// vLLM's per-request mm_processor_kwargs: min_pixels / max_pixels within the server's bounds (here [16,384,
+// 16,777,216] from --mm-processor-kwargs) set this request's resize, and the token count follows
+// smart_resize: a 640x480 picture is 480x640 (30x40 patches, 300 tokens) as the server resizes it; at
+// max_pixels 65,536 it shrinks by beta = sqrt(307200 / 65536) and floors to multiples of 32: 192x288, 54
+// tokens; at 100,000 256x352, 88 tokens. image1 (100x72) is 20 tokens at the server's min_pixels and 70 at
+// a request's 65,536. Bounds outside the server's, unknown keys and min over max are 400s naming the key; the
+// same picture at another grid never reuses the first one's cached rows.
+TEST(ServeVision, RequestMmProcessorKwargsResizeWithinTheServersBounds) {
+  auto p = start({"--model", kVisionModel, "--mm-processor-kwargs", R"({"min_pixels": 16384})"});
+  const auto prompt = collapse_image_runs(reference_ids("prompt0.input_ids"));  // 16 text tokens + 1
+  auto send = [&](const std::string& image, const json& kwargs, int status = 200) {
+    json body = {{"prompt", prompt}, {"image_data", {image}}, {"max_tokens", 2}, {"temperature", 0}};
+    if (!kwargs.is_null()) body["mm_processor_kwargs"] = kwargs;
+    auto r = Connection(p->port()).roundtrip("POST", "/v1/completions", body.dump());
+    EXPECT_EQ(r.status, status) << r.body;
+    return json::parse(r.body, nullptr, false);
+  };
+  auto tokens = [](const json& r) { return r["usage"]["prompt_tokens"].get<int64_t>() - 16; };
+  const std::string big = png_data_url(random_png(640, 480, 4)), small = png_data_url(fixture_image(1));
+  EXPECT_EQ(tokens(send(big, nullptr)), 300);
+  EXPECT_EQ(tokens(send(big, {{"max_pixels", 65536}})), 54);
+  const json bounded = send(big, {{"max_pixels", 100000}});
+  EXPECT_EQ(tokens(bounded), 88);
+  EXPECT_LE(bounded["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 4)
+      << "the same picture at another grid parts from the cached rows at its first";
+  EXPECT_EQ(tokens(send(small, nullptr)), 20);
+  EXPECT_EQ(tokens(send(small, {{"min_pixels", 65536}})), 70);
+
+  auto message = [](const json& r) { return r["error"]["message"].get<std::string>(); };
+  json r = send(big, {{"max_pixels", 20000000}}, 400);
+  EXPECT_NE(message(r).find("mm_processor_kwargs.max_pixels"), std::string::npos) << r.dump();
+  EXPECT_NE(message(r).find("[16384, 16777216]"), std::string::npos) << r.dump();
+  r = send(big, {{"min_pixels", 1000}}, 400);
+  EXPECT_NE(message(r).find("mm_processor_kwargs.min_pixels"), std::string::npos) << r.dump();
+  r = send(big, {{"min_pixels", 70000}, {"max_pixels", 60000}}, 400);
+  EXPECT_NE(message(r).find("above max_pixels"), std::string::npos) << r.dump();
+  r = send(big, {{"do_resize", false}}, 400);
+  EXPECT_NE(message(r).find("mm_processor_kwargs.do_resize"), std::string::npos) << r.dump();
+  r = send(big, 5, 400);
+  EXPECT_NE(message(r).find("mm_processor_kwargs"), std::string::npos) << r.dump();
+  r = send(big, {{"max_pixels", "many"}}, 400);
+  EXPECT_NE(message(r).find("mm_processor_kwargs.max_pixels"), std::string::npos) << r.dump();
+  EXPECT_EQ(Connection(p->port()).roundtrip("GET", "/health").status, 200);
+}
+
 // The Responses API's input_image and an Anthropic image block (base64 source) reach the tower as chat
 // image parts do: their tokens are in the prompt, and a malformed one is a 400 naming it.
 TEST(ServeVision, ResponsesInputImageAndMessagesImageBlock) {
