@@ -339,6 +339,7 @@ EngineOptions engine_options_of(const ServeOptions& o) {
   engine_options.state_dtype = o.gdn_state_dtype == "bfloat16" ? StateDtype::BF16 : StateDtype::F32;
   engine_options.kv_cache_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
   engine_options.speculative_num_steps = o.speculative_steps;
+  engine_options.encoder_cache_bytes = static_cast<size_t>(o.mm_encoder_cache_mb * (1 << 20));
   return engine_options;
 }
 
@@ -1220,6 +1221,9 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
       ->capture_default_str();
   cmd.add_option("--mm-processor-kwargs", o->mm_processor_kwargs,
                  R"(the image processor's resize bounds, vLLM's '{"max_pixels": N, "min_pixels": M}')");
+  cmd.add_option("--mm-encoder-cache-mb", o->mm_encoder_cache_mb,
+                 "MiB of vision features kept for images seen again (the tower skipped); 0 = off")
+      ->capture_default_str();
   cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")
       ->capture_default_str();
   cmd.add_option("--system-root", o->system_root,

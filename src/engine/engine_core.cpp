@@ -83,7 +83,7 @@ int32_t image_cache_key(const PromptImage& image, int64_t j) {
 }  // namespace
 
 EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& options)
-    : model_(std::move(model)), options_(options) {
+    : model_(std::move(model)), options_(options), encoder_cache_(options.encoder_cache_bytes) {
   check(model_ != nullptr, "engine: no model");
   vocab_ = model_->vocab_size();
   if (model_->reduces_logits())
@@ -206,46 +206,78 @@ void EngineCore::add(GenerateRequest request) {
 
 void EngineCore::encode_images() {
   if (encoding_.empty()) return;
-  // Whole images in arrival order, up to the step's patch budget (at least one).
+  // This step's images, whole and in each request's order: an image the encoder cache holds, or that an
+  // earlier item of this step encodes, takes those features; the others run through the tower in one batch,
+  // in arrival order up to the step's patch budget (at least one).
+  struct Item {
+    Request* owner = nullptr;
+    const PromptImage* image = nullptr;
+    EncoderCache::Features cached;  // else batch[encoded] encodes it
+    size_t encoded = 0;
+  };
+  std::vector<Item> items;
   std::vector<const ImagePatches*> batch;
-  std::vector<Request*> owners;
+  std::vector<const PromptImage*> batch_images;
   int64_t patches = 0;
   for (Request* r : encoding_) {
     for (size_t k = r->images_encoded; k < r->images->images.size(); ++k) {
-      const ImagePatches& p = r->images->images[k].patches;
-      if (!batch.empty() && patches + p.patches() > options_.vision_patches_per_step) break;
-      batch.push_back(&p);
-      owners.push_back(r);
-      patches += p.patches();
+      const PromptImage& image = r->images->images[k];
+      Item item{r, &image, encoder_cache_.find(image), 0};
+      if (!item.cached) {
+        const EncoderCache::Key key = EncoderCache::key_of(image);
+        auto same = std::find_if(batch_images.begin(), batch_images.end(),
+                                 [&](const PromptImage* b) { return EncoderCache::key_of(*b) == key; });
+        item.encoded = size_t(same - batch_images.begin());
+        if (same == batch_images.end()) {
+          const ImagePatches& p = image.patches;
+          if (!batch.empty() && patches + p.patches() > options_.vision_patches_per_step) break;
+          batch.push_back(&p);
+          batch_images.push_back(&image);
+          patches += p.patches();
+        }
+      }
+      items.push_back(std::move(item));
     }
     if (patches >= options_.vision_patches_per_step) break;
   }
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<float> features;
-  try {
-    features = model_->encode_images(batch);
-  } catch (const std::exception& e) {
-    spdlog::error("engine: vision encoding failed: {}", e.what());
-    owners.erase(std::unique(owners.begin(), owners.end()), owners.end());
-    for (Request* r : owners)
-      finish(r, FinishReason::Error, false, fmt::format("vision encoding failed: {}", e.what()));
-    return;
+  std::vector<EncoderCache::Features> encoded(batch.size());
+  if (!batch.empty()) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<float> features;
+    try {
+      features = model_->encode_images(batch);
+    } catch (const std::exception& e) {
+      spdlog::error("engine: vision encoding failed: {}", e.what());
+      std::vector<Request*> owners;
+      for (const Item& item : items)
+        if (std::find(owners.begin(), owners.end(), item.owner) == owners.end()) owners.push_back(item.owner);
+      for (Request* r : owners)
+        finish(r, FinishReason::Error, false, fmt::format("vision encoding failed: {}", e.what()));
+      return;
+    }
+    counters_.image_encode_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    counters_.images_encoded += batch.size();
+    counters_.image_patches_encoded += uint64_t(patches);
+    const int64_t per_token = model_->hidden_size();
+    size_t offset = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const size_t n = size_t(batch[i]->tokens(model_->vision_merge_size()) * per_token);
+      check(offset + n <= features.size(), "engine: the vision tower returned {} values for more images",
+            features.size());
+      encoded[i] = std::make_shared<const std::vector<float>>(features.begin() + ptrdiff_t(offset),
+                                                              features.begin() + ptrdiff_t(offset + n));
+      encoder_cache_.insert(*batch_images[i], encoded[i]);
+      offset += n;
+    }
   }
-  counters_.image_encode_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  counters_.images_encoded += batch.size();
-  counters_.image_patches_encoded += uint64_t(patches);
-  const int merge = model_->vision_merge_size();
-  const int64_t hidden = model_->hidden_size();
-  size_t offset = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const size_t n = size_t(batch[i]->tokens(merge) * hidden);
-    check(offset + n <= features.size(), "engine: the vision tower returned {} values for more images",
-          features.size());
-    std::vector<float>& into = owners[i]->mm->features;
-    into.insert(into.end(), features.begin() + ptrdiff_t(offset), features.begin() + ptrdiff_t(offset + n));
-    offset += n;
-    ++owners[i]->images_encoded;
+  counters_.encoder_cache_misses += batch.size();
+  counters_.encoder_cache_hits += items.size() - batch.size();
+  for (const Item& item : items) {
+    const std::vector<float>& features = item.cached ? *item.cached : *encoded[item.encoded];
+    std::vector<float>& into = item.owner->mm->features;
+    into.insert(into.end(), features.begin(), features.end());
+    ++item.owner->images_encoded;
   }
   for (Request* r : encoding_)
     if (r->encoded()) scheduler_->enqueue(r);
@@ -627,6 +659,7 @@ EngineStats EngineCore::stats() const {
   s.prefix_cache_hits = scheduler_->counters().prefix_cache_hits;
   s.preemptions = scheduler_->counters().preemptions;
   s.prompt_tokens = s.prefix_cache_queries;
+  s.encoder_cache_bytes = int64_t(encoder_cache_.bytes());
   if (spec_) {
     const SpeculativeCounters& c = spec_->counters();
     s.spec_drafts = c.drafts;

@@ -168,9 +168,11 @@ TEST(ServeVision, GreedyCompletionWithImagesEqualsTheReference) {
     EXPECT_EQ(r["choices"][0]["token_ids"], json(expected)) << c.gen;
     EXPECT_EQ(r["usage"]["prompt_tokens"], full.size()) << "placeholders expanded to the images' tokens";
   }
+  // image1 is in both prompts: the second time its features come from the encoder cache.
   EXPECT_EQ(metric(p->port(), "moeserve:images_total"), 3);
-  EXPECT_EQ(metric(p->port(), "moeserve:image_encoded_total"), 3);
-  EXPECT_EQ(metric(p->port(), "moeserve:image_patches_encoded_total"), 280 + 288 + 280);
+  EXPECT_EQ(metric(p->port(), "moeserve:image_encoded_total"), 2);
+  EXPECT_EQ(metric(p->port(), "moeserve:image_encoder_cache_hits_total"), 1);
+  EXPECT_EQ(metric(p->port(), "moeserve:image_patches_encoded_total"), 280 + 288);
   EXPECT_GT(metric(p->port(), "moeserve:image_encode_seconds_total"), 0);
 }
 
@@ -190,6 +192,49 @@ TEST(ServeVision, TheSameImageHitsThePrefixCacheADifferentOneOfTheSameSizeNever)
   json again = completion(p->port(), prompt, {a}, 4);
   EXPECT_GT(cached(again), 74) << "the same image again is served from the cache past its rows";
   EXPECT_EQ(again["choices"][0]["token_ids"], first["choices"][0]["token_ids"]);
+}
+
+// The encoder cache: an image seen before skips the tower where the prefix cache cannot help (echo +
+// logprobs recomputes every prompt row; another text before the image parts from the cached path at row 0),
+// and the answer is the same bits as with the cache off: every prompt logprob and the greedy tokens. A
+// different image of the same size never hits.
+TEST(ServeVision, TheEncoderCacheSkipsTheTowerForAnImageSeenAgainAndChangesNoBit) {
+  auto on = start({"--model", kVisionModel});
+  auto off = start({"--model", kVisionModel, "--mm-encoder-cache-mb", "0"});
+  const auto prompt = collapse_image_runs(reference_ids("prompt0.input_ids"));  // the image at row 4
+  auto other_text = prompt;
+  other_text[0] = other_text[0] == 17 ? 18 : 17;
+  const std::string a = png_data_url(fixture_image(1)), b = png_data_url(random_png(100, 72, 3));
+  auto answer = [](uint16_t port, const std::vector<int32_t>& ids, const std::string& image) {
+    json body = {{"prompt", ids},    {"image_data", {image}},   {"max_tokens", 6},
+                 {"temperature", 0}, {"ignore_eos", true},      {"echo", true},
+                 {"logprobs", 1},    {"return_token_ids", true}};
+    auto r = Connection(port).roundtrip("POST", "/v1/completions", body.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    json choice = json::parse(r.body)["choices"][0];
+    EXPECT_GT(choice["logprobs"]["token_logprobs"].size(), 86u);
+    return json{{"ids", choice["token_ids"]}, {"logprobs", choice["logprobs"]["token_logprobs"]}};
+  };
+  const json first = answer(on->port(), prompt, a);
+  const auto gen0 = reference_ids("gen0.output_ids");
+  ASSERT_GE(gen0.size(), 6u);
+  EXPECT_EQ(first["ids"], json(std::vector<int32_t>(gen0.begin(), gen0.begin() + 6))) << "the reference's";
+  EXPECT_EQ(metric(on->port(), "moeserve:image_encoder_cache_misses_total"), 1);
+  EXPECT_EQ(metric(on->port(), "moeserve:image_encoder_cache_hits_total"), 0);
+  EXPECT_GT(metric(on->port(), "moeserve:image_encoder_cache_bytes"), 0);
+
+  EXPECT_EQ(answer(on->port(), prompt, a), first) << "the same prompt again, every row recomputed";
+  const json moved = answer(on->port(), other_text, a);
+  EXPECT_EQ(metric(on->port(), "moeserve:image_encoder_cache_hits_total"), 2);
+  EXPECT_EQ(metric(on->port(), "moeserve:image_encoded_total"), 1) << "the tower ran once for image a";
+  EXPECT_EQ(moved, answer(off->port(), other_text, a)) << "cached features change no bit";
+
+  const json different = answer(on->port(), prompt, b);
+  EXPECT_EQ(metric(on->port(), "moeserve:image_encoder_cache_misses_total"), 2) << "a different image";
+  EXPECT_EQ(metric(on->port(), "moeserve:image_encoder_cache_hits_total"), 2);
+  EXPECT_EQ(different, answer(off->port(), prompt, b));
+  EXPECT_EQ(metric(off->port(), "moeserve:image_encoder_cache_hits_total"), 0);
+  EXPECT_EQ(metric(off->port(), "moeserve:image_encoded_total"), 2);
 }
 
 TEST(ServeVision, BadImagesAndUnanswerableUrlsAreClear400sAndTheServerStaysUp) {
