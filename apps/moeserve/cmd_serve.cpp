@@ -428,10 +428,9 @@ ServedText load_text(const ServeOptions& o) {
 
 // Why serve loads no vision tower under these flags ("" when it does, if the model has one).
 std::string images_off_by_flags(const ServeOptions& o) {
-  return o.language_model_only     ? "this server runs with --language-model-only: images are not accepted"
-         : o.group.tp > 1          ? "images are served on one rank so far (without --tp)"
-         : o.speculative_steps > 0 ? "images are not served with speculative decoding yet"
-                                   : "";
+  return o.language_model_only ? "this server runs with --language-model-only: images are not accepted"
+         : o.group.tp > 1      ? "images are served on one rank so far (without --tp)"
+                               : "";
 }
 
 // The tokenizer's vision tokens by name, or empty when it lacks one.

@@ -147,7 +147,6 @@ MultimodalPrompt EngineCore::layout_images(const GenerateRequest& request) const
   const PromptImages& images = *request.images;
   check(model_->has_vision(), "request {}: this model runs without a vision tower: it takes no images",
         request.id);
-  check(!spec_, "request {}: images are not supported with speculative decoding yet", request.id);
   check(images.image_token >= 0 && images.image_token < vocab_,
         "request {}: image token {} is outside the vocabulary", request.id, images.image_token);
   const int merge = model_->vision_merge_size();

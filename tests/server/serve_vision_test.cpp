@@ -454,6 +454,38 @@ TEST(ServeVision, RequestMmProcessorKwargsResizeWithinTheServersBounds) {
   EXPECT_EQ(Connection(p->port()).roundtrip("GET", "/health").status, 200);
 }
 
+// Speculative decoding (MTP) serves images: the demo model (an MTP layer with --speculative-algorithm)
+// answers a chat with an image exactly as without drafts, greedy, and its drafts were verified.
+TEST(ServeVision, ImagesWithSpeculativeDecodingAnswerAsWithout) {
+  const std::vector<std::string> demo = {"--model",           "demo",
+                                         "--cache-memory-gb", "0.0625",
+                                         "--chat-template",   "tests/fixtures/chat-templates/qwen3_5.jinja"};
+  auto with = demo;
+  with.insert(with.end(), {"--speculative-algorithm", "mtp", "--speculative-num-steps", "2"});
+  auto plain = start(demo), mtp = start(with);
+  json body = {{"model", "moeserve-demo"},
+               {"max_tokens", 12},
+               {"temperature", 0},
+               {"ignore_eos", true},
+               {"return_token_ids", true},
+               {"messages",
+                {{{"role", "user"},
+                  {"content",
+                   {{{"type", "image_url"}, {"image_url", {{"url", png_data_url(fixture_image(1))}}}},
+                    {{"type", "text"}, {"text", "What is in this picture?"}}}}}}}};
+  auto ask = [&](uint16_t port) {
+    auto r = Connection(port).roundtrip("POST", "/v1/chat/completions", body.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    EXPECT_GT(j["usage"]["prompt_tokens"].get<int64_t>(), 70) << "the image's tokens are in the prompt";
+    return j["choices"][0]["token_ids"];
+  };
+  const json want = ask(plain->port());
+  EXPECT_EQ(want.size(), 12u);
+  EXPECT_EQ(ask(mtp->port()), want);
+  EXPECT_GT(metric(mtp->port(), "moeserve:spec_decode_num_drafts_total"), 0) << mtp->output();
+}
+
 // The Responses API's input_image and an Anthropic image block (base64 source) reach the tower as chat
 // image parts do: their tokens are in the prompt, and a malformed one is a 400 naming it.
 TEST(ServeVision, ResponsesInputImageAndMessagesImageBlock) {
