@@ -1,8 +1,9 @@
-// Speculative decoding (MTP) with images in the prompt (docs/vision.md, docs/engine.md): the MTP layer's row
-// p takes what the model took at p + 1 (the image token and its image feature, never the prefix cache's key)
-// and the model's M-RoPE position of p, through chunks that split the images and through decode and verify
-// steps after them; and the output is exactly plain decoding's, with the model's own (random) MTP layer and
-// with oracle drafts that are accepted at every depth.
+// The engine with images (docs/vision.md) on a random model of the demo's shape: the vision tower's work is
+// spread over steps that keep decoding the other sequences; and speculative decoding (MTP) with images in
+// the prompt: the MTP layer's row p takes what the model took at p + 1 (the image token and its image
+// feature, never the prefix cache's key) and the model's M-RoPE position of p, through chunks that split the
+// images and through decode and verify steps after them; and the output is exactly plain decoding's, with
+// the model's own (random) MTP layer and with oracle drafts that are accepted at every depth.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -193,6 +194,54 @@ std::vector<int32_t> run(std::unique_ptr<ModelRunner> model, const EngineOptions
   EXPECT_TRUE(core.idle());
   if (stats) *stats = core.stats();
   return stream->collect().tokens;
+}
+
+// A burst of images does not stall decoding: with a step budget of one image's patches (280), a request
+// with six images is encoded one image a step, and a request already decoding gets a token in every one of
+// those steps.
+TEST(VisionScheduling, ABurstOfImagesIsEncodedOverStepsThatKeepDecoding) {
+  VisionMtpModel m;
+  EngineOptions o = options(0);
+  o.vision_patches_per_step = 280;
+  EngineCore core(make_qwen35_runner(m.weights, nullptr, &m.vision), o);
+  auto text = std::make_shared<OutputStream>(), images = std::make_shared<OutputStream>();
+  std::mt19937 rng(9);
+  GenerateRequest decoding{"text", random_prompt(rng, 12, 400), greedy(60), 0, text->sink()};
+  core.add(std::move(decoding));
+  auto tokens_of = [](OutputStream& s) {
+    size_t n = 0;
+    while (auto out = s.try_next()) n += out->tokens.size();
+    return n;
+  };
+  for (int i = 0; i < 3; ++i) core.step(), core.deliver();  // prefill, then decoding
+  ASSERT_GT(tokens_of(*text), 0u);
+
+  ImagePrompt p = image_prompt(m, 4);
+  const PromptImage one = p.images->images[0];  // image1: 280 patches, 70 tokens
+  p.images->images.clear();
+  p.prompt.resize(5);
+  for (uint64_t k = 0; k < 6; ++k) {
+    PromptImage& image = p.images->images.emplace_back(one);
+    image.hash = {k + 100, 7};  // six different pictures to the caches
+    p.prompt.insert(p.prompt.end(), 70, p.images->image_token);
+    p.prompt.push_back(3);  // a run of image tokens is one image: text between them
+  }
+  GenerateRequest r{"images", p.prompt, greedy(4), 0, images->sink(), 0, p.images};
+  core.validate(r);
+  core.add(std::move(r));
+  int encoding_steps = 0;
+  for (uint64_t encoded = 0; encoded < 6; ++encoding_steps) {
+    core.step();
+    core.deliver();
+    core.check_invariants();
+    const uint64_t now = core.stats().images_encoded;
+    EXPECT_EQ(now, encoded + 1) << "one image's patches a step";
+    encoded = now;
+    EXPECT_EQ(tokens_of(*text), 1u) << "the decoding request got its token in step " << encoding_steps;
+  }
+  EXPECT_EQ(encoding_steps, 6);
+  for (int step = 0; step < 500 && !core.idle(); ++step) core.step(), core.deliver();
+  EXPECT_EQ(images->collect().tokens.size(), 4u);
 }
 
 // Inside the MTP layer: a feature row replaces that row's embedding, and only that row's. Row 1 given token
