@@ -118,7 +118,9 @@ struct ServeOptions {
   int64_t max_image_pixels = 89'478'485;            // decoded, PIL's MAX_IMAGE_PIXELS
   double image_fetch_timeout_s = 5;                 // vLLM's VLLM_IMAGE_FETCH_TIMEOUT
   int64_t max_image_patches_per_request = 262'144;  // server::ServiceOptions says why
-  std::string mm_processor_kwargs;  // vLLM's '{"max_pixels": N, "min_pixels": M}' over the processor's
+  std::string mm_processor_kwargs;       // vLLM's '{"max_pixels": N, "min_pixels": M}' over the processor's
+  std::string allowed_local_media_path;  // vLLM's: file:// image URLs from under this directory only
+  double mm_encoder_cache_mb = 512;      // features of images seen again (engine/encoder_cache.h); 0 = off
   // Peers' flags that change nothing here, as "--flag value: why", logged once each at start.
   std::vector<std::string> no_effect;
 };
@@ -338,6 +340,7 @@ EngineOptions engine_options_of(const ServeOptions& o) {
   engine_options.state_dtype = o.gdn_state_dtype == "bfloat16" ? StateDtype::BF16 : StateDtype::F32;
   engine_options.kv_cache_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
   engine_options.speculative_num_steps = o.speculative_steps;
+  engine_options.encoder_cache_bytes = static_cast<size_t>(o.mm_encoder_cache_mb * (1 << 20));
   return engine_options;
 }
 
@@ -380,6 +383,9 @@ void check_flags(const ServeOptions& o) {
       "--max-buffered-body-mb {} is below --max-request-body-mb {}: the largest request could never be read",
       o.max_buffered_body_mb, o.max_request_body_mb);
   check(o.max_connections > 0, "--max-connections {}: expected at least 1", o.max_connections);
+  if (!o.allowed_local_media_path.empty()) server::canonical_media_dir(o.allowed_local_media_path);
+  check(o.mm_encoder_cache_mb >= 0, "--mm-encoder-cache-mb {}: expected 0 (off) or more",
+        o.mm_encoder_cache_mb);
   check(o.max_image_mb > 0 && o.max_image_pixels > 0 && o.image_fetch_timeout_s > 0 &&
             o.max_image_patches_per_request > 0,
         "--max-image-mb, --max-image-pixels, --image-fetch-timeout and --max-image-patches-per-request must "
@@ -423,10 +429,9 @@ ServedText load_text(const ServeOptions& o) {
 
 // Why serve loads no vision tower under these flags ("" when it does, if the model has one).
 std::string images_off_by_flags(const ServeOptions& o) {
-  return o.language_model_only     ? "this server runs with --language-model-only: images are not accepted"
-         : o.group.tp > 1          ? "images are served on one rank so far (without --tp)"
-         : o.speculative_steps > 0 ? "images are not served with speculative decoding yet"
-                                   : "";
+  return o.language_model_only ? "this server runs with --language-model-only: images are not accepted"
+         : o.group.tp > 1      ? "images are served on one rank so far (without --tp)"
+                               : "";
 }
 
 // The tokenizer's vision tokens by name, or empty when it lacks one.
@@ -526,6 +531,8 @@ void set_image_options(const ServeOptions& o, const std::optional<text::ModelTex
   service.image_fetch.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(o.image_fetch_timeout_s * 1000));
   service.image_fetch.decode.max_pixels = o.max_image_pixels;
+  if (!o.allowed_local_media_path.empty())
+    service.image_fetch.allowed_local_media_path = server::canonical_media_dir(o.allowed_local_media_path);
 }
 
 server::ServiceOptions service_options_of(const ServeOptions& o, const std::optional<text::ModelText>& text,
@@ -1203,6 +1210,8 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
                "skip the vision tower (less memory); requests with images get 400");
   cmd.add_flag("--disable-image-fetch", o->disable_image_fetch,
                "images only as data: URLs; http(s) image URLs get 400");
+  cmd.add_option("--allowed-local-media-path", o->allowed_local_media_path,
+                 "file:// image URLs are read from under this directory only (default: refused)");
   cmd.add_option("--max-image-mb", o->max_image_mb, "encoded bytes per image (data: or fetched)")
       ->capture_default_str();
   cmd.add_option("--max-image-pixels", o->max_image_pixels,
@@ -1216,6 +1225,9 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
       ->capture_default_str();
   cmd.add_option("--mm-processor-kwargs", o->mm_processor_kwargs,
                  R"(the image processor's resize bounds, vLLM's '{"max_pixels": N, "min_pixels": M}')");
+  cmd.add_option("--mm-encoder-cache-mb", o->mm_encoder_cache_mb,
+                 "MiB of vision features kept for images seen again (the tower skipped); 0 = off")
+      ->capture_default_str();
   cmd.add_option("--seed", o->seed, "seed of random weights (demo, --load-format dummy)")
       ->capture_default_str();
   cmd.add_option("--system-root", o->system_root,

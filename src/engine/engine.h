@@ -197,6 +197,9 @@ struct EngineOptions {
   // Vision patches the tower encodes per engine step: whole images, in arrival order, until this many (at
   // least one image), so a burst of large images spreads over steps that also decode other sequences.
   int vision_patches_per_step = 16384;
+  // The encoder cache's bound (engine/encoder_cache.h): bytes of merged features kept for images seen again
+  // (serve's --mm-encoder-cache-mb); 0 = every image runs through the tower.
+  size_t encoder_cache_bytes = size_t(512) << 20;
 };
 
 // The rules on EngineOptions that need no model (Engine::create applies them too): a caller checks its flags
@@ -268,6 +271,11 @@ struct EngineStats {
   uint64_t images_encoded = 0;
   uint64_t image_patches_encoded = 0;
   double image_encode_seconds = 0;  // the tower's time on the engine thread
+  // The encoder cache: images whose features came from it (or from an image encoded in the same step) and
+  // images the tower ran for (images_encoded), and the bytes it holds.
+  uint64_t encoder_cache_hits = 0;
+  uint64_t encoder_cache_misses = 0;
+  int64_t encoder_cache_bytes = 0;
 };
 
 class Engine {

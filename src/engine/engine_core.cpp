@@ -66,10 +66,14 @@ void validate_request(const GenerateRequest& r, int64_t vocab, int64_t max_model
 }
 
 // The prefix cache's key of row j of an image's run: negative, so never a token id, and 31 bits of the
-// image's content hash mixed with j (splitmix64's finaliser), so a different image parts from the cached path
-// at its first row (but for a 2^-31 chance per row).
-int32_t image_cache_key(const std::array<uint64_t, 2>& hash, int64_t j) {
-  uint64_t x = hash[0] ^ (hash[1] + 0x9e3779b97f4a7c15ull * uint64_t(j + 1));
+// image's content hash and grid mixed with j (splitmix64's finaliser), so a different image, or the same one
+// resized to another grid (a request's own min/max_pixels), parts from the cached path at its first row (but
+// for a 2^-31 chance per row).
+int32_t image_cache_key(const PromptImage& image, int64_t j) {
+  const ImagePatches& p = image.patches;
+  const uint64_t grid = uint64_t(p.grid_t) << 42 ^ uint64_t(p.grid_h) << 21 ^ uint64_t(p.grid_w);
+  uint64_t x = image.hash[0] ^ (image.hash[1] + 0x9e3779b97f4a7c15ull * uint64_t(j + 1)) ^
+               grid * 0xd6e8feb86659fd93ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   x ^= x >> 31;
@@ -79,7 +83,7 @@ int32_t image_cache_key(const std::array<uint64_t, 2>& hash, int64_t j) {
 }  // namespace
 
 EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& options)
-    : model_(std::move(model)), options_(options) {
+    : model_(std::move(model)), options_(options), encoder_cache_(options.encoder_cache_bytes) {
   check(model_ != nullptr, "engine: no model");
   vocab_ = model_->vocab_size();
   if (model_->reduces_logits())
@@ -143,7 +147,6 @@ MultimodalPrompt EngineCore::layout_images(const GenerateRequest& request) const
   const PromptImages& images = *request.images;
   check(model_->has_vision(), "request {}: this model runs without a vision tower: it takes no images",
         request.id);
-  check(!spec_, "request {}: images are not supported with speculative decoding yet", request.id);
   check(images.image_token >= 0 && images.image_token < vocab_,
         "request {}: image token {} is outside the vocabulary", request.id, images.image_token);
   const int merge = model_->vision_merge_size();
@@ -189,8 +192,7 @@ void EngineCore::add(GenerateRequest request) {
     size_t row = 0;
     for (const PromptImage& image : r->images->images) {
       const int64_t n = image.patches.tokens(model_->vision_merge_size());
-      for (int64_t j = 0; j < n; ++j)
-        r->tokens[size_t(r->mm->image_rows[row++])] = image_cache_key(image.hash, j);
+      for (int64_t j = 0; j < n; ++j) r->tokens[size_t(r->mm->image_rows[row++])] = image_cache_key(image, j);
     }
   }
   Request* raw = r.get();
@@ -203,46 +205,78 @@ void EngineCore::add(GenerateRequest request) {
 
 void EngineCore::encode_images() {
   if (encoding_.empty()) return;
-  // Whole images in arrival order, up to the step's patch budget (at least one).
+  // This step's images, whole and in each request's order: an image the encoder cache holds, or that an
+  // earlier item of this step encodes, takes those features; the others run through the tower in one batch,
+  // in arrival order up to the step's patch budget (at least one).
+  struct Item {
+    Request* owner = nullptr;
+    const PromptImage* image = nullptr;
+    EncoderCache::Features cached;  // else batch[encoded] encodes it
+    size_t encoded = 0;
+  };
+  std::vector<Item> items;
   std::vector<const ImagePatches*> batch;
-  std::vector<Request*> owners;
+  std::vector<const PromptImage*> batch_images;
   int64_t patches = 0;
   for (Request* r : encoding_) {
     for (size_t k = r->images_encoded; k < r->images->images.size(); ++k) {
-      const ImagePatches& p = r->images->images[k].patches;
-      if (!batch.empty() && patches + p.patches() > options_.vision_patches_per_step) break;
-      batch.push_back(&p);
-      owners.push_back(r);
-      patches += p.patches();
+      const PromptImage& image = r->images->images[k];
+      Item item{r, &image, encoder_cache_.find(image), 0};
+      if (!item.cached) {
+        const EncoderCache::Key key = EncoderCache::key_of(image);
+        auto same = std::find_if(batch_images.begin(), batch_images.end(),
+                                 [&](const PromptImage* b) { return EncoderCache::key_of(*b) == key; });
+        item.encoded = size_t(same - batch_images.begin());
+        if (same == batch_images.end()) {
+          const ImagePatches& p = image.patches;
+          if (!batch.empty() && patches + p.patches() > options_.vision_patches_per_step) break;
+          batch.push_back(&p);
+          batch_images.push_back(&image);
+          patches += p.patches();
+        }
+      }
+      items.push_back(std::move(item));
     }
     if (patches >= options_.vision_patches_per_step) break;
   }
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<float> features;
-  try {
-    features = model_->encode_images(batch);
-  } catch (const std::exception& e) {
-    spdlog::error("engine: vision encoding failed: {}", e.what());
-    owners.erase(std::unique(owners.begin(), owners.end()), owners.end());
-    for (Request* r : owners)
-      finish(r, FinishReason::Error, false, fmt::format("vision encoding failed: {}", e.what()));
-    return;
+  std::vector<EncoderCache::Features> encoded(batch.size());
+  if (!batch.empty()) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<float> features;
+    try {
+      features = model_->encode_images(batch);
+    } catch (const std::exception& e) {
+      spdlog::error("engine: vision encoding failed: {}", e.what());
+      std::vector<Request*> owners;
+      for (const Item& item : items)
+        if (std::find(owners.begin(), owners.end(), item.owner) == owners.end()) owners.push_back(item.owner);
+      for (Request* r : owners)
+        finish(r, FinishReason::Error, false, fmt::format("vision encoding failed: {}", e.what()));
+      return;
+    }
+    counters_.image_encode_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    counters_.images_encoded += batch.size();
+    counters_.image_patches_encoded += uint64_t(patches);
+    const int64_t per_token = model_->hidden_size();
+    size_t offset = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const size_t n = size_t(batch[i]->tokens(model_->vision_merge_size()) * per_token);
+      check(offset + n <= features.size(), "engine: the vision tower returned {} values for more images",
+            features.size());
+      encoded[i] = std::make_shared<const std::vector<float>>(features.begin() + ptrdiff_t(offset),
+                                                              features.begin() + ptrdiff_t(offset + n));
+      encoder_cache_.insert(*batch_images[i], encoded[i]);
+      offset += n;
+    }
   }
-  counters_.image_encode_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  counters_.images_encoded += batch.size();
-  counters_.image_patches_encoded += uint64_t(patches);
-  const int merge = model_->vision_merge_size();
-  const int64_t hidden = model_->hidden_size();
-  size_t offset = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const size_t n = size_t(batch[i]->tokens(merge) * hidden);
-    check(offset + n <= features.size(), "engine: the vision tower returned {} values for more images",
-          features.size());
-    std::vector<float>& into = owners[i]->mm->features;
-    into.insert(into.end(), features.begin() + ptrdiff_t(offset), features.begin() + ptrdiff_t(offset + n));
-    offset += n;
-    ++owners[i]->images_encoded;
+  counters_.encoder_cache_misses += batch.size();
+  counters_.encoder_cache_hits += items.size() - batch.size();
+  for (const Item& item : items) {
+    const std::vector<float>& features = item.cached ? *item.cached : *encoded[item.encoded];
+    std::vector<float>& into = item.owner->mm->features;
+    into.insert(into.end(), features.begin(), features.end());
+    ++item.owner->images_encoded;
   }
   for (Request* r : encoding_)
     if (r->encoded()) scheduler_->enqueue(r);
@@ -624,6 +658,7 @@ EngineStats EngineCore::stats() const {
   s.prefix_cache_hits = scheduler_->counters().prefix_cache_hits;
   s.preemptions = scheduler_->counters().preemptions;
   s.prompt_tokens = s.prefix_cache_queries;
+  s.encoder_cache_bytes = int64_t(encoder_cache_.bytes());
   if (spec_) {
     const SpeculativeCounters& c = spec_->counters();
     s.spec_drafts = c.drafts;

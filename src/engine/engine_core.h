@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "cache/cache_manager.h"
+#include "engine/encoder_cache.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
@@ -87,6 +88,7 @@ class EngineCore {
   std::unique_ptr<Speculator> spec_;  // when speculative_num_steps > 0
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
   std::vector<Request*> encoding_;  // requests waiting for their images' features, in arrival order
+  EncoderCache encoder_cache_;
   std::mt19937_64 seed_source_{std::random_device{}()};
   uint64_t next_arrival_ = 0;
   EngineStats counters_;

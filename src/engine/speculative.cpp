@@ -155,6 +155,8 @@ void Speculator::draft(std::span<const DraftJob> jobs, const std::function<int(c
   std::vector<SequenceStep> steps;
   std::vector<int64_t> hidden_rows;       // each MTP row's hidden row, where the model keeps them
   std::vector<int> want(jobs.size(), 0);  // drafts each job's request gets this step
+  // The tokens, features and positions the steps of requests with images point to.
+  std::vector<MtpImageRows> image_rows(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) {
     const DraftJob& job = jobs[i];
     Request* r = job.request;
@@ -167,6 +169,7 @@ void Speculator::draft(std::span<const DraftJob> jobs, const std::function<int(c
     s.tokens = std::span<const int32_t>(r->tokens.data() + job.start + 1, size_t(job.rows));
     s.start_pos = job.start;
     s.pages = r->cache.pages;
+    if (r->mm) mtp_image_rows(*r, job.start, job.rows, image_rows[i], s);
     steps.push_back(s);
     for (int64_t t = 0; t < job.rows; ++t) hidden_rows.push_back(job.hidden_row + t);
   }
@@ -198,6 +201,7 @@ void Speculator::draft(std::span<const DraftJob> jobs, const std::function<int(c
       s.tokens = std::span<const int32_t>(&r->spec.draft.back(), 1);
       s.start_pos = r->computed + j;  // draft d_{j+1} follows position computed + j
       s.pages = r->cache.pages;
+      if (r->mm) s.rope_delta = r->mm->rope_delta;  // text after the images
       steps.push_back(s);
     }
     drafts = model_.mtp_draft(steps, hidden_rows, false, kv_);

@@ -4,6 +4,9 @@
 //   x = decoder_layer(x, position p)                       full attention (own KV cache) + MoE
 //   logits = lm_head(mtp.norm(x))                          shared lm_head; predicts t_{p+2}
 //
+// With images, embed(t_{p+1}) is what the model's input took at p + 1 (the image feature at an image row)
+// and position p is the model's M-RoPE position of row p (SequenceStep's feature_rows and rope_positions).
+//
 // It reuses the model's attention and feed-forward code: the layer is the same kind as its full-attention
 // layers, with KV layer 0 of the MTP cache.
 
@@ -48,6 +51,8 @@ void Qwen35Model::mtp_layer(std::span<const SequenceStep> batch, const float* hi
   // [n][2H]: the normed embedding in the first half of each row, the normed hidden in the second.
   auto cat = be.allocate(size_t(n * 2 * H)), x = be.allocate(size_t(n * H)), y = be.allocate(size_t(n * H));
   be.embed(tokens, weights_.embed, x.get());
+  // A row whose next token is an image token embeds that token's image feature, as the model's input did.
+  place_features(batch, x.get());
   be.rms_norm(x.get(), n, H, H, m.pre_fc_norm_embedding.data(), eps, true, cat.get(), 2 * H);
   be.rms_norm(hidden, n, H, H, m.pre_fc_norm_hidden.data(), eps, true, cat.get() + H, 2 * H);
   be.matmul(cat.get(), n, m.fc, h);
@@ -121,7 +126,8 @@ std::vector<int32_t> Qwen35Model::mtp_draft(std::span<const SequenceStep> batch,
   bool chained = !from_forward && k == n;
   for (int64_t i = 0; i < n && chained; ++i) {
     const SequenceStep& step = batch[size_t(i)];
-    chained = hidden_rows[size_t(i)] == i && step.tokens.size() == 1 && step.rope_positions.empty();
+    chained = hidden_rows[size_t(i)] == i && step.tokens.size() == 1 && step.rope_positions.empty() &&
+              step.feature_rows.empty();
   }
   // dst row i = src row index[i] (device to device), a run of consecutive source rows in one copy.
   auto gather = [&](const float* src, std::span<const int64_t> index, float* dst) {

@@ -301,6 +301,26 @@ void Qwen35Model::gated_attention(const LayerWeights& lw, int attn_layer, const 
   be.matmul(attn.get(), n, w.o_proj, out);
 }
 
+void Qwen35Model::place_features(std::span<const SequenceStep> batch, float* rows) const {
+  const int64_t H = config().hidden_size;
+  int64_t first_row = 0;
+  for (const auto& step : batch) {
+    check(step.features.size() == step.feature_rows.size() * size_t(H), "{} image feature values for {} rows",
+          step.features.size(), step.feature_rows.size());
+    // Consecutive rows (one image's tokens) go up in one upload.
+    for (size_t i = 0; i < step.feature_rows.size();) {
+      size_t j = i + 1;
+      while (j < step.feature_rows.size() && step.feature_rows[j] == step.feature_rows[j - 1] + 1) ++j;
+      check(step.feature_rows[i] >= 0 && size_t(step.feature_rows[j - 1]) < step.tokens.size(),
+            "image feature rows outside the step");
+      backend_.upload(step.features.data() + i * size_t(H), rows + (first_row + step.feature_rows[i]) * H,
+                      (j - i) * size_t(H));
+      i = j;
+    }
+    first_row += int64_t(step.tokens.size());
+  }
+}
+
 void Qwen35Model::mrope_table(const SequenceStep& step, std::vector<float>& cos,
                               std::vector<float>& sin) const {
   const int64_t T = int64_t(step.tokens.size());
@@ -421,22 +441,7 @@ ForwardOutput Qwen35Model::forward_step(std::span<const SequenceStep> batch, KvC
   ForwardOutput result;
   auto h = be.allocate(size_t(n * H)), x = be.allocate(size_t(n * H)), y = be.allocate(size_t(n * H));
   embed(tokens, h.get());
-  int64_t first_row = 0;
-  for (const auto& step : batch) {
-    check(step.features.size() == step.feature_rows.size() * size_t(H), "{} image feature values for {} rows",
-          step.features.size(), step.feature_rows.size());
-    // Consecutive rows (one image's tokens) go up in one upload.
-    for (size_t i = 0; i < step.feature_rows.size();) {
-      size_t j = i + 1;
-      while (j < step.feature_rows.size() && step.feature_rows[j] == step.feature_rows[j - 1] + 1) ++j;
-      check(step.feature_rows[i] >= 0 && size_t(step.feature_rows[j - 1]) < step.tokens.size(),
-            "image feature rows outside the step");
-      be.upload(step.features.data() + i * size_t(H), h.get() + (first_row + step.feature_rows[i]) * H,
-                (j - i) * size_t(H));
-      i = j;
-    }
-    first_row += int64_t(step.tokens.size());
-  }
+  place_features(batch, h.get());
   auto capture = [&](const float* rows) {
     if (!capture_hidden) return;
     result.hidden_states.resize(result.hidden_states.size() + size_t(n * H));

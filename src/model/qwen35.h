@@ -87,6 +87,9 @@ class Qwen35Model {
   // Tensor parallelism: the sum over ranks of a row-parallel layer's partial outputs, in place.
   void all_reduce(float* x, size_t n) const;
   void embed(std::span<const int32_t> tokens, float* out) const;
+  // Images: each step's feature rows overwrite those rows' embeddings in `rows` ([Σ tokens][hidden], the
+  // batch's rows in order, where the backend runs). The model's input and the MTP layer's.
+  void place_features(std::span<const SequenceStep> batch, float* rows) const;
   void lm_head(const float* x, int64_t m, float* logits) const;
 
   const ModelWeights& weights_;

@@ -575,6 +575,29 @@ void parse_tool_choice(const json* v, ChatRequest& r) {
   if (!have_tools && r.tool_choice == ToolChoice::kAuto) r.tool_choice = ToolChoice::kNone;
 }
 
+// vLLM's mm_processor_kwargs: min_pixels and max_pixels; any other key would change nothing here, so it is a
+// 400 naming it rather than silently ignored.
+ImageResize parse_mm_processor_kwargs(Fields& f) {
+  ImageResize r;
+  const json* kw = f.get("mm_processor_kwargs");
+  if (!kw) return r;
+  if (!kw->is_object())
+    throw invalid_param("mm_processor_kwargs", "must be an object, got {}", type_name(*kw));
+  for (const auto& item : kw->items()) {
+    if (item.key() != "min_pixels" && item.key() != "max_pixels")
+      throw invalid_param("mm_processor_kwargs." + item.key(),
+                          "is not taken here (min_pixels and max_pixels are: the image resize bounds)");
+  }
+  Fields k(*kw, "mm_processor_kwargs.");
+  constexpr int64_t kMaxPixels = int64_t(1) << 40;
+  r.min_pixels = k.integer("min_pixels", 1, kMaxPixels);
+  r.max_pixels = k.integer("max_pixels", 1, kMaxPixels);
+  if (r.min_pixels && r.max_pixels && *r.min_pixels > *r.max_pixels)
+    throw invalid_param("mm_processor_kwargs", "min_pixels {} is above max_pixels {}", *r.min_pixels,
+                        *r.max_pixels);
+  return r;
+}
+
 }  // namespace
 
 json parse_json_object(std::string_view body) {
@@ -640,6 +663,7 @@ CompletionRequest parse_completion_request(std::string_view body) {
     if (!r.images.empty() && r.prompts.size() != 1)
       throw invalid_param("image_data", "goes with a single prompt");
   }
+  r.mm_processor_kwargs = parse_mm_processor_kwargs(f);
   if (auto v = f.integer("n", 1, kMaxN)) r.n = static_cast<int>(*v);
   check_best_of(f, r.n);
   if (auto v = f.boolean("echo")) r.echo = *v;
@@ -665,6 +689,7 @@ ChatRequest parse_chat_request(std::string_view body) {
   ChatRequest r;
   r.model = f.string("model");
   r.messages = parse_messages(f.get("messages"), r.ignored, r.images);
+  r.mm_processor_kwargs = parse_mm_processor_kwargs(f);
   r.tools = parse_tools(f.get("tools"));
   parse_tool_choice(f.get("tool_choice"), r);
   if (auto v = f.integer("n", 1, kMaxN)) r.n = static_cast<int>(*v);

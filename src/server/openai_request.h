@@ -70,6 +70,12 @@ struct ImagePart {
   std::string param;
 };
 
+// vLLM's per-request mm_processor_kwargs: this request's image resize bounds (pixel counts, smart_resize's
+// min_pixels and max_pixels) over the server's; OpenAiService holds each within the server's own bounds.
+struct ImageResize {
+  std::optional<int64_t> min_pixels, max_pixels;
+};
+
 // A completions prompt: text to tokenize, or token ids as given.
 using Prompt = std::variant<std::string, std::vector<int32_t>>;
 
@@ -77,6 +83,7 @@ struct CompletionRequest {
   std::optional<std::string> model;
   std::vector<Prompt> prompts;    // a batch; each gets n choices, indexed prompt * n + i
   std::vector<ImagePart> images;  // image_data (SGLang's extension): the single prompt's images
+  ImageResize mm_processor_kwargs;
   int n = 1;
   bool echo = false;
   std::optional<int> logprobs;         // number of top alternatives per token (0..20); nullopt: none
@@ -98,7 +105,8 @@ struct ChatRequest {
   // {"type": "text", "text"} and {"type": "image"} parts.
   nlohmann::ordered_json messages;
   std::vector<ImagePart> images;  // the image_url parts in prompt order
-  nlohmann::ordered_json tools;   // validated array of {"type":"function","function":{...}}, or empty array
+  ImageResize mm_processor_kwargs;
+  nlohmann::ordered_json tools;  // validated array of {"type":"function","function":{...}}, or empty array
   ToolChoice tool_choice = ToolChoice::kAuto;
   std::string tool_choice_name;  // kNamed
   int n = 1;

@@ -588,7 +588,7 @@ JobSpec OpenAiService::completion_job(CompletionRequest& cr, JobSpec::Kind kind,
       spec.prompts.push_back(ids);
     }
   }
-  if (!cr.images.empty()) spec.images = load_images(cr.images, spec.prompts[0]);
+  if (!cr.images.empty()) spec.images = load_images(cr.images, cr.mm_processor_kwargs, spec.prompts[0]);
   bool explicit_max_tokens = cr.sampling.max_tokens.has_value();
   options_.sampling_defaults.apply(cr.sampling);
   spec.params = to_engine(cr.sampling);
@@ -650,7 +650,7 @@ OpenAiService::ChatPrompt OpenAiService::chat_prompt(const ChatRequest& cr) {
   ChatPrompt p;
   p.text = render_chat(cr, &p.forced_prefix);
   p.ids = encode(p.text + p.forced_prefix, /*add_special_tokens=*/false, "messages");
-  if (!cr.images.empty()) p.images = load_images(cr.images, p.ids);
+  if (!cr.images.empty()) p.images = load_images(cr.images, cr.mm_processor_kwargs, p.ids);
   return p;
 }
 
@@ -737,6 +737,7 @@ JobSpec OpenAiService::chat_job(ChatRequest& cr, const char* id_prefix) {
 }
 
 std::shared_ptr<const PromptImages> OpenAiService::load_images(const std::vector<ImagePart>& parts,
+                                                               const ImageResize& resize,
                                                                std::vector<int32_t>& prompt) {
   if (!options_.image_processor) throw invalid_param(parts[0].param, "{}", options_.images_off);
   if (int64_t(parts.size()) > options_.max_images_per_prompt) {
@@ -747,7 +748,25 @@ std::shared_ptr<const PromptImages> OpenAiService::load_images(const std::vector
   auto images = std::make_shared<PromptImages>();
   images->image_token = options_.image_token_id;
   std::vector<ImageGrid> grids;
-  const ImageProcessorConfig& processor = *options_.image_processor;
+  // The request's own resize bounds (vLLM's mm_processor_kwargs), each within the server's: they decide
+  // what an image costs, so a request may ask for fewer pixels than the server allows, never more.
+  ImageProcessorConfig processor = *options_.image_processor;
+  const int64_t lowest = processor.min_pixels, highest = processor.max_pixels;
+  for (auto [value, key] : {std::pair{resize.min_pixels, "min_pixels"}, {resize.max_pixels, "max_pixels"}}) {
+    if (value && (*value < lowest || *value > highest)) {
+      throw invalid_param(
+          fmt::format("mm_processor_kwargs.{}", key),
+          "{} is outside this server's image pixel bounds [{}, {}] (--mm-processor-kwargs, or "
+          "the checkpoint's preprocessor_config.json)",
+          *value, lowest, highest);
+    }
+  }
+  if (resize.min_pixels) processor.min_pixels = *resize.min_pixels;
+  if (resize.max_pixels) processor.max_pixels = *resize.max_pixels;
+  if (processor.min_pixels > processor.max_pixels) {
+    throw invalid_param("mm_processor_kwargs", "min_pixels {} is above max_pixels {}", processor.min_pixels,
+                        processor.max_pixels);
+  }
   const int merge = processor.merge_size;
   // The request's patch budget, spent image by image from each header's size (the processor's smart_resize
   // target) before its pixels are decoded.

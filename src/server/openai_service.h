@@ -169,9 +169,10 @@ class OpenAiService {
   // call (tool_choice "required" or a named function).
   std::string render_chat(const ChatRequest& request, std::string* forced_prefix) const;
   // A request's images fetched, decoded and preprocessed (on the request thread, not an IO thread), and the
-  // prompt's placeholders expanded to each image's tokens; ApiError 400 naming the part on a bad image.
+  // prompt's placeholders expanded to each image's tokens; ApiError 400 naming the part on a bad image, or
+  // naming mm_processor_kwargs when the request's resize bounds leave the server's.
   std::shared_ptr<const PromptImages> load_images(const std::vector<ImagePart>& parts,
-                                                  std::vector<int32_t>& prompt);
+                                                  const ImageResize& resize, std::vector<int32_t>& prompt);
   // The engine's JSON constraint for a response_format (null for text); the token table is built on first
   // use.
   std::shared_ptr<const JsonConstraint> json_constraint(const ResponseFormat& format,

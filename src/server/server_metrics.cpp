@@ -90,6 +90,10 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
   registry_.counter("moeserve:image_encoded_total", "Images the vision tower encoded.");
   registry_.counter("moeserve:image_patches_encoded_total", "Vision patches the tower encoded.");
   registry_.counter("moeserve:image_encode_seconds_total", "Time the vision tower ran on the engine thread.");
+  registry_.counter("moeserve:image_encoder_cache_hits_total",
+                    "Images whose features came from the encoder cache (the tower skipped).");
+  registry_.counter("moeserve:image_encoder_cache_misses_total", "Images the encoder cache did not hold.");
+  registry_.gauge("moeserve:image_encoder_cache_bytes", "Bytes of features the encoder cache holds.");
   registry_.gauge("moeserve:memory_used_bytes",
                   "Used memory of the most pressured source (cgroup, host or GPU).");
   registry_.gauge("moeserve:memory_total_bytes", "Memory limit of that source.");
@@ -147,6 +151,9 @@ void ServerMetrics::collect() {
     Counter& encode_seconds = reg.counter("moeserve:image_encode_seconds_total", "");
     if (engine->image_encode_seconds > encode_seconds.value())
       encode_seconds.inc(engine->image_encode_seconds - encode_seconds.value());
+    advance("moeserve:image_encoder_cache_hits_total", engine->encoder_cache_hits, seen_encoder_hits_);
+    advance("moeserve:image_encoder_cache_misses_total", engine->encoder_cache_misses, seen_encoder_misses_);
+    reg.gauge("moeserve:image_encoder_cache_bytes", "").set(double(engine->encoder_cache_bytes));
     advance(kSpecDrafts, engine->spec_drafts, seen_spec_drafts_);
     advance(kSpecDraftTokens, engine->spec_draft_tokens, seen_spec_draft_tokens_);
     advance(kSpecAccepted, engine->spec_accepted_tokens, seen_spec_accepted_);

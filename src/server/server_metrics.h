@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "server/admission.h"
 #include "common/metrics.h"
+#include "server/admission.h"
 
 namespace moeserve {
 struct EngineStats;
@@ -56,7 +56,8 @@ class ServerMetrics {
   uint64_t seen_queries_ = 0, seen_hits_ = 0, seen_steps_ = 0, seen_preemptions_ = 0, seen_full_rows_ = 0;
   uint64_t seen_step_tokens_ = 0;
   uint64_t seen_step_sequences_ = 0;
-  uint64_t seen_images_encoded_ = 0, seen_image_patches_ = 0;
+  uint64_t seen_images_encoded_ = 0, seen_image_patches_ = 0, seen_encoder_hits_ = 0,
+           seen_encoder_misses_ = 0;
   uint64_t seen_spec_drafts_ = 0, seen_spec_draft_tokens_ = 0, seen_spec_accepted_ = 0;
   std::vector<uint64_t> seen_spec_per_pos_;
   std::vector<uint64_t> seen_steps_by_batch_;

@@ -159,6 +159,19 @@ TEST(VerifyCommand, PassesOnAFixtureAndNamesEveryCase) {
     EXPECT_NE(output.find(name), std::string::npos) << name << "\n" << output;
 }
 
+// The vision fixture (issue #20's proof): verify recognises its reference and checks every stage, decoded
+// pixels to greedy tokens, both images and both prompts, chunks that split the images included.
+TEST(VerifyCommand, ChecksTheVisionFixtureStageByStage) {
+  auto [code, output] = run_command("verify --model " + kModels + "tiny-moe-vl-image");
+  EXPECT_EQ(code, 0) << output;
+  for (const char* name :
+       {"image0 decoded pixels", "image1 resized pixels", "image0 pixel_values", "image1 block 1",
+        "image0 merged features", "prompt1 M-RoPE positions", "prompt0 embeddings after placement",
+        "prompt1 logits (chunks of 16)", "gen0 greedy tokens", "gen1 step logits", "PASS"})
+    EXPECT_NE(output.find(name), std::string::npos) << name << "\n" << output;
+  EXPECT_EQ(output.find("FAIL"), std::string::npos) << output;
+}
+
 TEST(VerifyCommand, FailsWithNonZeroExitWhenLogitsDisagree) {
   auto [code, output] = run_command("verify --model " + kModels + "small-moe-realdims --rope-inv-freq f32");
   EXPECT_EQ(code, 1) << output;

@@ -324,6 +324,35 @@ TEST(ChatRequest, ImagePartsAreListedInPromptOrder) {
   EXPECT_EQ(text.messages[0]["content"], "x");
 }
 
+// vLLM's per-request mm_processor_kwargs, on chat and completions alike: min_pixels and max_pixels; any
+// other key, a non-object, a non-integer or min over max is a 400 naming it (the server's bounds are the
+// service's check: tests/server/serve_vision_test.cpp).
+TEST(ChatRequest, MmProcessorKwargsTakeThePixelBoundsOnly) {
+  ChatRequest r = parse_chat_request(
+      R"({"messages":[{"role":"user","content":"x"}],"mm_processor_kwargs":{"min_pixels":4096,"max_pixels":8192}})");
+  EXPECT_EQ(r.mm_processor_kwargs.min_pixels, 4096);
+  EXPECT_EQ(r.mm_processor_kwargs.max_pixels, 8192);
+  EXPECT_TRUE(r.ignored.empty());
+  CompletionRequest c =
+      parse_completion_request(R"({"prompt":"x","mm_processor_kwargs":{"max_pixels":8192}})");
+  EXPECT_FALSE(c.mm_processor_kwargs.min_pixels);
+  EXPECT_EQ(c.mm_processor_kwargs.max_pixels, 8192);
+  for (auto [kwargs, param] : std::vector<std::pair<std::string, std::string>>{
+           {"5", "mm_processor_kwargs"},
+           {R"({"fps":2})", "mm_processor_kwargs.fps"},
+           {R"({"max_pixels":"a lot"})", "mm_processor_kwargs.max_pixels"},
+           {R"({"min_pixels":0})", "mm_processor_kwargs.min_pixels"},
+           {R"({"min_pixels":9000,"max_pixels":8000})", "mm_processor_kwargs"}}) {
+    try {
+      parse_completion_request(R"({"prompt":"x","mm_processor_kwargs":)" + kwargs + "}");
+      ADD_FAILURE() << kwargs << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, param) << kwargs << ": " << e.what();
+    }
+  }
+}
+
 TEST(ChatRequest, InvalidValuesNameTheParameter) {
   struct Case {
     const char* body;

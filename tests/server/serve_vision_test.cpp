@@ -168,9 +168,11 @@ TEST(ServeVision, GreedyCompletionWithImagesEqualsTheReference) {
     EXPECT_EQ(r["choices"][0]["token_ids"], json(expected)) << c.gen;
     EXPECT_EQ(r["usage"]["prompt_tokens"], full.size()) << "placeholders expanded to the images' tokens";
   }
+  // image1 is in both prompts: the second time its features come from the encoder cache.
   EXPECT_EQ(metric(p->port(), "moeserve:images_total"), 3);
-  EXPECT_EQ(metric(p->port(), "moeserve:image_encoded_total"), 3);
-  EXPECT_EQ(metric(p->port(), "moeserve:image_patches_encoded_total"), 280 + 288 + 280);
+  EXPECT_EQ(metric(p->port(), "moeserve:image_encoded_total"), 2);
+  EXPECT_EQ(metric(p->port(), "moeserve:image_encoder_cache_hits_total"), 1);
+  EXPECT_EQ(metric(p->port(), "moeserve:image_patches_encoded_total"), 280 + 288);
   EXPECT_GT(metric(p->port(), "moeserve:image_encode_seconds_total"), 0);
 }
 
@@ -190,6 +192,49 @@ TEST(ServeVision, TheSameImageHitsThePrefixCacheADifferentOneOfTheSameSizeNever)
   json again = completion(p->port(), prompt, {a}, 4);
   EXPECT_GT(cached(again), 74) << "the same image again is served from the cache past its rows";
   EXPECT_EQ(again["choices"][0]["token_ids"], first["choices"][0]["token_ids"]);
+}
+
+// The encoder cache: an image seen before skips the tower where the prefix cache cannot help (echo +
+// logprobs recomputes every prompt row; another text before the image parts from the cached path at row 0),
+// and the answer is the same bits as with the cache off: every prompt logprob and the greedy tokens. A
+// different image of the same size never hits.
+TEST(ServeVision, TheEncoderCacheSkipsTheTowerForAnImageSeenAgainAndChangesNoBit) {
+  auto on = start({"--model", kVisionModel});
+  auto off = start({"--model", kVisionModel, "--mm-encoder-cache-mb", "0"});
+  const auto prompt = collapse_image_runs(reference_ids("prompt0.input_ids"));  // the image at row 4
+  auto other_text = prompt;
+  other_text[0] = other_text[0] == 17 ? 18 : 17;
+  const std::string a = png_data_url(fixture_image(1)), b = png_data_url(random_png(100, 72, 3));
+  auto answer = [](uint16_t port, const std::vector<int32_t>& ids, const std::string& image) {
+    json body = {{"prompt", ids},    {"image_data", {image}},   {"max_tokens", 6},
+                 {"temperature", 0}, {"ignore_eos", true},      {"echo", true},
+                 {"logprobs", 1},    {"return_token_ids", true}};
+    auto r = Connection(port).roundtrip("POST", "/v1/completions", body.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    json choice = json::parse(r.body)["choices"][0];
+    EXPECT_GT(choice["logprobs"]["token_logprobs"].size(), 86u);
+    return json{{"ids", choice["token_ids"]}, {"logprobs", choice["logprobs"]["token_logprobs"]}};
+  };
+  const json first = answer(on->port(), prompt, a);
+  const auto gen0 = reference_ids("gen0.output_ids");
+  ASSERT_GE(gen0.size(), 6u);
+  EXPECT_EQ(first["ids"], json(std::vector<int32_t>(gen0.begin(), gen0.begin() + 6))) << "the reference's";
+  EXPECT_EQ(metric(on->port(), "moeserve:image_encoder_cache_misses_total"), 1);
+  EXPECT_EQ(metric(on->port(), "moeserve:image_encoder_cache_hits_total"), 0);
+  EXPECT_GT(metric(on->port(), "moeserve:image_encoder_cache_bytes"), 0);
+
+  EXPECT_EQ(answer(on->port(), prompt, a), first) << "the same prompt again, every row recomputed";
+  const json moved = answer(on->port(), other_text, a);
+  EXPECT_EQ(metric(on->port(), "moeserve:image_encoder_cache_hits_total"), 2);
+  EXPECT_EQ(metric(on->port(), "moeserve:image_encoded_total"), 1) << "the tower ran once for image a";
+  EXPECT_EQ(moved, answer(off->port(), other_text, a)) << "cached features change no bit";
+
+  const json different = answer(on->port(), prompt, b);
+  EXPECT_EQ(metric(on->port(), "moeserve:image_encoder_cache_misses_total"), 2) << "a different image";
+  EXPECT_EQ(metric(on->port(), "moeserve:image_encoder_cache_hits_total"), 2);
+  EXPECT_EQ(different, answer(off->port(), prompt, b));
+  EXPECT_EQ(metric(off->port(), "moeserve:image_encoder_cache_hits_total"), 0);
+  EXPECT_EQ(metric(off->port(), "moeserve:image_encoded_total"), 2);
 }
 
 TEST(ServeVision, BadImagesAndUnanswerableUrlsAreClear400sAndTheServerStaysUp) {
@@ -362,6 +407,83 @@ TEST(ServeVision, MmProcessorKwargsBoundTheResize) {
   EXPECT_FALSE(bad.wait_ready(std::chrono::seconds(60)));
   EXPECT_NE(bad.output().find("--mm-processor-kwargs: do_resize is not taken"), std::string::npos)
       << bad.output();
+}
+
+// vLLM's per-request mm_processor_kwargs: min_pixels / max_pixels within the server's bounds (here [16,384,
+// 16,777,216] from --mm-processor-kwargs) set this request's resize, and the token count follows
+// smart_resize: a 640x480 picture is 480x640 (30x40 patches, 300 tokens) as the server resizes it; at
+// max_pixels 65,536 it shrinks by beta = sqrt(307200 / 65536) and floors to multiples of 32: 192x288, 54
+// tokens; at 100,000 256x352, 88 tokens. image1 (100x72) is 20 tokens at the server's min_pixels and 70 at
+// a request's 65,536. Bounds outside the server's, unknown keys and min over max are 400s naming the key; the
+// same picture at another grid never reuses the first one's cached rows.
+TEST(ServeVision, RequestMmProcessorKwargsResizeWithinTheServersBounds) {
+  auto p = start({"--model", kVisionModel, "--mm-processor-kwargs", R"({"min_pixels": 16384})"});
+  const auto prompt = collapse_image_runs(reference_ids("prompt0.input_ids"));  // 16 text tokens + 1
+  auto send = [&](const std::string& image, const json& kwargs, int status = 200) {
+    json body = {{"prompt", prompt}, {"image_data", {image}}, {"max_tokens", 2}, {"temperature", 0}};
+    if (!kwargs.is_null()) body["mm_processor_kwargs"] = kwargs;
+    auto r = Connection(p->port()).roundtrip("POST", "/v1/completions", body.dump());
+    EXPECT_EQ(r.status, status) << r.body;
+    return json::parse(r.body, nullptr, false);
+  };
+  auto tokens = [](const json& r) { return r["usage"]["prompt_tokens"].get<int64_t>() - 16; };
+  const std::string big = png_data_url(random_png(640, 480, 4)), small = png_data_url(fixture_image(1));
+  EXPECT_EQ(tokens(send(big, nullptr)), 300);
+  EXPECT_EQ(tokens(send(big, {{"max_pixels", 65536}})), 54);
+  const json bounded = send(big, {{"max_pixels", 100000}});
+  EXPECT_EQ(tokens(bounded), 88);
+  EXPECT_LE(bounded["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 4)
+      << "the same picture at another grid parts from the cached rows at its first";
+  EXPECT_EQ(tokens(send(small, nullptr)), 20);
+  EXPECT_EQ(tokens(send(small, {{"min_pixels", 65536}})), 70);
+
+  auto message = [](const json& r) { return r["error"]["message"].get<std::string>(); };
+  json r = send(big, {{"max_pixels", 20000000}}, 400);
+  EXPECT_NE(message(r).find("mm_processor_kwargs.max_pixels"), std::string::npos) << r.dump();
+  EXPECT_NE(message(r).find("[16384, 16777216]"), std::string::npos) << r.dump();
+  r = send(big, {{"min_pixels", 1000}}, 400);
+  EXPECT_NE(message(r).find("mm_processor_kwargs.min_pixels"), std::string::npos) << r.dump();
+  r = send(big, {{"min_pixels", 70000}, {"max_pixels", 60000}}, 400);
+  EXPECT_NE(message(r).find("above max_pixels"), std::string::npos) << r.dump();
+  r = send(big, {{"do_resize", false}}, 400);
+  EXPECT_NE(message(r).find("mm_processor_kwargs.do_resize"), std::string::npos) << r.dump();
+  r = send(big, 5, 400);
+  EXPECT_NE(message(r).find("mm_processor_kwargs"), std::string::npos) << r.dump();
+  r = send(big, {{"max_pixels", "many"}}, 400);
+  EXPECT_NE(message(r).find("mm_processor_kwargs.max_pixels"), std::string::npos) << r.dump();
+  EXPECT_EQ(Connection(p->port()).roundtrip("GET", "/health").status, 200);
+}
+
+// Speculative decoding (MTP) serves images: the demo model (an MTP layer with --speculative-algorithm)
+// answers a chat with an image exactly as without drafts, greedy, and its drafts were verified.
+TEST(ServeVision, ImagesWithSpeculativeDecodingAnswerAsWithout) {
+  const std::vector<std::string> demo = {"--model",           "demo",
+                                         "--cache-memory-gb", "0.0625",
+                                         "--chat-template",   "tests/fixtures/chat-templates/qwen3_5.jinja"};
+  auto with = demo;
+  with.insert(with.end(), {"--speculative-algorithm", "mtp", "--speculative-num-steps", "2"});
+  auto plain = start(demo), mtp = start(with);
+  json body = {{"model", "moeserve-demo"},
+               {"max_tokens", 12},
+               {"temperature", 0},
+               {"ignore_eos", true},
+               {"return_token_ids", true},
+               {"messages",
+                {{{"role", "user"},
+                  {"content",
+                   {{{"type", "image_url"}, {"image_url", {{"url", png_data_url(fixture_image(1))}}}},
+                    {{"type", "text"}, {"text", "What is in this picture?"}}}}}}}};
+  auto ask = [&](uint16_t port) {
+    auto r = Connection(port).roundtrip("POST", "/v1/chat/completions", body.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    EXPECT_GT(j["usage"]["prompt_tokens"].get<int64_t>(), 70) << "the image's tokens are in the prompt";
+    return j["choices"][0]["token_ids"];
+  };
+  const json want = ask(plain->port());
+  EXPECT_EQ(want.size(), 12u);
+  EXPECT_EQ(ask(mtp->port()), want);
+  EXPECT_GT(metric(mtp->port(), "moeserve:spec_decode_num_drafts_total"), 0) << mtp->output();
 }
 
 // The Responses API's input_image and an Anthropic image block (base64 source) reach the tower as chat

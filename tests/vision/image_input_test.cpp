@@ -1,6 +1,7 @@
 // image_url content: data: URLs, http:// fetching from a real local server (served bytes, wrong types,
-// errors, a body over the limit, a redirect, a server that never answers), and the content hash. Every
-// failure is an ImageError with a message fit for a 400.
+// errors, a body over the limit, redirects followed up to a bound, a server that never answers), file://
+// URLs under --allowed-local-media-path only, and the content hash. Every failure is an ImageError with a
+// message fit for a 400.
 #include "server/image_input.h"
 
 #include <arpa/inet.h>
@@ -8,10 +9,15 @@
 #include <netinet/in.h>
 #include <png.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <thread>
+
+#include "fake_backend.h"
 
 namespace moeserve::server {
 namespace {
@@ -186,16 +192,125 @@ TEST(ImageInput, FetchFailuresAreImageErrors) {
     EXPECT_NE(error_of([&] { load_image_url(missing.url(), {}); }).find("404"), std::string::npos);
   }
   {
-    LocalServer moved(http_response("302 Found", "", {}, "Location: http://elsewhere.example/x.png\r\n"));
-    EXPECT_NE(error_of([&] { load_image_url(moved.url(), {}); }).find("elsewhere.example"),
-              std::string::npos);
-  }
-  {
     LocalServer big(http_response("200 OK", "image/png", png));
     ImageFetchOptions small;
     small.max_bytes = 20;
     EXPECT_NE(error_of([&] { load_image_url(big.url(), small); }).find("larger than 20"), std::string::npos);
   }
+}
+
+// Redirects are followed (absolute, scheme-relative, absolute-path and relative Locations) up to
+// kMaxImageRedirects, each hop under the same byte limit and the one deadline; a loop, a redirect to
+// another scheme and a redirect without a Location are errors.
+TEST(ImageInput, RedirectsAreFollowedUpToABound) {
+  const std::string png = [] {
+    auto bytes = tiny_png(42);
+    return std::string(bytes.begin(), bytes.end());
+  }();
+  std::string base;
+  peers::FakeBackend server([&](const peers::HttpRequest& r, peers::BackendConnection& c) {
+    auto redirect = [&](const std::string& to) { c.respond(302, "", "text/plain", {{"Location", to}}); };
+    if (r.target == "/a/start.png") return redirect(base + "/b/next.png");             // absolute
+    if (r.target == "/b/next.png") return redirect("/c/dir/third.png");                // absolute path
+    if (r.target == "/c/dir/third.png") return redirect("../final.png?v=1");           // relative
+    if (r.target == "/c/final.png?v=1") return redirect(base.substr(5) + "/img.png");  // //host/path
+    if (r.target == "/img.png") return (void)c.respond(200, png, "image/png");
+    if (r.target == "/loop.png") return redirect("/loop.png");
+    if (r.target == "/elsewhere.png") return redirect("file:///etc/passwd");
+    if (r.target == "/nowhere.png") return (void)c.respond(301, "", "text/plain");
+    if (r.target == "/big.png") return redirect("/big-body.png");
+    if (r.target == "/big-body.png") return (void)c.respond(200, std::string(4096, 'x'), "image/png");
+    c.respond(404, "", "text/plain");
+  });
+  base = server.url();
+  LoadedImage img = load_image_url(base + "/a/start.png", {});
+  EXPECT_EQ(img.image.rgb[0], 42);
+  EXPECT_EQ(server.request_count(), 5u);  // four redirects, the image: within kMaxImageRedirects
+  static_assert(kMaxImageRedirects == 5);
+
+  EXPECT_NE(error_of([&] { load_image_url(base + "/loop.png", {}); }).find("redirected more than 5 times"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url(base + "/elsewhere.png", {}); }).find("not an http(s) URL"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url(base + "/nowhere.png", {}); }).find("no Location"),
+            std::string::npos);
+  ImageFetchOptions small;
+  small.max_bytes = 1000;
+  EXPECT_NE(error_of([&] { load_image_url(base + "/big.png", small); }).find("larger than 1000"),
+            std::string::npos);
+  // A redirect to a server that never answers ends at the one deadline.
+  LocalServer silent("");
+  peers::FakeBackend to_silent([&](const peers::HttpRequest&, peers::BackendConnection& c) {
+    c.respond(307, "", "text/plain", {{"Location", silent.url()}});
+  });
+  ImageFetchOptions quick;
+  quick.timeout = std::chrono::milliseconds(300);
+  EXPECT_NE(error_of([&] { load_image_url(to_silent.url() + "/x.png", quick); }).find("within 300 ms"),
+            std::string::npos);
+}
+
+// file:// URLs: refused unless the server names a directory; then read from under it only. "..", a
+// symbolic link out of it (to a file, or a directory on the way), a directory, a FIFO and a file over the
+// byte limit are refused with an error that says why.
+TEST(ImageInput, FileUrlsAreReadFromTheAllowedDirectoryOnly) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("moeserve-media-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "media" / "sub");
+  fs::create_directories(root / "secret");
+  auto write = [](const fs::path& p, const std::vector<uint8_t>& bytes) {
+    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+  };
+  write(root / "media" / "sub" / "a b.png", tiny_png(9));
+  write(root / "secret" / "s.png", tiny_png(200));
+  fs::create_symlink(root / "secret" / "s.png", root / "media" / "link.png");
+  fs::create_directory_symlink(root / "secret", root / "media" / "dirlink");
+  ASSERT_EQ(::mkfifo((root / "media" / "fifo.png").c_str(), 0600), 0);
+  const std::string media = (root / "media").string();
+
+  ImageFetchOptions off;
+  EXPECT_NE(error_of([&] { load_image_url("file://" + media + "/sub/a%20b.png", off); }).find("turned off"),
+            std::string::npos);
+  ImageFetchOptions on;
+  on.allowed_local_media_path = canonical_media_dir(media + "/sub/..");
+  EXPECT_EQ(load_image_url("file://" + media + "/sub/a%20b.png", on).image.rgb[0], 9);
+  EXPECT_EQ(load_image_url("file://localhost" + media + "/sub/a%20b.png", on).image.rgb[0], 9);
+  for (const char* escape :
+       {"/sub/../../secret/s.png", "/link.png", "/dirlink/s.png", "/%2e%2e/secret/s.png", "/.."}) {
+    EXPECT_NE(error_of([&] { load_image_url("file://" + media + escape, on); }).find("outside the directory"),
+              std::string::npos)
+        << escape;
+  }
+  EXPECT_NE(error_of([&] {
+              load_image_url("file://" + (root / "secret" / "s.png").string(), on);
+            }).find("outside the directory"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url("file://" + media + "/sub", on); }).find("not a regular file"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url("file://" + media + "/fifo.png", on); }).find("not a regular file"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url("file://" + media + "/none.png", on); }).find("cannot be read"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url("file://relative/x.png", on); }).find("absolute path"),
+            std::string::npos);
+  ImageFetchOptions tight = on;
+  tight.max_bytes = 10;
+  EXPECT_NE(
+      error_of([&] { load_image_url("file://" + media + "/sub/a%20b.png", tight); }).find("larger than 10"),
+      std::string::npos);
+  // The directory itself behind a symbolic link: URLs through the link or the real path both reach it.
+  fs::create_directory_symlink(root / "media", root / "alias");
+  ImageFetchOptions aliased;
+  aliased.allowed_local_media_path = canonical_media_dir((root / "alias").string());
+  EXPECT_EQ(load_image_url("file://" + (root / "alias" / "sub" / "a%20b.png").string(), aliased).image.rgb[0],
+            9);
+  EXPECT_EQ(load_image_url("file://" + media + "/sub/a%20b.png", aliased).image.rgb[0], 9);
+  EXPECT_NE(error_of([&] {
+              load_image_url("file://" + (root / "alias" / "link.png").string(), aliased);
+            }).find("outside the directory"),
+            std::string::npos);
+  EXPECT_THROW(canonical_media_dir((root / "missing").string()), Error);
+  fs::remove_all(root);
 }
 
 TEST(ImageInput, AServerThatNeverAnswersTimesOut) {

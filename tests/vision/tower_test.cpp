@@ -86,6 +86,17 @@ TEST_F(TowerTest, ABatchOfImagesGivesEachImagesOwnFeatures) {
   EXPECT_LT(max_abs_diff(merged, want), kTolerance);
 }
 
+// The engine's encoder cache hands an image the features it had in another step's batch: exact only if an
+// image's features do not depend on the images encoded beside it. Bit for bit, not within a tolerance.
+TEST_F(TowerTest, AnImagesFeaturesAreTheSameBitsAloneOrInABatch) {
+  const ImagePatches* alone[] = {&images[0]};
+  const ImagePatches* batch[] = {&images[1], &images[0]};
+  const std::vector<float> one = tower.encode(alone), both = tower.encode(batch);
+  ASSERT_EQ(both.size(), size_t((images[1].tokens(2) + images[0].tokens(2)) * config.out_hidden_size));
+  const std::vector<float> second(both.end() - long(one.size()), both.end());
+  EXPECT_EQ(std::memcmp(one.data(), second.data(), one.size() * sizeof(float)), 0);
+}
+
 TEST_F(TowerTest, MissingOrMisshapedTensorsAreNamed) {
   auto tensors = std::make_shared<TensorSet>(TensorSet::open_dir(kVisionFixture));
   VisionConfig wider = config;
