@@ -425,6 +425,16 @@ TEST(JsonSchema, AllOfMergesWherePydanticAndZodWriteIt) {
   EXPECT_EQ(rejected_at(up_to_three, "4"), 0u);
   EXPECT_EQ(rejected_at(up_to_three, "3."), 1u);
   EXPECT_EQ(rejected_at(schema(R"({"allOf": [{"type": "number"}, {"type": "integer"}]})"), "1.5"), 1u);
+  // A keyword in two parts: the tighter bound, the values both enums hold.
+  auto tighter = schema(R"({"allOf": [{"type": "string", "minLength": 1, "maxLength": 9}, {"minLength": 2,
+                                       "maxLength": 3}]})");
+  EXPECT_TRUE(prefix_only(tighter, R"("a)"));
+  EXPECT_TRUE(valid(tighter, R"("abc")"));
+  EXPECT_EQ(rejected_at(tighter, R"("abcd)"), 4u);
+  auto shared = schema(R"({"allOf": [{"enum": ["a", "b", 1]}, {"enum": [1, "b", "c"]}]})");
+  EXPECT_TRUE(valid(shared, R"("b")"));
+  EXPECT_TRUE(valid(shared, "1"));
+  EXPECT_EQ(rejected_at(shared, R"("a)"), 1u);
   auto code = schema(R"({"$defs": {"Code": {"type": "string", "pattern": "^[A-Z]+$"}},
                          "allOf": [{"$ref": "#/$defs/Code"}, {"maxLength": 3}]})");
   EXPECT_TRUE(valid(code, R"("ABC")"));
@@ -500,7 +510,7 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
   EXPECT_EQ(keyword(R"({"oneOf": [{"type": "object"}, {"type": "object", "properties": {}}]})"), "oneOf");
   EXPECT_EQ(keyword(R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})"), "oneOf");
   EXPECT_EQ(keyword(R"({"oneOf": [{"enum": ["a", "b"]}, {"const": "b"}]})"), "oneOf");
-  EXPECT_EQ(keyword(R"({"allOf": [{"type": "string", "minLength": 1}, {"minLength": 2}]})"), "allOf");
+  EXPECT_EQ(keyword(R"({"allOf": [{"type": "string", "pattern": "a"}, {"pattern": "b"}]})"), "allOf");
   EXPECT_EQ(keyword(R"({"anyOf": [{"type": "string"}], "minLength": 1})"), "minLength");
   EXPECT_EQ(keyword(R"({"type": "strng"})"), "type");
   EXPECT_EQ(keyword(R"({"type": []})"), "type");

@@ -295,6 +295,35 @@ TEST(RouterRealNodes, StoredResponseRequestsReachTheNodeThatHoldsIt) {
     EXPECT_EQ(http_request(router.port(), "DELETE", "/v1/responses/" + id, "", {}, kSlow).status, 200);
     EXPECT_EQ(http_request(router.port(), "GET", "/v1/responses/" + id, "", {}, kSlow).status, 404);
   }
+
+  // Background responses: the router learns their id from the queued object, so polling, the replayed event
+  // stream and the cancel reach the node that runs them.
+  std::vector<std::string> background;
+  for (int i = 0; i < 2; ++i) {
+    json body = {{"model", "demo"},
+                 {"input", "later " + std::to_string(i)},
+                 {"max_output_tokens", 2},
+                 {"background", true}};
+    HttpResponse r = http_request(router.port(), "POST", "/v1/responses", body.dump(), {}, kSlow);
+    ASSERT_EQ(r.status, 200) << r.body;
+    background.push_back(json::parse(r.body)["id"]);
+  }
+  for (const std::string& id : background) {
+    json now;
+    for (int i = 0; i < 5000; ++i) {  // asked again until it has ended (each answer takes a round trip)
+      HttpResponse got = http_request(router.port(), "GET", "/v1/responses/" + id, "", {}, kSlow);
+      ASSERT_EQ(got.status, 200) << got.body;
+      now = json::parse(got.body);
+      if (now["status"] != "queued" && now["status"] != "in_progress") break;
+    }
+    EXPECT_EQ(now["status"], "incomplete") << now.dump();  // cut by max_output_tokens
+    HttpResponse events =
+        http_request(router.port(), "GET", "/v1/responses/" + id + "?stream=true", "", {}, kSlow);
+    EXPECT_EQ(events.status, 200) << events.body;
+    EXPECT_NE(events.body.find("event: response.incomplete"), std::string::npos) << events.body;
+    EXPECT_EQ(http_request(router.port(), "POST", "/v1/responses/" + id + "/cancel", "", {}, kSlow).status,
+              400);  // it has ended
+  }
 }
 
 }  // namespace

@@ -1315,12 +1315,12 @@ TEST(Generation, ParametersTheServerDoesNotUseAreAccepted) {
   EXPECT_EQ(b["choices"][0]["message"], a["choices"][0]["message"]);
   EXPECT_EQ(b["choices"][0]["message"]["content"], "Fine.");
   // Asking for what the server cannot do is still a 400, not silently different output.
-  for (json bad :
-       {json{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
-        json{{"response_format",
-              {{"type", "json_schema"},
-               {"json_schema", {{"name", "x"}, {"schema", {{"type", "number"}, {"multipleOf", 0.25}}}}}}}},
-        json{{"modalities", {"text", "audio"}}}, json{{"priority", "urgent"}}}) {
+  for (json bad : {json{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
+                   json{{"response_format",
+                         {{"type", "json_schema"},
+                          {"json_schema",
+                           {{"name", "x"}, {"schema", {{"type", "number"}, {"multipleOf", 0.0000001}}}}}}}},
+                   json{{"modalities", {"text", "audio"}}}, json{{"priority", "urgent"}}}) {
     json body = plain;
     body.update(bad);
     auto r = s.harness->post("/v1/chat/completions", body.dump());

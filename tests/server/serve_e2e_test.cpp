@@ -431,7 +431,8 @@ TEST_F(ServeDemo, ChatStreamingAndNot) {
 }
 
 // SGLang's /generate on the real binary: greedy, the same tokens and text as /v1/completions for the same
-// prompt, whole and streamed (the stream's last chunk holds the whole answer), behind the API key.
+// prompt, whole and streamed (the stream's last chunk holds the whole answer; with
+// --incremental-streaming-output the chunks add up to it), behind the API key.
 TEST_F(ServeDemo, SglangGenerateMatchesCompletions) {
   auto p = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--api-key", "sk-g"});
   const std::vector<std::string> key = {"Authorization: Bearer sk-g"};
@@ -459,6 +460,24 @@ TEST_F(ServeDemo, SglangGenerateMatchesCompletions) {
   EXPECT_EQ(last["output_ids"], generated["output_ids"]);
   EXPECT_EQ(last["meta_info"]["finish_reason"], generated["meta_info"]["finish_reason"]);
   post_json(p->port(), "/generate", {{"text", prompt}}, 401);
+
+  // serve --incremental-streaming-output (SGLang's flag): the chunks carry what is new, and add up to it.
+  auto q = start({"--model", "demo", "--cache-memory-gb", "0.0625", "--incremental-streaming-output"});
+  auto pieces = Connection(q->port()).roundtrip("POST", "/generate", body.dump());
+  ASSERT_EQ(pieces.status, 200) << pieces.body;
+  std::string text;
+  json ids = json::array();
+  size_t chunks = 0;
+  for (const std::string& data : sse_data(pieces.body)) {
+    if (data == "[DONE]") continue;
+    const json chunk = json::parse(data);
+    text += chunk["text"].get<std::string>();
+    for (const json& id : chunk["output_ids"]) ids.push_back(id);
+    ++chunks;
+  }
+  EXPECT_GE(chunks, 2u);
+  EXPECT_EQ(text, generated["text"]);
+  EXPECT_EQ(ids, generated["output_ids"]);
 }
 
 TEST_F(ServeDemo, ReasoningAndToolCalls) {

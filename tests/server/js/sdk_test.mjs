@@ -113,7 +113,7 @@ check("json_schema: the content parses and follows the schema",
       ["calm", "busy"].includes(verdict?.mood) && Object.keys(verdict).length === 2, JSON.stringify(structured));
 const badSchema = await expectError("400 on an unsupported schema keyword", 400, OpenAI.BadRequestError,
     () => client.chat.completions.create({ model, messages, response_format: { type: "json_schema",
-      json_schema: { name: "x", schema: { type: "number", multipleOf: 0.5 } } } }));
+      json_schema: { name: "x", schema: { type: "array", items: { type: "integer" }, uniqueItems: true } } } }));
 check("the 400 names response_format", badSchema?.param === "response_format", JSON.stringify(badSchema?.error));
 
 // 413: a body over --max-request-body-mb 1.
