@@ -67,8 +67,17 @@ class OracleDrafts : public ModelRunner {
     return inner_->state_cache_spec(num_slots);
   }
   ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
+    for (const SequenceStep& s : batch) {
+      if (s.trail_slots.empty()) continue;
+      std::vector<int32_t> step{int32_t(s.start_pos)};
+      step.insert(step.end(), s.tokens.begin(), s.tokens.end());
+      verified_->push_back(std::move(step));
+    }
     return inner_->forward(batch, kv, state);
   }
+  // Every verify step the engine ran: its first position, then its tokens (the pending one and the drafts).
+  using Log = std::shared_ptr<std::vector<std::vector<int32_t>>>;
+  Log verified() const { return verified_; }
   bool reduces_logits() const override { return inner_->reduces_logits(); }
   int default_logit_candidates() const override { return inner_->default_logit_candidates(); }
   bool has_mtp() const override { return true; }
@@ -95,6 +104,7 @@ class OracleDrafts : public ModelRunner {
   std::unique_ptr<ModelRunner> inner_;
   int miss_;
   std::map<std::pair<int64_t, int32_t>, int32_t> next_;
+  Log verified_ = std::make_shared<std::vector<std::vector<int32_t>>>();
 };
 
 struct RunResult {
@@ -274,6 +284,61 @@ TEST(Speculative, MultiTurnConversationFromThePrefixCacheEqualsPlainDecoding) {
   RunResult want{plain, {}}, got_mtp{mtp, {}}, got_drafted{drafted, {}};
   expect_same_outputs(got_mtp, want);
   expect_same_outputs(got_drafted, want);
+}
+
+// The MTP layer's KV rows of a cached prefix come with it: a turn served from the prefix cache (the pages
+// and the snapshot the previous, speculative turn filed; page size 4, so hits end inside a copied-on-write
+// page) drafts exactly the tokens, and accepts exactly the drafts, that the same prompt gets in a fresh
+// engine without a prefix cache, where the MTP layer computes every row itself. The model's own MTP layer
+// drafts (no oracle), so a stale or missing row of the prefix shows as different drafts.
+TEST(Speculative, PrefixCacheHitDraftsExactlyAsAColdRun) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  struct Turn {
+    GenerateOutput out;
+    std::vector<std::vector<int32_t>> verified;
+    uint64_t draft_tokens = 0, accepted_tokens = 0;
+  };
+  auto serve = [](EngineCore& core, const OracleDrafts::Log& log, const std::vector<int32_t>& prompt) {
+    const EngineStats before = core.stats();
+    log->clear();
+    auto stream = std::make_shared<OutputStream>();
+    GenerateRequest r{"turn", prompt, greedy(12, 2), 0, {}};
+    r.on_output = stream->sink();
+    core.add(std::move(r));
+    while (!core.idle()) {
+      core.step();
+      core.deliver();
+      core.check_invariants();
+    }
+    const EngineStats after = core.stats();
+    return Turn{stream->collect(), *log, after.spec_draft_tokens - before.spec_draft_tokens,
+                after.spec_accepted_tokens - before.spec_accepted_tokens};
+  };
+  auto warm_model = std::make_unique<OracleDrafts>(weights, 1);  // learns nothing: the MTP layer's drafts
+  const OracleDrafts::Log warm_log = warm_model->verified();
+  EngineCore warm(std::move(warm_model), options(3, 4));
+  std::mt19937 text(41);
+  std::vector<int32_t> conversation = random_prompt(text, 30, 512);
+  for (int turn = 0; turn < 5; ++turn) {
+    SCOPED_TRACE("turn " + std::to_string(turn));
+    const Turn hit = serve(warm, warm_log, conversation);
+    EngineOptions cold_options = options(3, 4);
+    cold_options.enable_prefix_cache = false;
+    auto cold_model = std::make_unique<OracleDrafts>(weights, 1);
+    const OracleDrafts::Log cold_log = cold_model->verified();
+    EngineCore cold_core(std::move(cold_model), cold_options);
+    const Turn cold = serve(cold_core, cold_log, conversation);
+    if (turn > 0) EXPECT_EQ(hit.out.usage.cached_tokens, int64_t(conversation.size()) - 10 - 1);
+    EXPECT_EQ(cold.out.usage.cached_tokens, 0);
+    ASSERT_EQ(hit.out.tokens, cold.out.tokens);
+    EXPECT_EQ(hit.verified, cold.verified);
+    EXPECT_FALSE(cold.verified.empty());
+    EXPECT_EQ(hit.draft_tokens, cold.draft_tokens);
+    EXPECT_EQ(hit.accepted_tokens, cold.accepted_tokens);
+    conversation.insert(conversation.end(), hit.out.tokens.begin(), hit.out.tokens.end());
+    auto more = random_prompt(text, 10, 512);
+    conversation.insert(conversation.end(), more.begin(), more.end());
+  }
 }
 
 // Preemption with drafts in flight: 16 requests on a KV pool of 160 tokens are preempted and resume (from
