@@ -8,9 +8,9 @@
 // near-tie).
 #include <gtest/gtest.h>
 
-#include <map>
 #include <random>
 
+#include "../../engine/oracle_drafts.h"
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_util.h"
 #include "engine/engine.h"
@@ -24,52 +24,7 @@
 namespace moeserve {
 namespace {
 
-// The real runner on the GPU, with each draft replaced by the plain run's next token where it knows it.
-class OracleDrafts : public ModelRunner {
- public:
-  OracleDrafts(const ModelWeights& weights, Backend& backend)
-      : inner_(make_qwen35_runner(weights, &backend)) {}
-  void learn(const std::vector<int32_t>& sequence) {
-    for (size_t i = 0; i + 1 < sequence.size(); ++i) next_[{int64_t(i), sequence[i]}] = sequence[i + 1];
-  }
-
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t max_position_embeddings() const override { return inner_->max_position_embeddings(); }
-  std::vector<int32_t> eos_token_ids() const override { return inner_->eos_token_ids(); }
-  KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const override {
-    return inner_->kv_cache_spec(page_size, num_pages);
-  }
-  StateCacheSpec state_cache_spec(int num_slots) const override {
-    return inner_->state_cache_spec(num_slots);
-  }
-  ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
-    return inner_->forward(batch, kv, state);
-  }
-  bool reduces_logits() const override { return inner_->reduces_logits(); }
-  int default_logit_candidates() const override { return inner_->default_logit_candidates(); }
-  int64_t cache_memory_available() const override { return inner_->cache_memory_available(); }
-  bool has_mtp() const override { return true; }
-  int64_t hidden_size() const override { return inner_->hidden_size(); }
-  void prepare_mtp() override { inner_->prepare_mtp(); }
-  KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const override {
-    return inner_->mtp_kv_cache_spec(page_size, num_pages);
-  }
-  std::vector<int32_t> mtp_draft(std::span<const SequenceStep> batch, std::span<const int64_t> hidden_rows,
-                                 bool from_forward, KvCache& kv) override {
-    std::vector<int32_t> drafts = inner_->mtp_draft(batch, hidden_rows, from_forward, kv);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const int64_t position = batch[i].start_pos + int64_t(batch[i].tokens.size());
-      auto it = next_.find({position, batch[i].tokens.back()});
-      if (it == next_.end()) continue;
-      drafts[i] = position % 4 == 0 ? (it->second + 1) % int32_t(vocab_size()) : it->second;
-    }
-    return drafts;
-  }
-
- private:
-  std::unique_ptr<ModelRunner> inner_;
-  std::map<std::pair<int64_t, int32_t>, int32_t> next_;
-};
+using engine_test::OracleDrafts;
 
 struct Outputs {
   std::vector<std::vector<int32_t>> tokens;
@@ -129,7 +84,7 @@ TEST(CudaSpeculative, GreedyOutputEqualsPlainDecodingOnTheGpu) {
     o.speculative_adaptive = false;
     const Outputs own =
         run(make_qwen35_runner(weights, gpu.get()), o, prompts);  // the MTP layer's own drafts
-    auto oracle = std::make_unique<OracleDrafts>(weights, *gpu);
+    auto oracle = std::make_unique<OracleDrafts>(make_qwen35_runner(weights, gpu.get()), 4);
     for (size_t i = 0; i < prompts.size(); ++i) {
       auto sequence = prompts[i];
       sequence.insert(sequence.end(), plain.tokens[i].begin(), plain.tokens[i].end());
