@@ -141,5 +141,53 @@ TEST(CudaSpeculative, ChainedDraftStepsReplayedAsGraphsDraftWhatTheCpuDrafts) {
   EXPECT_EQ(drafts_of[1], drafts_of[0]);
 }
 
+// The first drafting step of each engine step (the MTP layer fed the rows the target's step kept, from its
+// hidden rows on the device) on the GPU against the CPU (fp32 matmuls): target steps of 3 new tokens per
+// sequence, then the first step over those rows, 11 times at the same shape, so the GPU measures, records and
+// replays it as a CUDA graph while positions, pages and hidden rows change: every draft equal to the CPU's.
+TEST(CudaSpeculative, FirstDraftStepsReplayedAsGraphsDraftWhatTheCpuDrafts) {
+  MOESERVE_REQUIRE_GPU();
+  ModelWeights weights = load_checkpoint("tests/fixtures/models/tiny-moe-mtp");
+  auto cpu = make_cpu_backend();
+  auto gpu = make_backend("cuda", {.fp32_matmul = true});
+  std::mt19937 rng(5);
+  std::vector<int32_t> a(40), b(40);  // prompt of 4 tokens, then 3 per step
+  for (auto* seq : {&a, &b})
+    for (auto& t : *seq) t = int32_t(rng() % 512);
+  const std::vector<int32_t> pages_a{0, 1, 2}, pages_b{3, 4, 5};
+  std::vector<std::vector<int32_t>> drafts_of;  // per backend: every step's drafts, in order
+  int64_t replays = 0;
+  for (Backend* be : {cpu.get(), gpu.get()}) {
+    Qwen35Model model(weights, *be);
+    model.prepare_mtp();
+    KvCache kv(model.kv_cache_spec(16, 6)), mtp_kv(model.mtp_kv_cache_spec(16, 6));
+    StateCache state(model.state_cache_spec(2));
+    const int64_t gpu_replays = be == gpu.get() ? cuda_tools::graph_counts(*be).replays : 0;
+    std::vector<int32_t> all;
+    for (int64_t start = 0; start + 3 < int64_t(a.size()); start += start == 0 ? 4 : 3) {
+      const int64_t T = start == 0 ? 4 : 3;
+      SequenceStep target[2] = {
+          {std::span<const int32_t>(a).subspan(size_t(start), size_t(T)), start, pages_a, 0},
+          {std::span<const int32_t>(b).subspan(size_t(start), size_t(T)), start, pages_b, 1}};
+      target[0].hidden = target[1].hidden = true;
+      model.forward(target, kv, state);
+      // Row p: token t_{p+1} at position p, the target's hidden row of p.
+      SequenceStep rows[2] = {
+          {std::span<const int32_t>(a).subspan(size_t(start + 1), size_t(T)), start, pages_a, 0},
+          {std::span<const int32_t>(b).subspan(size_t(start + 1), size_t(T)), start, pages_b, 1}};
+      std::vector<int64_t> sources(size_t(2 * T));
+      for (size_t i = 0; i < sources.size(); ++i) sources[i] = int64_t(i);
+      const std::vector<int32_t> drafts = model.mtp_draft(rows, sources, true, mtp_kv);
+      all.insert(all.end(), drafts.begin(), drafts.end());
+    }
+    if (be == gpu.get()) replays = cuda_tools::graph_counts(*be).replays - gpu_replays;
+    drafts_of.push_back(all);
+  }
+  EXPECT_EQ(drafts_of[1], drafts_of[0]);
+  // The first step at position 0 and the first one at the 3-row shape run eagerly, the next is recorded;
+  // the 9 after it replay. (The target's steps, a prefill and 3-token chunks, run eagerly.)
+  EXPECT_GE(replays, 6);
+}
+
 }  // namespace
 }  // namespace moeserve
