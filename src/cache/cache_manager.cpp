@@ -75,6 +75,7 @@ bool CacheManager::start(CacheSeq& seq, std::span<const int32_t> tokens, int64_t
       return false;
     }
     kv_.copy_page(m.pages.back(), seq.pages.back(), rows);
+    for (KvCache* cache : paged_) cache->copy_page(m.pages.back(), seq.pages.back(), rows);
   }
   if (!reserve(seq, m.length + extra)) {
     finish(seq, {}, false);

@@ -39,6 +39,9 @@ class CacheManager {
                bool prefix_cache);
 
   KvCache& kv() { return kv_; }
+  // Another KV cache addressed by the same page tables (the MTP layer's): a hit's copied-on-write last page
+  // is copied there too, so its rows are the cached ones, as in kv(). It must outlive this manager.
+  void add_paged_cache(KvCache& cache) { paged_.push_back(&cache); }
   StateCache& state() { return state_; }
   int page_size() const { return kv_.spec().page_size; }
   bool prefix_cache_enabled() const { return prefix_cache_; }
@@ -82,6 +85,7 @@ class CacheManager {
   int32_t take_snapshot_slot();
 
   KvCache kv_;
+  std::vector<KvCache*> paged_;  // add_paged_cache()
   StateCache state_;
   PagePool pool_;
   SlotPool slots_;

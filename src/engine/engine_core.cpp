@@ -121,6 +121,7 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> model, const EngineOptions& 
         *model_,
         SpeculativeOptions{spec_steps, options_.speculative_adaptive, options_.benchmark_forced_acceptance},
         capacity_.page_size, capacity_.kv_pages, kv_sizing.dtype, slots);
+    cache_->add_paged_cache(spec_->kv());
     spdlog::info("speculative decoding: MTP, {} drafts per step{}, {} trail state slots", spec_steps,
                  options_.speculative_adaptive ? " (adaptive)" : "", capacity_.live_slots * spec_steps);
     if (options_.benchmark_forced_acceptance >= 0)
@@ -388,7 +389,11 @@ void EngineCore::step() {
     const int64_t start = r->computed;
     const bool follow = batch[i].hidden;
     const int64_t step_hidden = hidden_row;
-    if (follow) hidden_row += tokens;
+    if (follow) {
+      hidden_row += tokens;
+      r->spec.followed_from = start;  // until r outlives the step (finish() reads it)
+      r->spec.followed_hidden_row = step_hidden;
+    }
     const bool candidates = batch[i].candidates > 0;
     if (verifies(r)) {
       std::vector<LogitsRow> rows(static_cast<size_t>(tokens));
@@ -406,7 +411,9 @@ void EngineCore::step() {
         }
       }
       const int64_t kept = verify_drafts(r, rows);
-      if (kept > 0 && follow) jobs.push_back({r, start, kept, step_hidden});
+      if (kept == 0) continue;  // r finished
+      r->spec.followed_from = -1;
+      if (follow) jobs.push_back({r, start, kept, step_hidden});
       continue;
     }
     const int64_t rows = candidates ? 0 : r->prompt_logprobs_pending ? tokens : 1;
@@ -443,9 +450,11 @@ void EngineCore::step() {
       }
       alive = sample_and_emit(r, last, std::move(prompt_logprobs));
     }
-    if (alive && follow) jobs.push_back({r, start, tokens, step_hidden});
+    if (!alive) continue;
+    r->spec.followed_from = -1;
+    if (follow) jobs.push_back({r, start, tokens, step_hidden});
   }
-  if (!jobs.empty()) draft(jobs);
+  if (!jobs.empty() || !finals_.empty()) draft(jobs);
 }
 
 bool EngineCore::verifies(const Request* r) const {
@@ -527,8 +536,10 @@ void EngineCore::draft(std::span<const DraftJob> jobs) {
                1);
   };
   auto reserve = [&](Request* r, int64_t tokens) { return cache_->reserve(r->cache, tokens); };
+  std::vector<FinalRows> finals = std::move(finals_);
+  finals_.clear();
   try {
-    spec_->draft(jobs, room, reserve);
+    spec_->draft(finals, jobs, room, reserve);
   } catch (const std::exception& e) {
     // Drafts only ever save time: without them every request decodes plainly.
     spdlog::error("engine: MTP drafting failed: {}", e.what());
@@ -628,6 +639,15 @@ void EngineCore::finish(Request* r, FinishReason reason, bool keep, std::string 
 
 void EngineCore::finish(Request* r, GenerateOutput final_event, bool keep) {
   std::erase(encoding_, r);
+  // Finishing in a step the MTP layer follows: the rows it kept (up to the last token it computed) are filed
+  // in the prefix cache below, so the MTP layer writes its rows of them too (step() runs it after the loop).
+  const int64_t from = r->spec.followed_from;
+  if (spec_ && keep && cache_->prefix_cache_enabled() && from >= 0 && r->computed > from &&
+      int64_t(r->tokens.size()) > r->computed) {
+    finals_.push_back(
+        {std::vector<int32_t>(r->tokens.begin() + from + 1, r->tokens.begin() + r->computed + 1), from,
+         r->spec.followed_hidden_row, r->cache.pages});
+  }
   scheduler_->remove(r, keep);
   ++counters_.requests_finished;
   if (final_event.finish_reason == FinishReason::Abort) ++counters_.requests_aborted;

@@ -86,6 +86,7 @@ class EngineCore {
   std::unique_ptr<CacheManager> cache_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Speculator> spec_;  // when speculative_num_steps > 0
+  std::vector<FinalRows> finals_;     // this step's finished requests' rows, for the MTP layer
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
   std::vector<Request*> encoding_;  // requests waiting for their images' features, in arrival order
   EncoderCache encoder_cache_;

@@ -149,23 +149,26 @@ void Speculator::record(Request* r, int drafted, int matched) {
   }
 }
 
-void Speculator::draft(std::span<const DraftJob> jobs, const std::function<int(const Request*)>& room,
+void Speculator::draft(std::span<const FinalRows> finals, std::span<const DraftJob> jobs,
+                       const std::function<int(const Request*)>& room,
                        const std::function<bool(Request*, int64_t)>& reserve) {
-  if (jobs.empty()) return;
+  if (jobs.empty() && finals.empty()) return;
   std::vector<SequenceStep> steps;
-  std::vector<int64_t> hidden_rows;       // each MTP row's hidden row, where the model keeps them
-  std::vector<int> want(jobs.size(), 0);  // drafts each job's request gets this step
+  std::vector<int64_t> hidden_rows;  // each MTP row's hidden row, where the model keeps them
+  for (const FinalRows& f : finals) {
+    SequenceStep s;
+    s.tokens = f.tokens;
+    s.start_pos = f.start;
+    s.pages = f.pages;
+    steps.push_back(s);
+    for (int64_t t = 0; t < int64_t(f.tokens.size()); ++t) hidden_rows.push_back(f.hidden_row + t);
+  }
   // The tokens, features and positions the steps of requests with images point to.
   std::vector<MtpImageRows> image_rows(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) {
     const DraftJob& job = jobs[i];
     Request* r = job.request;
-    r->spec.draft.clear();
-    if (r->uncomputed() == 1 && r->spec.pause == 0) {
-      const int k = std::min(options_.num_steps, room(r));
-      if (k > 0 && reserve(r, r->computed + 1 + k)) want[i] = k;
-    }
-    SequenceStep s;  // after reserve(), which may grow the page table
+    SequenceStep s;
     s.tokens = std::span<const int32_t>(r->tokens.data() + job.start + 1, size_t(job.rows));
     s.start_pos = job.start;
     s.pages = r->cache.pages;
@@ -175,11 +178,22 @@ void Speculator::draft(std::span<const DraftJob> jobs, const std::function<int(c
   }
   std::vector<int32_t> drafts = model_.mtp_draft(steps, hidden_rows, true, kv_);
 
+  std::vector<int> want(jobs.size(), 0);  // drafts each job's request gets this step
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Request* r = jobs[i].request;
+    r->spec.draft.clear();
+    if (r->uncomputed() == 1 && r->spec.pause == 0) {
+      const int k = std::min(options_.num_steps, room(r));
+      if (k > 0 && reserve(r, r->computed + 1 + k)) want[i] = k;
+    }
+  }
+
   // Step j drafts d_{j+1} for every job that wants more than j drafts: its first row was the job's last row;
   // later ones are single rows of the previous draft, fed that row's MTP hidden (output row a of the last
-  // step).
+  // step; the first step's rows start with the finished requests').
   std::vector<size_t> active(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) active[i] = i;
+  size_t first_row = finals.size();
   for (int j = 0;; ++j) {
     std::vector<size_t> next;
     hidden_rows.clear();
@@ -187,10 +201,10 @@ void Speculator::draft(std::span<const DraftJob> jobs, const std::function<int(c
       const size_t i = active[a];
       if (want[i] <= j) continue;
       Request* r = jobs[i].request;
-      r->spec.draft.push_back(drafts[a]);
+      r->spec.draft.push_back(drafts[first_row + a]);
       if (want[i] > j + 1) {
         next.push_back(i);
-        hidden_rows.push_back(int64_t(a));
+        hidden_rows.push_back(int64_t(first_row + a));
       }
     }
     if (next.empty()) break;
@@ -206,6 +220,7 @@ void Speculator::draft(std::span<const DraftJob> jobs, const std::function<int(c
     }
     drafts = model_.mtp_draft(steps, hidden_rows, false, kv_);
     active = std::move(next);
+    first_row = 0;
   }
   for (size_t i = 0; i < jobs.size(); ++i) {
     Request* r = jobs[i].request;

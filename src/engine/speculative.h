@@ -42,6 +42,10 @@ struct DraftState {
   double acceptance = 1.0;      // moving average of accepted / drafted
   int pause = 0;                // steps left without drafting (adaptive)
   int pause_len = 0;            // the next pause's length
+  // During a step the MTP layer follows (EngineCore::step), the first position the step ran and its first
+  // hidden row: a request that finishes in it files its last rows in the prefix cache as FinalRows.
+  int64_t followed_from = -1;
+  int64_t followed_hidden_row = 0;
 };
 
 struct SpeculativeCounters {
@@ -67,6 +71,16 @@ struct DraftJob {
   int64_t start = 0;       // first position the step kept
   int64_t rows = 0;        // positions kept: [start, start + rows)
   int64_t hidden_row = 0;  // the first of those positions' rows among the step's hidden rows (the model's)
+};
+
+// The rows a finishing request's last step kept, for the MTP layer to write too (it drafts nothing after
+// them): the request filed them in the prefix cache, and a later hit there must find the MTP rows a cold run
+// would have computed. Copies, since the request is gone by then.
+struct FinalRows {
+  std::vector<int32_t> tokens;  // t_{start+1} .. t_{start+rows}
+  int64_t start = 0;
+  int64_t hidden_row = 0;      // among the step's hidden rows
+  std::vector<int32_t> pages;  // its page table when it finished (the prefix cache holds them now)
 };
 
 // The speculative-decoding flags as SGLang and vLLM spell them (serve, generate).
@@ -101,9 +115,12 @@ class Speculator {
   std::vector<int32_t> trail_slots(const Request* r) const;
   // After a verify step of `drafted` drafts of which `matched` equalled the target's samples.
   void record(Request* r, int drafted, int matched);
-  // Feeds the MTP layer the jobs' rows and drafts for those requests now decoding, up to `room(r)` drafts
-  // each, after reserve(r, tokens) grew r's pages to cover its next verify step (no drafts when it cannot).
-  void draft(std::span<const DraftJob> jobs, const std::function<int(const Request*)>& room,
+  // Feeds the MTP layer the finished requests' rows and the jobs' rows, then drafts for those requests now
+  // decoding, up to `room(r)` drafts each, after reserve(r, tokens) grew r's pages to cover its next verify
+  // step (no drafts when it cannot). reserve() runs only after the rows are written: it may evict the
+  // finished requests' pages from the prefix cache.
+  void draft(std::span<const FinalRows> finals, std::span<const DraftJob> jobs,
+             const std::function<int(const Request*)>& room,
              const std::function<bool(Request*, int64_t)>& reserve);
 
   const SpeculativeCounters& counters() const { return counters_; }

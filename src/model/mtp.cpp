@@ -15,6 +15,13 @@
 #include "model/qwen35.h"
 
 namespace moeserve {
+namespace {
+
+// Rows of one sequence in a first draft step recorded as a graph: a verify step's k + 1 at most (k <= 8,
+// engine/speculative.h).
+constexpr size_t kMaxFollowRows = 9;
+
+}  // namespace
 
 void Qwen35Model::prepare_mtp() const {
   check(weights_.mtp.has_value(), "this checkpoint has no MTP layer (mtp.* tensors)");
@@ -129,6 +136,25 @@ std::vector<int32_t> Qwen35Model::mtp_draft(std::span<const SequenceStep> batch,
     chained = hidden_rows[size_t(i)] == i && step.tokens.size() == 1 && step.rope_positions.empty() &&
               step.feature_rows.empty();
   }
+  // The first step after decode and verify steps (each sequence's rows: the positions its step kept, at most
+  // a verify step's) repeats the same device work for the same shape too. Its rows go to the layer as
+  // one-row steps, which attention_decode takes with every position and page table staged (each row attends
+  // up to its own position after all rows' K and V are written: the step's causal attention, as in a verify
+  // step), so the recording does not depend on where the sequences are.
+  bool follow = from_forward && !batch.empty();
+  for (const SequenceStep& step : batch)
+    follow = follow && step.start_pos > 0 && step.rope_positions.empty() && step.feature_rows.empty() &&
+             !step.all_logits && step.tokens.size() <= kMaxFollowRows;
+  std::vector<SequenceStep> rows_as_steps;
+  if (follow) {
+    for (const SequenceStep& step : batch)
+      for (size_t t = 0; t < step.tokens.size(); ++t) {
+        SequenceStep row = step;
+        row.tokens = step.tokens.subspan(t, 1);
+        row.start_pos = step.start_pos + int64_t(t);
+        rows_as_steps.push_back(row);
+      }
+  }
   // dst row i = src row index[i] (device to device), a run of consecutive source rows in one copy.
   auto gather = [&](const float* src, std::span<const int64_t> index, float* dst) {
     const int64_t m = int64_t(index.size());
@@ -143,7 +169,7 @@ std::vector<int32_t> Qwen35Model::mtp_draft(std::span<const SequenceStep> batch,
   auto run = [&] {
     auto rows = be.allocate(size_t(n * H)), h = be.allocate(size_t(n * H));
     gather(source, hidden_rows, rows.get());
-    mtp_layer(batch, rows.get(), n, mtp_kv, h.get());
+    mtp_layer(follow ? std::span<const SequenceStep>(rows_as_steps) : batch, rows.get(), n, mtp_kv, h.get());
 
     // The draft rows after mtp.norm stay for the next call (its hidden rows); their logits only give argmax.
     // (Grown after the gather, which may read the old rows; a chained step never grows them.)
@@ -157,10 +183,18 @@ std::vector<int32_t> Qwen35Model::mtp_draft(std::span<const SequenceStep> batch,
     be.argmax(logits.get(), k, V, drafts.data());
   };
   constexpr uint64_t kChainedDraftKey = uint64_t(1) << 48;  // decode steps: batch | candidates << 32
-  if (chained)
+  // First steps: rows and sequences (at most 2^16 each). The gathers' row offsets are baked in and folded
+  // into the signature: a batch whose kept rows keep changing runs eagerly, a steady one (batch 1, or every
+  // sequence keeping as many) replays. Verify keys have bit 63 set.
+  constexpr uint64_t kFollowDraftKey = uint64_t(1) << 49;
+  if (chained) {
     be.run_step(kChainedDraftKey | uint64_t(n), run);
-  else
+  } else if (follow) {
+    grow(mtp_rows_, mtp_rows_floats_, size_t(k * H), 0);  // outside the recording, which bakes its address
+    be.run_step(kFollowDraftKey | uint64_t(n) << 16 | uint64_t(batch.size()), run);
+  } else {
     run();
+  }
   return drafts;
 }
 

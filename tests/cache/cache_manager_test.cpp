@@ -90,6 +90,34 @@ TEST(CacheManager, HitCopiesPartialPageAndRestoresSnapshot) {
   EXPECT_EQ(sim.cm.pages_free(), sim.cm.pages_total());
 }
 
+// A KV cache addressed by the same page tables (the MTP layer's) follows the copy-on-write of a hit's partial
+// last page: the copy holds the cached rows there too.
+TEST(CacheManager, HitCopiesThePartialPageOfAPagedCacheToo) {
+  Simulator sim(4, 16, 2, 2);
+  KvCache mtp(KvCacheSpec{1, 1, 1, 4, 16});
+  sim.cm.add_paged_cache(mtp);
+  std::vector<int32_t> turn1 = {5, 6, 7, 8, 9, 10};
+  CacheSeq a;
+  ASSERT_TRUE(sim.cm.start(a, turn1, 5, 6));
+  for (int p = 0; p < 6; ++p) {
+    sim.write(a, p, turn1[size_t(p)]);
+    mtp.keys(0, a.pages[size_t(p / 4)])[p % 4] = float(100 + turn1[size_t(p)]);
+  }
+  sim.set_state(a, turn1);
+  sim.cm.finish(a, turn1, /*keep=*/true);
+
+  std::vector<int32_t> turn2 = turn1;
+  turn2.insert(turn2.end(), {11, 12, 13});
+  CacheSeq b;
+  ASSERT_TRUE(sim.cm.start(b, turn2, 8, 3));
+  ASSERT_EQ(b.cached, 6);
+  const auto& cached_pages = sim.cm.radix().root()->children.begin()->second->pages;
+  ASSERT_NE(cached_pages[1], b.pages[1]);
+  for (int p = 0; p < 6; ++p)
+    EXPECT_EQ(mtp.keys(0, b.pages[size_t(p / 4)])[p % 4], float(100 + turn2[size_t(p)])) << "position " << p;
+  sim.cm.finish(b, {}, false);
+}
+
 TEST(CacheManager, FullCacheDegradesToRecomputation) {
   Simulator sim(2, 4, 2, 4);  // 8 tokens of KV
   std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8};

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -22,12 +23,14 @@
 #include "model/init_model.h"
 #include "model/qwen35.h"
 #include "model/sequence.h"
+#include "oracle_drafts.h"
 #include "requests.h"
 
 namespace moeserve {
 namespace {
 
 using engine_test::greedy;
+using engine_test::OracleDrafts;
 using engine_test::random_prompt;
 
 const std::string kModels = "tests/fixtures/models/";
@@ -44,58 +47,6 @@ EngineOptions options(int spec_steps, int page_size = 16, int max_running = 16) 
   o.speculative_adaptive = false;  // every decode step drafts: the rollback paths run as often as they can
   return o;
 }
-
-// The real runner, with the MTP layer's drafts replaced by an oracle's where it knows the continuation: the
-// token that followed (position, token) in the sequences it was shown, unless the position is a multiple of
-// `miss_every` (then the token after it, a wrong draft). The random-weight MTP layers of the fixtures are
-// almost always wrong; the oracle makes drafts accepted at every length, so each rollback depth is taken.
-class OracleDrafts : public ModelRunner {
- public:
-  OracleDrafts(const ModelWeights& weights, int miss_every)
-      : inner_(make_qwen35_runner(weights, nullptr)), miss_(miss_every) {}
-  void learn(const std::vector<int32_t>& sequence) {
-    for (size_t i = 0; i + 1 < sequence.size(); ++i) next_[{int64_t(i), sequence[i]}] = sequence[i + 1];
-  }
-
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t max_position_embeddings() const override { return inner_->max_position_embeddings(); }
-  std::vector<int32_t> eos_token_ids() const override { return inner_->eos_token_ids(); }
-  KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const override {
-    return inner_->kv_cache_spec(page_size, num_pages);
-  }
-  StateCacheSpec state_cache_spec(int num_slots) const override {
-    return inner_->state_cache_spec(num_slots);
-  }
-  ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
-    return inner_->forward(batch, kv, state);
-  }
-  bool reduces_logits() const override { return inner_->reduces_logits(); }
-  int default_logit_candidates() const override { return inner_->default_logit_candidates(); }
-  bool has_mtp() const override { return true; }
-  int64_t hidden_size() const override { return inner_->hidden_size(); }
-  void prepare_mtp() override { inner_->prepare_mtp(); }
-  KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const override {
-    return inner_->mtp_kv_cache_spec(page_size, num_pages);
-  }
-  std::vector<int32_t> mtp_draft(std::span<const SequenceStep> batch, std::span<const int64_t> hidden_rows,
-                                 bool from_forward, KvCache& kv) override {
-    std::vector<int32_t> drafts = inner_->mtp_draft(batch, hidden_rows, from_forward, kv);
-    const int64_t V = vocab_size();
-    for (size_t i = 0; i < batch.size(); ++i) {
-      // The step's last row: token t_{p+1} at position p drafts t_{p+2}.
-      const int64_t position = batch[i].start_pos + int64_t(batch[i].tokens.size());
-      auto it = next_.find({position, batch[i].tokens.back()});
-      if (it == next_.end()) continue;
-      drafts[i] = position % miss_ == 0 ? (it->second + 1) % int32_t(V) : it->second;
-    }
-    return drafts;
-  }
-
- private:
-  std::unique_ptr<ModelRunner> inner_;
-  int miss_;
-  std::map<std::pair<int64_t, int32_t>, int32_t> next_;
-};
 
 struct RunResult {
   std::vector<GenerateOutput> outputs;
@@ -198,7 +149,7 @@ TEST(Speculative, OutputEqualsPlainDecodingOnEveryMtpModel) {
       expect_same_outputs(mtp, plain);
       EXPECT_GT(mtp.stats.spec_drafts, 0u);
       // ... and oracle drafts, accepted at every depth.
-      auto oracle = std::make_unique<OracleDrafts>(weights, 5);
+      auto oracle = std::make_unique<OracleDrafts>(make_qwen35_runner(weights, nullptr), 5);
       for (size_t i = 0; i < w.prompts.size(); ++i) {
         auto sequence = w.prompts[i];
         sequence.insert(sequence.end(), plain.outputs[i].tokens.begin(), plain.outputs[i].tokens.end());
@@ -216,8 +167,8 @@ TEST(Speculative, OutputEqualsPlainDecodingOnEveryMtpModel) {
 
 // A drafting model for `weights` whose oracle knows the plain run's sequences.
 std::unique_ptr<OracleDrafts> oracle_for(const ModelWeights& weights, const Workload& w,
-                                         const RunResult& plain, int miss_every = 5) {
-  auto oracle = std::make_unique<OracleDrafts>(weights, miss_every);
+                                         const RunResult& plain, int miss_every = 5, int own_every = 0) {
+  auto oracle = std::make_unique<OracleDrafts>(make_qwen35_runner(weights, nullptr), miss_every, own_every);
   for (size_t i = 0; i < w.prompts.size(); ++i) {
     auto sequence = w.prompts[i];
     sequence.insert(sequence.end(), plain.outputs[i].tokens.begin(), plain.outputs[i].tokens.end());
@@ -264,7 +215,7 @@ TEST(Speculative, MultiTurnConversationFromThePrefixCacheEqualsPlainDecoding) {
   std::vector<GenerateOutput> plain, mtp, drafted;
   const auto prompts = converse(make_qwen35_runner(weights, nullptr), 0, &plain);
   converse(make_qwen35_runner(weights, nullptr), 3, &mtp);
-  auto oracle = std::make_unique<OracleDrafts>(weights, 4);
+  auto oracle = std::make_unique<OracleDrafts>(make_qwen35_runner(weights, nullptr), 4);
   for (size_t t = 0; t < prompts.size(); ++t) {
     auto sequence = prompts[t];
     sequence.insert(sequence.end(), plain[t].tokens.begin(), plain[t].tokens.end());
@@ -274,6 +225,143 @@ TEST(Speculative, MultiTurnConversationFromThePrefixCacheEqualsPlainDecoding) {
   RunResult want{plain, {}}, got_mtp{mtp, {}}, got_drafted{drafted, {}};
   expect_same_outputs(got_mtp, want);
   expect_same_outputs(got_drafted, want);
+}
+
+// The MTP layer's KV rows of a cached prefix come with it: a turn served from the prefix cache (the pages
+// and the snapshot the previous, speculative turn filed; page size 4, so hits end inside a copied-on-write
+// page) drafts exactly the tokens, and accepts exactly the drafts, that the same prompt gets in a fresh
+// engine without a prefix cache, where the MTP layer computes every row itself. The drafts are the MTP
+// layer's own (random weights: all rejected), then an oracle's at odd positions and the MTP layer's at even
+// ones, so some are accepted; a stale or missing MTP row of the prefix shows as different drafts either way.
+TEST(Speculative, PrefixCacheHitDraftsExactlyAsAColdRun) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  struct Turn {
+    GenerateOutput out;
+    std::vector<std::vector<int32_t>> verified;
+    uint64_t draft_tokens = 0, accepted_tokens = 0;
+  };
+  auto serve = [](EngineCore& core, const OracleDrafts::Log& log, const std::vector<int32_t>& prompt) {
+    const EngineStats before = core.stats();
+    log->clear();
+    auto stream = std::make_shared<OutputStream>();
+    GenerateRequest r{"turn", prompt, greedy(12, 2), 0, {}};
+    r.on_output = stream->sink();
+    core.add(std::move(r));
+    while (!core.idle()) {
+      core.step();
+      core.deliver();
+      core.check_invariants();
+    }
+    const EngineStats after = core.stats();
+    return Turn{stream->collect(), *log, after.spec_draft_tokens - before.spec_draft_tokens,
+                after.spec_accepted_tokens - before.spec_accepted_tokens};
+  };
+  // The conversation, plainly decoded: each turn's prompt is the last one + its answer + new text.
+  std::vector<std::vector<int32_t>> prompts;
+  {
+    EngineCore plain(make_qwen35_runner(weights, nullptr), options(0, 4));
+    auto log = std::make_shared<std::vector<std::vector<int32_t>>>();
+    std::mt19937 text(41);
+    std::vector<int32_t> conversation = random_prompt(text, 30, 512);
+    for (int turn = 0; turn < 5; ++turn) {
+      prompts.push_back(conversation);
+      const Turn t = serve(plain, log, conversation);
+      conversation.insert(conversation.end(), t.out.tokens.begin(), t.out.tokens.end());
+      auto more = random_prompt(text, 10, 512);
+      conversation.insert(conversation.end(), more.begin(), more.end());
+    }
+    prompts.push_back(conversation);  // the last turn's answer included: what the oracle learns
+  }
+  for (bool oracle : {false, true}) {
+    SCOPED_TRACE(oracle ? "oracle and MTP drafts" : "MTP drafts");
+    auto model = [&] {
+      auto m = std::make_unique<OracleDrafts>(make_qwen35_runner(weights, nullptr), 5, 2);
+      if (oracle) m->learn(prompts.back());
+      return m;
+    };
+    auto warm_model = model();
+    const OracleDrafts::Log warm_log = warm_model->verified();
+    EngineCore warm(std::move(warm_model), options(3, 4));
+    uint64_t accepted = 0;
+    for (size_t turn = 0; turn + 1 < prompts.size(); ++turn) {
+      SCOPED_TRACE("turn " + std::to_string(turn));
+      const Turn hit = serve(warm, warm_log, prompts[turn]);
+      EngineOptions cold_options = options(3, 4);
+      cold_options.enable_prefix_cache = false;
+      auto cold_model = model();
+      const OracleDrafts::Log cold_log = cold_model->verified();
+      EngineCore cold_core(std::move(cold_model), cold_options);
+      const Turn cold = serve(cold_core, cold_log, prompts[turn]);
+      if (turn > 0) EXPECT_EQ(hit.out.usage.cached_tokens, int64_t(prompts[turn].size()) - 10 - 1);
+      EXPECT_EQ(cold.out.usage.cached_tokens, 0);
+      ASSERT_EQ(hit.out.tokens, cold.out.tokens);
+      EXPECT_EQ(hit.verified, cold.verified);
+      EXPECT_FALSE(cold.verified.empty());
+      EXPECT_EQ(hit.draft_tokens, cold.draft_tokens);
+      EXPECT_EQ(hit.accepted_tokens, cold.accepted_tokens);
+      accepted += hit.accepted_tokens;
+    }
+    if (oracle) EXPECT_GT(accepted, 0u);
+  }
+}
+
+// Preempted requests resume from their snapshots (the MTP rows filed with them) and draft exactly what they
+// draft on a roomy pool without a prefix cache. Drafts as in PrefixCacheHitDraftsExactlyAsAColdRun (the MTP
+// layer's at even positions, an oracle's at odd ones).
+TEST(Speculative, PreemptedRequestsDraftAsOnARoomyPool) {
+  ModelWeights weights = load_checkpoint(kModels + "tiny-moe-mtp");
+  Workload w = workload(512, 12, 43, false);
+  for (auto& p : w.params) p.max_tokens = std::min(*p.max_tokens, 30);
+  // No shared prefix: a hit is a preempted request's own (a branch's hit is inexact, docs/engine.md).
+  for (size_t i = 1; i < w.prompts.size(); i += 3)
+    w.prompts[i].erase(w.prompts[i].begin(), w.prompts[i].begin() + 40);
+  for (auto& p : w.prompts) p.resize(std::min<size_t>(p.size(), 60));
+  const RunResult plain = run(make_qwen35_runner(weights, nullptr), options(0, 4), w.prompts, w.params);
+
+  EngineOptions roomy = options(3, 4);
+  roomy.enable_prefix_cache = false;
+  auto roomy_model = oracle_for(weights, w, plain, 5, 2);
+  const OracleDrafts::Log roomy_log = roomy_model->verified();
+  const RunResult want = run(std::move(roomy_model), roomy, w.prompts, w.params);
+
+  auto probe = make_qwen35_runner(weights, nullptr);
+  EngineOptions small = options(3, 4);
+  small.max_running_requests = 8;
+  small.snapshot_slots = 4;
+  small.max_model_len = 100;
+  KvCacheSpec kv = probe->kv_cache_spec(4, 1);
+  ++kv.num_layers;  // the MTP layer's rows
+  small.cache_memory_bytes =
+      (8 * 4 + 4) * probe->state_cache_spec(1).bytes_per_slot() + 40 * 4 * kv.bytes_per_token();
+  auto small_model = oracle_for(weights, w, plain, 5, 2);
+  const OracleDrafts::Log small_log = small_model->verified();
+  const RunResult got = run(std::move(small_model), small, w.prompts, w.params);
+
+  expect_same_outputs(got, plain);
+  expect_same_outputs(want, plain);
+  EXPECT_GT(got.stats.preemptions, 0u);
+  EXPECT_EQ(want.stats.preemptions, 0u);
+  // Batches differ between the pools, and the small one drafts less (no pages for a verify step: no drafts),
+  // so the verify steps differ; but a verify step at a position drafts the same tokens in both. Keyed by
+  // position and pending token (steps at keys seen more than once in the roomy run are skipped).
+  std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>> roomy_drafts;
+  std::map<std::pair<int32_t, int32_t>, int> seen;
+  for (const auto& step : *roomy_log) {
+    roomy_drafts[{step[0], step[1]}] = step;
+    ++seen[{step[0], step[1]}];
+  }
+  int compared = 0;
+  for (const auto& step : *small_log) {
+    const std::pair<int32_t, int32_t> key{step[0], step[1]};
+    if (seen[key] != 1) continue;
+    const std::vector<int32_t>& want_step = roomy_drafts[key];
+    const size_t n = std::min(step.size(), want_step.size());  // the small pool may draft fewer
+    EXPECT_EQ(std::vector<int32_t>(step.begin(), step.begin() + n),
+              std::vector<int32_t>(want_step.begin(), want_step.begin() + n));
+    ++compared;
+  }
+  EXPECT_GT(compared, 50);
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0u);
 }
 
 // Preemption with drafts in flight: 16 requests on a KV pool of 160 tokens are preempted and resume (from
@@ -451,7 +539,7 @@ TEST(Speculative, SampledTokensFollowTheTargetDistribution) {
   std::vector<std::vector<int32_t>> prompts(n, prompt);
   std::vector<SamplingParams> params(n, p);
   for (int i = 0; i < n; ++i) params[size_t(i)].seed = uint64_t(1000 + i);
-  auto oracle = std::make_unique<OracleDrafts>(weights, 1 << 30);
+  auto oracle = std::make_unique<OracleDrafts>(make_qwen35_runner(weights, nullptr), 1 << 30);
   auto sequence = prompt;
   sequence.insert(sequence.end(), plain.outputs[0].tokens.begin(), plain.outputs[0].tokens.end());
   oracle->learn(sequence);

@@ -8,9 +8,9 @@
 // near-tie).
 #include <gtest/gtest.h>
 
-#include <map>
 #include <random>
 
+#include "../../engine/oracle_drafts.h"
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_util.h"
 #include "engine/engine.h"
@@ -24,52 +24,7 @@
 namespace moeserve {
 namespace {
 
-// The real runner on the GPU, with each draft replaced by the plain run's next token where it knows it.
-class OracleDrafts : public ModelRunner {
- public:
-  OracleDrafts(const ModelWeights& weights, Backend& backend)
-      : inner_(make_qwen35_runner(weights, &backend)) {}
-  void learn(const std::vector<int32_t>& sequence) {
-    for (size_t i = 0; i + 1 < sequence.size(); ++i) next_[{int64_t(i), sequence[i]}] = sequence[i + 1];
-  }
-
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t max_position_embeddings() const override { return inner_->max_position_embeddings(); }
-  std::vector<int32_t> eos_token_ids() const override { return inner_->eos_token_ids(); }
-  KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const override {
-    return inner_->kv_cache_spec(page_size, num_pages);
-  }
-  StateCacheSpec state_cache_spec(int num_slots) const override {
-    return inner_->state_cache_spec(num_slots);
-  }
-  ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
-    return inner_->forward(batch, kv, state);
-  }
-  bool reduces_logits() const override { return inner_->reduces_logits(); }
-  int default_logit_candidates() const override { return inner_->default_logit_candidates(); }
-  int64_t cache_memory_available() const override { return inner_->cache_memory_available(); }
-  bool has_mtp() const override { return true; }
-  int64_t hidden_size() const override { return inner_->hidden_size(); }
-  void prepare_mtp() override { inner_->prepare_mtp(); }
-  KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const override {
-    return inner_->mtp_kv_cache_spec(page_size, num_pages);
-  }
-  std::vector<int32_t> mtp_draft(std::span<const SequenceStep> batch, std::span<const int64_t> hidden_rows,
-                                 bool from_forward, KvCache& kv) override {
-    std::vector<int32_t> drafts = inner_->mtp_draft(batch, hidden_rows, from_forward, kv);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const int64_t position = batch[i].start_pos + int64_t(batch[i].tokens.size());
-      auto it = next_.find({position, batch[i].tokens.back()});
-      if (it == next_.end()) continue;
-      drafts[i] = position % 4 == 0 ? (it->second + 1) % int32_t(vocab_size()) : it->second;
-    }
-    return drafts;
-  }
-
- private:
-  std::unique_ptr<ModelRunner> inner_;
-  std::map<std::pair<int64_t, int32_t>, int32_t> next_;
-};
+using engine_test::OracleDrafts;
 
 struct Outputs {
   std::vector<std::vector<int32_t>> tokens;
@@ -129,7 +84,7 @@ TEST(CudaSpeculative, GreedyOutputEqualsPlainDecodingOnTheGpu) {
     o.speculative_adaptive = false;
     const Outputs own =
         run(make_qwen35_runner(weights, gpu.get()), o, prompts);  // the MTP layer's own drafts
-    auto oracle = std::make_unique<OracleDrafts>(weights, *gpu);
+    auto oracle = std::make_unique<OracleDrafts>(make_qwen35_runner(weights, gpu.get()), 4);
     for (size_t i = 0; i < prompts.size(); ++i) {
       auto sequence = prompts[i];
       sequence.insert(sequence.end(), plain.tokens[i].begin(), plain.tokens[i].end());
@@ -184,6 +139,54 @@ TEST(CudaSpeculative, ChainedDraftStepsReplayedAsGraphsDraftWhatTheCpuDrafts) {
     drafts_of.push_back(all);
   }
   EXPECT_EQ(drafts_of[1], drafts_of[0]);
+}
+
+// The first drafting step of each engine step (the MTP layer fed the rows the target's step kept, from its
+// hidden rows on the device) on the GPU against the CPU (fp32 matmuls): target steps of 3 new tokens per
+// sequence, then the first step over those rows, 11 times at the same shape, so the GPU measures, records and
+// replays it as a CUDA graph while positions, pages and hidden rows change: every draft equal to the CPU's.
+TEST(CudaSpeculative, FirstDraftStepsReplayedAsGraphsDraftWhatTheCpuDrafts) {
+  MOESERVE_REQUIRE_GPU();
+  ModelWeights weights = load_checkpoint("tests/fixtures/models/tiny-moe-mtp");
+  auto cpu = make_cpu_backend();
+  auto gpu = make_backend("cuda", {.fp32_matmul = true});
+  std::mt19937 rng(5);
+  std::vector<int32_t> a(40), b(40);  // prompt of 4 tokens, then 3 per step
+  for (auto* seq : {&a, &b})
+    for (auto& t : *seq) t = int32_t(rng() % 512);
+  const std::vector<int32_t> pages_a{0, 1, 2}, pages_b{3, 4, 5};
+  std::vector<std::vector<int32_t>> drafts_of;  // per backend: every step's drafts, in order
+  int64_t replays = 0;
+  for (Backend* be : {cpu.get(), gpu.get()}) {
+    Qwen35Model model(weights, *be);
+    model.prepare_mtp();
+    KvCache kv(model.kv_cache_spec(16, 6)), mtp_kv(model.mtp_kv_cache_spec(16, 6));
+    StateCache state(model.state_cache_spec(2));
+    const int64_t gpu_replays = be == gpu.get() ? cuda_tools::graph_counts(*be).replays : 0;
+    std::vector<int32_t> all;
+    for (int64_t start = 0; start + 3 < int64_t(a.size()); start += start == 0 ? 4 : 3) {
+      const int64_t T = start == 0 ? 4 : 3;
+      SequenceStep target[2] = {
+          {std::span<const int32_t>(a).subspan(size_t(start), size_t(T)), start, pages_a, 0},
+          {std::span<const int32_t>(b).subspan(size_t(start), size_t(T)), start, pages_b, 1}};
+      target[0].hidden = target[1].hidden = true;
+      model.forward(target, kv, state);
+      // Row p: token t_{p+1} at position p, the target's hidden row of p.
+      SequenceStep rows[2] = {
+          {std::span<const int32_t>(a).subspan(size_t(start + 1), size_t(T)), start, pages_a, 0},
+          {std::span<const int32_t>(b).subspan(size_t(start + 1), size_t(T)), start, pages_b, 1}};
+      std::vector<int64_t> sources(size_t(2 * T));
+      for (size_t i = 0; i < sources.size(); ++i) sources[i] = int64_t(i);
+      const std::vector<int32_t> drafts = model.mtp_draft(rows, sources, true, mtp_kv);
+      all.insert(all.end(), drafts.begin(), drafts.end());
+    }
+    if (be == gpu.get()) replays = cuda_tools::graph_counts(*be).replays - gpu_replays;
+    drafts_of.push_back(all);
+  }
+  EXPECT_EQ(drafts_of[1], drafts_of[0]);
+  // The first step at position 0 and the first one at the 3-row shape run eagerly, the next is recorded;
+  // the 9 after it replay. (The target's steps, a prefill and 3-token chunks, run eagerly.)
+  EXPECT_GE(replays, 6);
 }
 
 }  // namespace
