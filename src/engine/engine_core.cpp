@@ -644,9 +644,10 @@ void EngineCore::finish(Request* r, GenerateOutput final_event, bool keep) {
   const int64_t from = r->spec.followed_from;
   if (spec_ && keep && cache_->prefix_cache_enabled() && from >= 0 && r->computed > from &&
       int64_t(r->tokens.size()) > r->computed) {
-    finals_.push_back(
-        {std::vector<int32_t>(r->tokens.begin() + from + 1, r->tokens.begin() + r->computed + 1), from,
-         r->spec.followed_hidden_row, r->cache.pages});
+    FinalRows& f = finals_.emplace_back(
+        FinalRows{std::vector<int32_t>(r->tokens.begin() + from + 1, r->tokens.begin() + r->computed + 1),
+                  from, r->spec.followed_hidden_row, r->cache.pages});
+    if (r->mm) f.image = mtp_image_rows(*r, from, r->computed - from);
   }
   scheduler_->remove(r, keep);
   ++counters_.requests_finished;

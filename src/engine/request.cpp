@@ -2,22 +2,27 @@
 
 namespace moeserve {
 
-void mtp_image_rows(const Request& r, int64_t start, int64_t rows, MtpImageRows& keep, SequenceStep& s) {
+MtpImageRows mtp_image_rows(const Request& r, int64_t start, int64_t rows) {
   const MultimodalPrompt& mm = *r.mm;
-  keep.tokens.clear();
+  MtpImageRows keep;
   for (int64_t p = start; p < start + rows; ++p) keep.tokens.push_back(r.model_token(p + 1));
-  s.tokens = keep.tokens;
   keep.next = prompt_chunk(mm, start + 1, start + rows + 1);
-  s.feature_rows = keep.next.feature_rows;
-  s.features = keep.next.features;
-  if (start >= r.prompt_len) {
-    // Text after the prompt: every axis at cache index + rope_delta, as the model's decode steps (and the
-    // same fused attention path).
-    s.rope_delta = mm.rope_delta;
-  } else {
+  keep.in_prompt = start < r.prompt_len;
+  if (keep.in_prompt)
     keep.position = prompt_chunk(mm, start, start + rows);
-    s.rope_positions = keep.position.positions;
-  }
+  else
+    keep.rope_delta = mm.rope_delta;
+  return keep;
+}
+
+void point_at(const MtpImageRows& rows, SequenceStep& s) {
+  s.tokens = rows.tokens;
+  s.feature_rows = rows.next.feature_rows;
+  s.features = rows.next.features;
+  if (rows.in_prompt)
+    s.rope_positions = rows.position.positions;
+  else
+    s.rope_delta = rows.rope_delta;  // the model's decode steps (and the same fused attention path)
 }
 
 }  // namespace moeserve

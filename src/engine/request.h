@@ -56,16 +56,12 @@ struct Request {
   int64_t uncomputed() const { return int64_t(tokens.size()) - computed; }
 };
 
-// The MTP layer's rows [start, start + rows) of a request with images (engine/speculative.h: row p is token
-// t_{p+1} at position p). They take what the model took: the image token, not the prefix cache's key, and
-// the image's feature where t_{p+1} is an image row; the model's M-RoPE positions of rows p in the prompt,
-// rope_delta after it. Holds what the step's spans point to.
-struct MtpImageRows {
-  std::vector<int32_t> tokens;
-  PromptChunk next;      // rows [start + 1, start + rows + 1): their features
-  PromptChunk position;  // rows [start, start + rows): their positions
-};
-// Points s (tokens, features, positions) at `keep`, which it fills. r must have images (r.mm).
-void mtp_image_rows(const Request& r, int64_t start, int64_t rows, MtpImageRows& keep, SequenceStep& s);
+// The MTP layer's rows [start, start + rows) of a request with images, r.mm (engine/speculative.h: row p is
+// token t_{p+1} at position p). They take what the model took: the image token, not the prefix cache's key,
+// and the image's feature where t_{p+1} is an image row; the model's M-RoPE positions of rows p in the
+// prompt, rope_delta after it.
+MtpImageRows mtp_image_rows(const Request& r, int64_t start, int64_t rows);
+// Points s (tokens, features, positions) at rows, which must outlive the step.
+void point_at(const MtpImageRows& rows, SequenceStep& s);
 
 }  // namespace moeserve

@@ -160,6 +160,7 @@ void Speculator::draft(std::span<const FinalRows> finals, std::span<const DraftJ
     s.tokens = f.tokens;
     s.start_pos = f.start;
     s.pages = f.pages;
+    if (f.image) point_at(*f.image, s);
     steps.push_back(s);
     for (int64_t t = 0; t < int64_t(f.tokens.size()); ++t) hidden_rows.push_back(f.hidden_row + t);
   }
@@ -172,7 +173,10 @@ void Speculator::draft(std::span<const FinalRows> finals, std::span<const DraftJ
     s.tokens = std::span<const int32_t>(r->tokens.data() + job.start + 1, size_t(job.rows));
     s.start_pos = job.start;
     s.pages = r->cache.pages;
-    if (r->mm) mtp_image_rows(*r, job.start, job.rows, image_rows[i], s);
+    if (r->mm) {
+      image_rows[i] = mtp_image_rows(*r, job.start, job.rows);
+      point_at(image_rows[i], s);
+    }
     steps.push_back(s);
     for (int64_t t = 0; t < job.rows; ++t) hidden_rows.push_back(job.hidden_row + t);
   }

@@ -21,11 +21,13 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "storage/kv_cache.h"
+#include "vision/multimodal.h"
 
 namespace moeserve {
 
@@ -73,14 +75,24 @@ struct DraftJob {
   int64_t hidden_row = 0;  // the first of those positions' rows among the step's hidden rows (the model's)
 };
 
+// Rows of a request with images as the MTP layer takes them (engine/request.h: mtp_image_rows, point_at).
+struct MtpImageRows {
+  std::vector<int32_t> tokens;
+  PromptChunk next;        // rows [start + 1, start + rows + 1): their features
+  PromptChunk position;    // rows [start, start + rows) inside the prompt: their positions
+  bool in_prompt = false;  // else text after the prompt: every axis at cache index + rope_delta
+  int64_t rope_delta = 0;
+};
+
 // The rows a finishing request's last step kept, for the MTP layer to write too (it drafts nothing after
 // them): the request filed them in the prefix cache, and a later hit there must find the MTP rows a cold run
 // would have computed. Copies, since the request is gone by then.
 struct FinalRows {
   std::vector<int32_t> tokens;  // t_{start+1} .. t_{start+rows}
   int64_t start = 0;
-  int64_t hidden_row = 0;      // among the step's hidden rows
-  std::vector<int32_t> pages;  // its page table when it finished (the prefix cache holds them now)
+  int64_t hidden_row = 0;             // among the step's hidden rows
+  std::vector<int32_t> pages;         // its page table when it finished (the prefix cache holds them now)
+  std::optional<MtpImageRows> image;  // a request with images: the rows as the MTP layer takes them
 };
 
 // The speculative-decoding flags as SGLang and vLLM spell them (serve, generate).
