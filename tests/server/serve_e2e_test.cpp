@@ -248,6 +248,39 @@ TEST(ServeTinyMoe, CacheFlagsReachTheEngineAndBadValuesAreRefused) {
   }
 }
 
+// Speculative decoding on serve, in SGLang's and vLLM's spellings: greedy completions equal those of a
+// server without it, and /metrics counts the drafts (the fixture's random MTP layer drafts k per step).
+TEST(ServeTinyMoe, SpeculativeFlagsServeThePlainTokensAndCountDrafts) {
+  const char* model = "tests/fixtures/models/tiny-moe-mtp";
+  const json body = {{"prompt", {5, 77, 301, 12}},
+                     {"max_tokens", 12},
+                     {"ignore_eos", true},
+                     {"temperature", 0},
+                     {"return_token_ids", true}};
+  auto plain = start({"--model", model});
+  const json want = post_json(plain->port(), "/v1/completions", body);
+  ASSERT_EQ(want["choices"][0]["token_ids"].size(), 12u) << want.dump();
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2"},
+        std::vector<std::string>{"--speculative-config", R"({"method":"mtp","num_speculative_tokens":2})"}}) {
+    SCOPED_TRACE(flags[0]);
+    std::vector<std::string> args{"--model", model};
+    args.insert(args.end(), flags.begin(), flags.end());
+    auto p = start(args);
+    const json got = post_json(p->port(), "/v1/completions", body);
+    EXPECT_EQ(got["choices"][0]["token_ids"], want["choices"][0]["token_ids"]) << got.dump();
+    EXPECT_EQ(got["usage"]["completion_tokens"], 12);
+    const double drafts = metric(p->port(), "moeserve:spec_decode_num_drafts_total");
+    EXPECT_GT(drafts, 0);
+    EXPECT_EQ(metric(p->port(), "moeserve:spec_decode_num_draft_tokens_total"), 2 * drafts);
+    EXPECT_GE(metric(p->port(), "moeserve:spec_decode_mean_acceptance_length"), 1.0);
+  }
+  ServeProcess bad({"--model", model, "--speculative-algorithm", "EAGLE"});
+  EXPECT_FALSE(bad.wait_ready(std::chrono::seconds(60)));
+  EXPECT_NE(bad.wait_exit(std::chrono::seconds(30)), 0);
+  EXPECT_NE(bad.output().find("--speculative-algorithm"), std::string::npos) << bad.output();
+}
+
 std::string banner_value(const std::string& banner, const std::string& key) {
   size_t at = banner.find(" " + key + "=");
   if (at == std::string::npos) return "";
