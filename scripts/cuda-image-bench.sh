@@ -10,6 +10,7 @@
 # BUNDLE comes from scripts/cuda-bundle.sh; the Qwen3 tokenizer from .cache/tokenizer-qwen3
 # (scripts/fetch-test-data.sh). Prompts of 256 tokens, 128 generated. BENCH_ARGS adds flags to every bench run.
 set -euo pipefail
+source "$(dirname "$0")/lib/serve.sh"
 BUNDLE=$1
 OUT=$2
 SIDES=${3:-448 1024}
@@ -18,19 +19,9 @@ CONCURRENCY=${5:-1}
 PORT=${PORT:-30124}
 TOKENIZER=${TOKENIZER:-.cache/tokenizer-qwen3}
 mkdir -p "$OUT"
-"$BUNDLE/run.sh" moeserve serve --device cuda --load-format dummy --preset "$PRESET" --tokenizer "$TOKENIZER" \
-  --chat-template tests/fixtures/chat-templates/qwen3_5.jinja --port "$PORT" --max-model-len 16384 \
-  --cache-memory-gb 40 ${SERVE_ARGS:-} >"$OUT/serve.log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-  if grep -q "moeserve ready" "$OUT/serve.log"; then break; fi
-  if ! kill -0 $server 2>/dev/null; then
-    echo "the server exited:"; tail -20 "$OUT/serve.log"; exit 1
-  fi
-  sleep 0.5
-done
-grep -q "moeserve ready" "$OUT/serve.log" || { echo "the server did not become ready"; tail -20 "$OUT/serve.log"; exit 1; }
+start_serve "$OUT/serve.log" "$BUNDLE/run.sh" moeserve serve --device cuda --load-format dummy --preset "$PRESET" \
+  --tokenizer "$TOKENIZER" --chat-template tests/fixtures/chat-templates/qwen3_5.jinja --port "$PORT" \
+  --max-model-len 16384 --cache-memory-gb 40 ${SERVE_ARGS:-}
 grep -E "vision tower|moeserve ready" "$OUT/serve.log"
 n=$((CONCURRENCY < 8 ? 16 : 4 * CONCURRENCY))
 bench() {

@@ -9,6 +9,7 @@
 # (scripts/fetch-test-data.sh). Prompts of 256 tokens, 128 generated (long_gen: 512), as llama-batched-bench
 # was measured (shared docs/performance-anchors.md §9). BENCH_ARGS adds flags to every bench run.
 set -euo pipefail
+source "$(dirname "$0")/lib/serve.sh"
 BUNDLE=$1
 OUT=$2
 CONCURRENCIES=${3:-1 64}
@@ -18,19 +19,9 @@ TOKENIZER=${TOKENIZER:-.cache/tokenizer-qwen3}
 mkdir -p "$OUT"
 max_c=1
 for c in $CONCURRENCIES; do ((c > max_c)) && max_c=$c; done
-"$BUNDLE/run.sh" moeserve serve --device cuda --load-format dummy --preset "$PRESET" --tokenizer "$TOKENIZER" \
-  --port "$PORT" --max-running-requests "$max_c" --max-model-len 16384 --cache-memory-gb 40 \
-  --max-queued-requests 4096 ${SERVE_ARGS:-} >"$OUT/serve.log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-  if grep -q "moeserve ready" "$OUT/serve.log"; then break; fi
-  if ! kill -0 $server 2>/dev/null; then
-    echo "the server exited:"; tail -20 "$OUT/serve.log"; exit 1
-  fi
-  sleep 0.5
-done
-grep -q "moeserve ready" "$OUT/serve.log" || { echo "the server did not become ready"; tail -20 "$OUT/serve.log"; exit 1; }
+start_serve "$OUT/serve.log" "$BUNDLE/run.sh" moeserve serve --device cuda --load-format dummy --preset "$PRESET" \
+  --tokenizer "$TOKENIZER" --port "$PORT" --max-running-requests "$max_c" --max-model-len 16384 \
+  --cache-memory-gb 40 --max-queued-requests 4096 ${SERVE_ARGS:-}
 grep "moeserve ready" "$OUT/serve.log"
 for c in $CONCURRENCIES; do
   n=$((c < 8 ? 8 : 2 * c))

@@ -18,6 +18,7 @@
 #include "engine/sampler.h"
 #include "model/qwen35.h"
 #include "storage/kv_cache.h"
+#include "table_bench.h"
 
 namespace moeserve {
 namespace {
@@ -274,11 +275,5 @@ int main(int argc, char** argv) {
   app.add_option("--logit-scale", o.logit_scale,
                  "scale of the lm_head (10: peaked rows like a trained model's)")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  try {
-    return moeserve::run(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  return moeserve::bench::run_table_bench(app, argc, argv, [&] { return moeserve::run(o); });
 }

@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "model/init_model.h"
+#include "table_bench.h"
 
 namespace moeserve {
 namespace {
@@ -168,11 +169,5 @@ int main(int argc, char** argv) {
   app.add_option("--mem-fraction", o.mem_fraction, "share of the free memory for the caches")
       ->capture_default_str();
   app.add_option("--cache-gb", o.cache_gb, "cache budget in GiB instead (0: --mem-fraction)");
-  CLI11_PARSE(app, argc, argv);
-  try {
-    return moeserve::run(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  return moeserve::bench::run_table_bench(app, argc, argv, [&] { return moeserve::run(o); });
 }

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "common/dtype.h"
+#include "table_bench.h"
 #include "vision/tower.h"
 #ifdef MOESERVE_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -139,11 +140,5 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
   app.add_flag("--profile", o.profile, "CUDA: each op's GPU time over one more encode per row");
-  CLI11_PARSE(app, argc, argv);
-  try {
-    return moeserve::run(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "vision_tower_bench: %s\n", e.what());
-    return 1;
-  }
+  return moeserve::bench::run_table_bench(app, argc, argv, [&] { return moeserve::run(o); });
 }

@@ -17,6 +17,7 @@
 #include "fake_backend.h"
 #include "http_client.h"
 #include "loopback.h"
+#include "run_process.h"
 
 namespace moeserve::deploy::testing {
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "engine/json_constraint.h"
+#include "run_process.h"
 
 namespace moeserve {
 namespace {
@@ -20,12 +21,9 @@ namespace {
 using json = nlohmann::json;
 
 int shell(const std::string& command, std::string* output) {
-  FILE* f = popen((command + " 2>&1").c_str(), "r");
-  if (!f) return -1;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, f)) output->append(buf, n);
-  const int status = pclose(f);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  peers::CommandResult r = peers::run_command(command);
+  *output += r.output;
+  return r.status;
 }
 
 json read_json(const std::filesystem::path& p) {

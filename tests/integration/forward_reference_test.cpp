@@ -14,6 +14,7 @@
 #include "model/safetensors.h"
 #include "model/sequence.h"
 #include "model/verify.h"
+#include "run_process.h"
 
 namespace moeserve {
 namespace {

@@ -20,6 +20,7 @@
 #include "loadgen/benchmark.h"
 #include "loadgen/report.h"
 #include "loopback.h"
+#include "run_process.h"
 
 namespace moeserve::loadgen {
 namespace {

@@ -158,18 +158,6 @@ void ChildProcess::read_output() {
   }
 }
 
-CommandResult run_command(const std::string& shell_command) {
-  CommandResult result;
-  // stderr joins stdout for the whole line, a list of commands included.
-  FILE* pipe = ::popen(("exec 2>&1; " + shell_command).c_str(), "r");
-  if (!pipe) return result;
-  char buffer[4096];
-  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) result.output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
 void ChildProcess::finish_reading() {
   {
     std::lock_guard lock(mutex_);

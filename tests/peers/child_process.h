@@ -63,13 +63,4 @@ class ChildProcess {
   bool stop_reading_ = false;  // under mutex_
 };
 
-struct CommandResult {
-  int status = -1;     // the exit code, or -1 when it did not exit normally
-  std::string output;  // stdout and stderr together
-};
-
-// Runs a shell command line to its end (no timeout: for commands that end by themselves, such as a tool's
-// check or `moeserve verify`).
-CommandResult run_command(const std::string& shell_command);
-
 }  // namespace moeserve::peers

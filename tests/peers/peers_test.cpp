@@ -17,6 +17,7 @@
 #include "fake_backend.h"
 #include "http_client.h"
 #include "loopback.h"
+#include "run_process.h"
 
 namespace moeserve::peers {
 namespace {
@@ -73,7 +74,33 @@ TEST(RunCommand, GivesTheExitCodeAndBothOutputs) {
   CommandResult r = run_command("echo out; echo err >&2; exit 4");
   EXPECT_EQ(r.status, 4);
   EXPECT_EQ(r.output, "out\nerr\n");
-  EXPECT_EQ(run_command("kill -9 $$").status, -1);  // no normal exit
+  EXPECT_EQ(run_command("kill -9 $$").status, 128 + SIGKILL);
+}
+
+TEST(RunProcess, PassesArgvEnvAndStdinAndKeepsTheOutputsApart) {
+  RunResult r = run_process({"sh", "-c", "echo \"$1 $GREETING\"; cat; echo oops >&2; exit 3", "sh", "a b"},
+                            {.env = {"GREETING=hello"}, .input = "from stdin\n"});
+  EXPECT_EQ(r.status, 3);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.out, "a b hello\nfrom stdin\n");
+  EXPECT_EQ(r.err, "oops\n");
+  // Input larger than a pipe holds, echoed back while it is written: neither side blocks the other.
+  std::string big(1 << 20, 'x');
+  EXPECT_EQ(run_process({"cat"}, {.input = big}).out, big);
+  EXPECT_EQ(run_shell("pwd", {.cwd = "/"}).out, "/\n");
+}
+
+TEST(RunProcess, ACommandThatCannotStartSaysSo) {
+  RunResult r = run_process({"/nonexistent/tool"});
+  EXPECT_EQ(r.status, -1);
+  EXPECT_NE(r.err.find("cannot start /nonexistent/tool"), std::string::npos) << r.err;
+}
+
+TEST(RunProcess, TheHangGuardKillsTheWholeProcessGroup) {
+  // The sleep in the pipeline holds stdout open as well: only killing the group ends the read.
+  RunResult r = run_shell("sleep 600 | cat", {.timeout = std::chrono::milliseconds(200)});
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_EQ(r.status, 128 + SIGKILL);
 }
 
 // A server that answers each connection with `reply` (after reading a request head) and closes.

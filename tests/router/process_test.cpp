@@ -95,7 +95,7 @@ TEST(RouterProcess, SigtermLetsStreamsInFlightFinishThenExits) {
   router.signal(SIGTERM);
   // Draining: no new connections are accepted...
   bool refused = false;
-  for (int i = 0; i < 100 && !refused; ++i) {
+  for (int i = 0; i < 600 && !refused; ++i) {  // a hang guard, not a bound: 30 s
     HttpClient probe(port);
     refused = !probe.connected();
     if (!refused) std::this_thread::sleep_for(50ms);

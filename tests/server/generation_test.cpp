@@ -1066,9 +1066,11 @@ TEST(Generation, DrainLetsRunningRequestsFinish) {
   ASSERT_TRUE(c.send(
       Connection::request("POST", "/v1/completions",
                           json{{"prompt", kPrompt}, {"max_tokens", 400}, {"ignore_eos", true}}.dump())));
-  for (int i = 0; i < 500 && s.harness->service->in_flight() == 0; ++i) {
+  // Drain only once the request is in flight (a hang guard of 60 s: a loaded machine may take a while).
+  for (int i = 0; i < 30'000 && s.harness->service->in_flight() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  ASSERT_GT(s.harness->service->in_flight(), 0u);
   s.harness->service->begin_drain();
   EXPECT_EQ(s.harness->post("/v1/completions", json{{"prompt", kPrompt}}.dump()).status, 503);
   EXPECT_EQ(s.harness->get("/health").status, 503);

@@ -2,16 +2,16 @@
 // Lints Prometheus exposition text with the real promtool (Debian package prometheus).
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "run_process.h"
 
 namespace moeserve::server {
 
@@ -20,13 +20,8 @@ inline std::pair<int, std::string> promtool_check(const std::string& text) {
   // ctest runs test cases in parallel processes: one file per process.
   std::string path = testing::TempDir() + "metrics-" + std::to_string(getpid()) + ".txt";
   std::ofstream(path) << text;
-  FILE* p = popen(("promtool check metrics < " + path + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char buf[512];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  peers::CommandResult r = peers::run_command("promtool check metrics < " + path);
+  return {r.status, r.output};
 }
 
 // Problems promtool reports, minus its naming lint against ':' — the `moeserve:` prefix follows vLLM
@@ -46,6 +41,8 @@ inline std::vector<std::string> promtool_problems(const std::string& text) {
   return problems;
 }
 
-inline bool have_promtool() { return std::system("command -v promtool >/dev/null 2>&1") == 0; }
+inline bool have_promtool() {
+  return std::system("command -v promtool >/dev/null 2>&1") == 0;
+}
 
 }  // namespace moeserve::server

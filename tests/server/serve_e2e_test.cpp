@@ -16,8 +16,9 @@
 #include <tuple>
 
 #include "http_connection.h"
-#include "model/safetensors.h"
 #include "promtool.h"
+#include "reference_ids.h"
+#include "run_process.h"
 #include "serve_process.h"
 
 namespace moeserve::server {
@@ -31,14 +32,7 @@ const char* kTinyMoe = "tests/fixtures/models/tiny-moe";
 const char* kQwen35Template = "tests/fixtures/chat-templates/qwen3_5.jinja";
 
 std::vector<int32_t> reference_ids(const std::string& name) {
-  auto set = TensorSet::open_file(std::string(kTinyMoe) + "/reference.safetensors");
-  const TensorInfo* t = set.find(name);
-  EXPECT_NE(t, nullptr) << name;
-  std::vector<int32_t> ids;
-  if (!t) return ids;
-  auto* p = reinterpret_cast<const int64_t*>(t->data);
-  for (int64_t i = 0; i < t->numel(); ++i) ids.push_back(static_cast<int32_t>(p[i]));
-  return ids;
+  return server::reference_ids(kTinyMoe, name);
 }
 
 json post_json(uint16_t port, const std::string& path, const json& body, int expect_status = 200,
@@ -342,7 +336,7 @@ TEST(ServeTinyMoe, SigtermDrainsThenExitsZero) {
       started = true;
       p->signal(SIGTERM);
       // Draining: not ready, and new work is refused, while the stream above continues.
-      for (int i = 0; i < 200; ++i) {
+      for (int i = 0; i < 3000; ++i) {  // a hang guard, not a bound: 30 s
         if (Connection(p->port()).roundtrip("GET", "/health").status == 503) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
@@ -1000,16 +994,11 @@ void run_sdk_script(ServeProcess& p, const std::string& script, const std::strin
   ASSERT_TRUE(std::filesystem::exists("tests/server/js/node_modules/openai/package.json") &&
               std::filesystem::exists("tests/server/js/node_modules/@anthropic-ai/sdk/package.json"))
       << "the npm SDKs are missing: run tests/server/js/install.sh (scripts/fetch-test-data.sh does)";
-  std::string cmd = "node tests/server/js/" + script + " http://127.0.0.1:" + std::to_string(p.port()) +
-                    " moeserve-demo sk-sdk 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  ASSERT_NE(f, nullptr);
-  std::string out;
-  char buf[1024];
-  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  int status = pclose(f);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << "\nserver:\n" << p.output();
-  EXPECT_NE(out.find(passed), std::string::npos) << out;
+  peers::RunResult r =
+      peers::run_process({"node", "tests/server/js/" + script, "http://127.0.0.1:" + std::to_string(p.port()),
+                          "moeserve-demo", "sk-sdk"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err << "\nserver:\n" << p.output();
+  EXPECT_NE(r.out.find(passed), std::string::npos) << r.out << r.err;
 }
 
 TEST_F(ServeDemo, OfficialOpenAiSdk) {

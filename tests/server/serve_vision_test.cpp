@@ -3,23 +3,21 @@
 // reference's greedy tokens; the prefix cache keyed by image content; bad images, a stalled image URL and the
 // image flags, each a clear 4xx with the server still up.
 #include <gtest/gtest.h>
-#include <png.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <thread>
 
+#include "fake_backend.h"
 #include "http_connection.h"
 #include "loopback.h"
-#include "model/safetensors.h"
+#include "reference_ids.h"
+#include "run_process.h"
 #include "serve_process.h"
+#include "test_images.h"
 
 namespace moeserve::server {
 namespace {
@@ -31,14 +29,7 @@ const char* kVisionModel = "tests/fixtures/models/tiny-moe-vl-image";
 constexpr int32_t kImageToken = 507;  // reference.json: special_token_ids.image
 
 std::vector<int32_t> reference_ids(const std::string& name) {
-  auto set = TensorSet::open_file(std::string(kVisionModel) + "/reference.safetensors");
-  const TensorInfo* t = set.find(name);
-  EXPECT_NE(t, nullptr) << name;
-  std::vector<int32_t> ids;
-  if (!t) return ids;
-  auto* p = reinterpret_cast<const int64_t*>(t->data);
-  for (int64_t i = 0; i < t->numel(); ++i) ids.push_back(static_cast<int32_t>(p[i]));
-  return ids;
+  return server::reference_ids(kVisionModel, name);
 }
 
 // The prompt as a client sends it: each image's run of image tokens is one placeholder.
@@ -49,46 +40,20 @@ std::vector<int32_t> collapse_image_runs(const std::vector<int32_t>& ids) {
   return out;
 }
 
-std::string base64(const std::string& bytes) {
-  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  for (size_t i = 0; i < bytes.size(); i += 3) {
-    uint32_t n = uint32_t(uint8_t(bytes[i])) << 16;
-    if (i + 1 < bytes.size()) n |= uint32_t(uint8_t(bytes[i + 1])) << 8;
-    if (i + 2 < bytes.size()) n |= uint8_t(bytes[i + 2]);
-    out += kAlphabet[(n >> 18) & 63];
-    out += kAlphabet[(n >> 12) & 63];
-    out += i + 1 < bytes.size() ? kAlphabet[(n >> 6) & 63] : '=';
-    out += i + 2 < bytes.size() ? kAlphabet[n & 63] : '=';
-  }
-  return out;
-}
-
-std::string png_data_url(const std::string& png) {
-  return "data:image/png;base64," + base64(png);
-}
+using testing_images::base64;
+using testing_images::png_data_url;
 
 std::string fixture_image(int k) {
   std::ifstream in(std::string(kVisionModel) + "/image" + std::to_string(k) + ".png", std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// A PNG of random pixels (libpng's simplified writer).
+// A PNG of random pixels.
 std::string random_png(int width, int height, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<uint8_t> pixels(size_t(width) * height * 3);
   for (auto& p : pixels) p = uint8_t(rng());
-  png_image image{};
-  image.version = PNG_IMAGE_VERSION;
-  image.width = uint32_t(width);
-  image.height = uint32_t(height);
-  image.format = PNG_FORMAT_RGB;
-  png_alloc_size_t size = 0;
-  EXPECT_TRUE(png_image_write_to_memory(&image, nullptr, &size, 0, pixels.data(), 0, nullptr));
-  std::string out(size, '\0');
-  EXPECT_TRUE(png_image_write_to_memory(&image, out.data(), &size, 0, pixels.data(), 0, nullptr));
-  out.resize(size);
-  return out;
+  return testing_images::encode_png(pixels.data(), width, height, 3);
 }
 
 json completion(uint16_t port, const std::vector<int32_t>& prompt, const std::vector<std::string>& images,
@@ -117,39 +82,22 @@ std::unique_ptr<ServeProcess> start(std::vector<std::string> args) {
   return p;
 }
 
-// A loopback peer for image URLs: answers each connection with `reply` (nothing: it accepts and stalls),
-// holding every connection open until it is destroyed.
+// A loopback peer for image URLs (tests/peers' FakeBackend): sends `reply` as it is to each request (nothing:
+// it stalls), then holds the connection open until the peer is destroyed.
 class ImagePeer {
  public:
-  explicit ImagePeer(std::string reply) : reply_(std::move(reply)) {
-    fd_ = peers::listen_loopback(port_);
-    thread_ = std::thread([this] {
-      for (;;) {
-        int c = accept(fd_, nullptr, nullptr);
-        if (c < 0) return;
-        held_.push_back(c);
-        if (!reply_.empty()) {
-          char request[4096];
-          (void)!read(c, request, sizeof request);
-          (void)!write(c, reply_.data(), reply_.size());
-        }
-      }
-    });
-  }
-  ~ImagePeer() {
-    shutdown(fd_, SHUT_RDWR);
-    thread_.join();
-    for (int c : held_) close(c);
-    close(fd_);
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/image.png"; }
+  explicit ImagePeer(std::string reply)
+      : backend_([this, reply = std::move(reply)](const peers::HttpRequest&, peers::BackendConnection& c) {
+          if (!reply.empty()) c.send_raw(reply);
+          released_.wait(120'000);  // a hang guard: the destructor opens it
+          c.close_after();
+        }) {}
+  ~ImagePeer() { released_.open(); }
+  std::string url() const { return backend_.url() + "/image.png"; }
 
  private:
-  std::string reply_;
-  uint16_t port_ = 0;
-  int fd_ = -1;
-  std::vector<int> held_;
-  std::thread thread_;
+  peers::Gate released_;  // declared first: it outlives the backend's handlers
+  peers::FakeBackend backend_;
 };
 
 // Chunks of 32 tokens split both images' runs (72 and 70 tokens): the chunks take their own rows' features.
@@ -317,17 +265,7 @@ std::string png_header_only(uint32_t width, uint32_t height) {
 // A decompression bomb: a valid gray PNG of zeros, a few kilobytes for megapixels.
 std::string zeros_png(int width, int height) {
   std::vector<uint8_t> pixels(size_t(width) * height, 0);
-  png_image image{};
-  image.version = PNG_IMAGE_VERSION;
-  image.width = uint32_t(width);
-  image.height = uint32_t(height);
-  image.format = PNG_FORMAT_GRAY;
-  png_alloc_size_t size = 0;
-  EXPECT_TRUE(png_image_write_to_memory(&image, nullptr, &size, 0, pixels.data(), 0, nullptr));
-  std::string out(size, '\0');
-  EXPECT_TRUE(png_image_write_to_memory(&image, out.data(), &size, 0, pixels.data(), 0, nullptr));
-  out.resize(size);
-  return out;
+  return testing_images::encode_png(pixels.data(), width, height, 1);
 }
 
 // Memory safety: an image is refused from its header before a pixel is decoded when it declares more
@@ -533,16 +471,10 @@ TEST(ServeVision, OfficialOpenAiSdkSendsImagesThroughServeAndRoute) {
                       "", {}, "route");
   ASSERT_TRUE(router.wait_for("route: listening on")) << router.output();
   for (uint16_t port : {p->port(), router_port}) {
-    std::string cmd = "node tests/server/js/vision_test.mjs http://127.0.0.1:" + std::to_string(port) +
-                      " moeserve-demo 2>&1";
-    FILE* f = popen(cmd.c_str(), "r");
-    ASSERT_NE(f, nullptr);
-    std::string out;
-    char buf[1024];
-    while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-    int status = pclose(f);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << "\nserver:\n" << p->output();
-    EXPECT_NE(out.find("all vision SDK checks passed"), std::string::npos) << out;
+    peers::RunResult r = peers::run_process({"node", "tests/server/js/vision_test.mjs",
+                                             "http://127.0.0.1:" + std::to_string(port), "moeserve-demo"});
+    EXPECT_EQ(r.status, 0) << r.out << r.err << "\nserver:\n" << p->output();
+    EXPECT_NE(r.out.find("all vision SDK checks passed"), std::string::npos) << r.out << r.err;
   }
 }
 

@@ -1,36 +1,24 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "run_process.h"
 #include "test_util.h"
 
 namespace moeserve::text {
 namespace {
 
-struct Result {
-  int status;
-  std::string out;
-};
+using peers::RunResult;
 
-// Runs the built moeserve binary with a shell command line; captures stdout (stderr joins it with 2>&1).
-Result run(const std::string& args) {
-  std::string cmd = std::string(MOESERVE_BINARY) + " " + args;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) throw std::runtime_error("cannot run " + cmd);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  int status = pclose(pipe);
-  return {WEXITSTATUS(status), out};
+// Runs the built moeserve binary with a shell command line (stderr joins stdout with 2>&1).
+RunResult run(const std::string& args) {
+  return peers::run_shell(std::string(MOESERVE_BINARY) + " " + args);
 }
 
 TEST(Cli, TokenizeEncodesLikeTheGoldensAndDecodes) {
   testing::qwen3_tokenizer_path();
-  Result r = run(std::string("tokenize --tokenizer ") + testing::kQwen3Dir + " --text 'Hello, world!'");
+  RunResult r = run(std::string("tokenize --tokenizer ") + testing::kQwen3Dir + " --text 'Hello, world!'");
   EXPECT_EQ(r.status, 0);
   EXPECT_EQ(nlohmann::json::parse(r.out)["ids"], nlohmann::json::parse("[9707, 11, 1879, 0]"));
   r = run(std::string("tokenize --tokenizer ") + testing::kQwen3Dir + " --decode 9707,11,1879,0");
@@ -44,7 +32,7 @@ TEST(Cli, TokenizeEncodesLikeTheGoldensAndDecodes) {
 TEST(Cli, TokenizeDecodeRejectsJunkIds) {
   testing::qwen3_tokenizer_path();
   auto error_of = [](const std::string& ids) {
-    Result r =
+    RunResult r =
         run(std::string("tokenize --tokenizer ") + testing::kQwen3Dir + " --decode '" + ids + "' 2>&1");
     EXPECT_EQ(r.status, 1) << ids;
     return r.out;
@@ -66,8 +54,8 @@ TEST(Cli, RenderMatchesTheGoldenAndReportsTemplateErrors) {
   ASSERT_EQ(c["name"], "no_thinking");
   std::string dir = ::testing::TempDir();
   std::ofstream(dir + "/messages.json") << c["messages"].dump();
-  Result r = run("render --template tests/fixtures/chat-templates/qwen3_5.jinja --messages " + dir +
-                 "/messages.json --enable-thinking false");
+  RunResult r = run("render --template tests/fixtures/chat-templates/qwen3_5.jinja --messages " + dir +
+                    "/messages.json --enable-thinking false");
   EXPECT_EQ(r.status, 0);
   EXPECT_EQ(r.out, c["rendered"].get<std::string>());
 

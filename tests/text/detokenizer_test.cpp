@@ -2,9 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "test_util.h"
 #include "text/utf8.h"

@@ -1,11 +1,10 @@
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "run_process.h"
 #include "test_util.h"
 #include "text/chat_template.h"
 
@@ -118,15 +117,7 @@ class Conversations {
 };
 
 std::string run_oracle(const std::string& input_path) {
-  std::string cmd = "node tests/text/jinja_oracle.mjs " + input_path;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return "";
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  pclose(pipe);
-  return out;
+  return peers::run_process({"node", "tests/text/jinja_oracle.mjs", input_path}).out;
 }
 
 void compare_with_oracle(const std::string& name, const std::string& source, bool content_parts) {

@@ -4,50 +4,27 @@
 // message fit for a 400.
 #include "server/image_input.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <png.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <thread>
+#include <memory>
 
 #include "fake_backend.h"
+#include "test_images.h"
 
 namespace moeserve::server {
 namespace {
 
-std::vector<uint8_t> tiny_png(uint8_t shade) {
+// A 4x3 PNG of one shade.
+std::string tiny_png(uint8_t shade) {
   std::vector<uint8_t> rgb(4 * 3 * 3, shade);
-  png_image image;
-  std::memset(&image, 0, sizeof image);
-  image.version = PNG_IMAGE_VERSION;
-  image.width = 4, image.height = 3, image.format = PNG_FORMAT_RGB;
-  png_alloc_size_t size = 0;
-  png_image_write_to_memory(&image, nullptr, &size, 0, rgb.data(), 0, nullptr);
-  std::vector<uint8_t> out(size);
-  png_image_write_to_memory(&image, out.data(), &size, 0, rgb.data(), 0, nullptr);
-  out.resize(size);
-  return out;
+  return testing_images::encode_png(rgb.data(), 4, 3, 3);
 }
 
-std::string base64(const std::vector<uint8_t>& in) {
-  static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  for (size_t i = 0; i < in.size(); i += 3) {
-    uint32_t v = uint32_t(in[i]) << 16 | (i + 1 < in.size() ? uint32_t(in[i + 1]) << 8 : 0) |
-                 (i + 2 < in.size() ? in[i + 2] : 0);
-    out += k[v >> 18], out += k[(v >> 12) & 63];
-    out += i + 1 < in.size() ? k[(v >> 6) & 63] : '=';
-    out += i + 2 < in.size() ? k[v & 63] : '=';
-  }
-  return out;
-}
+using testing_images::base64;
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -58,59 +35,17 @@ std::string error_of(const std::function<void()>& f) {
   return "no error";
 }
 
-// A one-connection-at-a-time HTTP server on 127.0.0.1 that answers every request with `response`, or, with
-// an empty response, accepts and never answers.
-class LocalServer {
- public:
-  explicit LocalServer(std::string response) : response_(std::move(response)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-    ::listen(fd_, 8);
-    socklen_t len = sizeof addr;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-    if (!response_.empty()) thread_ = std::thread([this] { serve(); });
-  }
-  ~LocalServer() {
-    ::shutdown(fd_, SHUT_RDWR);
-    ::close(fd_);
-    if (thread_.joinable()) thread_.join();
-  }
-  std::string url(const std::string& path = "/image.png") const {
-    return "http://127.0.0.1:" + std::to_string(port_) + path;
-  }
+// A peer on 127.0.0.1 that answers every request with `status`, `body` and `content_type`.
+std::unique_ptr<peers::FakeBackend> answering(int status, std::string body, std::string content_type,
+                                              std::vector<std::pair<std::string, std::string>> headers = {}) {
+  return std::make_unique<peers::FakeBackend>([=](const peers::HttpRequest&, peers::BackendConnection& c) {
+    c.close_after();
+    c.respond(status, body, content_type, headers);
+  });
+}
 
- private:
-  void serve() {
-    for (;;) {
-      int c = ::accept(fd_, nullptr, nullptr);
-      if (c < 0) return;
-      std::string request;
-      char buf[4096];
-      while (request.find("\r\n\r\n") == std::string::npos) {
-        ssize_t n = ::read(c, buf, sizeof buf);
-        if (n <= 0) break;
-        request.append(buf, size_t(n));
-      }
-      ::write(c, response_.data(), response_.size());
-      ::close(c);
-    }
-  }
-  std::string response_;
-  int fd_ = -1;
-  int port_ = 0;
-  std::thread thread_;
-};
-
-std::string http_response(const std::string& status, const std::string& type,
-                          const std::vector<uint8_t>& body, const std::string& extra = "") {
-  std::string head = "HTTP/1.1 " + status + "\r\n" + (type.empty() ? "" : "Content-Type: " + type + "\r\n") +
-                     extra + "Content-Length: " + std::to_string(body.size()) +
-                     "\r\nConnection: close\r\n\r\n";
-  return head + std::string(body.begin(), body.end());
+std::string url_of(const peers::FakeBackend& server) {
+  return server.url() + "/image.png";
 }
 
 TEST(ImageInput, DataUrlDecodesAndHashesByContent) {
@@ -172,41 +107,34 @@ TEST(ImageInput, BadDataUrlsAreImageErrors) {
 }
 
 TEST(ImageInput, FetchesAnImageFromAnHttpServer) {
-  auto png = tiny_png(77);
-  LocalServer server(http_response("200 OK", "image/png", png));
-  LoadedImage img = load_image_url(server.url(), {});
+  auto server = answering(200, tiny_png(77), "image/png");
+  LoadedImage img = load_image_url(url_of(*server), {});
   EXPECT_EQ(img.image.rgb[0], 77);
+  ASSERT_EQ(server->request_count(), 1u);
+  EXPECT_EQ(server->requests()[0].method, "GET");
+  EXPECT_EQ(server->requests()[0].target, "/image.png");
   ImageFetchOptions off;
   off.allow_fetch = false;
-  EXPECT_NE(error_of([&] { load_image_url(server.url(), off); }).find("turned off"), std::string::npos);
+  EXPECT_NE(error_of([&] { load_image_url(url_of(*server), off); }).find("turned off"), std::string::npos);
+  EXPECT_EQ(server->request_count(), 1u);  // turned off: nothing was fetched
 }
 
 TEST(ImageInput, FetchFailuresAreImageErrors) {
-  auto png = tiny_png(5);
-  {
-    LocalServer html(http_response("200 OK", "text/html; charset=utf-8", {'<', 'p', '>'}));
-    EXPECT_NE(error_of([&] { load_image_url(html.url(), {}); }).find("not an image"), std::string::npos);
-  }
-  {
-    LocalServer missing(http_response("404 Not Found", "text/plain", {'n', 'o'}));
-    EXPECT_NE(error_of([&] { load_image_url(missing.url(), {}); }).find("404"), std::string::npos);
-  }
-  {
-    LocalServer big(http_response("200 OK", "image/png", png));
-    ImageFetchOptions small;
-    small.max_bytes = 20;
-    EXPECT_NE(error_of([&] { load_image_url(big.url(), small); }).find("larger than 20"), std::string::npos);
-  }
+  auto html = answering(200, "<p>", "text/html; charset=utf-8");
+  EXPECT_NE(error_of([&] { load_image_url(url_of(*html), {}); }).find("not an image"), std::string::npos);
+  auto missing = answering(404, "no", "text/plain");
+  EXPECT_NE(error_of([&] { load_image_url(url_of(*missing), {}); }).find("404"), std::string::npos);
+  auto big = answering(200, tiny_png(5), "image/png");
+  ImageFetchOptions small;
+  small.max_bytes = 20;
+  EXPECT_NE(error_of([&] { load_image_url(url_of(*big), small); }).find("larger than 20"), std::string::npos);
 }
 
 // Redirects are followed (absolute, scheme-relative, absolute-path and relative Locations) up to
 // kMaxImageRedirects, each hop under the same byte limit and the one deadline; a loop, a redirect to
 // another scheme and a redirect without a Location are errors.
 TEST(ImageInput, RedirectsAreFollowedUpToABound) {
-  const std::string png = [] {
-    auto bytes = tiny_png(42);
-    return std::string(bytes.begin(), bytes.end());
-  }();
+  const std::string png = tiny_png(42);
   std::string base;
   peers::FakeBackend server([&](const peers::HttpRequest& r, peers::BackendConnection& c) {
     auto redirect = [&](const std::string& to) { c.respond(302, "", "text/plain", {{"Location", to}}); };
@@ -239,14 +167,19 @@ TEST(ImageInput, RedirectsAreFollowedUpToABound) {
   EXPECT_NE(error_of([&] { load_image_url(base + "/big.png", small); }).find("larger than 1000"),
             std::string::npos);
   // A redirect to a server that never answers ends at the one deadline.
-  LocalServer silent("");
+  peers::Gate answer;  // opened only as the test ends: the request stays unanswered past the fetch's timeout
+  peers::FakeBackend silent([&](const peers::HttpRequest&, peers::BackendConnection& c) {
+    answer.wait(60'000);
+    c.close_after();
+  });
   peers::FakeBackend to_silent([&](const peers::HttpRequest&, peers::BackendConnection& c) {
-    c.respond(307, "", "text/plain", {{"Location", silent.url()}});
+    c.respond(307, "", "text/plain", {{"Location", url_of(silent)}});
   });
   ImageFetchOptions quick;
   quick.timeout = std::chrono::milliseconds(300);
   EXPECT_NE(error_of([&] { load_image_url(to_silent.url() + "/x.png", quick); }).find("within 300 ms"),
             std::string::npos);
+  answer.open();
 }
 
 // file:// URLs: refused unless the server names a directory; then read from under it only. "..", a
@@ -258,8 +191,8 @@ TEST(ImageInput, FileUrlsAreReadFromTheAllowedDirectoryOnly) {
   fs::remove_all(root);
   fs::create_directories(root / "media" / "sub");
   fs::create_directories(root / "secret");
-  auto write = [](const fs::path& p, const std::vector<uint8_t>& bytes) {
-    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+  auto write = [](const fs::path& p, const std::string& bytes) {
+    std::ofstream(p, std::ios::binary) << bytes;
   };
   write(root / "media" / "sub" / "a b.png", tiny_png(9));
   write(root / "secret" / "s.png", tiny_png(200));
@@ -314,11 +247,16 @@ TEST(ImageInput, FileUrlsAreReadFromTheAllowedDirectoryOnly) {
 }
 
 TEST(ImageInput, AServerThatNeverAnswersTimesOut) {
-  LocalServer silent("");  // the kernel completes the handshake; nothing ever reads or answers
+  peers::Gate answer;  // opened only as the test ends: the request stays unanswered past the fetch's timeout
+  peers::FakeBackend silent([&](const peers::HttpRequest&, peers::BackendConnection& c) {
+    answer.wait(60'000);
+    c.close_after();
+  });
   ImageFetchOptions quick;
   quick.timeout = std::chrono::milliseconds(300);
-  EXPECT_NE(error_of([&] { load_image_url(silent.url(), quick); }).find("did not finish within 300 ms"),
+  EXPECT_NE(error_of([&] { load_image_url(url_of(silent), quick); }).find("did not finish within 300 ms"),
             std::string::npos);
+  answer.open();
 }
 
 TEST(ImageInput, AnUnreachableHostIsAnImageError) {
