@@ -1444,8 +1444,9 @@ Value make_macro(Interpreter& in, const std::string& name, const Params& params,
                 "macro '" + name +
                     "' was invoked with two values for the special caller argument. This is most "
                     "likely a bug.");
+        const std::string& key = k;  // clang 14 does not capture a structured binding
         bool is_param =
-            std::any_of(params.begin(), params.end(), [&](const auto& p) { return p.first == k; });
+            std::any_of(params.begin(), params.end(), [&](const auto& p) { return p.first == key; });
         if (is_param) {
           interp->assign(k, v);
         } else {
