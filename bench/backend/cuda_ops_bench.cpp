@@ -3,7 +3,7 @@
 // first). Each figure is the median over replays of a CUDA graph holding many calls, with inputs rotated so
 // that repeated calls do not run out of L2. Prints one table. Arguments name the sections to run (all by
 // default): gemv small_gemm moe moe_block fp8_probe grouped_probe attention gdn; `once` runs each FP8 decode
-// op once, for a profiler.
+// op once, and the experts of batches of 64 and 256 tokens, for a profiler.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -164,6 +164,16 @@ class OpsBench {
               gbs(bytes, s));
         }
       }
+    // The lm_head of a decode batch (bf16, as the checkpoints keep it): one row per sequence.
+    Matrix lm_head = matrix(DType::BF16, 248320, 2048, 40);
+    for (int64_t n : {16, 64, 256}) {
+      float* x = floats(size_t(n * lm_head.cols), 41);
+      auto y = be_->allocate(size_t(n * lm_head.rows));
+      double s = time_replays(
+          *be_, [&] { be_->matmul(x, n, lm_head, y.get()); }, 1, key_++);
+      add(fmt::format("matmul lm_head 248320x2048 BF16 n={}", n), s,
+          tflops(2.0 * double(n) * lm_head.rows * lm_head.cols, s));
+    }
   }
 
   void moe() {
@@ -494,6 +504,20 @@ class OpsBench {
       be_->moe_block(router, experts, k, true, &shared, &gate, x, n, H, y.get());
       cuda_tools::synchronize(*be_);
     }
+    // The routed experts of mid-size batches (work items of 8 and 16 rows), FP8 and bf16 weights.
+    std::vector<SwiGlu>& bf16_experts = expert_sets_.emplace_back();
+    for (int e = 0; e < E; ++e)
+      bf16_experts.push_back({matrix(DType::BF16, I, H, 2000 + 3 * e),
+                              matrix(DType::BF16, I, H, 2001 + 3 * e),
+                              matrix(DType::BF16, H, I, 2002 + 3 * e)});
+    for (const std::vector<SwiGlu>* set : {&experts, &bf16_experts})
+      for (int64_t n : {64, 256}) {
+        float* x = floats(size_t(n * H), 2900, 1.0f);
+        float* logits = floats(size_t(n * E), 2901, 3.0f);
+        auto y = be_->allocate(size_t(n * H));
+        be_->moe_experts(*set, logits, k, true, x, n, H, y.get());
+        cuda_tools::synchronize(*be_);
+      }
   }
 
   // Per KV cache dtype: decode streams the stored bytes (bandwidth counts them), prefill is compute-bound.

@@ -786,8 +786,10 @@ class CudaBackend final : public Backend, public CacheMemory {
     auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
     auto ids = ints(P), weights = allocate(size_t(P)), sorted = ints(P), pair_row = ints(P);
     auto items = ints(3 * max_items), num_items = ints(1);
-    auto h = tc ? allocate(size_t((P * table.inter + 1) / 2)) : allocate(size_t(P * table.inter));
-    auto xb = tc ? allocate(size_t((P * hidden + 1) / 2)) : Buffer();
+    // bf16 h and gathered inputs on the tensor-core and pipelined paths (two per float), float32 h elsewhere.
+    const bool bf16_rows = tc || cuda::moe_items_pipe_used(table, tile, tc, fp32_matmul_);
+    auto h = bf16_rows ? allocate(size_t((P * table.inter + 1) / 2)) : allocate(size_t(P * table.inter));
+    auto xb = bf16_rows ? allocate(size_t((P * hidden + 1) / 2)) : Buffer();
     auto y = allocate(size_t(P * hidden));
     cuda::MoeScratch s;
     s.ids = reinterpret_cast<int32_t*>(ids.get());
@@ -799,8 +801,8 @@ class CudaBackend final : public Backend, public CacheMemory {
     s.h = h.get();
     s.xb = reinterpret_cast<uint16_t*>(xb.get());
     s.y = y.get();
-    if (auto op = start("moe_experts", router_logits, top_k, renormalize, x, n, out, tc, s.ids, s.h, s.y,
-                        table.gate))
+    if (auto op = start("moe_experts", router_logits, top_k, renormalize, x, n, out, tc, s.ids, s.h, s.xb,
+                        s.y, table.gate))
       cuda::launch_moe(table, router_logits, top_k, renormalize, x, n, tile, tc, fp32_matmul_, s, out,
                        stream_);
   }

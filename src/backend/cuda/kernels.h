@@ -225,8 +225,8 @@ struct MoeScratch {
   int32_t* pair_row = nullptr;   // [P] row of pair p in the grouped order
   int32_t* items = nullptr;      // [max_items][3] (expert, first row, rows)
   int32_t* num_items = nullptr;  // device scalar
-  void* h = nullptr;             // [P][inter]: float (SIMT path) or bf16 (tensor-core path)
-  uint16_t* xb = nullptr;        // [P][hidden] bf16 gathered inputs (tensor-core path)
+  void* h = nullptr;             // [P][inter]: float (SIMT path) or bf16 (tensor-core and pipelined paths)
+  uint16_t* xb = nullptr;        // [P][hidden] bf16 gathered inputs (tensor-core and pipelined paths)
   float* y = nullptr;            // [P][hidden]
 };
 constexpr int kMoeSimtTile = 8;     // tokens per work item, SIMT path
@@ -242,6 +242,31 @@ bool moe_mma_supported(const ExpertTable& t);
 // up into s.h (bf16), y into s.y.
 void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int top_k, int64_t max_items,
                             const MoeScratch& s, cudaStream_t stream);
+// FP8 weights in 128x128 blocks: the experts' activations are quantized to e4m3 per row and 128 columns
+// (fp8_quant.cuh), as the FP8 prefill matmuls, SGLang and vLLM take them, so the MMA is FP8 x FP8.
+bool moe_fp8_activations(const ExpertTable& t);
+// q[row] = e4m3(in[row]) per 128 columns, scales [rows][cols / 128]. gather: in is float32 x and row r is
+// token sorted[r] / top_k's (the gate/up input); else in is bf16 h (the down input).
+void launch_moe_quantize_rows(const void* in, bool gather, int64_t rows, int64_t cols, int top_k,
+                              const int32_t* sorted, uint8_t* q, float* scales, cudaStream_t stream);
+// Where those rows live: the quantized bytes at the start of MoeScratch::xb (2 bytes per element of the
+// gathered [P][hidden] inputs), their scales after them; x's for gate/up, then h's for down (inter <=
+// hidden).
+inline float* moe_fp8_row_scales(uint16_t* xb, int64_t rows, int64_t cols) {
+  return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(xb) + (rows * cols + 255) / 256 * 256);
+}
+// xb[row] = bf16(x[token of the grouped pair row]) for the P pairs (H a multiple of 8).
+void launch_moe_gather_bf16(const float* x, int64_t P, int64_t H, int top_k, const int32_t* sorted,
+                            uint16_t* xb, cudaStream_t stream);
+// The MMA work items of ≤ 16 rows (moe_items.cu; tile kMoeSimtTile or kMoeMmaMidTile, outside exact mode)
+// with the weights streamed through a shared-memory pipeline, for bf16 weights and FP8 ones in 128x128
+// blocks: gathers x into s.xb (bf16, or e4m3 rows as moe_fp8_row_scales places them), h = silu(gate) * up
+// into s.h (bf16), y into s.y. MOESERVE_CUDA_MOE_ITEMS_PIPE=0: moe.cu's items instead.
+bool moe_items_pipe_enabled();
+bool moe_items_pipe_supported(const ExpertTable& t);
+bool moe_items_pipe_used(const ExpertTable& t, int tile, bool tensor_cores, bool exact);
+void launch_moe_items_pipe(const ExpertTable& t, const float* x, int64_t n, int top_k, int tile,
+                           int64_t max_items, const MoeScratch& s, cudaStream_t stream);
 // Decode-sized batches (n ≤ 8): routing, every pair's gate/up and the shared expert's in one launch, then
 // the down projections, the weighted combine (ascending expert id) and the shared expert's sigmoid-gated
 // output in another. No shared expert: down.data == nullptr.

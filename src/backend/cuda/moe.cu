@@ -598,6 +598,10 @@ void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, boo
   }
   const bool vec = (t.hidden % W<T>::kVec == 0) && (t.inter % W<T>::kVec == 0) &&
                    (T != WType::FP8 || (t.block_cols % W<T>::kVec == 0 && is_pow2(t.block_cols)));
+  if (moe_items_pipe_used(t, tile, false, exact)) {
+    launch_moe_items_pipe(t, x, n, top_k, tile, max_items, s, stream);
+    return;
+  }
   if constexpr (T == WType::FP8 || T == WType::BF16) {
     if ((tile == kMoeSimtTile || tile == kMoeMmaMidTile) && moe_items_mma_supported(t) &&
         moe_items_mma_enabled()) {
@@ -878,6 +882,12 @@ bool decode_vectors(const ExpertTable& t, const MoeDecodeShared& sh) {
 }
 
 }  // namespace
+
+bool moe_items_pipe_used(const ExpertTable& t, int tile, bool tensor_cores, bool exact) {
+  return !tensor_cores && !exact && (tile == kMoeSimtTile || tile == kMoeMmaMidTile) &&
+         moe_items_mma_supported(t) && moe_items_pipe_supported(t) && moe_items_mma_enabled() &&
+         moe_items_pipe_enabled();
+}
 
 int moe_tile(const ExpertTable& t, int64_t n, int top_k, bool tensor_cores, bool exact) {
   if (tensor_cores) return kMoeMmaTile;

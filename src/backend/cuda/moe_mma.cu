@@ -388,12 +388,6 @@ __global__ void moe_quantize_rows(const void* __restrict__ in, int64_t rows, int
   if (lane == 0) scales[r * blocks + b] = scale;
 }
 
-bool fp8_activations(const ExpertTable& t) {
-  // 128x128 blocks, whole blocks along K, and room for the quantized h where the gathered x was.
-  return t.type == WType::FP8 && t.block_rows == kQBK && t.block_cols == kQBK && t.hidden % kQBK == 0 &&
-         t.inter % kQBK == 0 && t.inter <= t.hidden;
-}
-
 template <bool kGateUp>
 void launch_grouped_fp8(const ExpertTable& t, const uint8_t* A, const float* a_scales, const MoeScratch& s,
                         int64_t max_items, void* out, cudaStream_t stream) {
@@ -440,6 +434,27 @@ __global__ void moe_gather_bf16x8(const float* __restrict__ x, int64_t P, int64_
 
 }  // namespace
 
+void launch_moe_gather_bf16(const float* x, int64_t P, int64_t H, int top_k, const int32_t* sorted,
+                            uint16_t* xb, cudaStream_t stream) {
+  launch_k(moe_gather_bf16x8, blocks_for(P * H / 8, 256), 256, 0, stream, x, P, H, top_k, sorted,
+           reinterpret_cast<__nv_bfloat16*>(xb));
+}
+
+bool moe_fp8_activations(const ExpertTable& t) {
+  // 128x128 blocks, whole blocks along K, and room for the quantized h where the gathered x was.
+  return t.type == WType::FP8 && t.block_rows == kQBK && t.block_cols == kQBK && t.hidden % kQBK == 0 &&
+         t.inter % kQBK == 0 && t.inter <= t.hidden;
+}
+
+void launch_moe_quantize_rows(const void* in, bool gather, int64_t rows, int64_t cols, int top_k,
+                              const int32_t* sorted, uint8_t* q, float* scales, cudaStream_t stream) {
+  const unsigned blocks = blocks_for(rows * (cols / kQBK) * 32, 256);
+  if (gather)
+    launch_k(moe_quantize_rows<true>, blocks, 256, 0, stream, in, rows, cols, top_k, sorted, q, scales);
+  else
+    launch_k(moe_quantize_rows<false>, blocks, 256, 0, stream, in, rows, cols, top_k, sorted, q, scales);
+}
+
 bool moe_mma_supported(const ExpertTable& t) {
   if (t.type != WType::BF16 && t.type != WType::FP8) return false;
   // Whole K tiles, and FP8 scale blocks no narrower than a 16-byte vector.
@@ -451,22 +466,18 @@ void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int
                             const MoeScratch& s, cudaStream_t stream) {
   const int64_t P = n * top_k;
   auto* h = static_cast<__nv_bfloat16*>(s.h);
-  if (fp8_activations(t)) {
-    // The quantized rows and their scales live in s.xb (2 bytes per gathered input element): x's for gate/up,
-    // then h's for down (inter <= hidden).
+  if (moe_fp8_activations(t)) {
     auto* q = reinterpret_cast<uint8_t*>(s.xb);
-    auto scales_of = [&](int64_t cols) { return reinterpret_cast<float*>(q + (P * cols + 255) / 256 * 256); };
-    launch_k(moe_quantize_rows<true>, blocks_for(P * (t.hidden / kQBK) * 32, 256), 256, 0, stream,
-             static_cast<const void*>(x), P, t.hidden, top_k, s.sorted, q, scales_of(t.hidden));
-    launch_grouped_fp8<true>(t, q, scales_of(t.hidden), s, max_items, h, stream);
-    launch_k(moe_quantize_rows<false>, blocks_for(P * (t.inter / kQBK) * 32, 256), 256, 0, stream,
-             static_cast<const void*>(h), P, t.inter, top_k, s.sorted, q, scales_of(t.inter));
-    launch_grouped_fp8<false>(t, q, scales_of(t.inter), s, max_items, s.y, stream);
+    launch_moe_quantize_rows(x, true, P, t.hidden, top_k, s.sorted, q, moe_fp8_row_scales(s.xb, P, t.hidden),
+                             stream);
+    launch_grouped_fp8<true>(t, q, moe_fp8_row_scales(s.xb, P, t.hidden), s, max_items, h, stream);
+    launch_moe_quantize_rows(h, false, P, t.inter, top_k, s.sorted, q, moe_fp8_row_scales(s.xb, P, t.inter),
+                             stream);
+    launch_grouped_fp8<false>(t, q, moe_fp8_row_scales(s.xb, P, t.inter), s, max_items, s.y, stream);
     return;
   }
   auto* xb = reinterpret_cast<__nv_bfloat16*>(s.xb);
-  launch_k(moe_gather_bf16x8, blocks_for(P * t.hidden / 8, 256), 256, 0, stream, x, P, t.hidden, top_k,
-           s.sorted, xb);
+  launch_moe_gather_bf16(x, P, t.hidden, top_k, s.sorted, s.xb, stream);
   if (t.type == WType::FP8) {
     launch_grouped<WType::FP8, true>(t, xb, s, max_items, h, stream);
     launch_grouped<WType::FP8, false>(t, h, s, max_items, s.y, stream);

@@ -53,6 +53,36 @@ TEST_F(CudaOps, MatmulEveryDtypeAndBatchSize) {
     }
 }
 
+// The FP8 tensor-core paths widen the weights to bf16 by moving the code's bits (mma_fp8.cuh): every code,
+// subnormals and negative zero included, must enter the MMA as its exact value. Row r of the matrix holds
+// code r % 256 (NaN codes as zero) in every column, so each output is that value times a positive row sum
+// and a code widened wrongly shows in its own rows.
+TEST_F(CudaOps, Fp8MatmulTakesEveryE4m3CodeExactly) {
+  const int64_t rows = 512, cols = 256;
+  Matrix w = store.make_fp8_codes(rows, cols, [](int64_t r, int64_t) {
+    const uint8_t code = uint8_t(r % 256);
+    return (code & 0x7f) == 0x7f ? uint8_t(0) : code;
+  });
+  for (int64_t n : {4, 16, 40}) {
+    auto x = random_vector(size_t(n * cols), uint32_t(n + 5));
+    // Positive, so no row sum is near zero, and bf16 values, so bf16 mode's rounding of them changes nothing.
+    for (float& v : x) v = bf16_to_f32(f32_to_bf16(1.0f + 0.5f * v));
+    std::vector<float> ref(size_t(n * rows));
+    cpu->matmul(x.data(), n, w, ref.data());
+    for (Backend* be : {gpu32.get(), gpu.get()}) {
+      auto xd = to_device(*be, x);
+      auto yd = poisoned(*be, ref.size());
+      be->matmul(xd.get(), n, w, yd.get());
+      const auto got = to_host(*be, yd.get(), ref.size());
+      int wrong = 0;
+      for (size_t i = 0; i < ref.size(); ++i)
+        if (!(std::abs(got[i] - ref[i]) <= 1e-5 * std::abs(ref[i])) && wrong++ < 4)
+          ADD_FAILURE() << "n=" << n << " row " << i % rows << " (code " << i % rows % 256 << "): " << got[i]
+                        << " vs " << ref[i] << (be == gpu32.get() ? " fp32" : " bf16");
+    }
+  }
+}
+
 // Paths that quantize the activations to e4m3 per 1x128 block (FP8 prefill matmuls, FP8 experts of large
 // batches): e4m3's 3 mantissa bits, ~3% relative on random rows.
 constexpr double kFp8Activations = 0.05;
@@ -540,14 +570,15 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
           auto out = poisoned(*be, x.size());
           be->moe_experts(experts, ld.get(), c.top_k, true, xd.get(), n, c.hidden, out.get());
           const bool tensor_cores = be == gpu.get() && n * c.top_k >= cuda_tools::moe_tensor_core_min_pairs();
-          // FP8 in whole 128x128 blocks: the activations are quantized to e4m3 as well (FP8 x FP8 MMA).
-          const bool fp8_blocks = dt == DType::F8_E4M3 && c.hidden % 128 == 0 && c.inter % 128 == 0;
-          const bool fp8_activations = tensor_cores && fp8_blocks;
           // The MMA work items (bf16 or FP8 weights in whole 128-column chunks, past one row per item: more
           // than 2E/8 pairs, cuda::moe_tile) round the activations to bf16 once, outside exact mode.
+          const bool fp8_blocks = dt == DType::F8_E4M3 && c.hidden % 128 == 0 && c.inter % 128 == 0;
           const bool chunks = c.hidden % 128 == 0 && c.inter % 128 == 0 && (dt == DType::BF16 || fp8_blocks);
-          const bool bf16_activations =
-              tensor_cores || (be == gpu.get() && chunks && n * c.top_k > 2 * c.E / 8);
+          const bool items = be == gpu.get() && chunks && n * c.top_k > 2 * c.E / 8;
+          const bool bf16_activations = tensor_cores || items;
+          // FP8 in whole 128x128 blocks, there and in the grouped GEMM: the activations are quantized to e4m3
+          // as well (FP8 x FP8 MMA).
+          const bool fp8_activations = fp8_blocks && bf16_activations;
           EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref), fp8_activations    ? kFp8Activations
                                                                          : bf16_activations ? kBf16
                                                                                             : 1e-4)
@@ -637,7 +668,12 @@ TEST_F(CudaOps, MoeBlockMatchesComposedOps) {
           auto out = poisoned(*be, x.size());
           be->moe_block(router, experts, c.top_k, true, sp, gp, xd.get(), n, c.hidden, out.get());
           const bool rounded = be == gpu.get() && n > 8;  // the shared expert's matmuls on tensor cores
-          EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref), rounded ? kBf16 : 1e-4)
+          // and the routed experts' MMA items, FP8 x FP8 for FP8 weights in 128x128 blocks
+          const bool fp8_activations =
+              rounded && dt == DType::F8_E4M3 && c.hidden % 128 == 0 && c.inter % 128 == 0;
+          EXPECT_LT(rel_error(to_host(*be, out.get(), ref.size()), ref), fp8_activations ? kFp8Activations
+                                                                         : rounded       ? kBf16
+                                                                                         : 1e-4)
               << dtype_name(dt) << " E=" << c.E << " shared=" << c.shared_inter << " n=" << n
               << (be == gpu32.get() ? " fp32" : " bf16");
         }

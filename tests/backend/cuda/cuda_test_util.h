@@ -113,6 +113,18 @@ class WeightStore {
     return m;
   }
 
+  // An FP8 matrix whose element (r, c) is the e4m3 code code(r, c), every 128x128 block scaled by 1.
+  template <typename Code>
+  Matrix make_fp8_codes(int64_t rows, int64_t cols, Code code) {
+    auto& bytes = storage_.emplace_back(size_t(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) bytes[size_t(r * cols + c)] = code(r, c);
+    Matrix m{DType::F8_E4M3, rows, cols, bytes.data()};
+    m.block_rows = m.block_cols = 128;
+    m.scale_inv = scales_.emplace_back(size_t((rows + 127) / 128 * m.scale_cols()), 1.0f).data();
+    return m;
+  }
+
  private:
   std::deque<std::vector<uint8_t>> storage_;
   std::deque<std::vector<float>> scales_;
