@@ -2,8 +2,8 @@
 // ceilings (a device-to-device copy for bandwidth, a large bf16 GEMM for tensor-core rate; both measured here
 // first). Each figure is the median over replays of a CUDA graph holding many calls, with inputs rotated so
 // that repeated calls do not run out of L2. Prints one table. Arguments name the sections to run (all by
-// default): gemv small_gemm moe moe_block fp8_probe grouped_probe attention gdn; `once` runs each FP8 decode
-// op once, and the experts of batches of 64 and 256 tokens, for a profiler.
+// default): gemv lm_head small_gemm moe moe_block fp8_probe grouped_probe attention gdn; `once` runs each FP8
+// decode op once, and the experts of batches of 64 and 256 tokens, for a profiler.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -40,8 +40,8 @@ class OpsBench {
  public:
   OpsBench() : be_(make_backend("cuda")) {}
 
-  // `sections` names the groups to run (gemv moe moe_block fp8_probe grouped_probe attention gdn); empty:
-  // all. The ceilings always run: the rates are given against them.
+  // `sections` names the groups to run (gemv lm_head moe moe_block fp8_probe grouped_probe attention gdn);
+  // empty: all. The ceilings always run: the rates are given against them.
   void run(const std::vector<std::string>& sections) {
     auto on = [&](const char* name) {
       return sections.empty() || std::find(sections.begin(), sections.end(), name) != sections.end();
@@ -49,6 +49,7 @@ class OpsBench {
     std::printf("%s\n", cuda_tools::device_summary(*be_).c_str());
     ceilings();
     if (on("gemv")) gemv();
+    if (on("lm_head")) lm_head_batched();
     if (on("small_gemm")) small_gemm();
     if (on("moe")) moe();
     if (on("moe_block")) moe_block();
@@ -164,7 +165,10 @@ class OpsBench {
               gbs(bytes, s));
         }
       }
-    // The lm_head of a decode batch (bf16, as the checkpoints keep it): one row per sequence.
+  }
+
+  // The lm_head of a decode batch (bf16, as the checkpoints keep it): one row per sequence.
+  void lm_head_batched() {
     Matrix lm_head = matrix(DType::BF16, 248320, 2048, 40);
     for (int64_t n : {16, 64, 256}) {
       float* x = floats(size_t(n * lm_head.cols), 41);
@@ -202,7 +206,8 @@ class OpsBench {
         // Distinct experts a call reads, in expectation for uniform routing.
         const double touched = E * (1.0 - std::pow(1.0 - double(k) / E, double(n)));
         const double flops = 2.0 * double(n) * k * 3 * H * I;
-        const std::string path = n * k >= cuda_tools::moe_tensor_core_min_pairs() ? "mma" : "simt";
+        const std::string path =
+            n * k >= cuda_tools::moe_tensor_core_min_pairs(dt, H, I) ? "grouped" : "items";
         add(fmt::format("moe E=256 top8 {} n={} ({})", dtype_name(dt), n, path), s,
             n <= 1024 ? gbs(touched * expert_bytes, s) + fmt::format(" {:.0f} experts", touched)
                       : tflops(flops, s));

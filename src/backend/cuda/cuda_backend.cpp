@@ -780,7 +780,7 @@ class CudaBackend final : public Backend, public CacheMemory {
           "moe: top-k {} is not supported on CUDA (1..16)", top_k);
     const int64_t P = n * top_k;
     const bool tc =
-        !fp32_matmul_ && P >= cuda_tools::moe_tensor_core_min_pairs() && cuda::moe_mma_supported(table);
+        !fp32_matmul_ && P >= cuda::moe_grouped_min_pairs(table) && cuda::moe_mma_supported(table);
     const int tile = cuda::moe_tile(table, n, top_k, tc, fp32_matmul_);
     const int64_t max_items = cuda::moe_max_items(P, table.experts, tile);
     auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
@@ -1603,14 +1603,12 @@ std::string profile_report(Backend& b) {
 void reset_profile(Backend& b) {
   cuda_of(b).reset_profile();
 }
-// The MMA work items (moe.cu; items of 16 from 6 pairs per expert) stream the experts faster than the
-// grouped GEMM up to 4,096 pairs, bf16 and FP8 alike (H200, 35B-A3B experts, cuda_ops_bench moe: bf16 1,024
-// pairs 476 vs 554 us, 2,048 600 vs 612, 4,096 659 vs 550; FP8 2,048 508 vs 607, 4,096 578 vs 556).
-// MOESERVE_CUDA_MOE_MMA_MIN_PAIRS overrides it (for measuring).
-int64_t moe_tensor_core_min_pairs() {
-  static const char* env = std::getenv("MOESERVE_CUDA_MOE_MMA_MIN_PAIRS");
-  if (env) return std::atoll(env);
-  return 4096;
+int64_t moe_tensor_core_min_pairs(DType weights, int64_t hidden, int64_t inter) {
+  cuda::ExpertTable t;
+  t.type = weights == DType::F8_E4M3 ? cuda::WType::FP8 : cuda::WType::BF16;
+  t.hidden = hidden, t.inter = inter;
+  if (weights == DType::F8_E4M3) t.block_rows = t.block_cols = 128;
+  return cuda::moe_grouped_min_pairs(t);
 }
 
 void set_graphs(Backend& b, bool on) {

@@ -39,9 +39,10 @@ struct GraphCounts {
   int64_t last_nodes = 0;  // nodes (kernels and copies) of the last graph recorded
 };
 GraphCounts graph_counts(Backend& backend);
-// Routed (token, expert) pairs from which moe_experts runs the experts as a grouped tensor-core GEMM
-// (activations rounded to bf16, or quantized to e4m3 for FP8 weights in 128x128 blocks).
-int64_t moe_tensor_core_min_pairs();
+// Routed (token, expert) pairs from which moe_experts runs experts of these weights (bf16, or FP8 in 128x128
+// blocks) and shape as a grouped tensor-core GEMM (activations rounded to bf16, or quantized to e4m3 for FP8
+// weights in 128x128 blocks) rather than as MMA work items.
+int64_t moe_tensor_core_min_pairs(DType weights, int64_t hidden, int64_t inter);
 // Device name, memory in use and total (for reports).
 std::string device_summary(Backend& backend);
 }  // namespace cuda_tools

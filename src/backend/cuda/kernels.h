@@ -229,15 +229,20 @@ struct MoeScratch {
   uint16_t* xb = nullptr;        // [P][hidden] bf16 gathered inputs (tensor-core and pipelined paths)
   float* y = nullptr;            // [P][hidden]
 };
-constexpr int kMoeSimtTile = 8;     // tokens per work item, SIMT path
-constexpr int kMoeMmaMidTile = 16;  // tokens per work item, mid-size MMA path with many pairs per expert
-constexpr int kMoeMmaTile = 64;     // tokens per work item, tensor-core path
+constexpr int kMoeSimtTile = 8;      // tokens per work item, SIMT path
+constexpr int kMoeMmaMidTile = 16;   // tokens per work item, mid-size MMA path with many pairs per expert
+constexpr int kMoeMmaWideTile = 32;  // tokens per work item, pipelined MMA items with more pairs per expert
+constexpr int kMoeMmaTile = 64;      // tokens per work item, tensor-core path
 // Rows per work item for n tokens: kMoeMmaTile, kMoeMmaMidTile, kMoeSimtTile, or 1 when pairs are spread thin
 // (decode).
 // exact (BackendOptions::fp32_matmul): no path that rounds the activations.
 int moe_tile(const ExpertTable& t, int64_t n, int top_k, bool tensor_cores, bool exact);
 int64_t moe_max_items(int64_t pairs, int experts, int tile);
 bool moe_mma_supported(const ExpertTable& t);
+// Routed (token, expert) pairs from which the experts run as the grouped GEMM (moe_mma.cu) rather than as MMA
+// work items (the table's type, shape and block shape are read). MOESERVE_CUDA_MOE_MMA_MIN_PAIRS overrides
+// it.
+int64_t moe_grouped_min_pairs(const ExpertTable& t);
 // The tensor-core experts (moe_mma.cu) over the plan's items: gathers x as bf16 into s.xb, h = silu(gate) *
 // up into s.h (bf16), y into s.y.
 void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int top_k, int64_t max_items,
@@ -263,6 +268,9 @@ void launch_moe_gather_bf16(const float* x, int64_t P, int64_t H, int top_k, con
 // blocks: gathers x into s.xb (bf16, or e4m3 rows as moe_fp8_row_scales places them), h = silu(gate) * up
 // into s.h (bf16), y into s.y. MOESERVE_CUDA_MOE_ITEMS_PIPE=0: moe.cu's items instead.
 bool moe_items_pipe_enabled();
+// Pairs per expert (on average) from which the pipelined items take kMoeMmaWideTile rows
+// (MOESERVE_CUDA_MOE_WIDE_ITEMS_MIN to measure).
+int64_t moe_wide_items_min_pairs_per_expert();
 bool moe_items_pipe_supported(const ExpertTable& t);
 bool moe_items_pipe_used(const ExpertTable& t, int tile, bool tensor_cores, bool exact);
 void launch_moe_items_pipe(const ExpertTable& t, const float* x, int64_t n, int top_k, int tile,

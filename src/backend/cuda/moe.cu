@@ -884,9 +884,23 @@ bool decode_vectors(const ExpertTable& t, const MoeDecodeShared& sh) {
 }  // namespace
 
 bool moe_items_pipe_used(const ExpertTable& t, int tile, bool tensor_cores, bool exact) {
-  return !tensor_cores && !exact && (tile == kMoeSimtTile || tile == kMoeMmaMidTile) &&
+  return !tensor_cores && !exact &&
+         (tile == kMoeSimtTile || tile == kMoeMmaMidTile || tile == kMoeMmaWideTile) &&
          moe_items_mma_supported(t) && moe_items_pipe_supported(t) && moe_items_mma_enabled() &&
          moe_items_pipe_enabled();
+}
+
+// H200, 35B-A3B experts (cuda_ops_bench moe, uniform routing, µs, pipelined items vs grouped GEMM): bf16 512
+// tokens (4,096 pairs) 482 vs 549, 1,024 654 vs 587; FP8 1,024 541 vs 617, 2,048 925 vs 906. The register-fed
+// items (moe.cu) lost to the grouped GEMM from 4,096 pairs.
+int64_t moe_grouped_min_pairs(const ExpertTable& t) {
+  static const char* env = std::getenv("MOESERVE_CUDA_MOE_MMA_MIN_PAIRS");
+  if (env) return std::atoll(env);
+  const bool chunks = t.hidden % kMmaChunk == 0 && t.inter % kMmaChunk == 0;
+  const bool pipelined = moe_items_mma_enabled() && moe_items_pipe_enabled() &&
+                         ((t.type == WType::BF16 && chunks) || moe_fp8_activations(t));
+  if (!pipelined) return 4096;
+  return t.type == WType::FP8 ? 12288 : 6144;
 }
 
 int moe_tile(const ExpertTable& t, int64_t n, int top_k, bool tensor_cores, bool exact) {
@@ -896,8 +910,13 @@ int moe_tile(const ExpertTable& t, int64_t n, int top_k, bool tensor_cores, bool
   if (pairs <= 2 * int64_t(t.experts) / 8) return 1;
   // MMA items of 16 rows (activations rounded to bf16 once) once an expert averages 6 tokens: most would
   // otherwise take two items of 8, each streaming the expert's weights again.
-  if (!exact && pairs >= 6 * int64_t(t.experts) && moe_items_mma_supported(t) && moe_items_mma_enabled())
-    return kMoeMmaMidTile;
+  if (!exact && pairs >= 6 * int64_t(t.experts) && moe_items_mma_supported(t) && moe_items_mma_enabled()) {
+    // The pipelined items take 32 rows once an expert averages 24: each weight fragment then serves four
+    // token tiles, and fewer items stream the same expert again.
+    const bool wide = pairs >= moe_wide_items_min_pairs_per_expert() * int64_t(t.experts) &&
+                      moe_items_pipe_supported(t) && moe_items_pipe_enabled();
+    return wide ? kMoeMmaWideTile : kMoeMmaMidTile;
+  }
   return kMoeSimtTile;
 }
 

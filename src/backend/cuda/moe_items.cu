@@ -1,13 +1,13 @@
-// The experts of mid-size batches (the plan's work items of ≤ 16 rows: decode batches of ~9 to 500 tokens)
-// on tensor cores, with the weights streamed through a cp.async pipeline.
+// The experts of mid-size batches (the plan's work items of ≤ 32 rows: batches of ~9 to a few thousand
+// tokens) on tensor cores, with the weights streamed through a cp.async pipeline.
 //
 // Here few tokens meet each expert, so the weights are the bytes to move and the tokens are the MMA's narrow
-// side: a work item's rows are the n8 tiles of mma.sync (one or two), the weight rows its m16 tiles. A block
-// of 4 warps takes 128 weight rows of one item's expert (gate/up: 64 gate rows and the 64 up rows beside
-// them, so silu(gate) * up is formed in registers; down: 128 rows) and streams them in stages of 128 bytes a
-// row, four stages in flight, with the item's activations of the same columns. The kernels of moe.cu load
-// each warp's weights into registers one chunk at a time and kept too few bytes in flight (batch 256: bf16 at
-// 62% of HBM bandwidth).
+// side: a work item's rows are the n8 tiles of mma.sync (one, two or four), the weight rows its m16 tiles. A
+// block of 4 warps takes 128 weight rows of one item's expert (gate/up: 64 gate rows and the 64 up rows
+// beside them, so silu(gate) * up is formed in registers; down: 128 rows) and streams them in stages of 128
+// bytes a row, four stages in flight, with the item's activations of the same columns. The kernels of moe.cu
+// load each warp's weights into registers one chunk at a time and kept too few bytes in flight (batch 256:
+// bf16 at 62% of HBM bandwidth).
 //
 // bf16 weights: stages of 64 columns, m16n8k16 with the activations and h rounded to bf16 (as moe.cu's MMA
 // items round them). FP8 weights in 128x128 blocks: stages of 128 columns (one block scale), m16n8k32 e4m3
@@ -278,9 +278,19 @@ bool moe_items_pipe_supported(const ExpertTable& t) {
   return (t.type == WType::BF16 && t.hidden % 64 == 0 && t.inter % 64 == 0) || moe_fp8_activations(t);
 }
 
+int64_t moe_wide_items_min_pairs_per_expert() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("MOESERVE_CUDA_MOE_WIDE_ITEMS_MIN");
+    return e ? std::atoll(e) : int64_t(24);
+  }();
+  return v;
+}
+
 void launch_moe_items_pipe(const ExpertTable& t, const float* x, int64_t n, int top_k, int tile,
                            int64_t max_items, const MoeScratch& s, cudaStream_t stream) {
-  if (tile > 8)
+  if (tile > kMoeMmaMidTile)
+    launch_items<4>(t, x, n * top_k, top_k, max_items, s, stream);
+  else if (tile > kMoeSimtTile)
     launch_items<2>(t, x, n * top_k, top_k, max_items, s, stream);
   else
     launch_items<1>(t, x, n * top_k, top_k, max_items, s, stream);
