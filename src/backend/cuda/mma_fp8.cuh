@@ -95,6 +95,15 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// FP8 x FP8: A's registers hold four e4m3 each (rows g and g + 8, columns 4q.. and 16 + 4q..), B's two.
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // The kTerms bf16x2 words of a float pair: x = Σ terms (kTerms 1: rounded; 3: float32-exact to 2^-24).
 template <int kTerms>
 __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t (&out)[kTerms]) {

@@ -80,14 +80,6 @@ __device__ __forceinline__ uint32_t word(const uint4 (&w)[2], int i) {
   return (i & 3) == 0 ? u.x : (i & 3) == 1 ? u.y : (i & 3) == 2 ? u.z : u.w;
 }
 
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // part[m][j] += this warp's weight rows (m16 tile m: shared rows rows[2m] and rows[2m + 1] = that + 8) times
 // token tile j over one stage. Thread (g, q) holds 32 bytes of each of its rows and of token 8j + g's row
 // (FP8: chunks q and q + 4; bf16: chunks 2q and 2q + 1): 8 words, of which each MMA step takes two (for A

@@ -246,13 +246,6 @@ constexpr int kQATile = kBM * kQPitch;  // bytes
 constexpr int kQBTile = kBN * kQPitch;
 constexpr int kQSmem = kStages * (kQATile + kQBTile);
 
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ void load_stage_q(const uint8_t* __restrict__ A, int64_t K, int first, int count,
                                              const Slab& s, int64_t k0, uint8_t* As, uint8_t* Bs) {
   constexpr int kPerRow = kQBK / 16;
@@ -345,8 +338,8 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma_fp8(ExpertTable t, c
         for (int jp = 0; jp < 2; ++jp)
 #pragma unroll
           for (int m = 0; m < 2; ++m) {
-            mma_e4m3(part[m][2 * jp], a[m], b[jp][0], b[jp][1]);
-            mma_e4m3(part[m][2 * jp + 1], a[m], b[jp][2], b[jp][3]);
+            mma_e4m3(part[m][2 * jp], a[m][0], a[m][1], a[m][2], a[m][3], b[jp][0], b[jp][1]);
+            mma_e4m3(part[m][2 * jp + 1], a[m][0], a[m][1], a[m][2], a[m][3], b[jp][2], b[jp][3]);
           }
       }
       // Gate/up: n8 tiles 0..3 are gate rows, 4..7 up rows; down: warp half wn's tiles lie in slab half wn.
