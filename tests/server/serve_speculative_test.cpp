@@ -457,5 +457,38 @@ TEST_F(ServeSpeculative, ConcurrentRequestsEqualPlainDecoding) {
   expect_bursts();
 }
 
+// The Responses API's output_text logprobs are those of the answer's tokens alone, also when one step
+// brings the end of the reasoning and the start of the answer: plain decoding's, whole and streamed.
+TEST_F(ServeSpeculative, ResponsesLogprobsAreTheAnswerTokensAlone) {
+  const json body = {{"input", "Weather in Paris?"},
+                     {"max_output_tokens", 30},
+                     {"temperature", 0},
+                     {"top_logprobs", 1},
+                     {"include", {"message.output_text.logprobs"}}};
+  auto answer_logprobs = [](const json& response) {
+    for (const json& item : response["output"])
+      if (item["type"] == "message") return item["content"][0]["logprobs"];
+    return json();
+  };
+  const json want = answer_logprobs(post(plain_->port(), "/v1/responses", body));
+  ASSERT_TRUE(want.is_array() && !want.empty()) << want.dump();
+  EXPECT_EQ(want[0]["token"], "Paris");  // the answer's first token, not the reasoning's last
+  for (const ServeProcess* p : {plain_.get(), spec_.get()}) {
+    EXPECT_EQ(answer_logprobs(post(p->port(), "/v1/responses", body)), want);
+    json streamed_body = body;
+    streamed_body["stream"] = true;
+    const auto r = Connection(p->port()).roundtrip("POST", "/v1/responses", streamed_body.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    json streamed = json::array();
+    for (const std::string& data : sse_data(r.body)) {
+      const json e = json::parse(data);
+      if (e["type"] == "response.output_text.delta")
+        for (const json& entry : e["logprobs"]) streamed.push_back(entry);
+    }
+    EXPECT_EQ(streamed, want);
+  }
+  expect_bursts();
+}
+
 }  // namespace
 }  // namespace moeserve::server
