@@ -10,7 +10,8 @@
 // layer's fc passes the embedding half through and its decoder layer adds nothing either, so it drafts f of
 // the token it is fed: the model's own next token, up to bf16 rounding (a near tie now and then is a rejected
 // draft, so rollbacks happen too). lm_head rows are then set so that f follows a script after the thinking
-// prompt's last token, with </think> inside it; past the script f is the random map's chain.
+// prompt's last token, with </think> inside it and <tool_call> at its end; past the script f is the random
+// map's chain.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -61,6 +62,7 @@ std::vector<int32_t> write_drafting_model(const text::Tokenizer& tokenizer,
   chain.push_back(one("</think>"));
   chain.push_back(one("\n\n"));
   for (int32_t id : tokenizer.encode(kAnswer, false)) chain.push_back(id);
+  chain.push_back(one("<tool_call>"));  // opens a call the random chain then fills
   // f maps each token to one successor, so the script may not repeat a token.
   EXPECT_EQ(std::set<int32_t>(chain.begin(), chain.end()).size(), chain.size());
 
@@ -240,6 +242,28 @@ json chat_fields(const json& answer) {
   return choices;
 }
 
+// Two tools: a call of either (tool_choice "required") leaves the name to the model.
+const json& weather_tool() {
+  static const json tool = {
+      {"type", "function"},
+      {"function",
+       {{"name", "get_weather"},
+        {"parameters",
+         {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}, {"required", {"city"}}}}}}};
+  return tool;
+}
+const json& forecast_tool() {
+  static const json tool = {
+      {"type", "function"},
+      {"function",
+       {{"name", "forecast"},
+        {"parameters",
+         {{"type", "object"},
+          {"properties", {{"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 7}}}}},
+          {"required", {"days"}}}}}}};
+  return tool;
+}
+
 class ServeSpeculative : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -248,8 +272,9 @@ class ServeSpeculative : public ::testing::Test {
     std::filesystem::create_directories(dir_);
     tokenizer_ = std::make_unique<text::Tokenizer>(text::Tokenizer::from_file(kTokenizer));
     script_ = write_drafting_model(*tokenizer_, dir_);
-    const std::vector<std::string> args = {"--model", dir_.string(),     "--cache-memory-gb",
-                                           "0.0625",  "--max-model-len", "1024"};
+    std::vector<std::string> args = {"--model", dir_.string(),     "--cache-memory-gb",
+                                     "0.0625",  "--max-model-len", "1024"};
+    for (const std::string& flag : flags()) args.push_back(flag);
     plain_ = std::make_unique<ServeProcess>(args);
     std::vector<std::string> speculative = args;
     for (const char* flag : {"--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3"})
@@ -258,6 +283,9 @@ class ServeSpeculative : public ::testing::Test {
     ASSERT_TRUE(plain_->wait_ready()) << plain_->output();
     ASSERT_TRUE(spec_->wait_ready()) << spec_->output();
   }
+  // Serve flags both servers take (a tool-call parser).
+  virtual std::vector<std::string> flags() const { return {}; }
+
   void TearDown() override {
     plain_.reset();
     spec_.reset();
@@ -279,6 +307,26 @@ class ServeSpeculative : public ::testing::Test {
     EXPECT_GT(metric("moeserve:spec_decode_mean_acceptance_length"), 2.0) << spec_->output();
   }
 
+  // A chat request ("Weather in Paris?" plus `extra`): the speculative server's answer is the plain one's,
+  // whole and streamed (returned); a forced call is one call.
+  Stream expect_chat_as_plain(const json& extra) const {
+    json body = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+                 {"max_tokens", 40},
+                 {"temperature", 0}};
+    body.update(extra);
+    const json want = post(plain_->port(), "/v1/chat/completions", body);
+    const json got = post(spec_->port(), "/v1/chat/completions", body);
+    EXPECT_EQ(without_call_ids(got["choices"]), without_call_ids(want["choices"]));
+    EXPECT_EQ(got["usage"], want["usage"]);
+    Stream streamed = post_stream(spec_->port(), "/v1/chat/completions", body);
+    EXPECT_EQ(joined_chat(streamed), chat_fields(want));
+    expect_same_counts(streamed.usage, want["usage"]);
+    if (extra.contains("tool_choice")) {
+      EXPECT_EQ(want["choices"][0]["message"]["tool_calls"].size(), 1u) << want.dump();
+    }
+    return streamed;
+  }
+
   std::filesystem::path dir_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
   std::vector<int32_t> script_;
@@ -296,7 +344,8 @@ TEST_F(ServeSpeculative, TheDraftingModelSaysItsScriptInBursts) {
     const json r = post(p->port(), "/v1/chat/completions", body);
     EXPECT_EQ(r["choices"][0]["token_ids"], json(script_)) << r.dump();
     EXPECT_EQ(r["choices"][0]["message"]["reasoning_content"], kReasoning) << r.dump();
-    EXPECT_EQ(r["choices"][0]["message"]["content"], kAnswer) << r.dump();
+    // No tools offered: the call's opening is text.
+    EXPECT_EQ(r["choices"][0]["message"]["content"], std::string(kAnswer) + "<tool_call>") << r.dump();
   }
   expect_bursts();
 }
@@ -374,20 +423,6 @@ TEST_F(ServeSpeculative, StopStringsInsideAStepCutWherePlainDecodingCuts) {
 // or a choice among two), tools offered but not called, a stop string inside the reasoning and one in the
 // answer, n = 2. Whole and streamed, the speculative server says what the plain one says.
 TEST_F(ServeSpeculative, ChatParsersToolCallsAndJsonEqualPlainDecoding) {
-  const json weather = {
-      {"type", "function"},
-      {"function",
-       {{"name", "get_weather"},
-        {"parameters",
-         {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}, {"required", {"city"}}}}}}};
-  const json forecast = {
-      {"type", "function"},
-      {"function",
-       {{"name", "forecast"},
-        {"parameters",
-         {{"type", "object"},
-          {"properties", {{"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 7}}}}},
-          {"required", {"days"}}}}}}};
   const json thinking_off = {{"enable_thinking", false}};
   const json schema = {{"type", "object"},
                        {"properties", {{"city", {{"type", "string"}}}, {"sunny", {{"type", "boolean"}}}}},
@@ -396,36 +431,25 @@ TEST_F(ServeSpeculative, ChatParsersToolCallsAndJsonEqualPlainDecoding) {
       json::object(),
       {{"chat_template_kwargs", thinking_off}},
       {{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "w"}, {"schema", schema}}}}}},
-      {{"tools", {weather}}, {"tool_choice", "required"}},
-      {{"tools", {weather, forecast}}, {"tool_choice", "required"}, {"chat_template_kwargs", thinking_off}},
-      {{"tools", {weather}},
+      {{"tools", {weather_tool()}}, {"tool_choice", "required"}},
+      {{"tools", {weather_tool(), forecast_tool()}},
+       {"tool_choice", "required"},
+       {"chat_template_kwargs", thinking_off}},
+      {{"tools", {weather_tool()}},
        {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}},
-      {{"tools", {weather, forecast}}},
+      {{"tools", {weather_tool(), forecast_tool()}}},
       {{"stop", {"up the"}}},
       {{"stop", {"sunny"}}, {"n", 2}},
   };
   for (const json& extra : extras) {
     SCOPED_TRACE(extra.dump());
-    json body = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
-                 {"max_tokens", 40},
-                 {"temperature", 0}};
-    body.update(extra);
-    const json want = post(plain_->port(), "/v1/chat/completions", body);
-    const json got = post(spec_->port(), "/v1/chat/completions", body);
-    EXPECT_EQ(without_call_ids(got["choices"]), without_call_ids(want["choices"]));
-    EXPECT_EQ(got["usage"], want["usage"]);
-    const Stream streamed = post_stream(spec_->port(), "/v1/chat/completions", body);
-    EXPECT_EQ(joined_chat(streamed), chat_fields(want));
-    expect_same_counts(streamed.usage, want["usage"]);
-    if (extra.contains("tool_choice")) {
-      ASSERT_EQ(want["choices"][0]["message"]["tool_calls"].size(), 1u) << want.dump();
-    }
+    const Stream streamed = expect_chat_as_plain(extra);
     if (extra.empty()) {
       // The step that ended the reasoning also began the answer.
       EXPECT_TRUE(std::any_of(streamed.chunks.begin(), streamed.chunks.end(), [](const json& chunk) {
         const json& d = chunk["choices"][0]["delta"];
         return d.contains("reasoning_content") && d.contains("content");
-      })) << want.dump();
+      }));
     }
   }
   expect_bursts();
@@ -486,6 +510,27 @@ TEST_F(ServeSpeculative, ResponsesLogprobsAreTheAnswerTokensAlone) {
         for (const json& entry : e["logprobs"]) streamed.push_back(entry);
     }
     EXPECT_EQ(streamed, want);
+  }
+  expect_bursts();
+}
+
+// Forced calls in the hermes format: the JSON grammar of the call advances over a step's accepted tokens as
+// over plain decoding's.
+class ServeSpeculativeHermes : public ServeSpeculative {
+  std::vector<std::string> flags() const override { return {"--tool-call-parser", "hermes"}; }
+};
+
+TEST_F(ServeSpeculativeHermes, ForcedAndOfferedCallsEqualPlainDecoding) {
+  const json thinking_off = {{"enable_thinking", false}};
+  for (const json& extra : {
+           json{{"tools", {weather_tool()}}, {"tool_choice", "required"}},
+           json{{"tools", {weather_tool(), forecast_tool()}},
+                {"tool_choice", "required"},
+                {"chat_template_kwargs", thinking_off}},
+           json{{"tools", {weather_tool(), forecast_tool()}}},
+       }) {
+    SCOPED_TRACE(extra.dump());
+    expect_chat_as_plain(extra);
   }
   expect_bursts();
 }
