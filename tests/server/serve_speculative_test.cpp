@@ -456,7 +456,7 @@ TEST_F(ServeSpeculative, ChatParsersToolCallsAndJsonEqualPlainDecoding) {
 }
 
 // Requests running together take steps of different lengths in one batch; each still gets the plain
-// server's answer (n = 2 among them).
+// server's answer (n = 2 among them, and a seeded sample, whose drafts are mostly rejected).
 TEST_F(ServeSpeculative, ConcurrentRequestsEqualPlainDecoding) {
   const std::vector<std::string> prompts = {"Weather report:", "The capital of France is", "1, 2, 3,",
                                             "Once upon a time"};
@@ -464,7 +464,8 @@ TEST_F(ServeSpeculative, ConcurrentRequestsEqualPlainDecoding) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     bodies.push_back({{"prompt", prompts[i]},
                       {"max_tokens", 32 + 4 * int(i)},
-                      {"temperature", 0},
+                      {"temperature", i == 3 ? 1 : 0},
+                      {"seed", 7},
                       {"return_token_ids", true},
                       {"n", i == 1 ? 2 : 1}});
     want.push_back(post(plain_->port(), "/v1/completions", bodies.back()));
@@ -510,6 +511,28 @@ TEST_F(ServeSpeculative, ResponsesLogprobsAreTheAnswerTokensAlone) {
         for (const json& entry : e["logprobs"]) streamed.push_back(entry);
     }
     EXPECT_EQ(streamed, want);
+  }
+  expect_bursts();
+}
+
+// A conversation: each turn's prompt holds the earlier answers, so it starts from what the previous,
+// speculative turn filed in the prefix cache; every turn says what the plain server's says.
+TEST_F(ServeSpeculative, ConversationTurnsFromThePrefixCacheEqualPlainDecoding) {
+  json messages = json::array();
+  for (int turn = 1; turn <= 4; ++turn) {
+    SCOPED_TRACE(turn);
+    messages.push_back({{"role", "user"}, {"content", fmt::format("Turn {}: and tomorrow?", turn)}});
+    const json body = {{"messages", messages}, {"max_tokens", 24}, {"temperature", 0}};
+    const json want = post(plain_->port(), "/v1/chat/completions", body);
+    const json got = post(spec_->port(), "/v1/chat/completions", body);
+    EXPECT_EQ(got["choices"], want["choices"]);
+    EXPECT_EQ(got["usage"], want["usage"]);  // the same cached prefix too
+    if (turn == 4) {
+      EXPECT_GT(got["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0);
+    }
+    const json& m = want["choices"][0]["message"];
+    messages.push_back(
+        {{"role", "assistant"}, {"content", m["content"].is_string() ? m["content"] : json("")}});
   }
   expect_bursts();
 }
