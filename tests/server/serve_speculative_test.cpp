@@ -206,7 +206,10 @@ json joined_chat(const Stream& s) {
     for (const json& c : chunk["choices"]) {
       const size_t i = c["index"];
       while (choices.size() <= i) {
-        choices.push_back({{"content", ""}, {"reasoning_content", ""}, {"tool_calls", json::array()}});
+        choices.push_back({{"content", ""},
+                           {"reasoning_content", ""},
+                           {"tool_calls", json::array()},
+                           {"logprobs", json::array()}});
       }
       json& to = choices[i];
       const json& d = c["delta"];
@@ -221,6 +224,8 @@ json joined_chat(const Stream& s) {
         fn["name"] = fn["name"].get<std::string>() + call["function"].value("name", "");
         fn["arguments"] = fn["arguments"].get<std::string>() + call["function"].value("arguments", "");
       }
+      if (!c["logprobs"].is_null())
+        for (const json& entry : c["logprobs"]["content"]) to["logprobs"].push_back(entry);
       if (!c["finish_reason"].is_null()) to["finish_reason"] = c["finish_reason"];
     }
   }
@@ -237,6 +242,7 @@ json chat_fields(const json& answer) {
     choices.push_back({{"content", m["content"].is_string() ? m["content"] : json("")},
                        {"reasoning_content", m.value("reasoning_content", "")},
                        {"tool_calls", calls},
+                       {"logprobs", c["logprobs"].is_null() ? json::array() : c["logprobs"]["content"]},
                        {"finish_reason", c["finish_reason"]}});
   }
   return choices;
@@ -308,8 +314,8 @@ class ServeSpeculative : public ::testing::Test {
   }
 
   // A chat request ("Weather in Paris?" plus `extra`): the speculative server's answer is the plain one's,
-  // whole and streamed (returned); a forced call is one call.
-  Stream expect_chat_as_plain(const json& extra) const {
+  // whole and streamed; a forced call is one call. Returns the plain answer and the speculative stream.
+  std::pair<json, Stream> expect_chat_as_plain(const json& extra) const {
     json body = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
                  {"max_tokens", 40},
                  {"temperature", 0}};
@@ -324,7 +330,7 @@ class ServeSpeculative : public ::testing::Test {
     if (extra.contains("tool_choice")) {
       EXPECT_EQ(want["choices"][0]["message"]["tool_calls"].size(), 1u) << want.dump();
     }
-    return streamed;
+    return {want, std::move(streamed)};
   }
 
   std::filesystem::path dir_;
@@ -420,8 +426,9 @@ TEST_F(ServeSpeculative, StopStringsInsideAStepCutWherePlainDecodingCuts) {
 
 // Chat answers through the reasoning parser and the qwen3_coder tool parser: thinking on (the reasoning ends
 // inside a step) and off, JSON output constrained after the reasoning, calls forced by tool_choice (one tool,
-// or a choice among two), tools offered but not called, a stop string inside the reasoning and one in the
-// answer, n = 2. Whole and streamed, the speculative server says what the plain one says.
+// or a choice among two), tools offered but not called, stop strings inside the reasoning, across its end
+// (with logprobs) and in the answer, n = 2. Whole and streamed, the speculative server says what the plain
+// one says.
 TEST_F(ServeSpeculative, ChatParsersToolCallsAndJsonEqualPlainDecoding) {
   const json thinking_off = {{"enable_thinking", false}};
   const json schema = {{"type", "object"},
@@ -439,11 +446,18 @@ TEST_F(ServeSpeculative, ChatParsersToolCallsAndJsonEqualPlainDecoding) {
        {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}},
       {{"tools", {weather_tool(), forecast_tool()}}},
       {{"stop", {"up the"}}},
+      {{"stop", {"</think>\n\nParis"}}, {"logprobs", true}, {"top_logprobs", 2}},
       {{"stop", {"sunny"}}, {"n", 2}},
   };
   for (const json& extra : extras) {
     SCOPED_TRACE(extra.dump());
-    const Stream streamed = expect_chat_as_plain(extra);
+    const auto [want, streamed] = expect_chat_as_plain(extra);
+    if (extra.contains("logprobs")) {  // the stop string that spans the end of the reasoning cut it
+      const json& m = want["choices"][0]["message"];
+      EXPECT_EQ(want["choices"][0]["finish_reason"], "stop");
+      EXPECT_EQ(m["reasoning_content"], kReasoning) << want.dump();
+      EXPECT_EQ(m["content"], "") << want.dump();
+    }
     if (extra.empty()) {
       // The step that ended the reasoning also began the answer.
       EXPECT_TRUE(std::any_of(streamed.chunks.begin(), streamed.chunks.end(), [](const json& chunk) {
