@@ -425,10 +425,11 @@ TEST_F(ServeSpeculative, StopStringsInsideAStepCutWherePlainDecodingCuts) {
 }
 
 // Chat answers through the reasoning parser and the qwen3_coder tool parser: thinking on (the reasoning ends
-// inside a step) and off, JSON output constrained after the reasoning, calls forced by tool_choice (one tool,
-// or a choice among two), tools offered but not called, stop strings inside the reasoning, across its end
-// (with logprobs) and in the answer, n = 2. Whole and streamed, the speculative server says what the plain
-// one says.
+// inside a step) and off; JSON output constrained after the reasoning; a regex after the reasoning and a
+// choice that the scripted answer fits (so its drafts are accepted under the constraint); calls forced by
+// tool_choice (one tool, or a choice among two); tools offered but not called; stop strings inside the
+// reasoning, across its end (with logprobs) and in the answer; n = 2. Whole and streamed, the speculative
+// server says what the plain one says.
 TEST_F(ServeSpeculative, ChatParsersToolCallsAndJsonEqualPlainDecoding) {
   const json thinking_off = {{"enable_thinking", false}};
   const json schema = {{"type", "object"},
@@ -445,6 +446,9 @@ TEST_F(ServeSpeculative, ChatParsersToolCallsAndJsonEqualPlainDecoding) {
       {{"tools", {weather_tool()}},
        {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}},
       {{"tools", {weather_tool(), forecast_tool()}}},
+      {{"structured_outputs", {{"regex", "\\s*Paris is [a-z ]+\\."}}}},
+      {{"structured_outputs", {{"choice", {"It rains.", "Paris is sunny today."}}}},
+       {"chat_template_kwargs", thinking_off}},
       {{"stop", {"up the"}}},
       {{"stop", {"</think>\n\nParis"}}, {"logprobs", true}, {"top_logprobs", 2}},
       {{"stop", {"sunny"}}, {"n", 2}},
@@ -452,6 +456,10 @@ TEST_F(ServeSpeculative, ChatParsersToolCallsAndJsonEqualPlainDecoding) {
   for (const json& extra : extras) {
     SCOPED_TRACE(extra.dump());
     const auto [want, streamed] = expect_chat_as_plain(extra);
+    if (extra.contains("structured_outputs")) {  // the script's answer fits: its drafts pass the constraint
+      EXPECT_EQ(want["choices"][0]["message"]["content"], kAnswer) << want.dump();
+      EXPECT_EQ(want["choices"][0]["finish_reason"], "stop");
+    }
     if (extra.contains("logprobs")) {  // the stop string that spans the end of the reasoning cut it
       const json& m = want["choices"][0]["message"];
       EXPECT_EQ(want["choices"][0]["finish_reason"], "stop");
