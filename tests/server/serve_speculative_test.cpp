@@ -372,19 +372,19 @@ TEST_F(ServeSpeculative, StopStringsInsideAStepCutWherePlainDecodingCuts) {
   const std::vector<int32_t> ids = whole["choices"][0]["token_ids"];
 
   // A chunk per engine step: a stop string completed by a step's first token leaves the step's other tokens
-  // behind.
+  // behind. Cuts that split a character are left out.
+  auto kept_text = [&](size_t cut) { return tokenizer_->decode(std::span(ids.data(), cut)); };
   std::vector<size_t> cuts;  // how many tokens the answer keeps
   size_t seen = 0;
   for (const json& chunk : steps.chunks) {
     const size_t n = chunk["choices"][0].value("token_ids", json::array()).size();
-    if (n >= 2 && seen + 1 < ids.size()) cuts.push_back(seen + 1);
+    if (n >= 2 && seen + 1 < ids.size() && text.starts_with(kept_text(seen + 1))) cuts.push_back(seen + 1);
     seen += n;
   }
   ASSERT_GE(cuts.size(), 3u) << steps.chunks.size() << " steps for " << ids.size() << " tokens";
   std::vector<std::string> stops;
   for (size_t cut : {cuts.front(), cuts[cuts.size() / 2], cuts.back()}) {
-    const std::string kept = tokenizer_->decode(std::span(ids.data(), cut));
-    if (!text.starts_with(kept)) continue;  // the cut splits a character
+    const std::string kept = kept_text(cut);
     // The shortest text ending there that occurs nowhere earlier, whole characters.
     std::string stop;
     for (size_t n = 1; n <= kept.size() && stop.empty(); ++n) {
@@ -410,7 +410,6 @@ TEST_F(ServeSpeculative, StopStringsInsideAStepCutWherePlainDecodingCuts) {
     expect_same_counts(streamed.usage, want["usage"]);
     stops.push_back(stop);
   }
-  ASSERT_EQ(stops.size(), 3u);
   // Several stop strings at once, the latest first: the earliest in the text wins; kept in the text when
   // asked.
   json body = base;
