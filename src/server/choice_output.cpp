@@ -16,29 +16,41 @@ ChoiceDelta ChoiceOutput::push(const GenerateOutput& out) {
   cached_tokens_ = std::max<int64_t>(cached_tokens_, out.usage.cached_tokens);
   if (!out.prompt_logprobs.empty()) prompt_logprobs_ = out.prompt_logprobs;
 
-  size_t taken = 0;
-  d.text = output_.push(out.tokens, taken);
   d.tokens_from = tokens_.size();
-  // Tokens past the one that completed a stop string are not part of the answer.
-  tokens_.insert(tokens_.end(), out.tokens.begin(), out.tokens.begin() + std::ptrdiff_t(taken));
-  for (size_t k = 0; k < taken && k < out.logprobs.size(); ++k) logprobs_.push_back(out.logprobs[k]);
+  // Token by token, as plain decoding brings them: a step of speculative decoding brings several, and the
+  // answer's text is put down to the tokens that wrote it, not to the whole step (which may also hold
+  // reasoning or a call). Tokens past the one that completed a stop string are not part of the answer.
+  for (size_t k = 0; k < out.tokens.size() && !output_.stopped(); ++k) {
+    text::OutputDelta piece = output_.push(out.tokens[k]);
+    tokens_.push_back(out.tokens[k]);
+    if (k < out.logprobs.size()) logprobs_.push_back(out.logprobs[k]);
+    if (!piece.content.empty()) content_from_last_token(d);
+    text::append(d.text, std::move(piece));
+  }
   d.tokens_to = tokens_.size();
 
   if (output_.stopped() || out.finished) {
-    text::append(d.text, output_.finish());
+    text::OutputDelta rest = output_.finish();
+    if (!rest.content.empty() && d.new_tokens()) content_from_last_token(d);
+    text::append(d.text, std::move(rest));
     finished_ = d.finished = true;
     settle(out);
   }
   if (first_call_only_) {
     std::erase_if(d.text.tool_calls, [](const text::ToolCallDelta& t) { return t.index > 0; });
   }
-  if (!d.text.content.empty() && d.new_tokens()) {
-    if (!content_tokens_.empty() && content_tokens_.back().second == d.tokens_from)
-      content_tokens_.back().second = d.tokens_to;
-    else
-      content_tokens_.emplace_back(d.tokens_from, d.tokens_to);
-  }
   return d;
+}
+
+void ChoiceOutput::content_from_last_token(ChoiceDelta& d) {
+  const size_t k = tokens_.size() - 1;
+  for (auto* spans : {&content_tokens_, &d.content_tokens}) {
+    if (!spans->empty() && spans->back().second > k) continue;  // the flush at the end: counted already
+    if (!spans->empty() && spans->back().second == k)
+      spans->back().second = k + 1;
+    else
+      spans->emplace_back(k, k + 1);
+  }
 }
 
 void ChoiceOutput::settle(const GenerateOutput& out) {

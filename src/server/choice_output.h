@@ -20,7 +20,8 @@ namespace moeserve::server {
 struct ChoiceDelta {
   text::OutputDelta text;                 // without an output parser, all new text is content
   size_t tokens_from = 0, tokens_to = 0;  // the new tokens: [from, to) of ChoiceOutput::tokens()/logprobs()
-  bool finished = false;                  // this event ended the choice
+  std::vector<std::pair<size_t, size_t>> content_tokens;  // those of them that wrote some of d.text.content
+  bool finished = false;                                  // this event ended the choice
   bool new_tokens() const { return tokens_to > tokens_from; }
 };
 
@@ -47,8 +48,8 @@ class ChoiceOutput {
   const std::vector<int32_t>& tokens() const { return tokens_; }
   const std::vector<LogprobEntry>& logprobs() const { return logprobs_; }
   const std::vector<LogprobEntry>& prompt_logprobs() const { return prompt_logprobs_; }
-  // The tokens of the answer's text (not reasoning, not tool calls): the [from, to) of each event that wrote
-  // some of it, what the Responses API's output_text logprobs cover.
+  // The tokens of the answer's text (not reasoning, not tool calls): spans [from, to) of the tokens that
+  // wrote some of it, what the Responses API's output_text logprobs cover.
   const std::vector<std::pair<size_t, size_t>>& content_tokens() const { return content_tokens_; }
   int64_t cached_tokens() const { return cached_tokens_; }
   // The whole output: parsed message (chat) and the text after stop strings (completions).
@@ -60,6 +61,8 @@ class ChoiceOutput {
  private:
   // The choice ended: its finish reason, stop reason and final message.
   void settle(const GenerateOutput& out);
+  // The newest token wrote some of the answer's text: content_tokens_ and d's spans cover it.
+  void content_from_last_token(ChoiceDelta& d);
 
   int index_;
   int prompt_index_;

@@ -66,7 +66,7 @@ class ResponsesEncoder : public ResponseEncoder {
     }
     if (!d.text.reasoning_content.empty()) out += text_delta(Open::kReasoning, d.text.reasoning_content);
     if (!d.text.content.empty())
-      out += text_delta(Open::kMessage, d.text.content, logprobs(c, {{d.tokens_from, d.tokens_to}}));
+      out += text_delta(Open::kMessage, d.text.content, logprobs(c, d.content_tokens));
     for (const auto& t : d.text.tool_calls) {
       if (!t.id.empty()) {
         out += close();

@@ -46,27 +46,11 @@ OutputDelta StreamingOutput::feed(std::string text) {
 }
 
 OutputDelta StreamingOutput::push(int32_t id) {
-  size_t taken = 0;
-  return push(std::span<const int32_t>(&id, 1), taken);
-}
-
-OutputDelta StreamingOutput::push(std::span<const int32_t> ids, size_t& taken) {
-  taken = 0;
   if (finished_ || stopped()) return {};
-  std::string text;
-  for (int32_t id : ids) {
-    ++taken;
-    if (!detok_) continue;
-    std::string piece = detok_->push(id);
-    if (!stop_) {
-      text += piece;
-      continue;
-    }
-    text += stop_->push(piece);
-    if (stop_->stopped()) {
-      if (include_stop_) text += stop_->matched();
-      break;
-    }
+  std::string text = detok_ ? detok_->push(id) : "";
+  if (stop_) {
+    text = stop_->push(text);
+    if (stop_->stopped() && include_stop_) text += stop_->matched();
   }
   return feed(std::move(text));
 }

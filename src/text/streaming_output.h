@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <optional>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -38,8 +37,6 @@ class StreamingOutput {
   // One generated token; returns the delta to send (often empty). After a stop string completes,
   // stopped() is true, the delta holds the text before it, and the request should end.
   OutputDelta push(int32_t id);
-  // Several tokens at once, up to the one that completes a stop string; `taken` receives how many were used.
-  OutputDelta push(std::span<const int32_t> ids, size_t& taken);
   // End of generation (eos, length limit or stop): flushes everything held back.
   OutputDelta finish();
 
