@@ -19,24 +19,30 @@ constexpr int kMaxExperts = 512;
 constexpr int kMaxTopK = 16;
 constexpr int kPerLane = kMaxExperts / 32;
 
-// One warp routes one token.
+// One warp routes one token. The row is read once, all its loads in flight together: three passes over it
+// in global memory, each load waiting on the one before, made routing 256 tokens in one block take 87 µs.
 __device__ __forceinline__ void route_token(const float* __restrict__ logits, int64_t row, int E, int k,
                                             bool renormalize, int32_t* __restrict__ ids,
                                             float* __restrict__ weights) {
   const int lane = threadIdx.x & 31;
   const float* l = logits + row * E;
-  float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-  mx = warp_max(mx);
-  float total = 0.0f;
-  for (int e = lane; e < E; e += 32) total += expf(l[e] - mx);
-  total = warp_sum(total);
   float p[kPerLane];
 #pragma unroll
+  for (int i = 0; i < kPerLane; ++i) p[i] = lane + 32 * i < E ? l[lane + 32 * i] : -INFINITY;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) mx = fmaxf(mx, p[i]);
+  mx = warp_max(mx);
+  float total = 0.0f;
+#pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + 32 * i;
-    p[i] = e < E ? expf(l[e] - mx) / total : -1.0f;  // taken and absent experts read as -1
+    p[i] = lane + 32 * i < E ? expf(p[i] - mx) : 0.0f;
+    total += p[i];
   }
+  total = warp_sum(total);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i)
+    p[i] = lane + 32 * i < E ? p[i] / total : -1.0f;  // taken and absent experts read as -1
   float chosen = 0.0f;
   for (int j = 0; j < k; ++j) {
     float bp = -1.0f;
@@ -115,8 +121,10 @@ __global__ void moe_plan_kernel(const int32_t* __restrict__ ids, int64_t P, int 
   plan_block(ids, P, E, tile, sorted, pair_row, items, num_items);
 }
 
-// Small batches: routing and planning in one launch (one block; warp w routes tokens w, w+32, ...).
-constexpr int64_t kFusedRouteMaxTokens = 256;
+// Small batches: routing and planning in one launch (one block; warp w routes tokens w, w+32, ...). Larger
+// ones route a token per warp over the whole GPU, then plan in one block: ncu, 64 tokens fused 25 µs, 256
+// tokens in two launches 6.7 + 6.4 µs; 16 tokens fused 10.5 µs.
+constexpr int64_t kFusedRouteMaxTokens = 16;
 __global__ void moe_route_plan_kernel(const float* __restrict__ logits, int64_t n, int E, int k,
                                       bool renormalize, int tile, int32_t* __restrict__ ids,
                                       float* __restrict__ weights, int32_t* __restrict__ sorted,
