@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/engine_core.h"
 #include "engine/model_runner.h"
+#include "forwarding_runner.h"
 #include "model/init_model.h"
 #include "model/qwen35.h"
 #include "requests.h"
@@ -68,39 +69,18 @@ struct Recording {
 // The real runner, recording into `recording` (when given; the test owns it, the engine the runner). With
 // `continuation` set, drafts are replaced by the known next tokens (an oracle: every draft accepted, so
 // verify steps keep 1..k+1 rows).
-class WatchedRunner : public ModelRunner {
+class WatchedRunner : public engine_test::ForwardingRunner {
  public:
   using Row = Recording::Row;
   WatchedRunner(const VisionMtpModel& m, std::vector<int32_t> continuation, Recording* recording = nullptr)
-      : inner_(make_qwen35_runner(m.weights, nullptr, &m.vision)),
+      : ForwardingRunner(make_qwen35_runner(m.weights, nullptr, &m.vision)),
         continuation_(std::move(continuation)),
         recording_(recording) {}
-
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t max_position_embeddings() const override { return inner_->max_position_embeddings(); }
-  std::vector<int32_t> eos_token_ids() const override { return inner_->eos_token_ids(); }
-  KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const override {
-    return inner_->kv_cache_spec(page_size, num_pages);
-  }
-  StateCacheSpec state_cache_spec(int num_slots) const override {
-    return inner_->state_cache_spec(num_slots);
-  }
-  int64_t hidden_size() const override { return inner_->hidden_size(); }
-  bool has_vision() const override { return inner_->has_vision(); }
-  int vision_merge_size() const override { return inner_->vision_merge_size(); }
-  std::vector<float> encode_images(std::span<const ImagePatches* const> images) override {
-    return inner_->encode_images(images);
-  }
-  bool has_mtp() const override { return true; }
-  void prepare_mtp() override { inner_->prepare_mtp(); }
-  KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const override {
-    return inner_->mtp_kv_cache_spec(page_size, num_pages);
-  }
 
   ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
     if (recording_)
       for (const SequenceStep& s : batch) record(s, recording_->model_rows);
-    return inner_->forward(batch, kv, state);
+    return ForwardingRunner::forward(batch, kv, state);
   }
   std::vector<int32_t> mtp_draft(std::span<const SequenceStep> batch, std::span<const int64_t> hidden_rows,
                                  bool from_forward, KvCache& kv) override {
@@ -109,7 +89,7 @@ class WatchedRunner : public ModelRunner {
       record(s, recording_->mtp_rows);
       recording_->mtp_feature_rows += int64_t(s.feature_rows.size());
     }
-    std::vector<int32_t> drafts = inner_->mtp_draft(batch, hidden_rows, from_forward, kv);
+    std::vector<int32_t> drafts = ForwardingRunner::mtp_draft(batch, hidden_rows, from_forward, kv);
     for (size_t i = 0; i < batch.size(); ++i) {
       // The step's last row: token t_{p+1} at position p drafts t_{p+2}.
       const size_t next = size_t(batch[i].start_pos + int64_t(batch[i].tokens.size())) + 1;
@@ -134,7 +114,6 @@ class WatchedRunner : public ModelRunner {
       rows[s.start_pos + s.feature_rows[i]].feature.assign(s.features.begin() + int64_t(i) * H,
                                                            s.features.begin() + int64_t(i + 1) * H);
   }
-  std::unique_ptr<ModelRunner> inner_;
   std::vector<int32_t> continuation_;
   Recording* recording_;
 };

@@ -12,17 +12,17 @@
 #include <utility>
 #include <vector>
 
-#include "engine/model_runner.h"
+#include "forwarding_runner.h"
 
 namespace moeserve::engine_test {
 
-class OracleDrafts : public ModelRunner {
+class OracleDrafts : public ForwardingRunner {
  public:
   // The draft after (position, token) is the token that followed it in the sequences learn() was shown,
   // except at a position that is a multiple of miss_every (then that token + 1, a wrong draft) or of
   // own_every (0: none; then the MTP layer's own draft stands). Elsewhere the MTP layer's draft stands.
   OracleDrafts(std::unique_ptr<ModelRunner> inner, int miss_every, int own_every = 0)
-      : inner_(std::move(inner)), miss_(miss_every), own_(own_every) {}
+      : ForwardingRunner(std::move(inner)), miss_(miss_every), own_(own_every) {}
   void learn(const std::vector<int32_t>& sequence) {
     for (size_t i = 0; i + 1 < sequence.size(); ++i) next_[{int64_t(i), sequence[i]}] = sequence[i + 1];
   }
@@ -30,15 +30,6 @@ class OracleDrafts : public ModelRunner {
   using Log = std::shared_ptr<std::vector<std::vector<int32_t>>>;
   Log verified() const { return verified_; }
 
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t max_position_embeddings() const override { return inner_->max_position_embeddings(); }
-  std::vector<int32_t> eos_token_ids() const override { return inner_->eos_token_ids(); }
-  KvCacheSpec kv_cache_spec(int page_size, int64_t num_pages) const override {
-    return inner_->kv_cache_spec(page_size, num_pages);
-  }
-  StateCacheSpec state_cache_spec(int num_slots) const override {
-    return inner_->state_cache_spec(num_slots);
-  }
   ForwardOutput forward(std::span<const SequenceStep> batch, KvCache& kv, StateCache& state) override {
     for (const SequenceStep& s : batch) {
       if (s.trail_slots.empty()) continue;
@@ -46,22 +37,13 @@ class OracleDrafts : public ModelRunner {
       step.insert(step.end(), s.tokens.begin(), s.tokens.end());
       verified_->push_back(std::move(step));
     }
-    return inner_->forward(batch, kv, state);
-  }
-  bool reduces_logits() const override { return inner_->reduces_logits(); }
-  int default_logit_candidates() const override { return inner_->default_logit_candidates(); }
-  int64_t cache_memory_available() const override { return inner_->cache_memory_available(); }
-  bool has_mtp() const override { return true; }
-  int64_t hidden_size() const override { return inner_->hidden_size(); }
-  void prepare_mtp() override { inner_->prepare_mtp(); }
-  KvCacheSpec mtp_kv_cache_spec(int page_size, int64_t num_pages) const override {
-    return inner_->mtp_kv_cache_spec(page_size, num_pages);
+    return ForwardingRunner::forward(batch, kv, state);
   }
   std::vector<int32_t> mtp_draft(std::span<const SequenceStep> batch, std::span<const int64_t> hidden_rows,
                                  bool from_forward, KvCache& kv) override {
     // The MTP layer runs whatever the oracle says: it writes its KV rows, and chained steps feed on its
     // hidden.
-    std::vector<int32_t> drafts = inner_->mtp_draft(batch, hidden_rows, from_forward, kv);
+    std::vector<int32_t> drafts = ForwardingRunner::mtp_draft(batch, hidden_rows, from_forward, kv);
     for (size_t i = 0; i < batch.size(); ++i) {
       // The step's last row: token t_{p+1} at position p drafts t_{p+2}.
       const int64_t position = batch[i].start_pos + int64_t(batch[i].tokens.size());
@@ -73,7 +55,6 @@ class OracleDrafts : public ModelRunner {
   }
 
  private:
-  std::unique_ptr<ModelRunner> inner_;
   int miss_, own_;
   std::map<std::pair<int64_t, int32_t>, int32_t> next_;
   Log verified_ = std::make_shared<std::vector<std::vector<int32_t>>>();
