@@ -4,7 +4,8 @@
 // every verify step whatever the model says; the output then is not the model's. Each line: drafts per step
 // k, forced accepted drafts A, the measured mean acceptance length (A + 1), decode ms per engine step and
 // tok/s, against plain decoding at the same batch size; "adaptive" rows run with the model's own (failing)
-// drafts and the adaptive pause on, the cost of speculation at acceptance 0.
+// drafts and the adaptive pause on, the cost of speculation at acceptance 0. "drafting" is the part of a step
+// the MTP layer's draft steps took (the rest is the verify forward and the engine's own work).
 // Run: build/bench/speculative_bench [--device cuda] [--preset 35b-a3b] [--batches 1,16] [--steps 1,2,3,4]
 //      [--logit-candidates 0]
 #include <fmt/format.h>
@@ -38,8 +39,9 @@ struct Options {
 using Clock = std::chrono::steady_clock;
 
 struct Measured {
-  double step_ms = 0;  // wall time per engine step while decoding
-  double tok_s = 0;    // generated tokens per second while decoding
+  double step_ms = 0;   // wall time per engine step while decoding
+  double draft_ms = 0;  // of which the MTP layer drafting
+  double tok_s = 0;     // generated tokens per second while decoding
   double acceptance_length = 0;
 };
 
@@ -82,7 +84,9 @@ Measured measure(const ModelWeights& weights, Backend& backend, const Options& o
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   const EngineStats after = engine->stats();
   Measured m;
-  m.step_ms = 1e3 * s / double(std::max<uint64_t>(after.steps - before.steps, 1));
+  const double steps = double(std::max<uint64_t>(after.steps - before.steps, 1));
+  m.step_ms = 1e3 * s / steps;
+  m.draft_ms = 1e3 * (after.spec_draft_seconds - before.spec_draft_seconds) / steps;
   m.tok_s = double(tokens) / s;
   m.acceptance_length =
       after.spec_drafts ? 1.0 + double(after.spec_accepted_tokens) / double(after.spec_drafts) : 1.0;
@@ -104,12 +108,14 @@ int run(const Options& o) {
                 plain.tok_s);
     for (int k : o.steps) {
       const Measured a = measure(weights, *backend, o, batch, k, -1, true);
-      std::printf("batch %3d k=%d adaptive, length %.2f %8.3f ms/step %9.1f tok/s  %5.2fx\n", batch, k,
-                  a.acceptance_length, a.step_ms, a.tok_s, a.tok_s / plain.tok_s);
+      std::printf(
+          "batch %3d k=%d adaptive, length %.2f %8.3f ms/step %9.1f tok/s  %5.2fx  drafting %.3f ms\n", batch,
+          k, a.acceptance_length, a.step_ms, a.tok_s, a.tok_s / plain.tok_s, a.draft_ms);
       for (int forced = 0; forced <= k; ++forced) {
         const Measured m = measure(weights, *backend, o, batch, k, forced, false);
-        std::printf("batch %3d k=%d forced %d, length %.2f %8.3f ms/step %9.1f tok/s  %5.2fx\n", batch, k,
-                    forced, m.acceptance_length, m.step_ms, m.tok_s, m.tok_s / plain.tok_s);
+        std::printf(
+            "batch %3d k=%d forced %d, length %.2f %8.3f ms/step %9.1f tok/s  %5.2fx  drafting %.3f ms\n",
+            batch, k, forced, m.acceptance_length, m.step_ms, m.tok_s, m.tok_s / plain.tok_s, m.draft_ms);
       }
     }
   }

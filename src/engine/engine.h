@@ -267,6 +267,7 @@ struct EngineStats {
   uint64_t spec_draft_tokens = 0;               // tokens drafted
   uint64_t spec_accepted_tokens = 0;            // drafted tokens accepted
   std::vector<uint64_t> spec_accepted_per_pos;  // [i]: drafts accepted at position i of their step
+  double spec_draft_seconds = 0;                // the MTP layer drafting, wall time on the engine thread
   // Images (docs/vision.md).
   uint64_t images_encoded = 0;
   uint64_t image_patches_encoded = 0;

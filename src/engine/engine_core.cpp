@@ -538,8 +538,11 @@ void EngineCore::draft(std::span<const DraftJob> jobs) {
   auto reserve = [&](Request* r, int64_t tokens) { return cache_->reserve(r->cache, tokens); };
   std::vector<FinalRows> finals = std::move(finals_);
   finals_.clear();
+  const auto start = std::chrono::steady_clock::now();
   try {
     spec_->draft(finals, jobs, room, reserve);
+    counters_.spec_draft_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } catch (const std::exception& e) {
     // Drafts only ever save time: without them every request decodes plainly.
     spdlog::error("engine: MTP drafting failed: {}", e.what());
