@@ -189,7 +189,7 @@ class OpsBench {
         experts.push_back(
             {matrix(dt, I, H, 100 + 3 * e), matrix(dt, I, H, 101 + 3 * e), matrix(dt, H, I, 102 + 3 * e)});
       const double expert_bytes = 3.0 * H * I * dtype_size(dt);
-      for (int64_t n : {1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192}) {
+      for (int64_t n : {1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}) {
         const int variants = n <= 64 ? 8 : 1;  // fresh routing per call
         std::vector<float*> logits;
         for (int v = 0; v < variants; ++v) logits.push_back(floats(size_t(n * E), 200 + v, 3.0f));

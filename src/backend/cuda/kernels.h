@@ -229,10 +229,11 @@ struct MoeScratch {
   uint16_t* xb = nullptr;        // [P][hidden] bf16 gathered inputs (tensor-core and pipelined paths)
   float* y = nullptr;            // [P][hidden]
 };
-constexpr int kMoeSimtTile = 8;      // tokens per work item, SIMT path
-constexpr int kMoeMmaMidTile = 16;   // tokens per work item, mid-size MMA path with many pairs per expert
-constexpr int kMoeMmaWideTile = 32;  // tokens per work item, pipelined MMA items with more pairs per expert
-constexpr int kMoeMmaTile = 64;      // tokens per work item, tensor-core path
+constexpr int kMoeSimtTile = 8;        // tokens per work item, SIMT path
+constexpr int kMoeMmaMidTile = 16;     // tokens per work item, mid-size MMA path with many pairs per expert
+constexpr int kMoeMmaWideTile = 32;    // tokens per work item, pipelined MMA items with more pairs per expert
+constexpr int kMoeMmaTile = 64;        // tokens per work item, tensor-core path
+constexpr int kMoeMmaLargeTile = 128;  // the same once experts average many rows (bf16 operands only)
 // Rows per work item for n tokens: kMoeMmaTile, kMoeMmaMidTile, kMoeSimtTile, or 1 when pairs are spread thin
 // (decode).
 // exact (BackendOptions::fp32_matmul): no path that rounds the activations.
@@ -245,8 +246,8 @@ bool moe_mma_supported(const ExpertTable& t);
 int64_t moe_grouped_min_pairs(const ExpertTable& t);
 // The tensor-core experts (moe_mma.cu) over the plan's items: gathers x as bf16 into s.xb, h = silu(gate) *
 // up into s.h (bf16), y into s.y.
-void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int top_k, int64_t max_items,
-                            const MoeScratch& s, cudaStream_t stream);
+void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int top_k, int tile,
+                            int64_t max_items, const MoeScratch& s, cudaStream_t stream);
 // FP8 weights in 128x128 blocks: the experts' activations are quantized to e4m3 per row and 128 columns
 // (fp8_quant.cuh), as the FP8 prefill matmuls, SGLang and vLLM take them, so the MMA is FP8 x FP8.
 bool moe_fp8_activations(const ExpertTable& t);
@@ -271,6 +272,9 @@ bool moe_items_pipe_enabled();
 // Pairs per expert (on average) from which the pipelined items take kMoeMmaWideTile rows
 // (MOESERVE_CUDA_MOE_WIDE_ITEMS_MIN to measure).
 int64_t moe_wide_items_min_pairs_per_expert();
+// Pairs per expert (on average) from which the grouped GEMM takes items of kMoeMmaLargeTile rows
+// (MOESERVE_CUDA_MOE_LARGE_TILE_MIN to measure).
+int64_t moe_large_tile_min_pairs_per_expert();
 bool moe_items_pipe_supported(const ExpertTable& t);
 bool moe_items_pipe_used(const ExpertTable& t, int tile, bool tensor_cores, bool exact);
 void launch_moe_items_pipe(const ExpertTable& t, const float* x, int64_t n, int top_k, int tile,

@@ -601,7 +601,7 @@ template <WType T>
 void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, bool tensor_cores, int tile,
                  bool exact, int64_t max_items, const MoeScratch& s, cudaStream_t stream) {
   if (tensor_cores) {
-    launch_moe_grouped_mma(t, x, n, top_k, max_items, s, stream);
+    launch_moe_grouped_mma(t, x, n, top_k, tile, max_items, s, stream);
     return;
   }
   const bool vec = (t.hidden % W<T>::kVec == 0) && (t.inter % W<T>::kVec == 0) &&
@@ -911,9 +911,22 @@ int64_t moe_grouped_min_pairs(const ExpertTable& t) {
   return t.type == WType::FP8 ? 12288 : 6144;
 }
 
+int64_t moe_large_tile_min_pairs_per_expert() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("MOESERVE_CUDA_MOE_LARGE_TILE_MIN");
+    return e ? std::atoll(e) : int64_t(128);
+  }();
+  return v;
+}
+
 int moe_tile(const ExpertTable& t, int64_t n, int top_k, bool tensor_cores, bool exact) {
-  if (tensor_cores) return kMoeMmaTile;
   const int64_t pairs = n * top_k;
+  if (tensor_cores) {
+    // Items of 128 rows once an expert averages that many (bf16 operands; FP8 x FP8 keeps 64).
+    const bool large =
+        !moe_fp8_activations(t) && pairs >= moe_large_tile_min_pairs_per_expert() * int64_t(t.experts);
+    return large ? kMoeMmaLargeTile : kMoeMmaTile;
+  }
   // Few pairs per expert (decode): one row per work item, so no warp reduces accumulators it does not use.
   if (pairs <= 2 * int64_t(t.experts) / 8) return 1;
   // MMA items of 16 rows (activations rounded to bf16 once) once an expert averages 6 tokens: most would
