@@ -67,9 +67,10 @@ constexpr int64_t kGemvMaxRows = 8;
 constexpr int64_t kTensorCoreMinRows = 512;
 
 // FP8 matmuls of fp8_mma_min_rows()..fp8_mma_max_rows() rows run on tensor cores over the FP8 bytes
-// (launch_gemm_fp8_mma): up to 8 rows instead of the GEMV (whose float32 FMAs are bound by loading x), above
+// (launch_gemm_mma): up to 8 rows instead of the GEMV (whose float32 FMAs are bound by loading x), above
 // instead of widening the matrix to bf16 for cuBLAS. MOESERVE_CUDA_FP8_MMA_MIN_ROWS / _MAX_ROWS move the
-// bounds (for measuring; MAX 0 turns the path off).
+// bounds (for measuring; MAX 0 turns the path off). bf16 matmuls of 3..8 rows take the same kernels
+// (MOESERVE_CUDA_BF16_MMA=0: the GEMV, for measuring); from 9 rows cuBLAS.
 int64_t env_rows(const char* name, int64_t fallback) {
   const char* e = std::getenv(name);
   return e ? std::atoll(e) : fallback;
@@ -86,6 +87,21 @@ int64_t fp8_mma_min_rows() {
 }
 int64_t fp8_mma_max_rows() {
   static const int64_t v = env_rows("MOESERVE_CUDA_FP8_MMA_MAX_ROWS", 64);
+  return v;
+}
+// bf16 at 3..8 rows: the GEMV's 8-token kernel (5..8 rows) moves half the bytes per second of its 1..4-token
+// ones, and at 3..4 rows the MMA still wins on the layers' matrices (8192x2048 at 4 rows 16.4 against
+// 19.5 us; at 2 rows a model step was slower); the 248320-row lm_head streams faster as a 4-token GEMV
+// (358 against 401 us), so matrices taller than this keep the GEMV up to 4 rows (cuda_ops_bench gemv).
+constexpr int64_t kBf16MmaTallRows = 65536;
+// bf16 experts of prefill-sized batches run as cuBLAS grouped GEMMs from this many routed pairs per expert
+// on average (MOESERVE_CUDA_MOE_CUBLAS_MIN; a huge value keeps the backend's grouped kernel, for measuring).
+int64_t cublas_moe_min_pairs_per_expert() {
+  static const int64_t v = env_rows("MOESERVE_CUDA_MOE_CUBLAS_MIN", 128);
+  return v;
+}
+bool bf16_mma_enabled() {
+  static const bool v = env_rows("MOESERVE_CUDA_BF16_MMA", 1) != 0;
   return v;
 }
 // Matrices of few outputs (router, gates, GDN b/a) take cuBLAS's float32 GEMM over a float32 copy of the
@@ -479,10 +495,10 @@ class CudaBackend final : public Backend, public CacheMemory {
     // router's top-k.
     // FP8 at decode and batched-decode sizes: tensor cores over the FP8 bytes (≤ 8 rows as exact as the
     // GEMV; more: activations rounded to bf16 as below).
-    if (fp8_mma(v, x, n)) {
-      auto scratch = allocate((cuda::gemm_fp8_mma_scratch_bytes(n, v.cols) + 3) / 4);
+    if (small_mma(v, x, n)) {
+      auto scratch = allocate((cuda::gemm_mma_scratch_bytes(n, v.cols) + 3) / 4);
       if (auto op = start(label, x, n, v.data, y, scratch.get()))
-        cuda::launch_gemm_fp8_mma(x, n, &v, &y, 1, scratch.get(), stream_);
+        cuda::launch_gemm_mma(x, n, &v, &y, 1, scratch.get(), stream_);
       return;
     }
     if (n <= kGemvMaxRows || v.rows < kTensorCoreMinRows) {
@@ -781,6 +797,10 @@ class CudaBackend final : public Backend, public CacheMemory {
     const int64_t P = n * top_k;
     const bool tc =
         !fp32_matmul_ && P >= cuda::moe_grouped_min_pairs(table) && cuda::moe_mma_supported(table);
+    if (tc && cublas_experts(table, n, top_k)) {
+      moe_experts_cublas(experts, table, router_logits, top_k, renormalize, x, n, out);
+      return;
+    }
     const int tile = cuda::moe_tile(table, n, top_k, tc, fp32_matmul_);
     const int64_t max_items = cuda::moe_max_items(P, table.experts, tile);
     auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
@@ -805,6 +825,93 @@ class CudaBackend final : public Backend, public CacheMemory {
                         s.y, table.gate))
       cuda::launch_moe(table, router_logits, top_k, renormalize, x, n, tile, tc, fp32_matmul_, s, out,
                        stream_);
+  }
+
+  // Prefill-sized bf16 experts on cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx), which outruns the
+  // backend's grouped kernel there (docs/cuda.md). It needs each expert's row count on the host: routing and
+  // the plan run on the device as in launch_moe (one item per chosen expert), then the item table comes back
+  // (a synchronisation, so eager steps only; graph-recorded steps keep the kernel). Gate and up write bf16
+  // rows [gate | up], silu * up makes h, down writes bf16 rows (cuBLAS's grouped GEMM has no float32 output
+  // for bf16 inputs), and the combine adds them with the routing weights.
+  bool cublas_experts(const cuda::ExpertTable& t, int64_t n, int top_k) const {
+    return mode_ == Mode::Eager && t.type == WType::BF16 && t.hidden % 8 == 0 && t.inter % 8 == 0 &&
+           n * top_k >= cublas_moe_min_pairs_per_expert() * t.experts;
+  }
+
+  // One cublasGemmGroupedBatchedEx call's host arrays: a group per problem (row counts differ per expert).
+  struct GroupedGemm {
+    std::vector<cublasOperation_t> ta, tb;
+    std::vector<int> m, n, k, lda, ldb, ldc, sizes;
+    std::vector<float> alpha, beta;
+    std::vector<const void*> a, b;
+    std::vector<void*> c;
+    // Row-major out[rows][ldc] (from column 0 of c) = x[rows][K] (row stride ldx) · w[N][K]ᵀ, all bf16.
+    void add(const void* w, int64_t N, int64_t K, const void* x, int64_t ldx, void* out, int64_t ld_out,
+             int64_t rows) {
+      ta.push_back(CUBLAS_OP_T), tb.push_back(CUBLAS_OP_N);
+      m.push_back(int(N)), n.push_back(int(rows)), k.push_back(int(K));
+      lda.push_back(int(K)), ldb.push_back(int(ldx)), ldc.push_back(int(ld_out));
+      sizes.push_back(1), alpha.push_back(1.0f), beta.push_back(0.0f);
+      a.push_back(w), b.push_back(x), c.push_back(out);
+    }
+  };
+
+  void run_grouped(const GroupedGemm& g) {
+    const auto* a = static_cast<const void* const*>(stage(g.a.data(), g.a.size() * sizeof(void*)));
+    const auto* b = static_cast<const void* const*>(stage(g.b.data(), g.b.size() * sizeof(void*)));
+    auto* c = static_cast<void* const*>(const_cast<void*>(stage(g.c.data(), g.c.size() * sizeof(void*))));
+    CUBLAS_OK(cublasGemmGroupedBatchedEx(
+        cublas_, g.ta.data(), g.tb.data(), g.m.data(), g.n.data(), g.k.data(), g.alpha.data(), a, CUDA_R_16BF,
+        g.lda.data(), b, CUDA_R_16BF, g.ldb.data(), g.beta.data(), c, CUDA_R_16BF, g.ldc.data(),
+        int(g.sizes.size()), g.sizes.data(), CUBLAS_COMPUTE_32F));
+  }
+
+  void moe_experts_cublas(std::span<const SwiGlu> experts, const cuda::ExpertTable& t,
+                          const float* router_logits, int top_k, bool renormalize, const float* x, int64_t n,
+                          float* out) {
+    const int64_t P = n * top_k, H = t.hidden, I = t.inter;
+    const int64_t max_items = cuda::moe_max_items(P, t.experts, int(P));
+    auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
+    auto ids = ints(P), weights = allocate(size_t(P)), sorted = ints(P), pair_row = ints(P);
+    auto items = ints(3 * max_items), num_items = ints(1);
+    // bf16 rows, two per float: gathered x, [gate | up], h, y.
+    auto xb = allocate(size_t((P * H + 1) / 2)), gu = allocate(size_t(P * I)),
+         h = allocate(size_t((P * I + 1) / 2)), y = allocate(size_t((P * H + 1) / 2));
+    cuda::MoeScratch s;
+    s.ids = reinterpret_cast<int32_t*>(ids.get());
+    s.weights = weights.get();
+    s.sorted = reinterpret_cast<int32_t*>(sorted.get());
+    s.pair_row = reinterpret_cast<int32_t*>(pair_row.get());
+    s.items = reinterpret_cast<int32_t*>(items.get());
+    s.num_items = reinterpret_cast<int32_t*>(num_items.get());
+    s.xb = reinterpret_cast<uint16_t*>(xb.get());
+    s.y = y.get();
+    auto op = start("moe_experts", router_logits, top_k, renormalize, x, n, out, s.ids, s.xb, s.y, t.gate);
+    if (!op) return;
+    cuda::launch_moe_route(t, router_logits, top_k, renormalize, n, int(P), s, stream_);
+    cuda::launch_moe_gather_bf16(x, P, H, top_k, s.sorted, s.xb, stream_);
+    std::vector<int32_t> plan(size_t(1 + 3 * max_items));
+    CUDA_OK(cudaMemcpyAsync(plan.data(), s.num_items, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    CUDA_OK(cudaMemcpyAsync(plan.data() + 1, s.items, size_t(3 * max_items) * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    const auto* xrows = reinterpret_cast<const uint16_t*>(xb.get());
+    auto* gurows = reinterpret_cast<uint16_t*>(gu.get());
+    auto* hrows = reinterpret_cast<uint16_t*>(h.get());
+    auto* yrows = reinterpret_cast<uint16_t*>(y.get());
+    GroupedGemm gate_up, down;
+    for (int i = 0; i < plan[0]; ++i) {
+      const int32_t e = plan[size_t(1 + 3 * i)], first = plan[size_t(2 + 3 * i)],
+                    rows = plan[size_t(3 + 3 * i)];
+      const SwiGlu& w = experts[size_t(e)];
+      gate_up.add(weight(w.gate).data, I, H, xrows + first * H, H, gurows + first * 2 * I, 2 * I, rows);
+      gate_up.add(weight(w.up).data, I, H, xrows + first * H, H, gurows + first * 2 * I + I, 2 * I, rows);
+      down.add(weight(w.down).data, H, I, hrows + first * I, I, yrows + first * H, H, rows);
+    }
+    run_grouped(gate_up);
+    cuda::launch_moe_silu_mul_bf16(gurows, P, I, hrows, stream_);
+    run_grouped(down);
+    cuda::launch_moe_combine(t, n, top_k, s, /*bf16_y=*/true, out, stream_);
   }
 
   void add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows,
@@ -896,11 +1003,11 @@ class CudaBackend final : public Backend, public CacheMemory {
         WeightView all = v[0];
         all.rows = rows;
         bool mma = true;
-        for (size_t i = 0; i < count; ++i) mma = mma && fp8_mma(v[i], x, n, /*any_rows=*/true);
+        for (size_t i = 0; i < count; ++i) mma = mma && small_mma(v[i], x, n, /*any_rows=*/true);
         if (mma) {
-          auto scratch = allocate((cuda::gemm_fp8_mma_scratch_bytes(n, v[0].cols) + 3) / 4);
+          auto scratch = allocate((cuda::gemm_mma_scratch_bytes(n, v[0].cols) + 3) / 4);
           if (auto op = start(matmul_label(all), x, n, args, scratch.get()))
-            cuda::launch_gemm_fp8_mma(x, n, v, ys.data(), int(count), scratch.get(), stream_);
+            cuda::launch_gemm_mma(x, n, v, ys.data(), int(count), scratch.get(), stream_);
           return;
         }
         if (auto op = start(matmul_label(all), x, n, args))
@@ -1176,18 +1283,24 @@ class CudaBackend final : public Backend, public CacheMemory {
     return false;
   }
 
-  // "matmul ROWSxCOLS" for the profile (stable storage, so the op name can be a const char*).
-  // Whether an FP8 matmul of n rows takes the tensor-core path. Matrices of few rows (router, gates, GDN b/a)
-  // keep float32 activations from 9 rows; up to 8 the path is as exact as the GEMV, so matmul_n's segments
-  // may be small (any_rows).
-  bool fp8_mma(const WeightView& v, const float* x, int64_t n, bool any_rows = false) const {
-    if (v.type != WType::FP8 || fp32_matmul_ || n < fp8_mma_min_rows() || n > fp8_mma_max_rows())
+  // Whether an n-row matmul over v takes the small-batch tensor-core kernels (launch_gemm_mma): FP8 at
+  // fp8_mma_min_rows()..fp8_mma_max_rows(), bf16 at 3..8 (kBf16MmaTallRows). Matrices of few rows (router,
+  // gates, GDN b/a) keep float32 activations from 9 rows; up to 8 the path is as exact as the GEMV, so
+  // matmul_n's segments may be small (any_rows).
+  bool small_mma(const WeightView& v, const float* x, int64_t n, bool any_rows = false) const {
+    if (fp32_matmul_) return false;
+    if (v.type == WType::FP8) {
+      if (n < fp8_mma_min_rows() || n > fp8_mma_max_rows()) return false;
+    } else if (v.type != WType::BF16 || !bf16_mma_enabled() || n < 3 || n > kGemvMaxRows ||
+               (n <= 4 && v.rows > kBf16MmaTallRows)) {
       return false;
+    }
     if (n > kGemvMaxRows && v.rows < kTensorCoreMinRows) return false;
     if (!any_rows && n <= kGemvMaxRows && v.rows < kTensorCoreMinRows) return false;
-    return cuda::gemm_fp8_mma_supported(v) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    return cuda::gemm_mma_supported(v) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   }
 
+  // "matmul ROWSxCOLS" for the profile (stable storage, so the op name can be a const char*).
   const char* matmul_label(const WeightView& v) {
     if (!profiling_) return "matmul";
     auto& label = matmul_labels_[{v.rows, v.cols}];

@@ -3,6 +3,9 @@
 //
 //   y[t][r] = Σ_b scale[r / block_rows][b] · Σ_{k in block b} w[r][k] · x[t][k]
 //
+// bf16 weights take the same kernels at 3-8 rows (no scales; 256 bytes per row and chunk), where the
+// float32 GEMV's loads of x bound it: the MMA reads each x fragment once per 32 rows.
+//
 // Two launches. The first writes x as bf16 MMA fragments in the order the second reads them (one 2 KB run
 // per chunk, token tile and term, 64 bytes per lane): coalesced 16-byte loads of half the bytes and no
 // conversion in the main loop. Up to 8 rows x is split into three bf16 terms (float32 accuracy: the GEMV's
@@ -73,9 +76,10 @@ __device__ __forceinline__ void load_fragments(const uint4* __restrict__ src,
 // One chunk at a time in ≤ 128 registers: two blocks of up to 8 warps per multiprocessor, the bytes in flight
 // coming from many warps. (Loading the next chunk's weights and fragments ahead took ~220 registers, one
 // block per multiprocessor, and was slower: 8192x2048 at 16 rows 18.8 us against 13.3.)
-template <int kNT, int kTerms>
-__global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_fp8_mma_kernel(const uint4* __restrict__ xf,
-                                                                          int64_t n, MmaSegments segs) {
+template <WType T, int kNT, int kTerms>
+__global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_mma_kernel(const uint4* __restrict__ xf, int64_t n,
+                                                                      MmaSegments segs) {
+  constexpr int kBytes = T == WType::FP8 ? 1 : 2;
   int seg = 0;
   while (seg + 1 < segs.count && int(blockIdx.y) >= segs.first_tile[seg + 1]) ++seg;
   WeightView w = segs.w[0];
@@ -90,12 +94,13 @@ __global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_fp8_mma_kernel(const 
   const uint8_t* wp[4];  // rows g, g+8 (m tile 0), g+16, g+24 (m tile 1), clamped to the matrix
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    wp[i] =
-        static_cast<const uint8_t*>(w.data) + imin<int64_t>(row_base + g + 8 * i, w.rows - 1) * K + 16 * q;
-  const float* srow = fp8_scale_row(w, row_base);  // the 32 rows share a row block (block_rows % 32 == 0)
-  if (threadIdx.x == 0 && blockIdx.x == 0) {       // these rows into L2 while the previous kernel runs
+    wp[i] = static_cast<const uint8_t*>(w.data) +
+            imin<int64_t>(row_base + g + 8 * i, w.rows - 1) * K * kBytes + 16 * kBytes * q;
+  // FP8: the 32 rows share a row block (block_rows % 32 == 0).
+  const float* srow = T == WType::FP8 ? fp8_scale_row(w, row_base) : nullptr;
+  if (threadIdx.x == 0 && blockIdx.x == 0) {  // these rows into L2 while the previous kernel runs
     const int64_t rows = imin<int64_t>(kMmaWarpRows, w.rows - row_base);
-    prefetch_l2(static_cast<const uint8_t*>(w.data) + row_base * K, uint32_t(rows * K));
+    prefetch_l2(static_cast<const uint8_t*>(w.data) + row_base * K * kBytes, uint32_t(rows * K * kBytes));
   }
   pdl_begin();
   // This block's token group; a chunk's fragments for it are kNT * kTerms runs of 2 KB.
@@ -103,19 +108,26 @@ __global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_fp8_mma_kernel(const 
   const int64_t chunk_stride = int64_t(kNT) * kTerms * 32 * 4;
   float acc[2][kNT][4] = {};
   for (int c = warp; c < chunks; c += splits) {
-    uint4 wv[4][2];
     uint32_t xc[kNT][kTerms][2][8];
-    load_w_fragment(wp, int64_t(c) * kMmaChunk, wv);
-    load_fragments<kNT, kTerms>(xg + c * chunk_stride, xc);
-    const float sc = __ldg(srow + c);
-    float part[2][kNT][4] = {};
-    mma_chunk<kNT, kTerms>(wv, xc, part);
+    if constexpr (T == WType::FP8) {
+      uint4 wv[4][2];
+      load_w_fragment(wp, int64_t(c) * kMmaChunk, wv);
+      load_fragments<kNT, kTerms>(xg + c * chunk_stride, xc);
+      const float sc = __ldg(srow + c);
+      float part[2][kNT][4] = {};
+      mma_chunk<kNT, kTerms>(wv, xc, part);
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
+      for (int m = 0; m < 2; ++m)
 #pragma unroll
-      for (int j = 0; j < kNT; ++j)
+        for (int j = 0; j < kNT; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[m][j][e] = fmaf(sc, part[m][j][e], acc[m][j][e]);
+          for (int e = 0; e < 4; ++e) acc[m][j][e] = fmaf(sc, part[m][j][e], acc[m][j][e]);
+    } else {
+      uint4 wv[4][2][2];
+      load_w_fragment_bf16(wp, int64_t(c) * kMmaChunk * 2, wv);
+      load_fragments<kNT, kTerms>(xg + c * chunk_stride, xc);
+      mma_chunk_bf16<kNT, kTerms>(wv, xc, acc);
+    }
   }
 
   // The warps' sums, added in warp order: red[warp][value][lane].
@@ -153,7 +165,7 @@ __global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_fp8_mma_kernel(const 
       }
 }
 
-template <int kNT, int kTerms>
+template <WType T, int kNT, int kTerms>
 void launch_tiles(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count, void* scratch,
                   cudaStream_t s) {
   const int64_t K = ws[0].cols, chunks = K / kMmaChunk, groups = (n + 8 * kNT - 1) / (8 * kNT);
@@ -172,29 +184,33 @@ void launch_tiles(const float* x, int64_t n, const WeightView* ws, float* const*
   const int64_t want = (132 * 2 * kMaxSplits + tiles * groups - 1) / (tiles * groups);
   const int splits = int(std::max<int64_t>(1, imin<int64_t>(imin<int64_t>(want, kMaxSplits), chunks)));
   const dim3 grid{unsigned(groups), unsigned(tiles)}, block{unsigned(32 * splits)};
-  launch_k(gemm_fp8_mma_kernel<kNT, kTerms>, grid, block, 0, s, static_cast<const uint4*>(xf), n, segs);
+  launch_k(gemm_mma_kernel<T, kNT, kTerms>, grid, block, 0, s, static_cast<const uint4*>(xf), n, segs);
 }
 
 }  // namespace
 
-bool gemm_fp8_mma_supported(const WeightView& w) {
-  return w.type == WType::FP8 && w.block_cols == kMmaChunk && w.block_rows > 0 &&
-         w.block_rows % kMmaWarpRows == 0 && w.cols % kMmaChunk == 0 && w.cols > 0 &&
-         w.scale_inv != nullptr && reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+bool gemm_mma_supported(const WeightView& w) {
+  const bool layout = w.cols % kMmaChunk == 0 && w.cols > 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+  if (w.type == WType::BF16) return layout;
+  return layout && w.type == WType::FP8 && w.block_cols == kMmaChunk && w.block_rows > 0 &&
+         w.block_rows % kMmaWarpRows == 0 && w.scale_inv != nullptr;
 }
 
-size_t gemm_fp8_mma_scratch_bytes(int64_t n, int64_t cols) {
+size_t gemm_mma_scratch_bytes(int64_t n, int64_t cols) {
   // Up to 8 rows: one tile of three terms; else 16-token groups of one term. 2 bytes per term and value.
   return n <= 8 ? size_t(8 * cols * 3 * 2) : size_t((n + 15) / 16 * 16 * cols * 2);
 }
 
-void launch_gemm_fp8_mma(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
-                         void* scratch, cudaStream_t s) {
+void launch_gemm_mma(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
+                     void* scratch, cudaStream_t s) {
   if (n == 0 || count == 0) return;
-  if (n <= 8)
-    launch_tiles<1, 3>(x, n, ws, ys, count, scratch, s);
-  else
-    launch_tiles<2, 1>(x, n, ws, ys, count, scratch, s);
+  if (ws[0].type == WType::BF16) {  // the backend sends ≤ 8 rows (more run as token groups of 8)
+    launch_tiles<WType::BF16, 1, 3>(x, n, ws, ys, count, scratch, s);
+  } else if (n <= 8) {
+    launch_tiles<WType::FP8, 1, 3>(x, n, ws, ys, count, scratch, s);
+  } else {
+    launch_tiles<WType::FP8, 2, 1>(x, n, ws, ys, count, scratch, s);
+  }
 }
 
 }  // namespace moeserve::cuda

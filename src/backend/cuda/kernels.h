@@ -109,14 +109,14 @@ void launch_gemv_multi(const float* x, int64_t n, const WeightView* ws, float* c
 // h = silu(x gateᵀ) * (x upᵀ) for small batches, one pass over both matrices.
 void launch_gemv_swiglu(const float* x, int64_t n, const WeightView& gate, const WeightView& up, float* h,
                         cudaStream_t s);
-// FP8 weights with 128-column block scales against a few activation rows (batched decode) on bf16 tensor
-// cores, the weights read once as FP8 (gemm_fp8.cu): ys[i] = x ws[i]ᵀ for count ≤ kGemvMaxSegments matrices
-// of equal width. ≤ 8 rows: float32 accuracy (x split into three bf16 terms); more: x rounded to bf16. x
-// rows 16-byte aligned; scratch (device) holds gemm_fp8_mma_scratch_bytes.
-bool gemm_fp8_mma_supported(const WeightView& w);
-size_t gemm_fp8_mma_scratch_bytes(int64_t n, int64_t cols);
-void launch_gemm_fp8_mma(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
-                         void* scratch, cudaStream_t s);
+// FP8 weights with 128-column block scales, or bf16 weights, against a few activation rows (batched decode)
+// on bf16 tensor cores, the weights read once as stored (gemm_fp8.cu): ys[i] = x ws[i]ᵀ for count ≤
+// kGemvMaxSegments matrices of one dtype and width. ≤ 8 rows: float32 accuracy (x split into three bf16
+// terms); more: x rounded to bf16. x rows 16-byte aligned; scratch (device) holds gemm_mma_scratch_bytes.
+bool gemm_mma_supported(const WeightView& w);
+size_t gemm_mma_scratch_bytes(int64_t n, int64_t cols);
+void launch_gemm_mma(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
+                     void* scratch, cudaStream_t s);
 // Tiled float32 GEMM over any weight dtype (exact mode and dtypes cuBLAS does not take).
 void launch_gemm_simt(const float* x, int64_t n, const WeightView& w, float* y, cudaStream_t s);
 
@@ -229,11 +229,10 @@ struct MoeScratch {
   uint16_t* xb = nullptr;        // [P][hidden] bf16 gathered inputs (tensor-core and pipelined paths)
   float* y = nullptr;            // [P][hidden]
 };
-constexpr int kMoeSimtTile = 8;        // tokens per work item, SIMT path
-constexpr int kMoeMmaMidTile = 16;     // tokens per work item, mid-size MMA path with many pairs per expert
-constexpr int kMoeMmaWideTile = 32;    // tokens per work item, pipelined MMA items with more pairs per expert
-constexpr int kMoeMmaTile = 64;        // tokens per work item, tensor-core path
-constexpr int kMoeMmaLargeTile = 128;  // the same once experts average many rows (bf16 operands only)
+constexpr int kMoeSimtTile = 8;      // tokens per work item, SIMT path
+constexpr int kMoeMmaMidTile = 16;   // tokens per work item, mid-size MMA path with many pairs per expert
+constexpr int kMoeMmaWideTile = 32;  // tokens per work item, pipelined MMA items with more pairs per expert
+constexpr int kMoeMmaTile = 64;      // tokens per work item, tensor-core path
 // Rows per work item for n tokens: kMoeMmaTile, kMoeMmaMidTile, kMoeSimtTile, or 1 when pairs are spread thin
 // (decode).
 // exact (BackendOptions::fp32_matmul): no path that rounds the activations.
@@ -246,8 +245,8 @@ bool moe_mma_supported(const ExpertTable& t);
 int64_t moe_grouped_min_pairs(const ExpertTable& t);
 // The tensor-core experts (moe_mma.cu) over the plan's items: gathers x as bf16 into s.xb, h = silu(gate) *
 // up into s.h (bf16), y into s.y.
-void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int top_k, int tile,
-                            int64_t max_items, const MoeScratch& s, cudaStream_t stream);
+void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int top_k, int64_t max_items,
+                            const MoeScratch& s, cudaStream_t stream);
 // FP8 weights in 128x128 blocks: the experts' activations are quantized to e4m3 per row and 128 columns
 // (fp8_quant.cuh), as the FP8 prefill matmuls, SGLang and vLLM take them, so the MMA is FP8 x FP8.
 bool moe_fp8_activations(const ExpertTable& t);
@@ -272,9 +271,6 @@ bool moe_items_pipe_enabled();
 // Pairs per expert (on average) from which the pipelined items take kMoeMmaWideTile rows
 // (MOESERVE_CUDA_MOE_WIDE_ITEMS_MIN to measure).
 int64_t moe_wide_items_min_pairs_per_expert();
-// Pairs per expert (on average) from which the grouped GEMM takes items of kMoeMmaLargeTile rows
-// (MOESERVE_CUDA_MOE_LARGE_TILE_MIN to measure).
-int64_t moe_large_tile_min_pairs_per_expert();
 bool moe_items_pipe_supported(const ExpertTable& t);
 bool moe_items_pipe_used(const ExpertTable& t, int tile, bool tensor_cores, bool exact);
 void launch_moe_items_pipe(const ExpertTable& t, const float* x, int64_t n, int top_k, int tile,
@@ -295,5 +291,15 @@ void launch_moe_decode(const ExpertTable& t, const float* router_logits, int top
 void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize, const float* x,
                 int64_t n, int tile, bool tensor_cores, bool exact, const MoeScratch& s, float* out,
                 cudaStream_t stream);
+// launch_moe's first and last parts, for experts run elsewhere (cuBLAS's grouped GEMM, cuda_backend.cpp):
+// routing and the plan (s.ids, s.weights, s.sorted, s.pair_row, items of ≤ tile rows), then out[t] = the
+// routing-weighted sum of its pairs' rows of s.y (float32, or bf16 with bf16_y).
+void launch_moe_route(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize,
+                      int64_t n, int tile, const MoeScratch& s, cudaStream_t stream);
+void launch_moe_combine(const ExpertTable& t, int64_t n, int top_k, const MoeScratch& s, bool bf16_y,
+                        float* out, cudaStream_t stream);
+// h[p][c] = bf16(silu(gu[p][c]) * gu[p][inter + c]) over bf16 rows [gate | up] of 2 * inter.
+void launch_moe_silu_mul_bf16(const uint16_t* gu, int64_t pairs, int64_t inter, uint16_t* h,
+                              cudaStream_t stream);
 
 }  // namespace moeserve::cuda

@@ -1,6 +1,7 @@
 #pragma once
 // The tensor-core step shared by the FP8 matmul kernels (gemm_fp8.cu, and the MoE's in moe.cu): FP8 weight
-// rows against float32 activations on mma.sync m16n8k16 bf16 with float32 accumulation. The bf16 MMA and
+// rows (bf16 ones too, for gemm_fp8.cu's small batches) against float32 activations on mma.sync m16n8k16
+// bf16 with float32 accumulation. The bf16 MMA and
 // ldmatrix wrappers serve every mma.sync kernel (moe_mma.cu, attention.cu).
 //
 // The weights enter the MMA exactly (e4m3 -> f16 -> float -> bf16 loses nothing: 4 significant bits). The
@@ -140,6 +141,47 @@ __device__ __forceinline__ void load_w_fragment(const uint8_t* const (&wp)[4], i
   for (int i = 0; i < 4; ++i) {
     wv[i][0] = __ldg(reinterpret_cast<const uint4*>(wp[i] + k0));
     wv[i][1] = __ldg(reinterpret_cast<const uint4*>(wp[i] + k0 + 64));
+  }
+}
+
+// bf16 weights: the same columns are 32 bytes per row and half (16 values), so thread (g, q) loads bytes
+// [32q, 32q + 32) of each 128-byte half instead, rows r0 + g + 8i; word p of half h is the bf16x2 of columns
+// 64h + 16q + 2p (+1), the pair the FP8 path widens (wp already offset by 32q).
+__device__ __forceinline__ void load_w_fragment_bf16(const uint8_t* const (&wp)[4], int64_t byte0,
+                                                     uint4 (&wv)[4][2][2]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      wv[i][h][0] = __ldg(reinterpret_cast<const uint4*>(wp[i] + byte0 + 128 * h));
+      wv[i][h][1] = __ldg(reinterpret_cast<const uint4*>(wp[i] + byte0 + 128 * h + 16));
+    }
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4 (&v)[2], int p) {
+  const uint4& u = v[p >> 2];
+  const int w = p & 3;
+  return w == 0 ? u.x : w == 1 ? u.y : w == 2 ? u.z : u.w;
+}
+
+// part[m][j] += rows of wv (bf16, m tile m) · token tile j's fragments, over one chunk: mma_chunk's steps.
+template <int kNT, int kTerms>
+__device__ __forceinline__ void mma_chunk_bf16(const uint4 (&wv)[4][2][2],
+                                               const uint32_t (&xf)[kNT][kTerms][2][8],
+                                               float (&part)[2][kNT][4]) {
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    const int h = s >> 2, p = 2 * (s & 3);
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const uint32_t a0 = word_of(wv[2 * m][h], p), a1 = word_of(wv[2 * m + 1][h], p);
+      const uint32_t a2 = word_of(wv[2 * m][h], p + 1), a3 = word_of(wv[2 * m + 1][h], p + 1);
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int t = 0; t < kTerms; ++t)
+          mma_bf16(part[m][j], a0, a1, a2, a3, xf[j][t][h][p], xf[j][t][h][p + 1]);
+    }
   }
 }
 

@@ -571,9 +571,10 @@ bool moe_mid_enabled() {
   return on;
 }
 
-// out[t] = Σ_j w_j y[row_j], j in ascending expert id.
+// out[t] = Σ_j w_j y[row_j], j in ascending expert id; y float32, or bf16 (the cuBLAS experts).
+template <typename Y>
 __global__ void moe_combine_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights,
-                                   const int32_t* __restrict__ pair_row, int k, const float* __restrict__ y,
+                                   const int32_t* __restrict__ pair_row, int k, const Y* __restrict__ y,
                                    int64_t H, float* __restrict__ out) {
   pdl_begin();
   __shared__ int32_t s_row[kMaxTopK];
@@ -592,7 +593,7 @@ __global__ void moe_combine_kernel(const int32_t* __restrict__ ids, const float*
   __syncthreads();
   for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
     float acc = 0.0f;
-    for (int j = 0; j < k; ++j) acc = fmaf(s_w[j], y[int64_t(s_row[j]) * H + c], acc);
+    for (int j = 0; j < k; ++j) acc = fmaf(s_w[j], float(y[int64_t(s_row[j]) * H + c]), acc);
     out[t * H + c] = acc;
   }
 }
@@ -601,7 +602,7 @@ template <WType T>
 void run_experts(const ExpertTable& t, const float* x, int64_t n, int top_k, bool tensor_cores, int tile,
                  bool exact, int64_t max_items, const MoeScratch& s, cudaStream_t stream) {
   if (tensor_cores) {
-    launch_moe_grouped_mma(t, x, n, top_k, tile, max_items, s, stream);
+    launch_moe_grouped_mma(t, x, n, top_k, max_items, s, stream);
     return;
   }
   const bool vec = (t.hidden % W<T>::kVec == 0) && (t.inter % W<T>::kVec == 0) &&
@@ -911,22 +912,9 @@ int64_t moe_grouped_min_pairs(const ExpertTable& t) {
   return t.type == WType::FP8 ? 12288 : 6144;
 }
 
-int64_t moe_large_tile_min_pairs_per_expert() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("MOESERVE_CUDA_MOE_LARGE_TILE_MIN");
-    return e ? std::atoll(e) : int64_t(128);
-  }();
-  return v;
-}
-
 int moe_tile(const ExpertTable& t, int64_t n, int top_k, bool tensor_cores, bool exact) {
+  if (tensor_cores) return kMoeMmaTile;
   const int64_t pairs = n * top_k;
-  if (tensor_cores) {
-    // Items of 128 rows once an expert averages that many (bf16 operands; FP8 x FP8 keeps 64).
-    const bool large =
-        !moe_fp8_activations(t) && pairs >= moe_large_tile_min_pairs_per_expert() * int64_t(t.experts);
-    return large ? kMoeMmaLargeTile : kMoeMmaTile;
-  }
   // Few pairs per expert (decode): one row per work item, so no warp reduces accumulators it does not use.
   if (pairs <= 2 * int64_t(t.experts) / 8) return 1;
   // MMA items of 16 rows (activations rounded to bf16 once) once an expert averages 6 tokens: most would
@@ -945,10 +933,8 @@ int64_t moe_max_items(int64_t pairs, int experts, int tile) {
   return std::min<int64_t>(pairs, (pairs + tile - 1) / tile + std::min<int64_t>(experts, pairs));
 }
 
-void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize, const float* x,
-                int64_t n, int tile, bool tensor_cores, bool exact, const MoeScratch& s, float* out,
-                cudaStream_t stream) {
-  if (n == 0) return;
+void launch_moe_route(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize,
+                      int64_t n, int tile, const MoeScratch& s, cudaStream_t stream) {
   const int64_t P = n * top_k;
   if (n <= kFusedRouteMaxTokens) {
     launch_k(moe_route_plan_kernel, 1, 1024, 0, stream, router_logits, n, t.experts, top_k, renormalize, tile,
@@ -959,11 +945,28 @@ void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, boo
     launch_k(moe_plan_kernel, 1, 1024, 0, stream, s.ids, P, t.experts, tile, s.sorted, s.pair_row, s.items,
              s.num_items);
   }
+}
+
+void launch_moe_combine(const ExpertTable& t, int64_t n, int top_k, const MoeScratch& s, bool bf16_y,
+                        float* out, cudaStream_t stream) {
+  if (bf16_y)
+    launch_k(moe_combine_kernel<__nv_bfloat16>, unsigned(n), 256, 0, stream, s.ids, s.weights, s.pair_row,
+             top_k, reinterpret_cast<const __nv_bfloat16*>(s.y), t.hidden, out);
+  else
+    launch_k(moe_combine_kernel<float>, unsigned(n), 256, 0, stream, s.ids, s.weights, s.pair_row, top_k,
+             static_cast<const float*>(s.y), t.hidden, out);
+}
+
+void launch_moe(const ExpertTable& t, const float* router_logits, int top_k, bool renormalize, const float* x,
+                int64_t n, int tile, bool tensor_cores, bool exact, const MoeScratch& s, float* out,
+                cudaStream_t stream) {
+  if (n == 0) return;
+  const int64_t P = n * top_k;
+  launch_moe_route(t, router_logits, top_k, renormalize, n, tile, s, stream);
   const int64_t max_items = moe_max_items(P, t.experts, tile);
   MOESERVE_DISPATCH_WTYPE(t.type, T,
                           run_experts<T>(t, x, n, top_k, tensor_cores, tile, exact, max_items, s, stream));
-  launch_k(moe_combine_kernel, unsigned(n), 256, 0, stream, s.ids, s.weights, s.pair_row, top_k, s.y,
-           t.hidden, out);
+  launch_moe_combine(t, n, top_k, s, false, out, stream);
 }
 
 }  // namespace moeserve::cuda

@@ -19,7 +19,7 @@
 namespace moeserve::cuda {
 namespace {
 
-constexpr int kBM = kMoeMmaTile;     // rows of a work item (FP8 x FP8 kernel; the bf16 one takes BM)
+constexpr int kBM = kMoeMmaTile;     // rows of a work item
 constexpr int kBN = 128;             // weight rows per block (gate/up: 64 gate + the 64 up rows beside them)
 constexpr int kBK = 64;              // columns per pipeline stage
 constexpr int kStages = 4;           // two blocks of 4 stages fit an SM's shared memory
@@ -27,25 +27,15 @@ constexpr int kThreads = 128;        // 4 warps: 2 (M) x 2 (N), 32 x 64 each
 constexpr int kPitch = kBK + 8;      // bf16 per shared row: 144 bytes, so ldmatrix's 8 rows hit 8 bank groups
 constexpr int kRawPitch = kBK + 16;  // FP8 bytes per shared row of a raw weight tile
 
+constexpr int kATileBytes = kBM * kPitch * 2;
 constexpr int kBTileBytes = kBN * kPitch * 2;
 constexpr int kRawTileBytes = kBN * kRawPitch;
 
-// The bf16-operand kernel over items of BM rows (kMoeMmaTile or kMoeMmaLargeTile): BM / 32 x 2 warps of
-// 32 x 64. Items of 128 rows halve the bytes each weight slab moves from L2 per MMA, which bound the 64-row
-// tiles at large batches; their pipeline has 3 stages so that two blocks still fit an SM.
-template <int BM>
-struct Tiling {
-  static constexpr int kThreads = BM * 2;
-  static constexpr int kStages = BM > 64 ? 3 : 4;
-  static constexpr int kATileBytes = BM * kPitch * 2;
-};
-
-template <WType T, int BM>
+template <WType T>
 constexpr int smem_bytes() {
   // bf16: A and B tiles per stage. FP8: A tiles and raw FP8 B tiles per stage, plus one widened B tile.
-  using G = Tiling<BM>;
-  return T == WType::FP8 ? G::kStages * (G::kATileBytes + kRawTileBytes) + kBTileBytes
-                         : G::kStages * (G::kATileBytes + kBTileBytes);
+  return T == WType::FP8 ? kStages * (kATileBytes + kRawTileBytes) + kBTileBytes
+                         : kStages * (kATileBytes + kBTileBytes);
 }
 
 // The block's slab of weight rows in shared-memory order. Down: rows n0..n0+127 of the down matrix. Gate/up:
@@ -82,12 +72,11 @@ __device__ Slab make_slab(const ExpertTable& t, int e, int64_t n0) {
 
 // Issues the cp.async copies of K tile k0 into one stage: the item's A rows and the slab's weight rows
 // (rows past the item or the matrix are zero-filled).
-template <WType T, int BM>
+template <WType T>
 __device__ __forceinline__ void load_stage(const __nv_bfloat16* __restrict__ A, int64_t K, int first,
                                            int count, const Slab& s, int64_t k0, __nv_bfloat16* As,
                                            void* Bs) {
-  constexpr int kThreads = Tiling<BM>::kThreads;
-  constexpr int kChunksA = BM * kBK / 8;  // 16-byte chunks of bf16
+  constexpr int kChunksA = kBM * kBK / 8;  // 16-byte chunks of bf16
 #pragma unroll
   for (int c = threadIdx.x; c < kChunksA; c += kThreads) {
     const int r = c / (kBK / 8), col = (c % (kBK / 8)) * 8;
@@ -109,7 +98,6 @@ __device__ __forceinline__ void load_stage(const __nv_bfloat16* __restrict__ A, 
 }
 
 // FP8 only: the raw tile widened to bf16 with each row's block scale for columns [k0, k0 + kBK).
-template <int kThreads>
 __device__ __forceinline__ void widen_stage(const Slab& s, int block_rows, int block_cols, int64_t k0,
                                             const uint8_t* raw, __nv_bfloat16* Bw) {
   constexpr int kPerRow = kBK / 16;
@@ -193,14 +181,12 @@ __device__ __forceinline__ void store_tile(const float (&acc)[2][8][4], int firs
     }
 }
 
-template <WType T, bool kGateUp, int BM>
-__global__ __launch_bounds__(Tiling<BM>::kThreads) void moe_grouped_mma(ExpertTable t,
-                                                                        const __nv_bfloat16* __restrict__ A,
-                                                                        const int32_t* __restrict__ items,
-                                                                        const int32_t* __restrict__ num_items,
-                                                                        void* __restrict__ out) {
-  using G = Tiling<BM>;
-  constexpr int kStages = G::kStages, kATileBytes = G::kATileBytes;
+template <WType T, bool kGateUp>
+__global__ __launch_bounds__(kThreads) void moe_grouped_mma(ExpertTable t,
+                                                            const __nv_bfloat16* __restrict__ A,
+                                                            const int32_t* __restrict__ items,
+                                                            const int32_t* __restrict__ num_items,
+                                                            void* __restrict__ out) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t smem[];
   if (int(blockIdx.y) >= *num_items) return;
@@ -222,7 +208,7 @@ __global__ __launch_bounds__(Tiling<BM>::kThreads) void moe_grouped_mma(ExpertTa
   const int tiles = int(K / kBK);
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (st < tiles) load_stage<T, BM>(A, K, first, count, s, int64_t(st) * kBK, a_tile(st), b_stage(st));
+    if (st < tiles) load_stage<T>(A, K, first, count, s, int64_t(st) * kBK, a_tile(st), b_stage(st));
     cp_async_commit();
   }
   for (int kt = 0; kt < tiles; ++kt) {
@@ -231,8 +217,8 @@ __global__ __launch_bounds__(Tiling<BM>::kThreads) void moe_grouped_mma(ExpertTa
     const int st = kt % kStages;
     const __nv_bfloat16* Bt;
     if constexpr (T == WType::FP8) {
-      widen_stage<G::kThreads>(s, t.block_rows, t.block_cols, int64_t(kt) * kBK,
-                               static_cast<const uint8_t*>(b_stage(st)), widened);
+      widen_stage(s, t.block_rows, t.block_cols, int64_t(kt) * kBK, static_cast<const uint8_t*>(b_stage(st)),
+                  widened);
       __syncthreads();
       Bt = widened;
     } else {
@@ -240,8 +226,8 @@ __global__ __launch_bounds__(Tiling<BM>::kThreads) void moe_grouped_mma(ExpertTa
     }
     const int next = kt + kStages - 1;
     if (next < tiles)
-      load_stage<T, BM>(A, K, first, count, s, int64_t(next) * kBK, a_tile(next % kStages),
-                        b_stage(next % kStages));
+      load_stage<T>(A, K, first, count, s, int64_t(next) * kBK, a_tile(next % kStages),
+                    b_stage(next % kStages));
     cp_async_commit();
     mma_tile(a_tile(st), Bt, wm, wn, acc);
   }
@@ -410,28 +396,20 @@ void launch_grouped_fp8(const ExpertTable& t, const uint8_t* A, const float* a_s
            s.num_items, out);
 }
 
-template <WType T, bool kGateUp, int BM>
+template <WType T, bool kGateUp>
 void launch_grouped(const ExpertTable& t, const __nv_bfloat16* A, const MoeScratch& s, int64_t max_items,
                     void* out, cudaStream_t stream) {
   static const bool configured = [] {
-    cudaFuncSetAttribute(moe_grouped_mma<T, kGateUp, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         smem_bytes<T, BM>());
+    cudaFuncSetAttribute(moe_grouped_mma<T, kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         smem_bytes<T>());
     return true;
   }();
   (void)configured;
   const int64_t N = kGateUp ? t.inter : t.hidden;
   const int per_block = kGateUp ? kBN / 2 : kBN;
   const dim3 grid(unsigned((N + per_block - 1) / per_block), unsigned(max_items));
-  launch_k(moe_grouped_mma<T, kGateUp, BM>, grid, Tiling<BM>::kThreads, size_t(smem_bytes<T, BM>()), stream,
-           t, A, s.items, s.num_items, out);
-}
-
-template <WType T, int BM>
-void launch_grouped_pair(const ExpertTable& t, const __nv_bfloat16* xb, const MoeScratch& s,
-                         int64_t max_items, cudaStream_t stream) {
-  auto* h = static_cast<__nv_bfloat16*>(s.h);
-  launch_grouped<T, true, BM>(t, xb, s, max_items, h, stream);
-  launch_grouped<T, false, BM>(t, h, s, max_items, s.y, stream);
+  launch_k(moe_grouped_mma<T, kGateUp>, grid, kThreads, size_t(smem_bytes<T>()), stream, t, A, s.items,
+           s.num_items, out);
 }
 
 // xb[row] = bf16(x[token of sorted pair row]), eight columns per thread.
@@ -447,12 +425,29 @@ __global__ void moe_gather_bf16x8(const float* __restrict__ x, int64_t P, int64_
       make_uint4(bf16x2_bits(a.x, a.y), bf16x2_bits(a.z, a.w), bf16x2_bits(b.x, b.y), bf16x2_bits(b.z, b.w));
 }
 
+// Two columns per thread: h[p][c, c+1] = silu(gate) * up of the bf16 row [gate | up] (inter even).
+__global__ void moe_silu_mul_bf16x2(const uint32_t* __restrict__ gu, int64_t P, int64_t inter,
+                                    uint32_t* __restrict__ h) {
+  pdl_begin();
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, half = inter / 2;
+  if (i >= P * half) return;
+  const int64_t p = i / half, c = i % half;
+  const uint32_t g = gu[p * inter + c], u = gu[p * inter + half + c];
+  h[i] = bf16x2_bits(siluf_(bf16_lo_f(g)) * bf16_lo_f(u), siluf_(bf16_hi_f(g)) * bf16_hi_f(u));
+}
+
 }  // namespace
 
 void launch_moe_gather_bf16(const float* x, int64_t P, int64_t H, int top_k, const int32_t* sorted,
                             uint16_t* xb, cudaStream_t stream) {
   launch_k(moe_gather_bf16x8, blocks_for(P * H / 8, 256), 256, 0, stream, x, P, H, top_k, sorted,
            reinterpret_cast<__nv_bfloat16*>(xb));
+}
+
+void launch_moe_silu_mul_bf16(const uint16_t* gu, int64_t pairs, int64_t inter, uint16_t* h,
+                              cudaStream_t stream) {
+  launch_k(moe_silu_mul_bf16x2, blocks_for(pairs * inter / 2, 256), 256, 0, stream,
+           reinterpret_cast<const uint32_t*>(gu), pairs, inter, reinterpret_cast<uint32_t*>(h));
 }
 
 bool moe_fp8_activations(const ExpertTable& t) {
@@ -477,8 +472,8 @@ bool moe_mma_supported(const ExpertTable& t) {
   return t.hidden % kBK == 0 && t.inter % kBK == 0;
 }
 
-void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int top_k, int tile,
-                            int64_t max_items, const MoeScratch& s, cudaStream_t stream) {
+void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int top_k, int64_t max_items,
+                            const MoeScratch& s, cudaStream_t stream) {
   const int64_t P = n * top_k;
   auto* h = static_cast<__nv_bfloat16*>(s.h);
   if (moe_fp8_activations(t)) {
@@ -493,13 +488,13 @@ void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int
   }
   auto* xb = reinterpret_cast<__nv_bfloat16*>(s.xb);
   launch_moe_gather_bf16(x, P, t.hidden, top_k, s.sorted, s.xb, stream);
-  const bool large = tile == kMoeMmaLargeTile;
-  if (t.type == WType::FP8)
-    large ? launch_grouped_pair<WType::FP8, kMoeMmaLargeTile>(t, xb, s, max_items, stream)
-          : launch_grouped_pair<WType::FP8, kMoeMmaTile>(t, xb, s, max_items, stream);
-  else
-    large ? launch_grouped_pair<WType::BF16, kMoeMmaLargeTile>(t, xb, s, max_items, stream)
-          : launch_grouped_pair<WType::BF16, kMoeMmaTile>(t, xb, s, max_items, stream);
+  if (t.type == WType::FP8) {
+    launch_grouped<WType::FP8, true>(t, xb, s, max_items, h, stream);
+    launch_grouped<WType::FP8, false>(t, h, s, max_items, s.y, stream);
+  } else {
+    launch_grouped<WType::BF16, true>(t, xb, s, max_items, h, stream);
+    launch_grouped<WType::BF16, false>(t, h, s, max_items, s.y, stream);
+  }
 }
 
 }  // namespace moeserve::cuda

@@ -539,13 +539,16 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
       int64_t hidden, inter;
       std::vector<int64_t> ns;
     };
-    // 8 x 2 x 192 x 128: the SIMT items of every row count at 700 tokens, at 2,100 (4,200 pairs) the grouped
-    // tensor-core GEMM with its partial 128-row down slab, in items of 128 rows (525 pairs per expert).
+    // 8 x 2 x 192 x 128: the SIMT items of every row count at 700 tokens; at 2,100 (4,200 pairs, 525 per
+    // expert) the tensor-core path: cuBLAS's grouped GEMM for bf16 weights (from 128 pairs per expert),
+    // the backend's grouped kernel with its partial 128-row down slab for FP8 (widened: 192 columns).
+    // 64 x 4 x 192 x 128 at 1,200 tokens (75 pairs per expert): the backend's grouped kernel for both.
     // 16 x 4 x 256 x 128 at 40 and 100 tokens (10 and 25 pairs per expert): the MMA items of 16 and 32; at
-    // 3,100 (12,400 pairs) the grouped GEMM, items of 128 rows for bf16 weights, FP8 x FP8 for FP8 weights;
+    // 3,100 (12,400 pairs) cuBLAS for bf16 weights, the grouped kernel FP8 x FP8 for FP8 weights;
     // 256 x 8 x 2048 x 512 at 64 tokens: items of 8 (bf16 and FP8 weights alike).
     for (const Case& c : {Case{16, 4, 256, 64, {1, 5, 300}}, Case{256, 8, 2048, 512, {1, 3, 64, 200}},
-                          Case{8, 2, 192, 128, {700, 2100}}, Case{16, 4, 256, 128, {40, 100, 3100}}}) {
+                          Case{8, 2, 192, 128, {700, 2100}}, Case{64, 4, 192, 128, {1200}},
+                          Case{16, 4, 256, 128, {40, 100, 3100}}}) {
       std::vector<SwiGlu> experts;
       for (int e = 0; e < c.E; ++e)
         experts.push_back({store.make(dt, c.inter, c.hidden, uint32_t(1000 + 3 * e), 0.05f),
