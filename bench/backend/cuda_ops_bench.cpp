@@ -3,7 +3,8 @@
 // first). Each figure is the median over replays of a CUDA graph holding many calls, with inputs rotated so
 // that repeated calls do not run out of L2. Prints one table. Arguments name the sections to run (all by
 // default): gemv lm_head small_gemm moe moe_block fp8_probe grouped_probe attention gdn; `once` runs each FP8
-// decode op once, and the experts of batches of 64 and 256 tokens, for a profiler.
+// decode op once, the experts of batches of 64 and 256 tokens and the chunked delta rule of 8K tokens, for a
+// profiler.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -523,6 +524,16 @@ class OpsBench {
         be_->moe_experts(*set, logits, k, true, x, n, H, y.get());
         cuda_tools::synchronize(*be_);
       }
+    // The chunked delta rule of an 8K-token prefill at 35B-A3B's GDN heads.
+    const DeltaRuleShape sh{16, 32, 128, 128};
+    const int64_t T = 8192, C = 8192, key_dim = 2048;
+    float* state = be_->cache_memory()->allocate_cache(size_t(32 * 128 * 128));
+    float* qkv = floats(size_t(T * C), 50);
+    float* g = floats(size_t(T * 32), 51, 0.1f);
+    float* beta = floats(size_t(T * 32), 52, 0.5f);
+    auto out = be_->allocate(size_t(T * 32 * 128));
+    be_->gated_delta_rule(sh, qkv, qkv + key_dim, C, qkv + 2 * key_dim, C, g, beta, T, state, out.get());
+    cuda_tools::synchronize(*be_);
   }
 
   // Per KV cache dtype: decode streams the stored bytes (bandwidth counts them), prefill is compute-bound.

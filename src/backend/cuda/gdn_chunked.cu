@@ -53,19 +53,32 @@ __device__ __forceinline__ void store_bf16x4(bf16* dst, float4 x) {
 }
 
 // dst row i (stride ld) = bf16(scale(i) · src row i) for i < len, zeros past it; 64 rows of 128 floats, src
-// rows every `stride` floats (16-byte aligned), spread over `threads` threads from `tid`.
-template <typename Scale>
+// rows every `stride` floats (16-byte aligned), spread over kUsers threads from `tid`. Each thread issues
+// eight loads before it converts any: one at a time, the prep kernel waited on ~16 dependent global loads
+// per call (ncu: 69 us a block, 12% of DRAM).
+template <int kUsers, typename Scale>
 __device__ void rows_to_bf16(const float* __restrict__ src, int64_t stride, int len, Scale scale, bf16* dst,
-                             int ld, int tid, int threads) {
-  for (int e = tid; e < kChunk * kDim / 4; e += threads) {
-    const int i = e / (kDim / 4), c = (e % (kDim / 4)) * 4;
-    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (i < len) {
-      x = *reinterpret_cast<const float4*>(src + i * stride + c);
-      const float s = scale(i);
-      x.x *= s, x.y *= s, x.z *= s, x.w *= s;
+                             int ld, int tid) {
+  constexpr int kVecs = kChunk * kDim / 4, kBatch = 8;
+  static_assert(kVecs % (kUsers * kBatch) == 0, "whole batches per thread");
+#pragma unroll 1
+  for (int e0 = tid; e0 < kVecs; e0 += kUsers * kBatch) {
+    float4 x[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int e = e0 + b * kUsers, i = e / (kDim / 4), c = (e % (kDim / 4)) * 4;
+      x[b] = i < len ? __ldg(reinterpret_cast<const float4*>(src + i * stride + c))
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    store_bf16x4(dst + i * ld + c, x);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int e = e0 + b * kUsers, i = e / (kDim / 4), c = (e % (kDim / 4)) * 4;
+      if (i < len) {
+        const float sc = scale(i);
+        x[b].x *= sc, x[b].y *= sc, x[b].z *= sc, x[b].w *= sc;
+      }
+      store_bf16x4(dst + i * ld + c, x[b]);
+    }
   }
 }
 
@@ -127,8 +140,8 @@ __global__ __launch_bounds__(kThreads) void gdn_chunk_prep_kernel(
   }
   if (tid < kChunk) bs[tid] = tid < len ? beta[(t0 + tid) * v_heads + h] : 0.0f;
   const auto one = [](int) { return 1.0f; };
-  rows_to_bf16(kr, qk_stride, len, one, kb, kLdH, tid, kThreads);
-  rows_to_bf16(qr, qk_stride, len, one, qb, kLdH, tid, kThreads);
+  rows_to_bf16<kThreads>(kr, qk_stride, len, one, kb, kLdH, tid);
+  rows_to_bf16<kThreads>(qr, qk_stride, len, one, qb, kLdH, tid);
   __syncthreads();
   if (tid < kChunk) gamma_out[item * kChunk + tid] = gamma[tid];
 
@@ -177,13 +190,13 @@ __global__ __launch_bounds__(kThreads) void gdn_chunk_prep_kernel(
   } else {
     // Meanwhile: β γ K (the right-hand side of W), and the state kernel's γ Q and e^{G_last − G} K.
     const int t = tid - 64;
-    rows_to_bf16(
-        kr, qk_stride, len, [&](int i) { return bs[i] * expf(gamma[i]); }, rhs, kLdH, t, 64);
-    rows_to_bf16(
-        qr, qk_stride, len, [&](int i) { return expf(gamma[i]); }, q_out + item * kPrepQ, kDim, t, 64);
-    rows_to_bf16(
+    rows_to_bf16<64>(
+        kr, qk_stride, len, [&](int i) { return bs[i] * expf(gamma[i]); }, rhs, kLdH, t);
+    rows_to_bf16<64>(
+        qr, qk_stride, len, [&](int i) { return expf(gamma[i]); }, q_out + item * kPrepQ, kDim, t);
+    rows_to_bf16<64>(
         kr, qk_stride, len, [&](int i) { return expf(gamma[kChunk - 1] - gamma[i]); }, k_out + item * kPrepK,
-        kDim, t, 64);
+        kDim, t);
   }
   __syncthreads();
 
@@ -195,9 +208,8 @@ __global__ __launch_bounds__(kThreads) void gdn_chunk_prep_kernel(
     const int i = e / (kDim / 4), col = (e % (kDim / 4)) * 4;
     store_bf16x4(w + i * kDim + col, *reinterpret_cast<const float4*>(prod + i * kLdF + col));
   }
-  rows_to_bf16(
-      v + t0 * v_stride + int64_t(h) * kDim, v_stride, len, [&](int i) { return bs[i]; }, rhs, kLdH, tid,
-      kThreads);
+  rows_to_bf16<kThreads>(
+      v + t0 * v_stride + int64_t(h) * kDim, v_stride, len, [&](int i) { return bs[i]; }, rhs, kLdH, tid);
   __syncthreads();
   warp_product(inv, kLdCH, rhs, kLdH, warp + 1, kDim / 16, prod, kLdF, warp);
   __syncthreads();
@@ -220,13 +232,18 @@ constexpr size_t kStateSmem = size_t(kDim) * kLdS * sizeof(float)          // S 
                               + 2 * size_t(kChunk) * kLdS * sizeof(float)  // δ (float32), O
                               + size_t(kChunk) * kLdSH * sizeof(bf16);     // δ (bf16 operand)
 
+// The state kernel's warps: 8, so that its one block per multiprocessor (the operands' double buffer takes
+// most of the shared memory) has two warps per scheduler to issue from (with 4, ncu saw one instruction per
+// 4 cycles per scheduler). Warp w owns tile (w % 4, w / 4) of the 64 x 32 products and row tile w of S.
+constexpr int kStateThreads = 256;
+
 // 16-byte cp.async copies of 64 rows of kBytes (row i at src + i * src_stride bytes) into shared rows of
 // stride ld_bytes.
 template <int kBytes>
 __device__ void copy_rows_async(const void* __restrict__ src, int64_t src_stride, void* dst, int ld_bytes,
                                 int tid) {
   constexpr int kVecs = kBytes / 16;
-  for (int e = tid; e < kChunk * kVecs; e += kThreads) {
+  for (int e = tid; e < kChunk * kVecs; e += kStateThreads) {
     const int i = e / kVecs, c = (e % kVecs) * 16;
     cp_async16(static_cast<char*>(dst) + i * ld_bytes + c, static_cast<const char*>(src) + i * src_stride + c,
                true);
@@ -247,7 +264,7 @@ struct ChunkOperands {
 
 // Block = (value head, slab of 32 value columns); chunks in order.
 template <typename St>
-__global__ __launch_bounds__(kThreads) void gdn_chunk_state_kernel(
+__global__ __launch_bounds__(kStateThreads) void gdn_chunk_state_kernel(
     int v_heads, int64_t T, const bf16* __restrict__ w_in, const float* __restrict__ u_in,
     const bf16* __restrict__ p_in, const bf16* __restrict__ q_in, const bf16* __restrict__ k_in,
     const float* __restrict__ gamma_in, St* state, float* __restrict__ out) {
@@ -281,7 +298,7 @@ __global__ __launch_bounds__(kThreads) void gdn_chunk_state_kernel(
   };
   fetch(0);
   St* S = state + int64_t(h) * kDim * kDim;
-  for (int e = tid; e < kDim * kSlab; e += kThreads) {
+  for (int e = tid; e < kDim * kSlab; e += kStateThreads) {
     const int r = e / kSlab, j = e % kSlab;
     s32[r * kLdS + j] = state_load(S + r * kDim + c0 + j);
   }
@@ -290,7 +307,7 @@ __global__ __launch_bounds__(kThreads) void gdn_chunk_state_kernel(
     const int len = int(imin<int64_t>(kChunk, T - t0));
     __syncthreads();  // S written; the previous chunk's operands (buffer (c + 1) % 2) are read
     fetch(c + 1);
-    for (int e = tid; e < kDim * kSlab; e += kThreads) {
+    for (int e = tid; e < kDim * kSlab; e += kStateThreads) {
       const int r = e / kSlab, j = e % kSlab;
       sb[r * kLdSH + j] = __float2bfloat16_rn(s32[r * kLdS + j]);
     }
@@ -300,72 +317,72 @@ __global__ __launch_bounds__(kThreads) void gdn_chunk_state_kernel(
     cp_async_wait<1>();  // this chunk's copies (the next chunk's may still be in flight)
     __syncthreads();
 
-    // δ = U − W S (row tile = warp), rounded once more as the next products' operand.
-    for (int ct = 0; ct < kSlab / 16; ++ct) {
+    // δ = U − W S (this warp's 16 x 16 tile), rounded once more as the next products' operand.
+    const int rt = warp & 3, ct = warp >> 2;
+    {
       FragC ws, d;
       wmma::fill_fragment(ws, 0.0f);
       for (int s = 0; s < kDim / 16; ++s) {
         FragA fa;
         FragB fb;
-        wmma::load_matrix_sync(fa, wb + warp * 16 * kLdH + s * 16, kLdH);
+        wmma::load_matrix_sync(fa, wb + rt * 16 * kLdH + s * 16, kLdH);
         wmma::load_matrix_sync(fb, sb + s * 16 * kLdSH + ct * 16, kLdSH);
         wmma::mma_sync(ws, fa, fb, ws);
       }
-      wmma::load_matrix_sync(d, op.u + warp * 16 * kLdS + ct * 16, kLdS, wmma::mem_row_major);
+      wmma::load_matrix_sync(d, op.u + rt * 16 * kLdS + ct * 16, kLdS, wmma::mem_row_major);
       for (int x = 0; x < d.num_elements; ++x) d.x[x] -= ws.x[x];
-      wmma::store_matrix_sync(d32 + warp * 16 * kLdS + ct * 16, d, kLdS, wmma::mem_row_major);
+      wmma::store_matrix_sync(d32 + rt * 16 * kLdS + ct * 16, d, kLdS, wmma::mem_row_major);
     }
     __syncwarp();
-    for (int e = threadIdx.x & 31; e < 16 * kSlab; e += 32) {
-      const int i = warp * 16 + e / kSlab, j = e % kSlab;
+    for (int e = threadIdx.x & 31; e < 16 * 16; e += 32) {
+      const int i = rt * 16 + e / 16, j = ct * 16 + e % 16;
       db[i * kLdSH + j] = __float2bfloat16_rn(d32[i * kLdS + j]);
     }
     __syncthreads();
 
-    // O = (γ Q) S + (D ⊙ Q Kᵀ) δ; the second term is causal, so row tile w takes δ's tiles ≤ w.
-    for (int ct = 0; ct < kSlab / 16; ++ct) {
+    // O = (γ Q) S + (D ⊙ Q Kᵀ) δ; the second term is causal, so row tile rt takes δ's tiles ≤ rt.
+    {
       FragC o;
       wmma::fill_fragment(o, 0.0f);
       for (int s = 0; s < kDim / 16; ++s) {
         FragA fa;
         FragB fb;
-        wmma::load_matrix_sync(fa, qb + warp * 16 * kLdH + s * 16, kLdH);
+        wmma::load_matrix_sync(fa, qb + rt * 16 * kLdH + s * 16, kLdH);
         wmma::load_matrix_sync(fb, sb + s * 16 * kLdSH + ct * 16, kLdSH);
         wmma::mma_sync(o, fa, fb, o);
       }
-      for (int s = 0; s <= warp; ++s) {
+      for (int s = 0; s <= rt; ++s) {
         FragA fa;
         FragB fb;
-        wmma::load_matrix_sync(fa, pb + warp * 16 * kLdCH + s * 16, kLdCH);
+        wmma::load_matrix_sync(fa, pb + rt * 16 * kLdCH + s * 16, kLdCH);
         wmma::load_matrix_sync(fb, db + s * 16 * kLdSH + ct * 16, kLdSH);
         wmma::mma_sync(o, fa, fb, o);
       }
-      wmma::store_matrix_sync(o32 + warp * 16 * kLdS + ct * 16, o, kLdS, wmma::mem_row_major);
+      wmma::store_matrix_sync(o32 + rt * 16 * kLdS + ct * 16, o, kLdS, wmma::mem_row_major);
     }
-    // S ← γ_last S + (e^{G_last − G} K)ᵀ δ: 8 row tiles of S, two per warp; S in float32 throughout.
-    for (int rt = 2 * warp; rt < 2 * warp + 2; ++rt)
-      for (int ct = 0; ct < kSlab / 16; ++ct) {
-        FragC acc;
-        wmma::load_matrix_sync(acc, s32 + rt * 16 * kLdS + ct * 16, kLdS, wmma::mem_row_major);
-        for (int x = 0; x < acc.num_elements; ++x) acc.x[x] *= decay_all;
-        for (int s = 0; s < kChunk / 16; ++s) {
-          FragAt fa;  // (e^{G_last − G} K)ᵀ: column-major view of the key rows
-          FragB fb;
-          wmma::load_matrix_sync(fa, kt + s * 16 * kLdH + rt * 16, kLdH);
-          wmma::load_matrix_sync(fb, db + s * 16 * kLdSH + ct * 16, kLdSH);
-          wmma::mma_sync(acc, fa, fb, acc);
-        }
-        wmma::store_matrix_sync(s32 + rt * 16 * kLdS + ct * 16, acc, kLdS, wmma::mem_row_major);
+    // S ← γ_last S + (e^{G_last − G} K)ᵀ δ: row tile `warp` of S, both column tiles; float32 throughout.
+    for (int c = 0; c < kSlab / 16; ++c) {
+      FragC acc;
+      wmma::load_matrix_sync(acc, s32 + warp * 16 * kLdS + c * 16, kLdS, wmma::mem_row_major);
+      for (int x = 0; x < acc.num_elements; ++x) acc.x[x] *= decay_all;
+      for (int s = 0; s < kChunk / 16; ++s) {
+        FragAt fa;  // (e^{G_last − G} K)ᵀ: column-major view of the key rows
+        FragB fb;
+        wmma::load_matrix_sync(fa, kt + s * 16 * kLdH + warp * 16, kLdH);
+        wmma::load_matrix_sync(fb, db + s * 16 * kLdSH + c * 16, kLdSH);
+        wmma::mma_sync(acc, fa, fb, acc);
       }
+      wmma::store_matrix_sync(s32 + warp * 16 * kLdS + c * 16, acc, kLdS, wmma::mem_row_major);
+    }
     __syncthreads();
-    for (int e = tid; e < len * kSlab / 4; e += kThreads) {
+    for (int e = tid; e < len * kSlab / 4; e += kStateThreads) {
       const int i = e / (kSlab / 4), j = (e % (kSlab / 4)) * 4;
       *reinterpret_cast<float4*>(out + ((t0 + i) * v_heads + h) * kDim + c0 + j) =
           *reinterpret_cast<const float4*>(o32 + i * kLdS + j);
     }
   }
   __syncthreads();
-  for (int e = tid; e < kDim * kSlab; e += kThreads) {
+  for (int e = tid; e < kDim * kSlab; e += kStateThreads) {
     const int r = e / kSlab, j = e % kSlab;
     state_store(S + r * kDim + c0 + j, s32[r * kLdS + j]);
   }
@@ -409,11 +426,11 @@ void launch_delta_rule_chunked(const float* qn, const float* kn, int k_heads, co
            k_heads, v, v_stride, v_heads, g, beta, T, w, u, p, q, k, gamma);
   const dim3 grid(unsigned(v_heads), unsigned(kDim / kSlab));
   if (state_type == StateType::BF16)
-    launch_k(gdn_chunk_state_kernel<bf16>, grid, kThreads, kStateSmem, s, v_heads, T, w, u, p, q, k, gamma,
-             static_cast<bf16*>(state), out);
+    launch_k(gdn_chunk_state_kernel<bf16>, grid, kStateThreads, kStateSmem, s, v_heads, T, w, u, p, q, k,
+             gamma, static_cast<bf16*>(state), out);
   else
-    launch_k(gdn_chunk_state_kernel<float>, grid, kThreads, kStateSmem, s, v_heads, T, w, u, p, q, k, gamma,
-             static_cast<float*>(state), out);
+    launch_k(gdn_chunk_state_kernel<float>, grid, kStateThreads, kStateSmem, s, v_heads, T, w, u, p, q, k,
+             gamma, static_cast<float*>(state), out);
 }
 
 }  // namespace moeserve::cuda
