@@ -96,6 +96,14 @@ int64_t fp8_mma_max_rows() {
 constexpr int64_t kBf16MmaTallRows = 65536;
 // bf16 experts of prefill-sized batches run as cuBLAS grouped GEMMs from this many routed pairs per expert
 // on average (MOESERVE_CUDA_MOE_CUBLAS_MIN; a huge value keeps the backend's grouped kernel, for measuring).
+// bf16 matrices of few outputs (router, gates, GDN b/a) take the three-term tensor-core GEMM from this many
+// rows (MOESERVE_CUDA_SPLIT_GEMM_MIN_ROWS; 0 turns it off) and matrices of at least kSplitGemmMinOutputs
+// outputs: below them the pass that splits x costs what it saves.
+int64_t split_gemm_min_rows() {
+  static const int64_t v = env_rows("MOESERVE_CUDA_SPLIT_GEMM_MIN_ROWS", 1024);
+  return v;
+}
+constexpr int64_t kSplitGemmMinOutputs = 128;
 int64_t cublas_moe_min_pairs_per_expert() {
   static const int64_t v = env_rows("MOESERVE_CUDA_MOE_CUBLAS_MIN", 128);
   return v;
@@ -342,6 +350,8 @@ class CudaBackend final : public Backend, public CacheMemory {
     eager_.reserve(size_t(8) << 20);
     CUDA_OK(cudaEventCreate(&ev_start_));
     CUDA_OK(cudaEventCreate(&ev_stop_));
+    CUDA_OK(cudaEventCreateWithFlags(&moe_plan_ready_, cudaEventDisableTiming));
+    CUDA_OK(cudaMallocHost(reinterpret_cast<void**>(&moe_plan_host_), kMoePlanHostInts * sizeof(int32_t)));
     sync_each_op_ = std::getenv("MOESERVE_CUDA_SYNC") != nullptr;
   }
 
@@ -354,6 +364,8 @@ class CudaBackend final : public Backend, public CacheMemory {
     cublasDestroy(cublas_);
     cudaEventDestroy(ev_start_);
     cudaEventDestroy(ev_stop_);
+    cudaEventDestroy(moe_plan_ready_);
+    cudaFreeHost(moe_plan_host_);
     cudaStreamDestroy(stream_);
   }
 
@@ -502,6 +514,25 @@ class CudaBackend final : public Backend, public CacheMemory {
       return;
     }
     if (n <= kGemvMaxRows || v.rows < kTensorCoreMinRows) {
+      if (split_gemm(v, n)) {
+        // bf16 weights from split_gemm_min_rows() rows (the router at prefill): x as three bf16 terms
+        // through three bf16 tensor-core GEMMs into one float32 sum, float32-accurate like the SGEMM below
+        // (the weights are exact in bf16), at tensor-core rate: 8,192 rows of the router took 236 us as
+        // SGEMM (docs/cuda.md).
+        auto terms = allocate(size_t((3 * n * v.cols + 1) / 2));
+        if (auto op = start(label, x, n, v.data, y, terms.get())) {
+          auto* t = reinterpret_cast<uint16_t*>(terms.get());
+          cuda::launch_to_bf16_terms(x, t, n * v.cols, stream_);
+          for (int i = 0; i < 3; ++i) {
+            const float one = 1.0f, beta = i == 0 ? 0.0f : 1.0f;
+            CUBLAS_OK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(v.rows), int(n), int(v.cols), &one,
+                                   v.data, CUDA_R_16BF, int(v.cols), t + i * n * v.cols, CUDA_R_16BF,
+                                   int(v.cols), &beta, y, CUDA_R_32F, int(v.rows), CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+          }
+        }
+        return;
+      }
       // From small_sgemm_min_rows() rows the GEMV re-reads the matrix once per group of 8 rows (167 us for
       // the router at 1,024 tokens); cuBLAS's SGEMM is as exact (float32 products and sums, no TF32).
       if (const float* wf = n > kGemvMaxRows ? widened_f32(v, n) : nullptr) {
@@ -539,11 +570,21 @@ class CudaBackend final : public Backend, public CacheMemory {
         cuda::launch_dequant_bf16(v, reinterpret_cast<uint16_t*>(wb.get()), stream_);
         wdata = wb.get();
       }
-      const float one = 1.0f, zero = 0.0f;
-      CUBLAS_OK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(v.rows), int(n), int(v.cols), &one, wdata,
-                             CUDA_R_16BF, int(v.cols), xh, CUDA_R_16BF, int(v.cols), &zero, y, CUDA_R_32F,
-                             int(v.rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      gemm_bf16(wdata, v, xh, n, y);
     }
+  }
+
+  // y [n][v.rows] = xh [n][v.cols] · wᵀ, bf16 operands (w as v's shape), float32 out, on cuBLAS.
+  void gemm_bf16(const void* w, const WeightView& v, const uint16_t* xh, int64_t n, float* y) {
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_OK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(v.rows), int(n), int(v.cols), &one, w,
+                           CUDA_R_16BF, int(v.cols), xh, CUDA_R_16BF, int(v.cols), &zero, y, CUDA_R_32F,
+                           int(v.rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  // Whether matmul() takes an n-row product over v to cuBLAS with bf16 weights as stored (x rounded to bf16).
+  bool bf16_cublas(const WeightView& v, int64_t n) const {
+    return v.type == WType::BF16 && !fp32_matmul_ && n > kGemvMaxRows && v.rows >= kTensorCoreMinRows;
   }
 
   void embed(std::span<const int32_t> tokens, const Matrix& table, float* out) override {
@@ -780,8 +821,9 @@ class CudaBackend final : public Backend, public CacheMemory {
     // scope times them as one op; in fill mode the nested ops still stage and sign themselves.
     auto up = allocate(size_t(n * u.rows));
     auto op = start("swiglu", x, n, g.data, u.data, d.data, h.get(), up.get(), out);
-    matmul(x, n, w.gate, h.get());
-    matmul(x, n, w.up, up.get());
+    const Matrix* gate_up[] = {&w.gate, &w.up};
+    float* const gate_up_out[] = {h.get(), up.get()};
+    matmul_n(x, n, gate_up, gate_up_out);
     if (auto silu = start("silu_mul", h.get(), up.get(), n))
       cuda::launch_silu_mul(h.get(), up.get(), h.get(), n * g.rows, stream_);
     matmul(h.get(), n, w.down, out);
@@ -889,20 +931,23 @@ class CudaBackend final : public Backend, public CacheMemory {
     auto op = start("moe_experts", router_logits, top_k, renormalize, x, n, out, s.ids, s.xb, s.y, t.gate);
     if (!op) return;
     cuda::launch_moe_route(t, router_logits, top_k, renormalize, n, int(P), s, stream_);
-    cuda::launch_moe_gather_bf16(x, P, H, top_k, s.sorted, s.xb, stream_);
-    std::vector<int32_t> plan(size_t(1 + 3 * max_items));
-    CUDA_OK(cudaMemcpyAsync(plan.data(), s.num_items, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-    CUDA_OK(cudaMemcpyAsync(plan.data() + 1, s.items, size_t(3 * max_items) * sizeof(int32_t),
+    // The plan to the host, then the gather: the host waits for the copy alone and builds the GEMM lists
+    // while the GPU gathers.
+    check(size_t(1 + 3 * max_items) <= kMoePlanHostInts, "moe: {} plan items", max_items);
+    const int32_t* plan = moe_plan_host_;
+    CUDA_OK(cudaMemcpyAsync(moe_plan_host_, s.num_items, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    CUDA_OK(cudaMemcpyAsync(moe_plan_host_ + 1, s.items, size_t(3 * max_items) * sizeof(int32_t),
                             cudaMemcpyDeviceToHost, stream_));
-    CUDA_OK(cudaStreamSynchronize(stream_));
+    CUDA_OK(cudaEventRecord(moe_plan_ready_, stream_));
+    cuda::launch_moe_gather_bf16(x, P, H, top_k, s.sorted, s.xb, stream_);
+    CUDA_OK(cudaEventSynchronize(moe_plan_ready_));
     const auto* xrows = reinterpret_cast<const uint16_t*>(xb.get());
     auto* gurows = reinterpret_cast<uint16_t*>(gu.get());
     auto* hrows = reinterpret_cast<uint16_t*>(h.get());
     auto* yrows = reinterpret_cast<uint16_t*>(y.get());
     GroupedGemm gate_up, down;
     for (int i = 0; i < plan[0]; ++i) {
-      const int32_t e = plan[size_t(1 + 3 * i)], first = plan[size_t(2 + 3 * i)],
-                    rows = plan[size_t(3 + 3 * i)];
+      const int32_t e = plan[1 + 3 * i], first = plan[2 + 3 * i], rows = plan[3 + 3 * i];
       const SwiGlu& w = experts[size_t(e)];
       gate_up.add(weight(w.gate).data, I, H, xrows + first * H, H, gurows + first * 2 * I, 2 * I, rows);
       gate_up.add(weight(w.up).data, I, H, xrows + first * H, H, gurows + first * 2 * I + I, 2 * I, rows);
@@ -1012,6 +1057,31 @@ class CudaBackend final : public Backend, public CacheMemory {
         }
         if (auto op = start(matmul_label(all), x, n, args))
           cuda::launch_gemv_multi(x, n, v, ys.data(), int(count), stream_);
+        return;
+      }
+    }
+    // Prefill: the matrices that go to cuBLAS with bf16 weights (the GDN's qkv and z, attention's q, k and v)
+    // share one rounding of x to bf16, a pass over x each fewer.
+    if (n > kGemvMaxRows && count >= 2) {
+      std::vector<WeightView> v(count);
+      size_t shared = 0;
+      for (size_t i = 0; i < count; ++i) {
+        v[i] = weight(*ws[i]);
+        shared += bf16_cublas(v[i], n) && v[i].cols == v[0].cols;
+      }
+      if (shared >= 2) {
+        auto xb = allocate(size_t((n * v[0].cols + 1) / 2));
+        auto* xh = reinterpret_cast<uint16_t*>(xb.get());
+        if (auto op = start("to_bf16", x, n, v[0].cols, xh))
+          cuda::launch_to_bf16(x, xh, n * v[0].cols, stream_);
+        for (size_t i = 0; i < count; ++i) {
+          if (bf16_cublas(v[i], n) && v[i].cols == v[0].cols) {
+            if (auto op = start(matmul_label(v[i]), xh, n, v[i].data, ys[i]))
+              gemm_bf16(v[i].data, v[i], xh, n, ys[i]);
+          } else {
+            matmul(x, n, *ws[i], ys[i]);
+          }
+        }
         return;
       }
     }
@@ -1532,6 +1602,12 @@ class CudaBackend final : public Backend, public CacheMemory {
   // small_sgemm_min_rows(); nullptr when that path is off. A step being recorded or refilled makes no copy
   // (it would be a node of the graph): it uses one made by an earlier eager step, or streams the weights,
   // and the op's signature tells a replay which of the two was recorded.
+  bool split_gemm(const WeightView& v, int64_t n) const {
+    const int64_t min_rows = split_gemm_min_rows();
+    return !fp32_matmul_ && v.type == WType::BF16 && min_rows > 0 && n >= min_rows &&
+           v.rows >= kSplitGemmMinOutputs && v.rows < kTensorCoreMinRows && v.cols % 8 == 0;
+  }
+
   const float* widened_f32(const WeightView& v, int64_t n) {
     const int64_t min_rows = small_sgemm_min_rows();
     if (min_rows <= 0 || n < min_rows || v.rows >= kTensorCoreMinRows) return nullptr;
@@ -1673,6 +1749,11 @@ class CudaBackend final : public Backend, public CacheMemory {
   bool profiling_ = false;
   std::map<std::pair<int64_t, int64_t>, std::string> matmul_labels_;
   cudaEvent_t ev_start_ = nullptr, ev_stop_ = nullptr;
+  // The cuBLAS experts' plan on the host: its item count, then ≤ 513 items of (expert, first row, rows) (at
+  // most 512 experts, expert_table), copied when the event after the copy fires.
+  static constexpr size_t kMoePlanHostInts = 1 + 3 * 513;
+  int32_t* moe_plan_host_ = nullptr;
+  cudaEvent_t moe_plan_ready_ = nullptr;
   std::unordered_map<std::string, ProfileEntry> profile_;
 };
 

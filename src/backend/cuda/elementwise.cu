@@ -192,6 +192,21 @@ __global__ void to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __res
   if (i < n) out[i] = __float2bfloat16_rn(x[i]);
 }
 
+// x = hi + mid + lo, each bf16, the rest below 2^-24 |x| (mma_fp8.cuh's three terms, as separate arrays).
+__global__ void to_bf16_terms_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ hi,
+                                     __nv_bfloat16* __restrict__ mid, __nv_bfloat16* __restrict__ lo,
+                                     int64_t n) {
+  pdl_begin();
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  float r = x[i];
+  const __nv_bfloat16 h = __float2bfloat16_rn(r);
+  r -= __bfloat162float(h);
+  const __nv_bfloat16 m = __float2bfloat16_rn(r);
+  r -= __bfloat162float(m);
+  hi[i] = h, mid[i] = m, lo[i] = __float2bfloat16_rn(r);
+}
+
 template <WType T>
 __global__ void dequant_bf16_kernel(WeightView w, __nv_bfloat16* __restrict__ out) {
   pdl_begin();
@@ -371,6 +386,12 @@ void launch_to_bf16(const float* x, uint16_t* out, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   launch_k(to_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, s, x, reinterpret_cast<__nv_bfloat16*>(out),
            n);
+}
+
+void launch_to_bf16_terms(const float* x, uint16_t* terms, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  auto* t = reinterpret_cast<__nv_bfloat16*>(terms);
+  launch_k(to_bf16_terms_kernel, blocks_for(n, kThreads), kThreads, 0, s, x, t, t + n, t + 2 * n, n);
 }
 
 void launch_dequant_bf16(const WeightView& w, uint16_t* out, cudaStream_t s) {

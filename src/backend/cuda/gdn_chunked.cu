@@ -26,10 +26,9 @@ using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
 using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-constexpr int kChunk = 64;     // tokens per chunk
-constexpr int kDim = 128;      // key and value head dim of this path
-constexpr int kSlab = 32;      // value columns per state block
-constexpr int kThreads = 128;  // 4 warps; warp w owns row tile w (16 rows) of every 64-row product
+constexpr int kChunk = 64;  // tokens per chunk
+constexpr int kDim = 128;   // key and value head dim of this path
+constexpr int kSlab = 32;   // value columns per state block
 // Shared-memory row strides (elements), padded so rows start in different banks; all keep tiles 32-byte
 // aligned as WMMA requires.
 constexpr int kLdH = kDim + 8;     // bf16 rows of 128
@@ -82,31 +81,39 @@ __device__ void rows_to_bf16(const float* __restrict__ src, int64_t stride, int 
   }
 }
 
-// Row tile `warp` of out (16 x 16·col_tiles, float, stride ldo) = A (row-major, stride lda) · B (row-major,
-// stride ldb) over k tiles [0, k_tiles).
-__device__ void warp_product(const bf16* a, int lda, const bf16* b, int ldb, int k_tiles, int col_tiles,
-                             float* out, int ldo, int warp) {
-  for (int ct = 0; ct < col_tiles; ++ct) {
+// Row tile rt of out (16 rows, column tiles [ct0, ct1), float, stride ldo) = A (row-major, stride lda) · B
+// (row-major, stride ldb) over k tiles [0, k_tiles).
+__device__ void warp_product(const bf16* a, int lda, const bf16* b, int ldb, int k_tiles, int ct0, int ct1,
+                             float* out, int ldo, int rt) {
+  for (int ct = ct0; ct < ct1; ++ct) {
     FragC acc;
     wmma::fill_fragment(acc, 0.0f);
     for (int s = 0; s < k_tiles; ++s) {
       FragA fa;
       FragB fb;
-      wmma::load_matrix_sync(fa, a + warp * 16 * lda + s * 16, lda);
+      wmma::load_matrix_sync(fa, a + rt * 16 * lda + s * 16, lda);
       wmma::load_matrix_sync(fb, b + s * 16 * ldb + ct * 16, ldb);
       wmma::mma_sync(acc, fa, fb, acc);
     }
-    wmma::store_matrix_sync(out + warp * 16 * ldo + ct * 16, acc, ldo, wmma::mem_row_major);
+    wmma::store_matrix_sync(out + rt * 16 * ldo + ct * 16, acc, ldo, wmma::mem_row_major);
   }
 }
 
-constexpr size_t kPrepSmem = 2 * size_t(kChunk) * kLdH * sizeof(bf16)     // keys, queries (then the products)
-                             + 2 * size_t(kChunk) * kLdC * sizeof(float)  // K Kᵀ → L, Q Kᵀ
-                             + size_t(kChunk) * kLdCH * sizeof(bf16)      // T
-                             + size_t(kChunk) * kLdH * sizeof(bf16);      // right-hand sides
+// The prep kernel's warps: 8, two blocks a multiprocessor (ncu on 4: latency-bound at 12% occupancy). Warp w
+// owns row tile w % 4 of every 64-row product and half w / 4 of its column tiles (K Kᵀ in one half, Q Kᵀ in
+// the other); during the forward substitution (warps 0-1) the three scaled operand sets are converted by
+// warps 2-3, 4-5 and 6-7 side by side.
+constexpr int kPrepThreads = 256;
+
+constexpr size_t kPrepSmem = 2 * size_t(kChunk) * kLdH * sizeof(bf16)  // keys, queries (then the products)
+                             + size_t(kChunk) * kLdC * sizeof(float)   // K Kᵀ → L
+                             + size_t(kChunk) * kLdCH * sizeof(bf16)   // T
+                             + size_t(kChunk) * kLdH * sizeof(bf16);  // Q Kᵀ (float), then right-hand sides
+static_assert(size_t(kChunk) * kLdC * sizeof(float) <= size_t(kChunk) * kLdH * sizeof(bf16),
+              "Q Kᵀ fits where the right-hand sides go");
 
 // Block = (chunk, value head).
-__global__ __launch_bounds__(kThreads) void gdn_chunk_prep_kernel(
+__global__ __launch_bounds__(kPrepThreads) void gdn_chunk_prep_kernel(
     const float* __restrict__ qn, const float* __restrict__ kn, int k_heads, const float* __restrict__ v,
     int64_t v_stride, int v_heads, const float* __restrict__ g, const float* __restrict__ beta, int64_t T,
     bf16* __restrict__ w_out, float* __restrict__ u_out, bf16* __restrict__ p_out, bf16* __restrict__ q_out,
@@ -117,12 +124,12 @@ __global__ __launch_bounds__(kThreads) void gdn_chunk_prep_kernel(
   bf16* qb = kb + kChunk * kLdH;                                // [64][kLdH]
   float* prod = reinterpret_cast<float*>(smem);                 // [64][kLdF] over kb, qb once they are read
   float* lower = reinterpret_cast<float*>(qb + kChunk * kLdH);  // [64][kLdC]
-  float* qk = lower + kChunk * kLdC;                            // [64][kLdC]
-  bf16* inv = reinterpret_cast<bf16*>(qk + kChunk * kLdC);      // [64][kLdCH]
+  bf16* inv = reinterpret_cast<bf16*>(lower + kChunk * kLdC);   // [64][kLdCH]
   bf16* rhs = inv + kChunk * kLdCH;                             // [64][kLdH]
+  float* qk = reinterpret_cast<float*>(rhs);                    // [64][kLdC], read before rhs is written
   __shared__ float gamma[kChunk], bs[kChunk];
 
-  const int tid = threadIdx.x, warp = tid >> 5;
+  const int tid = threadIdx.x, warp = tid >> 5, rt = warp & 3, half = warp >> 2;
   const int c = blockIdx.x, h = blockIdx.y, kh = h / (v_heads / k_heads);
   const int64_t t0 = int64_t(c) * kChunk;
   const int len = int(imin<int64_t>(kChunk, T - t0));
@@ -140,32 +147,32 @@ __global__ __launch_bounds__(kThreads) void gdn_chunk_prep_kernel(
   }
   if (tid < kChunk) bs[tid] = tid < len ? beta[(t0 + tid) * v_heads + h] : 0.0f;
   const auto one = [](int) { return 1.0f; };
-  rows_to_bf16<kThreads>(kr, qk_stride, len, one, kb, kLdH, tid);
-  rows_to_bf16<kThreads>(qr, qk_stride, len, one, qb, kLdH, tid);
+  rows_to_bf16<kPrepThreads>(kr, qk_stride, len, one, kb, kLdH, tid);
+  rows_to_bf16<kPrepThreads>(qr, qk_stride, len, one, qb, kLdH, tid);
   __syncthreads();
   if (tid < kChunk) gamma_out[item * kChunk + tid] = gamma[tid];
 
-  // K Kᵀ and Q Kᵀ, the tiles on and below the diagonal only (the rest is masked away).
-  for (int ct = 0; ct <= warp; ++ct) {
-    FragC kk, qq;
-    wmma::fill_fragment(kk, 0.0f);
-    wmma::fill_fragment(qq, 0.0f);
-    for (int s = 0; s < kDim / 16; ++s) {
-      FragA ak, aq;
-      FragBt bk;  // Kᵀ: column n of the operand is key row n
-      wmma::load_matrix_sync(ak, kb + warp * 16 * kLdH + s * 16, kLdH);
-      wmma::load_matrix_sync(aq, qb + warp * 16 * kLdH + s * 16, kLdH);
-      wmma::load_matrix_sync(bk, kb + ct * 16 * kLdH + s * 16, kLdH);
-      wmma::mma_sync(kk, ak, bk, kk);
-      wmma::mma_sync(qq, aq, bk, qq);
+  // K Kᵀ (half 0) and Q Kᵀ (half 1), the tiles on and below the diagonal only (the rest is masked away).
+  {
+    const bf16* a = half ? qb : kb;
+    float* dst = half ? qk : lower;
+    for (int ct = 0; ct <= rt; ++ct) {
+      FragC acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int s = 0; s < kDim / 16; ++s) {
+        FragA fa;
+        FragBt bk;  // Kᵀ: column n of the operand is key row n
+        wmma::load_matrix_sync(fa, a + rt * 16 * kLdH + s * 16, kLdH);
+        wmma::load_matrix_sync(bk, kb + ct * 16 * kLdH + s * 16, kLdH);
+        wmma::mma_sync(acc, fa, bk, acc);
+      }
+      wmma::store_matrix_sync(dst + rt * 16 * kLdC + ct * 16, acc, kLdC, wmma::mem_row_major);
     }
-    wmma::store_matrix_sync(lower + warp * 16 * kLdC + ct * 16, kk, kLdC, wmma::mem_row_major);
-    wmma::store_matrix_sync(qk + warp * 16 * kLdC + ct * 16, qq, kLdC, wmma::mem_row_major);
   }
   __syncthreads();
 
   bf16* p = p_out + item * kPrepP;
-  for (int e = tid; e < kChunk * kChunk; e += kThreads) {
+  for (int e = tid; e < kChunk * kChunk; e += kPrepThreads) {
     const int i = e / kChunk, j = e % kChunk;
     const float d = j <= i ? expf(gamma[i] - gamma[j]) : 0.0f;
     const float kk = lower[i * kLdC + j], qq = qk[i * kLdC + j];
@@ -187,34 +194,35 @@ __global__ __launch_bounds__(kThreads) void gdn_chunk_prep_kernel(
       x[i] = (i == j ? 1.0f : 0.0f) - ((acc[0] + acc[1]) + (acc[2] + acc[3]));
       inv[i * kLdCH + j] = __float2bfloat16_rn(x[i]);
     }
+  } else if (warp < 4) {  // meanwhile: β γ K (the right-hand side of W; Q Kᵀ is read by now) ...
+    rows_to_bf16<64>(
+        kr, qk_stride, len, [&](int i) { return bs[i] * expf(gamma[i]); }, rhs, kLdH, tid - 64);
+  } else if (warp < 6) {  // ... and the state kernel's γ Q and e^{G_last − G} K
+    rows_to_bf16<64>(
+        qr, qk_stride, len, [&](int i) { return expf(gamma[i]); }, q_out + item * kPrepQ, kDim, tid - 128);
   } else {
-    // Meanwhile: β γ K (the right-hand side of W), and the state kernel's γ Q and e^{G_last − G} K.
-    const int t = tid - 64;
-    rows_to_bf16<64>(
-        kr, qk_stride, len, [&](int i) { return bs[i] * expf(gamma[i]); }, rhs, kLdH, t);
-    rows_to_bf16<64>(
-        qr, qk_stride, len, [&](int i) { return expf(gamma[i]); }, q_out + item * kPrepQ, kDim, t);
     rows_to_bf16<64>(
         kr, qk_stride, len, [&](int i) { return expf(gamma[kChunk - 1] - gamma[i]); }, k_out + item * kPrepK,
-        kDim, t);
+        kDim, tid - 192);
   }
   __syncthreads();
 
-  // W = T (β γ K), then U = T (β V). T is lower triangular: row tile w needs k tiles ≤ w.
-  warp_product(inv, kLdCH, rhs, kLdH, warp + 1, kDim / 16, prod, kLdF, warp);
+  // W = T (β γ K), then U = T (β V). T is lower triangular: row tile rt needs k tiles ≤ rt.
+  constexpr int kHalfTiles = kDim / 32;
+  warp_product(inv, kLdCH, rhs, kLdH, rt + 1, half * kHalfTiles, (half + 1) * kHalfTiles, prod, kLdF, rt);
   __syncthreads();
   bf16* w = w_out + item * kPrepW;
-  for (int e = tid; e < kChunk * kDim / 4; e += kThreads) {
+  for (int e = tid; e < kChunk * kDim / 4; e += kPrepThreads) {
     const int i = e / (kDim / 4), col = (e % (kDim / 4)) * 4;
     store_bf16x4(w + i * kDim + col, *reinterpret_cast<const float4*>(prod + i * kLdF + col));
   }
-  rows_to_bf16<kThreads>(
+  rows_to_bf16<kPrepThreads>(
       v + t0 * v_stride + int64_t(h) * kDim, v_stride, len, [&](int i) { return bs[i]; }, rhs, kLdH, tid);
   __syncthreads();
-  warp_product(inv, kLdCH, rhs, kLdH, warp + 1, kDim / 16, prod, kLdF, warp);
+  warp_product(inv, kLdCH, rhs, kLdH, rt + 1, half * kHalfTiles, (half + 1) * kHalfTiles, prod, kLdF, rt);
   __syncthreads();
   float* u = u_out + item * kPrepU;
-  for (int e = tid; e < kChunk * kDim / 4; e += kThreads) {
+  for (int e = tid; e < kChunk * kDim / 4; e += kPrepThreads) {
     const int i = e / (kDim / 4), col = (e % (kDim / 4)) * 4;
     *reinterpret_cast<float4*>(u + i * kDim + col) = *reinterpret_cast<const float4*>(prod + i * kLdF + col);
   }
@@ -422,8 +430,8 @@ void launch_delta_rule_chunked(const float* qn, const float* kn, int k_heads, co
   bf16* p = w + items * kPrepW;
   bf16* q = p + items * kPrepP;
   bf16* k = q + items * kPrepQ;
-  launch_k(gdn_chunk_prep_kernel, dim3(unsigned(chunks), unsigned(v_heads)), kThreads, kPrepSmem, s, qn, kn,
-           k_heads, v, v_stride, v_heads, g, beta, T, w, u, p, q, k, gamma);
+  launch_k(gdn_chunk_prep_kernel, dim3(unsigned(chunks), unsigned(v_heads)), kPrepThreads, kPrepSmem, s, qn,
+           kn, k_heads, v, v_stride, v_heads, g, beta, T, w, u, p, q, k, gamma);
   const dim3 grid(unsigned(v_heads), unsigned(kDim / kSlab));
   if (state_type == StateType::BF16)
     launch_k(gdn_chunk_state_kernel<bf16>, grid, kStateThreads, kStateSmem, s, v_heads, T, w, u, p, q, k,

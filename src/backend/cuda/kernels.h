@@ -39,6 +39,8 @@ void launch_add_sigmoid_gated(float* out, const float* y, const float* gate, int
                               cudaStream_t s);
 void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);
 void launch_to_bf16(const float* x, uint16_t* out, int64_t n, cudaStream_t s);
+// terms[0..n) + terms[n..2n) + terms[2n..3n) = x to 2^-24 |x| (three bf16 terms, float32-accurate products).
+void launch_to_bf16_terms(const float* x, uint16_t* terms, int64_t n, cudaStream_t s);
 void launch_dequant_bf16(const WeightView& w, uint16_t* out, cudaStream_t s);
 void launch_dequant_f32(const WeightView& w, float* out, cudaStream_t s);  // exact: fp8 * scale in float32
 void launch_argmax(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t s);
