@@ -3,8 +3,8 @@
 // first). Each figure is the median over replays of a CUDA graph holding many calls, with inputs rotated so
 // that repeated calls do not run out of L2. Prints one table. Arguments name the sections to run (all by
 // default): gemv lm_head small_gemm moe moe_block fp8_probe grouped_probe attention gdn; `once` runs each FP8
-// decode op once, the experts of batches of 64 and 256 tokens and the chunked delta rule of 8K tokens, for a
-// profiler.
+// decode op once, the experts of batches of 64, 256 and 8,192 tokens and the chunked delta rule of 8K tokens,
+// for a profiler.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -517,7 +517,7 @@ class OpsBench {
                               matrix(DType::BF16, I, H, 2001 + 3 * e),
                               matrix(DType::BF16, H, I, 2002 + 3 * e)});
     for (const std::vector<SwiGlu>* set : {&experts, &bf16_experts})
-      for (int64_t n : {64, 256}) {
+      for (int64_t n : {64, 256, 8192}) {
         float* x = floats(size_t(n * H), 2900, 1.0f);
         float* logits = floats(size_t(n * E), 2901, 3.0f);
         auto y = be_->allocate(size_t(n * H));
