@@ -845,21 +845,13 @@ class CudaBackend final : public Backend, public CacheMemory {
     }
     const int tile = cuda::moe_tile(table, n, top_k, tc, fp32_matmul_);
     const int64_t max_items = cuda::moe_max_items(P, table.experts, tile);
-    auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
-    auto ids = ints(P), weights = allocate(size_t(P)), sorted = ints(P), pair_row = ints(P);
-    auto items = ints(3 * max_items), num_items = ints(1);
+    cuda::MoeScratch s;
+    const MoePlanBuffers plan = moe_plan_buffers(P, max_items, s);
     // bf16 h and gathered inputs on the tensor-core and pipelined paths (two per float), float32 h elsewhere.
     const bool bf16_rows = tc || cuda::moe_items_pipe_used(table, tile, tc, fp32_matmul_);
     auto h = bf16_rows ? allocate(size_t((P * table.inter + 1) / 2)) : allocate(size_t(P * table.inter));
     auto xb = bf16_rows ? allocate(size_t((P * hidden + 1) / 2)) : Buffer();
     auto y = allocate(size_t(P * hidden));
-    cuda::MoeScratch s;
-    s.ids = reinterpret_cast<int32_t*>(ids.get());
-    s.weights = weights.get();
-    s.sorted = reinterpret_cast<int32_t*>(sorted.get());
-    s.pair_row = reinterpret_cast<int32_t*>(pair_row.get());
-    s.items = reinterpret_cast<int32_t*>(items.get());
-    s.num_items = reinterpret_cast<int32_t*>(num_items.get());
     s.h = h.get();
     s.xb = reinterpret_cast<uint16_t*>(xb.get());
     s.y = y.get();
@@ -867,6 +859,22 @@ class CudaBackend final : public Backend, public CacheMemory {
                         s.y, table.gate))
       cuda::launch_moe(table, router_logits, top_k, renormalize, x, n, tile, tc, fp32_matmul_, s, out,
                        stream_);
+  }
+
+  // The routing and plan buffers of P (token, expert) pairs and max_items work items, pointed to from s.
+  struct MoePlanBuffers {
+    Buffer ids, weights, sorted, pair_row, items, num_items;
+  };
+  MoePlanBuffers moe_plan_buffers(int64_t P, int64_t max_items, cuda::MoeScratch& s) {
+    auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
+    MoePlanBuffers b{ints(P), allocate(size_t(P)), ints(P), ints(P), ints(3 * max_items), ints(1)};
+    s.ids = reinterpret_cast<int32_t*>(b.ids.get());
+    s.weights = b.weights.get();
+    s.sorted = reinterpret_cast<int32_t*>(b.sorted.get());
+    s.pair_row = reinterpret_cast<int32_t*>(b.pair_row.get());
+    s.items = reinterpret_cast<int32_t*>(b.items.get());
+    s.num_items = reinterpret_cast<int32_t*>(b.num_items.get());
+    return b;
   }
 
   // Prefill-sized bf16 experts on cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx), which outruns the
@@ -913,19 +921,11 @@ class CudaBackend final : public Backend, public CacheMemory {
                           float* out) {
     const int64_t P = n * top_k, H = t.hidden, I = t.inter;
     const int64_t max_items = cuda::moe_max_items(P, t.experts, int(P));
-    auto ints = [&](int64_t count) { return allocate(size_t(count)); };  // int32 and float share a size
-    auto ids = ints(P), weights = allocate(size_t(P)), sorted = ints(P), pair_row = ints(P);
-    auto items = ints(3 * max_items), num_items = ints(1);
+    cuda::MoeScratch s;
+    const MoePlanBuffers plan_buffers = moe_plan_buffers(P, max_items, s);
     // bf16 rows, two per float: gathered x, [gate | up], h, y.
     auto xb = allocate(size_t((P * H + 1) / 2)), gu = allocate(size_t(P * I)),
          h = allocate(size_t((P * I + 1) / 2)), y = allocate(size_t((P * H + 1) / 2));
-    cuda::MoeScratch s;
-    s.ids = reinterpret_cast<int32_t*>(ids.get());
-    s.weights = weights.get();
-    s.sorted = reinterpret_cast<int32_t*>(sorted.get());
-    s.pair_row = reinterpret_cast<int32_t*>(pair_row.get());
-    s.items = reinterpret_cast<int32_t*>(items.get());
-    s.num_items = reinterpret_cast<int32_t*>(num_items.get());
     s.xb = reinterpret_cast<uint16_t*>(xb.get());
     s.y = y.get();
     auto op = start("moe_experts", router_logits, top_k, renormalize, x, n, out, s.ids, s.xb, s.y, t.gate);
