@@ -15,6 +15,7 @@
 #include "backend/cuda/fp8_quant.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_fp8.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -356,6 +357,149 @@ __global__ __launch_bounds__(kThreads) void moe_grouped_mma_fp8(ExpertTable t, c
   store_tile<kGateUp>(acc, first, count, n0, kGateUp ? t.inter : t.hidden, wm, wn, out);
 }
 
+// ---- FP8 x FP8 on Hopper's warpgroup MMA ----------------------------------------------------------------
+// The same items, activations and scales as moe_grouped_mma_fp8, one warpgroup per block: the item's 64 rows
+// times a 128-row slab (gate/up: gate rows n0..n0+63, then the up rows of the same indices; down: rows
+// n0..n0+127) by wgmma m64n128k32, both operands read from shared memory (stored in the 128-byte swizzle by
+// cp.async, four stages of one 128-column scale block each). A stage's four MMAs land in `part`, which is
+// added to the accumulators times the row's activation scale and the slab half's weight scale. The mma.sync
+// kernel above spends as many issue slots on fragment loads and these FMAs as on its MMAs (ncu: instruction
+// bound at ~148 TFLOP/s); here the tensor cores fetch their operands themselves.
+constexpr int kWgStages = 4;
+constexpr int kWgATile = kBM * kQBK;  // bytes: 64 rows of 128
+constexpr int kWgBTile = kBN * kQBK;  // 128 rows of 128
+constexpr int kWgStage = kWgATile + kWgBTile;
+constexpr int kWgSmem = kWgStages * kWgStage + 1024;  // + room to align the tiles to 1024 bytes
+
+template <bool kGateUp>
+__global__ __launch_bounds__(128, 2) void moe_grouped_wgmma_fp8(ExpertTable t, const uint8_t* __restrict__ A,
+                                                                const float* __restrict__ a_scales,
+                                                                const int32_t* __restrict__ items,
+                                                                const int32_t* __restrict__ num_items,
+                                                                void* __restrict__ out) {
+  pdl_begin();
+  extern __shared__ __align__(16) uint8_t smem_wg[];
+  uint8_t* smem = smem_wg + ((1024 - (uint32_t(__cvta_generic_to_shared(smem_wg)) & 1023)) & 1023);
+  if (int(blockIdx.y) >= *num_items) return;
+  const int32_t* it = items + 3 * blockIdx.y;
+  const int e = it[0], first = it[1], count = it[2];
+  const int64_t K = kGateUp ? t.hidden : t.inter, kblocks = K / kQBK;
+  const int64_t N = kGateUp ? t.inter : t.hidden;
+  const int64_t n0 = int64_t(blockIdx.x) * (kGateUp ? kBN / 2 : kBN);
+  const uint8_t* w0 = static_cast<const uint8_t*>(kGateUp ? t.gate[e] : t.down[e]);
+  const uint8_t* w1 = kGateUp ? static_cast<const uint8_t*>(t.up[e]) : w0;
+  // Both halves of the slab lie in the 128-row scale block of n0 (n0 is a multiple of 64, or of 128 for down).
+  const int scale_cols = int(kblocks);
+  const float* sb0 = (kGateUp ? t.gate_scale[e] : t.down_scale[e]) + (n0 / kQBK) * scale_cols;
+  const float* sb1 = kGateUp ? t.up_scale[e] + (n0 / kQBK) * scale_cols : sb0;
+
+  auto load = [&](int64_t kt, int st) {
+    uint8_t* As = smem + st * kWgStage;
+    uint8_t* Bs = As + kWgATile;
+    const int64_t k0 = kt * kQBK;
+#pragma unroll
+    for (int c = threadIdx.x; c < kBM * 8; c += 128) {
+      const int r = c >> 3, ch = c & 7;
+      const bool live = r < count;
+      cp_async16(As + sw128_offset(r, ch), A + (int64_t(first) + (live ? r : 0)) * K + k0 + ch * 16, live);
+    }
+#pragma unroll
+    for (int c = threadIdx.x; c < kBN * 8; c += 128) {
+      const int r = c >> 3, ch = c & 7;
+      const int half = kGateUp ? r >> 6 : 0;
+      const int64_t row = n0 + (kGateUp ? (r & 63) : r);
+      const bool live = row < N;
+      cp_async16(Bs + sw128_offset(r, ch), (half ? w1 : w0) + (live ? row : 0) * K + k0 + ch * 16, live);
+    }
+  };
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // This thread's two accumulator rows and their activation-scale rows (clamped past the item).
+  const int r_lo = warp * 16 + (lane >> 2), r_hi = r_lo + 8;
+  const float* sa_lo = a_scales + int64_t(first + imin(r_lo, count - 1)) * kblocks;
+  const float* sa_hi = a_scales + int64_t(first + imin(r_hi, count - 1)) * kblocks;
+
+  float acc[64], part[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f, part[i] = 0.0f;
+#pragma unroll
+  for (int st = 0; st < kWgStages - 1; ++st) {
+    if (st < kblocks) load(st, st);
+    cp_async_commit();
+  }
+  for (int64_t kt = 0; kt < kblocks; ++kt) {
+    cp_async_wait<kWgStages - 2>();
+    fence_proxy_async_shared();
+    __syncthreads();  // stage kt is in shared memory; every MMA of stage kt - 1 is done (waited for below)
+    const int64_t next = kt + kWgStages - 1;
+    if (next < kblocks) load(next, int(next % kWgStages));
+    cp_async_commit();
+
+    const uint8_t* As = smem + int(kt % kWgStages) * kWgStage;
+    const uint64_t da = sw128_desc(As), db = sw128_desc(As + kWgATile);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kQBK / 32; ++kk) wgmma_m64n128k32_e4m3(part, da + 2 * kk, db + 2 * kk, kk > 0);
+    wgmma_commit();
+    const float w_lo = __ldg(sb0 + kt), w_hi = __ldg(sb1 + kt);
+    const float x_lo = __ldg(sa_lo + kt), x_hi = __ldg(sa_hi + kt);
+    wgmma_wait_all(part);
+    // Gate/up: n8 tiles 0..7 are gate columns, 8..15 the up columns of the same outputs.
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float w = kGateUp && j >= 8 ? w_hi : w_lo;
+      const float s_lo = x_lo * w, s_hi = x_hi * w;
+      acc[4 * j] = fmaf(part[4 * j], s_lo, acc[4 * j]);
+      acc[4 * j + 1] = fmaf(part[4 * j + 1], s_lo, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(part[4 * j + 2], s_hi, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, acc[4 * j + 3]);
+    }
+  }
+
+  // Gate/up: bf16 silu(gate) * up into h [rows][inter]; down: float32 into y [rows][hidden].
+  const int q = lane & 3;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = hr ? r_hi : r_lo;
+    if (r >= count) continue;
+    const int64_t row = first + r;
+    if constexpr (kGateUp) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int64_t col = n0 + 8 * j + 2 * q;
+        if (col >= N) continue;
+        const float* g = acc + 4 * j + 2 * hr;
+        const float* u = acc + 4 * (j + 8) + 2 * hr;
+        *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(out) + row * N + col) =
+            bf16x2_bits(siluf_(g[0]) * u[0], siluf_(g[1]) * u[1]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int64_t col = n0 + 8 * j + 2 * q;
+        if (col >= N) continue;
+        *reinterpret_cast<float2*>(static_cast<float*>(out) + row * N + col) =
+            make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+      }
+    }
+  }
+}
+
+// wgmma runs on compute capability 9.0 (the binary holds sm_90a code for it: CMakeLists.txt's default
+// architectures); MOESERVE_CUDA_MOE_WGMMA=0 keeps the mma.sync kernel there too, for measuring.
+bool wgmma_available() {
+  static const bool on = [] {
+    const char* env = std::getenv("MOESERVE_CUDA_MOE_WGMMA");
+    if (env && std::strcmp(env, "0") == 0) return false;
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major == 9 && minor == 0;
+  }();
+  return on;
+}
+
 // q[row] = in[row] in e4m3 per 128 columns (fp8_quant.cuh), scales [rows][cols / 128].
 // kGather: in is float32 x and row r is token sorted[r] / top_k's (the gate/up input); else in is bf16 h.
 template <bool kGather>
@@ -392,6 +536,17 @@ void launch_grouped_fp8(const ExpertTable& t, const uint8_t* A, const float* a_s
   const int64_t N = kGateUp ? t.inter : t.hidden;
   const int per_block = kGateUp ? kBN / 2 : kBN;
   const dim3 grid(unsigned((N + per_block - 1) / per_block), unsigned(max_items));
+  if (wgmma_available()) {
+    static const bool wg_configured = [] {
+      cudaFuncSetAttribute(moe_grouped_wgmma_fp8<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           kWgSmem);
+      return true;
+    }();
+    (void)wg_configured;
+    launch_k(moe_grouped_wgmma_fp8<kGateUp>, grid, 128, size_t(kWgSmem), stream, t, A, a_scales, s.items,
+             s.num_items, out);
+    return;
+  }
   launch_k(moe_grouped_mma_fp8<kGateUp>, grid, kThreads, size_t(kQSmem), stream, t, A, a_scales, s.items,
            s.num_items, out);
 }
