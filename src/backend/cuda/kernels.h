@@ -245,6 +245,9 @@ bool moe_mma_supported(const ExpertTable& t);
 // work items (the table's type, shape and block shape are read). MOESERVE_CUDA_MOE_MMA_MIN_PAIRS overrides
 // it.
 int64_t moe_grouped_min_pairs(const ExpertTable& t);
+// Whether the FP8 x FP8 grouped experts run on wgmma (a compute capability 9.0 device, unless
+// MOESERVE_CUDA_MOE_WGMMA=0): then from 4,096 pairs, not 12,288.
+bool wgmma_available();
 // The tensor-core experts (moe_mma.cu) over the plan's items: gathers x as bf16 into s.xb, h = silu(gate) *
 // up into s.h (bf16), y into s.y.
 void launch_moe_grouped_mma(const ExpertTable& t, const float* x, int64_t n, int top_k, int64_t max_items,

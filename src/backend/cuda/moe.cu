@@ -909,7 +909,10 @@ int64_t moe_grouped_min_pairs(const ExpertTable& t) {
   const bool pipelined = moe_items_mma_enabled() && moe_items_pipe_enabled() &&
                          ((t.type == WType::BF16 && chunks) || moe_fp8_activations(t));
   if (!pipelined) return 4096;
-  return t.type == WType::FP8 ? 12288 : 6144;
+  // FP8 on wgmma (wgmma_available): items 268 / 347 / 547 µs at 256 / 512 / 1,024 tokens, grouped 303 / 323
+  // / 360 (and 530 at 2,048, where the mma.sync grouped kernel took 906).
+  if (t.type == WType::FP8) return wgmma_available() ? 4096 : 12288;
+  return 6144;
 }
 
 int moe_tile(const ExpertTable& t, int64_t n, int top_k, bool tensor_cores, bool exact) {

@@ -10,6 +10,8 @@
 // bytes of bf16 through the pipeline) and are widened with their block scale to bf16 in shared memory once
 // per K tile, as the reference widens them. The previous WMMA kernel loaded its tiles synchronously through
 // registers and ran at 9-13% of cuBLAS; this one keeps two tiles in flight while the third is multiplied.
+// FP8 weights in 128x128 blocks take the FP8 x FP8 kernels below instead (activations quantized per 1x128):
+// mma.sync m16n8k32 e4m3, or on a compute capability 9.0 device (H100/H200) wgmma m64n128k32 (wgmma.cuh).
 #include <cuda_bf16.h>
 
 #include "backend/cuda/fp8_quant.cuh"
@@ -427,6 +429,30 @@ __global__ __launch_bounds__(128, 2) void moe_grouped_wgmma_fp8(ExpertTable t, c
     if (st < kblocks) load(st, st);
     cp_async_commit();
   }
+  // acc += p times the scales of stage kt. Gate/up: n8 tiles 0..7 are gate columns, 8..15 the up columns of
+  // the same outputs.
+  auto promote = [&](const float(&p)[64], int64_t kt) {
+    const float w_lo = __ldg(sb0 + kt), w_hi = __ldg(sb1 + kt);
+    const float x_lo = __ldg(sa_lo + kt), x_hi = __ldg(sa_hi + kt);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float w = kGateUp && j >= 8 ? w_hi : w_lo;
+      const float s_lo = x_lo * w, s_hi = x_hi * w;
+      acc[4 * j] = fmaf(p[4 * j], s_lo, acc[4 * j]);
+      acc[4 * j + 1] = fmaf(p[4 * j + 1], s_lo, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(p[4 * j + 2], s_hi, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(p[4 * j + 3], s_hi, acc[4 * j + 3]);
+    }
+  };
+  auto mma_stage = [&](float(&p)[64], int64_t kt) {
+    const uint8_t* As = smem + int(kt % kWgStages) * kWgStage;
+    const uint64_t da = sw128_desc(As), db = sw128_desc(As + kWgATile);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kQBK / 32; ++kk) wgmma_m64n128k32_e4m3(p, da + 2 * kk, db + 2 * kk, kk > 0);
+    wgmma_commit();
+  };
+  // Promoting stage kt - 1 while stage kt's MMAs run (two part arrays, 234 registers) measured no faster.
   for (int64_t kt = 0; kt < kblocks; ++kt) {
     cp_async_wait<kWgStages - 2>();
     fence_proxy_async_shared();
@@ -434,26 +460,9 @@ __global__ __launch_bounds__(128, 2) void moe_grouped_wgmma_fp8(ExpertTable t, c
     const int64_t next = kt + kWgStages - 1;
     if (next < kblocks) load(next, int(next % kWgStages));
     cp_async_commit();
-
-    const uint8_t* As = smem + int(kt % kWgStages) * kWgStage;
-    const uint64_t da = sw128_desc(As), db = sw128_desc(As + kWgATile);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kQBK / 32; ++kk) wgmma_m64n128k32_e4m3(part, da + 2 * kk, db + 2 * kk, kk > 0);
-    wgmma_commit();
-    const float w_lo = __ldg(sb0 + kt), w_hi = __ldg(sb1 + kt);
-    const float x_lo = __ldg(sa_lo + kt), x_hi = __ldg(sa_hi + kt);
-    wgmma_wait_all(part);
-    // Gate/up: n8 tiles 0..7 are gate columns, 8..15 the up columns of the same outputs.
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float w = kGateUp && j >= 8 ? w_hi : w_lo;
-      const float s_lo = x_lo * w, s_hi = x_hi * w;
-      acc[4 * j] = fmaf(part[4 * j], s_lo, acc[4 * j]);
-      acc[4 * j + 1] = fmaf(part[4 * j + 1], s_lo, acc[4 * j + 1]);
-      acc[4 * j + 2] = fmaf(part[4 * j + 2], s_hi, acc[4 * j + 2]);
-      acc[4 * j + 3] = fmaf(part[4 * j + 3], s_hi, acc[4 * j + 3]);
-    }
+    mma_stage(part, kt);
+    wgmma_wait<0>(part);
+    promote(part, kt);
   }
 
   // Gate/up: bf16 silu(gate) * up into h [rows][inter]; down: float32 into y [rows][hidden].
@@ -485,20 +494,6 @@ __global__ __launch_bounds__(128, 2) void moe_grouped_wgmma_fp8(ExpertTable t, c
   }
 }
 
-// wgmma runs on compute capability 9.0 (the binary holds sm_90a code for it: CMakeLists.txt's default
-// architectures); MOESERVE_CUDA_MOE_WGMMA=0 keeps the mma.sync kernel there too, for measuring.
-bool wgmma_available() {
-  static const bool on = [] {
-    const char* env = std::getenv("MOESERVE_CUDA_MOE_WGMMA");
-    if (env && std::strcmp(env, "0") == 0) return false;
-    int dev = 0, major = 0, minor = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    return major == 9 && minor == 0;
-  }();
-  return on;
-}
 
 // q[row] = in[row] in e4m3 per 128 columns (fp8_quant.cuh), scales [rows][cols / 128].
 // kGather: in is float32 x and row r is token sorted[r] / top_k's (the gate/up input); else in is bf16 h.
@@ -592,6 +587,21 @@ __global__ void moe_silu_mul_bf16x2(const uint32_t* __restrict__ gu, int64_t P, 
 }
 
 }  // namespace
+
+// wgmma runs on compute capability 9.0 (the binary holds sm_90a code for it: CMakeLists.txt's default
+// architectures); MOESERVE_CUDA_MOE_WGMMA=0 keeps the mma.sync kernel there too, for measuring.
+bool wgmma_available() {
+  static const bool on = [] {
+    const char* env = std::getenv("MOESERVE_CUDA_MOE_WGMMA");
+    if (env && std::strcmp(env, "0") == 0) return false;
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major == 9 && minor == 0;
+  }();
+  return on;
+}
 
 void launch_moe_gather_bf16(const float* x, int64_t P, int64_t H, int top_k, const int32_t* sorted,
                             uint16_t* xb, cudaStream_t stream) {

@@ -50,11 +50,13 @@ __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 #endif
 }
-// Waits for the warpgroup's MMAs. The empty statements after it keep every use of d behind the wait (the
-// compiler takes d as written by the MMA's own statement).
-__device__ __forceinline__ void wgmma_wait_all(float (&d)[64]) {
+// Waits until at most kPending of the warpgroup's committed MMA groups are in flight. The empty statements
+// after it keep every use of d (the oldest group's accumulators) behind the wait: the compiler takes d as
+// written by the MMA's own statement.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait(float (&d)[64]) {
 #if MOESERVE_HAS_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 #endif
