@@ -61,25 +61,26 @@ int run(const Options& o) {
   uint64_t seed = 1;
   double weight_bytes = 0;
   auto t0 = Clock::now();
-  ModelWeights weights = dummy::random_weights(config, [&](int64_t rows, int64_t cols, float bound) {
-    // Embeddings and lm_head stay bf16, as FP8 checkpoints keep them.
-    const bool big = rows == config.vocab_size;
-    if (big && bound < 1.0f) bound *= o.logit_scale;  // lm_head (the embeddings have bound 1)
-    const DType type = big ? DType::BF16 : dt;
-    const size_t n = size_t(rows * cols);
-    void* p = cuda_tools::allocate_device(*be, n * dtype_size(type));
-    cuda_tools::fill_random(*be, p, type, int64_t(n), seed++, bound);
-    weight_bytes += double(n * dtype_size(type));
-    Matrix m{type, rows, cols, p};
-    if (type == DType::F8_E4M3) {
-      m.block_rows = m.block_cols = 128;
-      const int64_t blocks = (rows + 127) / 128 * m.scale_cols();
-      auto* s = static_cast<float*>(cuda_tools::allocate_device(*be, size_t(blocks) * 4));
-      cuda_tools::fill_random(*be, s, DType::F32, blocks, seed++, 1.0f / 448.0f);
-      m.scale_inv = s;
-    }
-    return m;
-  });
+  ModelWeights weights =
+      dummy::random_weights(config, [&](int64_t rows, int64_t cols, float bound, bool quantizable) {
+        // Embeddings, lm_head, router, gates and GDN's b and a stay bf16, as FP8 checkpoints keep them.
+        const bool big = rows == config.vocab_size;
+        if (big && bound < 1.0f) bound *= o.logit_scale;  // lm_head (the embeddings have bound 1)
+        const DType type = quantizable ? dt : DType::BF16;
+        const size_t n = size_t(rows * cols);
+        void* p = cuda_tools::allocate_device(*be, n * dtype_size(type));
+        cuda_tools::fill_random(*be, p, type, int64_t(n), seed++, bound);
+        weight_bytes += double(n * dtype_size(type));
+        Matrix m{type, rows, cols, p};
+        if (type == DType::F8_E4M3) {
+          m.block_rows = m.block_cols = 128;
+          const int64_t blocks = (rows + 127) / 128 * m.scale_cols();
+          auto* s = static_cast<float*>(cuda_tools::allocate_device(*be, size_t(blocks) * 4));
+          cuda_tools::fill_random(*be, s, DType::F32, blocks, seed++, 1.0f / 448.0f);
+          m.scale_inv = s;
+        }
+        return m;
+      });
   Qwen35Model model(weights, *be);
   auto state_spec = [&](int slots) {
     StateCacheSpec spec = model.state_cache_spec(slots);

@@ -116,7 +116,8 @@ class OpsBench {
   // throughout: the streaming GEMV below small_sgemm_min_rows, cuBLAS's SGEMM over a float32 copy from it.
   // MOESERVE_CUDA_SMALL_SGEMM_MIN_ROWS=0 measures the GEMV at every size.
   void small_gemm() {
-    for (auto [name, rows] : {std::pair<const char*, int64_t>{"router", 256}, {"gdn b/a", 32}}) {
+    for (auto [name, rows] :
+         {std::pair<const char*, int64_t>{"router", 256}, {"gdn b/a", 32}, {"shared expert gate", 1}}) {
       const int64_t cols = 2048;
       Matrix w = matrix(DType::BF16, rows, cols, 30);
       for (int64_t n : {16, 32, 64, 128, 256, 1024, 8192}) {

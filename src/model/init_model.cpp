@@ -512,8 +512,8 @@ ModelWeights make_dummy_weights_on(Backend& backend, const ModelConfig& config, 
   bool on_backend = true;  // until the backend makes no matrix (the CPU's): then all on the host
   ModelWeights w = make_random_weights(
       config,
-      [&](int64_t rows, int64_t cols, float bound) {
-        const DType dtype = fp8 && rows != config.vocab_size ? DType::F8_E4M3 : DType::BF16;
+      [&](int64_t rows, int64_t cols, float bound, bool quantizable) {
+        const DType dtype = fp8 && quantizable ? DType::F8_E4M3 : DType::BF16;
         Matrix m = on_backend ? backend.random_matrix(dtype, rows, cols, next++, bound) : Matrix{};
         on_backend = !m.empty();
         return m;

@@ -14,15 +14,17 @@ ModelWeights make_random_weights(const ModelConfig& c, const MatrixMaker& make, 
     return v;
   };
   // Linear layers: bound sqrt(3/in) keeps unit-variance inputs at unit variance.
-  auto linear = [&](int64_t out, int64_t in) { return make(out, in, std::sqrt(3.0f / float(in))); };
+  auto linear = [&](int64_t out, int64_t in, bool quantizable = true) {
+    return make(out, in, std::sqrt(3.0f / float(in)), quantizable);
+  };
   auto ffn = [&](int64_t inter) {
     return SwiGlu{linear(inter, c.hidden_size), linear(inter, c.hidden_size), linear(c.hidden_size, inter)};
   };
   const int64_t H = c.hidden_size;
   ModelWeights w;
   w.config = c;
-  w.embed = make(c.vocab_size, H, 1.0f);
-  w.lm_head = linear(c.vocab_size, H);
+  w.embed = make(c.vocab_size, H, 1.0f, false);
+  w.lm_head = linear(c.vocab_size, H, false);
   w.final_norm = uniform(size_t(H), -0.1f, 0.1f);
   auto layer = [&](LayerType type) {
     LayerWeights lw;
@@ -33,8 +35,8 @@ ModelWeights make_random_weights(const ModelConfig& c, const MatrixMaker& make, 
       const int Hv = c.linear_num_value_heads;
       lw.gdn.in_proj_qkv = linear(c.linear_conv_dim(), H);
       lw.gdn.in_proj_z = linear(c.linear_value_dim(), H);
-      lw.gdn.in_proj_b = linear(Hv, H);
-      lw.gdn.in_proj_a = linear(Hv, H);
+      lw.gdn.in_proj_b = linear(Hv, H, false);
+      lw.gdn.in_proj_a = linear(Hv, H, false);
       lw.gdn.out_proj = linear(H, c.linear_value_dim());
       lw.gdn.conv1d = uniform(size_t(c.linear_conv_dim() * c.linear_conv_kernel), -0.5f, 0.5f);
       lw.gdn.dt_bias = uniform(size_t(Hv), -1.0f, 1.0f);
@@ -48,11 +50,11 @@ ModelWeights make_random_weights(const ModelConfig& c, const MatrixMaker& make, 
       lw.attn.q_norm = uniform(size_t(c.head_dim), -0.1f, 0.1f);
       lw.attn.k_norm = uniform(size_t(c.head_dim), -0.1f, 0.1f);
     }
-    lw.moe.router = linear(c.num_experts, H);
+    lw.moe.router = linear(c.num_experts, H, false);
     for (int e = 0; e < c.num_experts; ++e) lw.moe.experts.push_back(ffn(c.moe_intermediate_size));
     if (c.shared_expert_intermediate_size > 0) {
       lw.moe.shared = ffn(c.shared_expert_intermediate_size);
-      lw.moe.shared_gate = linear(1, H);
+      lw.moe.shared_gate = linear(1, H, false);
     }
     return lw;
   };

@@ -12,8 +12,10 @@
 
 namespace moeserve {
 
-// make(rows, cols, bound): a matrix with values uniform in [-bound, bound).
-using MatrixMaker = std::function<Matrix(int64_t rows, int64_t cols, float bound)>;
+// make(rows, cols, bound, quantizable): a matrix with values uniform in [-bound, bound). quantizable is false
+// for the matrices Qwen's FP8 releases keep in BF16 (embeddings, lm_head, the router, the shared-expert gate,
+// GDN's in_proj_a and in_proj_b), so that FP8 dummy weights have a real checkpoint's mix of dtypes.
+using MatrixMaker = std::function<Matrix(int64_t rows, int64_t cols, float bound, bool quantizable)>;
 
 ModelWeights make_random_weights(const ModelConfig& config, const MatrixMaker& make, uint32_t seed = 1);
 

@@ -24,7 +24,7 @@ class CudaModel : public ::testing::Test {
   void SetUp() override {
     MOESERVE_REQUIRE_GPU();
     config = dummy::moe_config("small", 4);
-    weights = dummy::random_weights(config, [&](int64_t rows, int64_t cols, float bound) {
+    weights = dummy::random_weights(config, [&](int64_t rows, int64_t cols, float bound, bool) {
       return store.make(DType::BF16, rows, cols, seed++, bound / 1.7f);
     });
   }
