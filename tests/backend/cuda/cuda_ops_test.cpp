@@ -2,13 +2,16 @@
 // shapes and at the 35B-A3B shapes. Outputs are poisoned with NaN first, so an unwritten element fails.
 // Tolerances: float32 paths agree to summation order (1e-5..1e-4 of the output's scale); the bf16 tensor-core
 // paths (cuBLAS, WMMA experts) round activations to bf16 (2^-9 relative), so they get 2e-2.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <deque>
 #include <numeric>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_util.h"
@@ -613,10 +616,15 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
 // The composite ops: decode-sized batches take the fused kernels (one GEMV over several matrices; the MoE
 // block's routing, experts, shared expert and combine in four launches), larger ones the composed ops.
 TEST_F(CudaOps, MatmulNMatchesSeparateMatmuls) {
-  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+  // All bf16, all FP8, and an FP8 checkpoint's GDN mix (qkv and z FP8, b and a bf16: a launch per dtype).
+  const DType bf = DType::BF16, f8 = DType::F8_E4M3;
+  for (const auto& dts :
+       {std::array{bf, bf, bf, bf}, std::array{f8, f8, f8, f8}, std::array{f8, bf, f8, bf}}) {
     const int64_t cols = 256;
-    std::vector<Matrix> ws = {store.make(dt, 520, cols, 41), store.make(dt, 130, cols, 42),
-                              store.make(dt, 32, cols, 43), store.make(dt, 5000, cols, 44)};
+    std::vector<Matrix> ws = {store.make(dts[0], 520, cols, 41), store.make(dts[1], 130, cols, 42),
+                              store.make(dts[2], 32, cols, 43), store.make(dts[3], 5000, cols, 44)};
+    const std::string dt = fmt::format("{}/{}/{}/{}", dtype_name(dts[0]), dtype_name(dts[1]),
+                                       dtype_name(dts[2]), dtype_name(dts[3]));
     for (size_t count : {2, 3, 4})
       for (int64_t n : {1, 3, 8, 9}) {
         auto x = random_vector(size_t(n * cols), uint32_t(n + 80));
@@ -638,7 +646,7 @@ TEST_F(CudaOps, MatmulNMatchesSeparateMatmuls) {
           for (size_t i = 0; i < count; ++i)
             EXPECT_LT(rel_error(to_host(*be, ys[i], refs[i].size()), refs[i]),
                       rounded && ws[i].rows >= 512 ? kBf16 : kExact)
-                << dtype_name(dt) << " matrix " << i << " of " << count << " n=" << n;
+                << dt << " matrix " << i << " of " << count << " n=" << n;
         }
       }
   }
