@@ -6,16 +6,19 @@
 // bf16 weights take the same kernels at 3-8 rows (no scales; 256 bytes per row and chunk), where the
 // float32 GEMV's loads of x bound it: the MMA reads each x fragment once per 32 rows.
 //
-// Two launches. The first writes x as bf16 MMA fragments in the order the second reads them (one 2 KB run
-// per chunk, token tile and term, 64 bytes per lane): coalesced 16-byte loads of half the bytes and no
-// conversion in the main loop. Up to 8 rows x is split into three bf16 terms (float32 accuracy: the GEMV's
-// tolerance); from 9 rows it is rounded to bf16 once, as the cuBLAS path rounds it. The second launch: a
-// warp owns 32 weight rows and walks 128-column chunks (one scale block each); the warps of a block share
-// the rows and split the chunks (chunk c goes to warp c % splits); their sums are added in warp order through
-// shared memory (deterministic). Each chunk's partial sums are scaled once. blockIdx.x is the token group (16
-// tokens, or all ≤ 8), so the blocks running together read the same weight rows and the groups after the
-// first find them in L2. Up to kGemvMaxSegments matrices over the same x go in one launch (matmul_n).
+// From 9 rows, two launches. The first writes x as bf16 MMA fragments in the order the second reads them
+// (one 2 KB run per chunk, token tile and term, 64 bytes per lane): coalesced 16-byte loads of half the bytes
+// and no conversion in the main loop. Up to 8 rows the main kernel makes them itself (kInline below). Up to 8
+// rows x is split into three bf16 terms (float32 accuracy: the GEMV's tolerance); from 9 rows it is rounded
+// to bf16 once, as the cuBLAS path rounds it. The second launch: a warp owns 32 weight rows and walks
+// 128-column chunks (one scale block each); the warps of a block share the rows and split the chunks (chunk c
+// goes to warp c % splits); their sums are added in warp order through shared memory (deterministic). Each
+// chunk's partial sums are scaled once. blockIdx.x is the token group (16 tokens, or all ≤ 8), so the blocks
+// running together read the same weight rows and the groups after the first find them in L2. Up to
+// kGemvMaxSegments matrices over the same x go in one launch (matmul_n).
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/mma_fp8.cuh"
 
@@ -76,9 +79,14 @@ __device__ __forceinline__ void load_fragments(const uint4* __restrict__ src,
 // One chunk at a time in ≤ 128 registers: two blocks of up to 8 warps per multiprocessor, the bytes in flight
 // coming from many warps. (Loading the next chunk's weights and fragments ahead took ~220 registers, one
 // block per multiprocessor, and was slower: 8192x2048 at 16 rows 18.8 us against 13.3.)
-template <WType T, int kNT, int kTerms>
-__global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_mma_kernel(const uint4* __restrict__ xf, int64_t n,
+// kInline (up to 8 rows, one token tile): each warp makes its chunk's fragments from float32 x itself
+// instead of reading the first launch's; x is a few KB in L2, and the launch saved is a whole kernel's
+// latency in a decode step's chain of dependent kernels.
+template <WType T, int kNT, int kTerms, bool kInline>
+__global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_mma_kernel(const uint4* __restrict__ xf,
+                                                                      const float* __restrict__ x, int64_t n,
                                                                       MmaSegments segs) {
+  static_assert(!kInline || kNT == 1, "inline fragments: one token tile");
   constexpr int kBytes = T == WType::FP8 ? 1 : 2;
   int seg = 0;
   while (seg + 1 < segs.count && int(blockIdx.y) >= segs.first_tile[seg + 1]) ++seg;
@@ -107,12 +115,18 @@ __global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_mma_kernel(const uint
   const uint4* xg = xf + int64_t(blockIdx.x) * chunks * kNT * kTerms * 32 * 4 + lane * 4;
   const int64_t chunk_stride = int64_t(kNT) * kTerms * 32 * 4;
   float acc[2][kNT][4] = {};
+  auto fragments = [&](int c, uint32_t(&xc)[kNT][kTerms][2][8]) {
+    if constexpr (kInline)
+      load_x_fragment<kTerms>(x + imin<int64_t>(g, n - 1) * K, int64_t(c) * kMmaChunk, q, g < n, xc[0]);
+    else
+      load_fragments<kNT, kTerms>(xg + c * chunk_stride, xc);
+  };
   for (int c = warp; c < chunks; c += splits) {
     uint32_t xc[kNT][kTerms][2][8];
     if constexpr (T == WType::FP8) {
       uint4 wv[4][2];
       load_w_fragment(wp, int64_t(c) * kMmaChunk, wv);
-      load_fragments<kNT, kTerms>(xg + c * chunk_stride, xc);
+      fragments(c, xc);
       const float sc = __ldg(srow + c);
       float part[2][kNT][4] = {};
       mma_chunk<kNT, kTerms>(wv, xc, part);
@@ -125,7 +139,7 @@ __global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_mma_kernel(const uint
     } else {
       uint4 wv[4][2][2];
       load_w_fragment_bf16(wp, int64_t(c) * kMmaChunk * 2, wv);
-      load_fragments<kNT, kTerms>(xg + c * chunk_stride, xc);
+      fragments(c, xc);
       mma_chunk_bf16<kNT, kTerms>(wv, xc, acc);
     }
   }
@@ -170,8 +184,16 @@ void launch_tiles(const float* x, int64_t n, const WeightView* ws, float* const*
                   cudaStream_t s) {
   const int64_t K = ws[0].cols, chunks = K / kMmaChunk, groups = (n + 8 * kNT - 1) / (8 * kNT);
   auto* xf = static_cast<uint4*>(scratch);
+  // MOESERVE_CUDA_MMA_INLINE_X=0 keeps the fragments' own launch at ≤ 8 rows too, for measuring.
+  static const bool inline_enabled = [] {
+    const char* e = std::getenv("MOESERVE_CUDA_MMA_INLINE_X");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  constexpr bool kCanInline = kNT == 1;
+  const bool inline_x = kCanInline && inline_enabled;
   const int64_t threads = groups * chunks * kNT * 32;
-  launch_k(fp8_mma_fragments_kernel<kNT, kTerms>, blocks_for(threads, 256), 256, 0, s, x, n, K, xf);
+  if (!inline_x)
+    launch_k(fp8_mma_fragments_kernel<kNT, kTerms>, blocks_for(threads, 256), 256, 0, s, x, n, K, xf);
   MmaSegments segs{};
   segs.count = count;
   int tiles = 0;
@@ -184,7 +206,15 @@ void launch_tiles(const float* x, int64_t n, const WeightView* ws, float* const*
   const int64_t want = (132 * 2 * kMaxSplits + tiles * groups - 1) / (tiles * groups);
   const int splits = int(std::max<int64_t>(1, imin<int64_t>(imin<int64_t>(want, kMaxSplits), chunks)));
   const dim3 grid{unsigned(groups), unsigned(tiles)}, block{unsigned(32 * splits)};
-  launch_k(gemm_mma_kernel<T, kNT, kTerms>, grid, block, 0, s, static_cast<const uint4*>(xf), n, segs);
+  if constexpr (kCanInline) {
+    if (inline_x) {
+      launch_k(gemm_mma_kernel<T, kNT, kTerms, true>, grid, block, 0, s, static_cast<const uint4*>(xf), x, n,
+               segs);
+      return;
+    }
+  }
+  launch_k(gemm_mma_kernel<T, kNT, kTerms, false>, grid, block, 0, s, static_cast<const uint4*>(xf), x, n,
+           segs);
 }
 
 }  // namespace
