@@ -112,6 +112,12 @@ bool bf16_mma_enabled() {
   static const bool v = env_rows("MOESERVE_CUDA_BF16_MMA", 1) != 0;
   return v;
 }
+// matmul_n's FP8 and bf16 matrices in one MMA launch at decode sizes; MOESERVE_CUDA_MIXED_MMA=0 gives each
+// dtype its own launch, for measuring.
+bool mixed_mma_enabled() {
+  static const bool v = env_rows("MOESERVE_CUDA_MIXED_MMA", 1) != 0;
+  return v;
+}
 // Matrices of few outputs (router, gates, GDN b/a) take cuBLAS's float32 GEMM over a float32 copy of the
 // weights from this many rows (cuda_ops_bench small_gemm measures both sides); fewer rows stream the weights.
 // MOESERVE_CUDA_SMALL_SGEMM_MIN_ROWS moves it (0 turns the path off).
@@ -1059,9 +1065,27 @@ class CudaBackend final : public Backend, public CacheMemory {
           cuda::launch_gemv_multi(x, n, v, ys.data(), int(count), stream_);
         return;
       }
-      // Mixed dtypes (an FP8 checkpoint's GDN projections: qkv and z FP8, b and a bf16): a launch per dtype,
-      // not per matrix; a decode step waits on each launch in turn (FP8 decode batch 1 2.97 ms a step with
-      // four launches there, docs/cuda.md).
+      // Mixed dtypes (an FP8 checkpoint's GDN projections: qkv and z FP8, b and a bf16). A decode step waits
+      // on each launch in turn (FP8 decode batch 1: 2.97 ms a step with a launch per matrix there, 2.66 with
+      // one per dtype), so where the FP8 matrices take the MMA kernel the bf16 ones ride in the same launch,
+      // at any row count: float32-accurate like the GEMV (three-term x).
+      bool one_launch = mixed_mma_enabled();
+      bool any_fp8 = false;
+      for (size_t i = 0; i < count && one_launch; ++i) {
+        any_fp8 = any_fp8 || v[i].type == WType::FP8;
+        one_launch = v[i].cols == v[0].cols &&
+                     (v[i].type == WType::FP8
+                          ? small_mma(v[i], x, n, /*any_rows=*/true)
+                          : v[i].type == WType::BF16 && !fp32_matmul_ && cuda::gemm_mma_supported(v[i]));
+      }
+      if (one_launch && any_fp8) {
+        WeightView all = v[0];
+        all.rows = rows;
+        auto scratch = allocate((cuda::gemm_mma_scratch_bytes(n, v[0].cols) + 3) / 4);
+        if (auto op = start(matmul_label(all), x, n, args, scratch.get()))
+          cuda::launch_gemm_mma(x, n, v, ys.data(), int(count), scratch.get(), stream_);
+        return;
+      }
       std::vector<const Matrix*> group_w;
       std::vector<float*> group_y;
       std::vector<bool> done(count, false);

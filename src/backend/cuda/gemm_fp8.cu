@@ -82,12 +82,12 @@ __device__ __forceinline__ void load_fragments(const uint4* __restrict__ src,
 // kInline (up to 8 rows, one token tile): each warp makes its chunk's fragments from float32 x itself
 // instead of reading the first launch's; x is a few KB in L2, and the launch saved is a whole kernel's
 // latency in a decode step's chain of dependent kernels.
-template <WType T, int kNT, int kTerms, bool kInline>
+// kMixed: each segment's own dtype (FP8 or bf16) decides, at run time; otherwise T.
+template <WType T, int kNT, int kTerms, bool kInline, bool kMixed>
 __global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_mma_kernel(const uint4* __restrict__ xf,
                                                                       const float* __restrict__ x, int64_t n,
                                                                       MmaSegments segs) {
   static_assert(!kInline || kNT == 1, "inline fragments: one token tile");
-  constexpr int kBytes = T == WType::FP8 ? 1 : 2;
   int seg = 0;
   while (seg + 1 < segs.count && int(blockIdx.y) >= segs.first_tile[seg + 1]) ++seg;
   WeightView w = segs.w[0];
@@ -95,6 +95,8 @@ __global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_mma_kernel(const uint
 #pragma unroll
   for (int i = 1; i < kGemvMaxSegments; ++i)
     if (seg == i) w = segs.w[i], y = segs.y[i];
+  const bool fp8 = kMixed ? w.type == WType::FP8 : T == WType::FP8;
+  const int kBytes = fp8 ? 1 : 2;
   const int splits = int(blockDim.x >> 5);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int64_t K = w.cols, row_base = int64_t(int(blockIdx.y) - segs.first_tile[seg]) * kMmaWarpRows;
@@ -105,7 +107,7 @@ __global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_mma_kernel(const uint
     wp[i] = static_cast<const uint8_t*>(w.data) +
             imin<int64_t>(row_base + g + 8 * i, w.rows - 1) * K * kBytes + 16 * kBytes * q;
   // FP8: the 32 rows share a row block (block_rows % 32 == 0).
-  const float* srow = T == WType::FP8 ? fp8_scale_row(w, row_base) : nullptr;
+  const float* srow = fp8 ? fp8_scale_row(w, row_base) : nullptr;
   if (threadIdx.x == 0 && blockIdx.x == 0) {  // these rows into L2 while the previous kernel runs
     const int64_t rows = imin<int64_t>(kMmaWarpRows, w.rows - row_base);
     prefetch_l2(static_cast<const uint8_t*>(w.data) + row_base * K * kBytes, uint32_t(rows * K * kBytes));
@@ -123,7 +125,7 @@ __global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_mma_kernel(const uint
   };
   for (int c = warp; c < chunks; c += splits) {
     uint32_t xc[kNT][kTerms][2][8];
-    if constexpr (T == WType::FP8) {
+    if (fp8) {
       uint4 wv[4][2];
       load_w_fragment(wp, int64_t(c) * kMmaChunk, wv);
       fragments(c, xc);
@@ -179,7 +181,7 @@ __global__ __launch_bounds__(kMaxSplits * 32, 2) void gemm_mma_kernel(const uint
       }
 }
 
-template <WType T, int kNT, int kTerms>
+template <WType T, int kNT, int kTerms, bool kMixed = false>
 void launch_tiles(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count, void* scratch,
                   cudaStream_t s) {
   const int64_t K = ws[0].cols, chunks = K / kMmaChunk, groups = (n + 8 * kNT - 1) / (8 * kNT);
@@ -208,13 +210,13 @@ void launch_tiles(const float* x, int64_t n, const WeightView* ws, float* const*
   const dim3 grid{unsigned(groups), unsigned(tiles)}, block{unsigned(32 * splits)};
   if constexpr (kCanInline) {
     if (inline_x) {
-      launch_k(gemm_mma_kernel<T, kNT, kTerms, true>, grid, block, 0, s, static_cast<const uint4*>(xf), x, n,
-               segs);
+      launch_k(gemm_mma_kernel<T, kNT, kTerms, true, kMixed>, grid, block, 0, s,
+               static_cast<const uint4*>(xf), x, n, segs);
       return;
     }
   }
-  launch_k(gemm_mma_kernel<T, kNT, kTerms, false>, grid, block, 0, s, static_cast<const uint4*>(xf), x, n,
-           segs);
+  launch_k(gemm_mma_kernel<T, kNT, kTerms, false, kMixed>, grid, block, 0, s, static_cast<const uint4*>(xf),
+           x, n, segs);
 }
 
 }  // namespace
@@ -234,7 +236,11 @@ size_t gemm_mma_scratch_bytes(int64_t n, int64_t cols) {
 void launch_gemm_mma(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
                      void* scratch, cudaStream_t s) {
   if (n == 0 || count == 0) return;
-  if (ws[0].type == WType::BF16) {  // the backend sends ≤ 8 rows (more run as token groups of 8)
+  bool mixed = false;
+  for (int i = 1; i < count; ++i) mixed = mixed || ws[i].type != ws[0].type;
+  if (mixed) {  // FP8 and bf16 matrices, ≤ 8 rows (matmul_n)
+    launch_tiles<WType::FP8, 1, 3, true>(x, n, ws, ys, count, scratch, s);
+  } else if (ws[0].type == WType::BF16) {  // the backend sends ≤ 8 rows (more run as token groups of 8)
     launch_tiles<WType::BF16, 1, 3>(x, n, ws, ys, count, scratch, s);
   } else if (n <= 8) {
     launch_tiles<WType::FP8, 1, 3>(x, n, ws, ys, count, scratch, s);

@@ -113,8 +113,9 @@ void launch_gemv_swiglu(const float* x, int64_t n, const WeightView& gate, const
                         cudaStream_t s);
 // FP8 weights with 128-column block scales, or bf16 weights, against a few activation rows (batched decode)
 // on bf16 tensor cores, the weights read once as stored (gemm_fp8.cu): ys[i] = x ws[i]ᵀ for count ≤
-// kGemvMaxSegments matrices of one dtype and width. ≤ 8 rows: float32 accuracy (x split into three bf16
-// terms); more: x rounded to bf16. x rows 16-byte aligned; scratch (device) holds gemm_mma_scratch_bytes.
+// kGemvMaxSegments matrices of one width, one dtype or (≤ 8 rows) FP8 and bf16 mixed. ≤ 8 rows: float32
+// accuracy (x split into three bf16 terms); more: x rounded to bf16. x rows 16-byte aligned; scratch (device)
+// holds gemm_mma_scratch_bytes.
 bool gemm_mma_supported(const WeightView& w);
 size_t gemm_mma_scratch_bytes(int64_t n, int64_t cols);
 void launch_gemm_mma(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count,
