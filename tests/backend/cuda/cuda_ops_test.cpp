@@ -549,8 +549,10 @@ TEST_F(CudaOps, SwigluAndMoeExperts) {
     // 64 x 4 x 192 x 128 at 1,200 tokens (75 pairs per expert): the backend's grouped kernel for both.
     // 16 x 4 x 256 x 128 at 40 and 100 tokens (10 and 25 pairs per expert): the MMA items of 16 and 32; at
     // 3,100 (12,400 pairs) cuBLAS for bf16 weights, the grouped kernel FP8 x FP8 for FP8 weights;
-    // 256 x 8 x 2048 x 512 at 64 tokens: items of 8 (bf16 and FP8 weights alike).
-    for (const Case& c : {Case{16, 4, 256, 64, {1, 5, 300}}, Case{256, 8, 2048, 512, {1, 3, 64, 200}},
+    // 256 x 8 x 2048 x 512 at 64 tokens: items of 8 (bf16 and FP8 weights alike); at 600 (4,800 pairs) FP8
+    // weights take the grouped kernel where it runs on wgmma (an H100/H200), at the release's widths: 16
+    // scale blocks along K, so its four-stage ring wraps around.
+    for (const Case& c : {Case{16, 4, 256, 64, {1, 5, 300}}, Case{256, 8, 2048, 512, {1, 3, 64, 200, 600}},
                           Case{8, 2, 192, 128, {700, 2100}}, Case{64, 4, 192, 128, {1200}},
                           Case{16, 4, 256, 128, {40, 100, 3100}}}) {
       std::vector<SwiGlu> experts;
