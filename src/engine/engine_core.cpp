@@ -337,11 +337,20 @@ void EngineCore::step() {
     s.tokens = std::span<const int32_t>(r->tokens.data() + r->computed, size_t(plan[i].tokens));
     s.start_pos = r->computed;
     if (r->mm) {
-      if (r->computed + plan[i].tokens == int64_t(r->tokens.size()) && r->computed >= r->prompt_len) {
-        s.rope_delta = r->mm->rope_delta;  // a decode step: text after the images
+      // A decode step, or a verify step after the prompt (its pending token and drafts): generated text,
+      // after the images.
+      const int64_t held = int64_t(r->tokens.size());
+      const bool generated_text =
+          r->computed >= r->prompt_len && (r->computed + plan[i].tokens == held || verifies(r));
+      if (generated_text) {
+        s.rope_delta = r->mm->rope_delta;
       } else {
-        for (int64_t j = 0; j < plan[i].tokens; ++j)
-          model_tokens[i].push_back(r->model_token(r->computed + j));
+        // A prompt chunk, or a verify step from the prompt's last token (drafts begun as its prefill ended),
+        // whose rows past r->tokens are the drafts. An image row takes the image token, not the cache's key.
+        for (int64_t j = 0; j < plan[i].tokens; ++j) {
+          const int64_t at = r->computed + j;
+          model_tokens[i].push_back(at < held ? r->model_token(at) : r->spec.verify[size_t(j)]);
+        }
         s.tokens = model_tokens[i];
         chunks[i] = prompt_chunk(*r->mm, r->computed, r->computed + plan[i].tokens);
         chunks[i].apply(s);
@@ -357,7 +366,7 @@ void EngineCore::step() {
       if (verifies(r)) {  // the pending token and the drafts, every row's logits, every position's GDN state
         check(plan[i].tokens == int64_t(r->spec.verify.size()), "engine: request {} verifies {} of {} tokens",
               r->id, plan[i].tokens, r->spec.verify.size());
-        s.tokens = r->spec.verify;
+        if (model_tokens[i].empty()) s.tokens = r->spec.verify;  // else the rows built above, with images
         s.all_logits = true;
         trails[i] = spec_->trail_slots(r);
         s.trail_slots = trails[i];

@@ -224,8 +224,9 @@ SafetensorsHeader parse_safetensors(std::span<const uint8_t> bytes, const std::s
 
 void TensorSet::add(TensorInfo tensor) {
   auto [it, inserted] = index_.emplace(tensor.name, tensors_.size());
-  check(inserted, "tensor '{}' appears in both {} and {}", tensor.name, tensors_[it->second].file,
-        tensor.file);
+  // Not check(): its arguments are evaluated first, and it->second is one past the end when inserted.
+  if (!inserted)
+    fail("tensor '{}' appears in both {} and {}", tensor.name, tensors_[it->second].file, tensor.file);
   tensors_.push_back(std::move(tensor));
 }
 

@@ -7,6 +7,7 @@
 // "may be used uninitialized": a known false positive of its coroutine-frame analysis.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -21,8 +22,6 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-
-#include <atomic>
 #include <cctype>
 #include <thread>
 
@@ -108,8 +107,8 @@ struct HttpServer::Impl {
   // ended by closing the connection.
   net::awaitable<bool> write_response(beast::tcp_stream& stream, HttpResponse&& r, bool keep_alive,
                                       unsigned version);
-  net::awaitable<bool> write_deferred(beast::tcp_stream& stream, std::shared_ptr<AsyncBody> body, Headers extra,
-                                      bool keep_alive, unsigned version);
+  net::awaitable<bool> write_deferred(beast::tcp_stream& stream, std::shared_ptr<AsyncBody> body,
+                                      Headers extra, bool keep_alive, unsigned version);
   net::awaitable<void> lingering_close(beast::tcp_stream& stream);
   // An error the HTTP layer answers itself; the connection closes after it, without reading what is left.
   net::awaitable<void> refuse(beast::tcp_stream& stream, HttpResponse&& r) {
@@ -282,9 +281,8 @@ net::awaitable<bool> HttpServer::Impl::write_response(beast::tcp_stream& stream,
 }
 
 net::awaitable<bool> HttpServer::Impl::write_deferred(beast::tcp_stream& stream,
-                                                      std::shared_ptr<AsyncBody> body, Headers extra, bool keep_alive,
-                                                      unsigned version) {
-  Counted in_progress(active);
+                                                      std::shared_ptr<AsyncBody> body, Headers extra,
+                                                      bool keep_alive, unsigned version) {
   auto ex = co_await net::this_coro::executor;
   auto timer = std::make_shared<net::steady_timer>(ex);
   auto woken = std::make_shared<std::atomic<bool>>(false);
@@ -469,10 +467,15 @@ net::awaitable<void> HttpServer::Impl::session(tcp::socket socket) {
 
     const bool keep_alive = msg.keep_alive() && !stopping.load();
     request.body = std::move(msg.body());
+    // In progress for stop() and active_responses() from the dispatch until the response is written, a
+    // streamed body's end included. Counted in the handler and in the stream apart, a request was briefly
+    // in neither between them, and a stop() then closed its connection before the first byte.
+    Counted in_progress(active);
     Reply reply = co_await dispatch(std::move(request), std::move(charge));
     bool ok;
     if (reply.body) {
-      ok = co_await write_deferred(stream, std::move(reply.body), std::move(reply.headers), keep_alive, version);
+      ok = co_await write_deferred(stream, std::move(reply.body), std::move(reply.headers), keep_alive,
+                                   version);
     } else {
       auto& h = reply.response.headers;
       h.insert(h.end(), reply.headers.begin(), reply.headers.end());
@@ -544,7 +547,6 @@ net::awaitable<Reply> HttpServer::Impl::dispatch(HttpRequest request, BodyCharge
                                 options.max_queued_work)),
         nullptr};
   }
-  Counted in_progress(active);
   co_return co_await on_pool(std::move(request), std::move(charge));
 }
 
@@ -572,7 +574,9 @@ Reply HttpServer::Impl::call_handler(HttpRequest& request) {
 HttpServer::HttpServer(HttpServerOptions options, Handler handler)
     : impl_(std::make_unique<Impl>(std::move(options), std::move(handler))) {}
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+  stop();
+}
 
 void HttpServer::start() {
   auto& o = impl_->options;
@@ -595,9 +599,13 @@ void HttpServer::start() {
   }
 }
 
-uint16_t HttpServer::port() const { return impl_->bound_port; }
+uint16_t HttpServer::port() const {
+  return impl_->bound_port;
+}
 
-size_t HttpServer::active_responses() const { return impl_->active.load(); }
+size_t HttpServer::active_responses() const {
+  return impl_->active.load();
+}
 
 size_t HttpServer::open_connections() const {
   return impl_->connections.load();
@@ -623,6 +631,12 @@ void HttpServer::stop(std::chrono::milliseconds grace) {
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
+  // The close posted above may not have run before the io_context stopped (nothing in progress: no wait),
+  // and a listening socket left open goes on completing connections in the kernel that nobody answers.
+  if (impl_->acceptor) {
+    beast::error_code ec;
+    impl_->acceptor->close(ec);
+  }
   // After the IO threads: a handler finishing now posts its reply to a stopped io_context, where it is
   // dropped.
   if (impl_->pool) {

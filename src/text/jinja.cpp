@@ -8,6 +8,7 @@
 #include <ctime>
 #include <map>
 #include <unordered_map>
+#include <utility>
 
 #include "text/jinja_lexer.h"
 #include "text/jinja_value.h"
@@ -352,6 +353,13 @@ const Value& arg(Args& a, size_t index, const char* name, const Value& fallback)
   if (const Value* v = a.kw(name)) return *v;
   return fallback;
 }
+// With a temporary fallback (`arg(a, 1, "maxsplit", Value(-1))`) the result is a copy: a reference to the
+// fallback would dangle once the caller's full expression ends, and `const Value& m = arg(...)` keeps a
+// returned value alive where it cannot keep the temporary argument.
+Value arg(Args& a, size_t index, const char* name, Value&& fallback) {
+  const Value& v = arg(a, index, name, std::as_const(fallback));
+  return &v == &fallback ? std::move(fallback) : v;
+}
 
 const Value kNoneValue = Value::none();
 const Value kUndefinedValue = Value();
@@ -446,7 +454,7 @@ Value bind_method(const Value& self, const std::string& name) {
       });
     if (name == "count")
       return method([s](Args& a) {
-        const std::string& sub = arg(a, 0, "sub", Value("")).as_string();
+        const std::string sub = arg(a, 0, "sub", Value("")).as_string();
         if (sub.empty()) return Value(static_cast<int64_t>(string_length(s) + 1));
         int64_t n = 0;
         for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size())) ++n;

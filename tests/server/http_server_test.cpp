@@ -343,6 +343,18 @@ TEST_F(HttpServerTest, StopLetsResponsesInProgressFinishWithinGrace) {
   EXPECT_THROW(Connection(server_->port()), std::runtime_error);
 }
 
+// With nothing in progress stop() does not wait, and the listening socket must still be closed: the close it
+// posts to the IO threads may lose the race with stopping them, and an open listener goes on completing
+// connections in the kernel that nobody answers.
+TEST_F(HttpServerTest, StopWithNothingInProgressRefusesNewConnections) {
+  for (int round = 0; round < 20; ++round) {
+    start(base_options());
+    EXPECT_EQ(Connection(server_->port()).roundtrip("GET", "/hello").status, 200);
+    server_->stop(std::chrono::milliseconds(0));
+    EXPECT_THROW(Connection(server_->port()), std::runtime_error) << "round " << round;
+  }
+}
+
 TEST_F(HttpServerTest, HeadCheckAnswersBeforeTheBodyIsRead) {
   auto o = base_options();
   o.on_head = [](const HttpRequest& head) -> std::optional<HttpResponse> {
