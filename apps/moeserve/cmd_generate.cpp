@@ -1,10 +1,12 @@
 // moeserve generate: one prompt through a model, greedy; prints the generated ids and the speed (stderr).
 // With --speculative-algorithm MTP it runs through the engine with MTP drafts (engine/speculative.h).
-// With --preset (random weights of a preset's shape, made in memory) it measures any size without a checkpoint.
-#include <chrono>
-#include <cstdio>
+// With --preset (random weights of a preset's shape, made in memory) it measures any size without a
+// checkpoint.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <chrono>
+#include <cstdio>
 
 #include "backend/backend.h"
 #include "command.h"
@@ -82,19 +84,20 @@ int run_speculative(const Options& o, const ModelWeights& weights, Backend& back
   auto stream = std::make_shared<OutputStream>();
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
-  engine->submit({"generate", prompt, p, 0, stream->sink()});
+  engine->submit({.id = "generate", .prompt = prompt, .params = p, .on_output = stream->sink()});
   GenerateOutput out = stream->collect();
   const double s = std::chrono::duration<double>(clock::now() - t0).count();
   check(out.finish_reason != FinishReason::Error, "generation failed: {}", out.error);
   std::printf("%s\n", fmt::format("{}", fmt::join(out.tokens, ",")).c_str());
   const EngineStats st = engine->stats();
-  std::fprintf(stderr, "%s\n",
-               fmt::format("{} prompt + {} generated tokens in {:.3f}s ({:.1f} tok/s overall); MTP: {} verify steps, "
-                           "{} of {} drafts accepted, mean acceptance length {:.2f}",
-                           prompt.size(), out.tokens.size(), s, double(out.tokens.size()) / s, st.spec_drafts,
-                           st.spec_accepted_tokens, st.spec_draft_tokens,
-                           st.spec_drafts ? 1.0 + double(st.spec_accepted_tokens) / double(st.spec_drafts) : 0.0)
-                   .c_str());
+  std::fprintf(
+      stderr, "%s\n",
+      fmt::format("{} prompt + {} generated tokens in {:.3f}s ({:.1f} tok/s overall); MTP: {} verify steps, "
+                  "{} of {} drafts accepted, mean acceptance length {:.2f}",
+                  prompt.size(), out.tokens.size(), s, double(out.tokens.size()) / s, st.spec_drafts,
+                  st.spec_accepted_tokens, st.spec_draft_tokens,
+                  st.spec_drafts ? 1.0 + double(st.spec_accepted_tokens) / double(st.spec_drafts) : 0.0)
+          .c_str());
   return 0;
 }
 
@@ -113,7 +116,8 @@ int run(const Options& o) {
   for (int32_t id : prompt)
     check(id < model.config().vocab_size, "--prompt-ids: token {} is outside the vocabulary (size {})", id,
           model.config().vocab_size);
-  if (int steps = speculative_steps(o.speculative); steps > 0) return run_speculative(o, weights, *backend, prompt, steps);
+  if (int steps = speculative_steps(o.speculative); steps > 0)
+    return run_speculative(o, weights, *backend, prompt, steps);
   const DType kv = resolve_kv_cache_dtype(parse_kv_cache_dtype(o.kv_cache_dtype), backend->cache_memory());
   SequenceRunner runner(model, int64_t(prompt.size()) + o.max_tokens, 16, kv);
 
@@ -133,61 +137,60 @@ int run(const Options& o) {
   std::printf("%s\n", fmt::format("{}", fmt::join(out, ",")).c_str());
   double prefill_s = std::chrono::duration<double>(t1 - t0).count();
   double decode_s = std::chrono::duration<double>(t2 - t1).count();
-  std::fprintf(stderr, "%s\n",
-               fmt::format("prefill {} tokens in {:.3f}s ({:.1f} tok/s); decode {} tokens in {:.3f}s ({:.1f} tok/s)",
-                           prompt.size(), prefill_s, double(prompt.size()) / prefill_s, out.size() - 1, decode_s,
-                           out.size() > 1 ? double(out.size() - 1) / decode_s : 0.0)
-                   .c_str());
+  std::fprintf(
+      stderr, "%s\n",
+      fmt::format("prefill {} tokens in {:.3f}s ({:.1f} tok/s); decode {} tokens in {:.3f}s ({:.1f} tok/s)",
+                  prompt.size(), prefill_s, double(prompt.size()) / prefill_s, out.size() - 1, decode_s,
+                  out.size() > 1 ? double(out.size() - 1) / decode_s : 0.0)
+          .c_str());
   return 0;
 }
 
-Registration reg{{"generate", "Generate from a prompt of token ids (greedy) and print the ids", 50,
-                  [](CLI::App& cmd) {
-                    auto o = std::make_shared<Options>();
-                    auto model = cmd.add_option("--model", o->model, "checkpoint directory");
-                    auto preset = cmd.add_option("--preset", o->preset,
-                                                 "random weights of a preset's shape instead of a checkpoint "
-                                                 "(tiny, 35b-a3b, 122b-a10b, ...)");
-                    model->excludes(preset);
-                    cmd.add_option("--layers", o->layers, "with --preset: keep the first N layers")
-                        ->check(CLI::Range(1, 1000));
-                    cmd.add_option("--dtype", o->dtype, "with --preset: weight dtype")
-                        ->check(CLI::IsMember({"bf16", "fp8"}))
-                        ->capture_default_str();
-                    cmd.add_option("--seed", o->seed, "with --preset: seed of the random weights");
-                    auto ids = cmd.add_option("--prompt-ids", o->prompt_ids, "comma-separated token ids");
-                    auto len = cmd.add_option("--prompt-len", o->prompt_len, "a synthetic prompt of N tokens")
-                                   ->check(CLI::Range(1, 1 << 20));
-                    ids->excludes(len);
-                    cmd.add_option("--max-tokens", o->max_tokens, "tokens to generate")
-                        ->check(CLI::Range(1, 1 << 20))
-                        ->capture_default_str();
-                    cmd.add_option(
-                           "--kv-cache-dtype", o->kv_cache_dtype,
-                           "KV cache elements: auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 "
-                           "or fp8_e4m3 (also fp32, bf16, fp8)")
-                        ->check(
-                            CLI::IsMember({"auto", "float32", "fp32", "bfloat16", "bf16", "fp8", "fp8_e4m3"}))
-                        ->capture_default_str();
-                    cmd.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an end-of-sequence token");
-                    cmd.add_option("--device", o->device, "backend: cpu or cuda")
-                        ->check(CLI::IsMember({"cpu", "cuda"}))
-                        ->capture_default_str();
-                    cmd.add_option("--matmul", o->matmul, "CUDA matmul precision for prompts: bf16 (tensor cores) or fp32")
-                        ->check(CLI::IsMember({"fp32", "bf16"}))
-                        ->capture_default_str();
-                    cmd.add_option("--speculative-algorithm", o->speculative.algorithm,
-                                   "MTP or NEXTN: draft with the checkpoint's MTP layer (same tokens, fewer steps)");
-                    cmd.add_option("--speculative-num-steps", o->speculative.num_steps, "drafts per step (default 3)");
-                    cmd.add_option("--speculative-eagle-topk", o->speculative.eagle_topk, "1 (a chain of drafts)");
-                    cmd.add_option("--speculative-num-draft-tokens", o->speculative.num_draft_tokens,
-                                   "num-steps + 1 (SGLang's spelling of the same)");
-                    return [o, model, preset, ids, len] {
-                      check(model->count() + preset->count() == 1, "give --model DIR or --preset NAME");
-                      check(ids->count() + len->count() == 1, "give --prompt-ids or --prompt-len");
-                      return run(*o);
-                    };
-                  }}};
+Registration reg{
+    {"generate", "Generate from a prompt of token ids (greedy) and print the ids", 50, [](CLI::App& cmd) {
+       auto o = std::make_shared<Options>();
+       auto model = cmd.add_option("--model", o->model, "checkpoint directory");
+       auto preset = cmd.add_option("--preset", o->preset,
+                                    "random weights of a preset's shape instead of a checkpoint "
+                                    "(tiny, 35b-a3b, 122b-a10b, ...)");
+       model->excludes(preset);
+       cmd.add_option("--layers", o->layers, "with --preset: keep the first N layers")
+           ->check(CLI::Range(1, 1000));
+       cmd.add_option("--dtype", o->dtype, "with --preset: weight dtype")
+           ->check(CLI::IsMember({"bf16", "fp8"}))
+           ->capture_default_str();
+       cmd.add_option("--seed", o->seed, "with --preset: seed of the random weights");
+       auto ids = cmd.add_option("--prompt-ids", o->prompt_ids, "comma-separated token ids");
+       auto len = cmd.add_option("--prompt-len", o->prompt_len, "a synthetic prompt of N tokens")
+                      ->check(CLI::Range(1, 1 << 20));
+       ids->excludes(len);
+       cmd.add_option("--max-tokens", o->max_tokens, "tokens to generate")
+           ->check(CLI::Range(1, 1 << 20))
+           ->capture_default_str();
+       cmd.add_option("--kv-cache-dtype", o->kv_cache_dtype,
+                      "KV cache elements: auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 "
+                      "or fp8_e4m3 (also fp32, bf16, fp8)")
+           ->check(CLI::IsMember({"auto", "float32", "fp32", "bfloat16", "bf16", "fp8", "fp8_e4m3"}))
+           ->capture_default_str();
+       cmd.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an end-of-sequence token");
+       cmd.add_option("--device", o->device, "backend: cpu or cuda")
+           ->check(CLI::IsMember({"cpu", "cuda"}))
+           ->capture_default_str();
+       cmd.add_option("--matmul", o->matmul, "CUDA matmul precision for prompts: bf16 (tensor cores) or fp32")
+           ->check(CLI::IsMember({"fp32", "bf16"}))
+           ->capture_default_str();
+       cmd.add_option("--speculative-algorithm", o->speculative.algorithm,
+                      "MTP or NEXTN: draft with the checkpoint's MTP layer (same tokens, fewer steps)");
+       cmd.add_option("--speculative-num-steps", o->speculative.num_steps, "drafts per step (default 3)");
+       cmd.add_option("--speculative-eagle-topk", o->speculative.eagle_topk, "1 (a chain of drafts)");
+       cmd.add_option("--speculative-num-draft-tokens", o->speculative.num_draft_tokens,
+                      "num-steps + 1 (SGLang's spelling of the same)");
+       return [o, model, preset, ids, len] {
+         check(model->count() + preset->count() == 1, "give --model DIR or --preset NAME");
+         check(ids->count() + len->count() == 1, "give --prompt-ids or --prompt-len");
+         return run(*o);
+       };
+     }}};
 
 }  // namespace
 }  // namespace moeserve::app

@@ -81,13 +81,13 @@ struct GenerateRequest {
   int priority = 0;  // smaller runs first (vLLM convention); ties by arrival
   // Called on the engine thread for every event of this request, the last one with finished = true.
   // Must return quickly (hand the event to another thread); may call Engine::cancel.
-  std::function<void(const GenerateOutput&)> on_output;
+  std::function<void(const GenerateOutput&)> on_output{};
   // A prompt position worth a GDN snapshot, 0 for none: for chat, where the conversation so far ends and the
   // generation prompt begins. The next turn repeats the prompt up to there but not beyond (the template
   // re-renders the assistant turn), so a snapshot at the end of the prompt alone would never be hit.
   int64_t snapshot_hint = 0;
   // The prompt's images, or null for text (shared by the n choices of one request).
-  std::shared_ptr<const PromptImages> images;
+  std::shared_ptr<const PromptImages> images{};
 };
 
 enum class FinishReason { None, Stop, Length, Abort, Error };

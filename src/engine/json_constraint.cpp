@@ -877,7 +877,7 @@ class SchemaCompiler {
       } else {
         // A number schema that only integers pass (multipleOf) stays one: the text reads as the same number.
         const bool integers = want == Node::kNumber && !(n.types & Node::kNumber);
-        v.types = uint8_t((integers ? Node::kInteger : want) | nullable);
+        v.types = uint8_t((integers ? int(Node::kInteger) : want) | nullable);
       }
     }
     const int index = add();

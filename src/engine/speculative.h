@@ -90,9 +90,9 @@ struct MtpImageRows {
 struct FinalRows {
   std::vector<int32_t> tokens;  // t_{start+1} .. t_{start+rows}
   int64_t start = 0;
-  int64_t hidden_row = 0;             // among the step's hidden rows
-  std::vector<int32_t> pages;         // its page table when it finished (the prefix cache holds them now)
-  std::optional<MtpImageRows> image;  // a request with images: the rows as the MTP layer takes them
+  int64_t hidden_row = 0;               // among the step's hidden rows
+  std::vector<int32_t> pages;           // its page table when it finished (the prefix cache holds them now)
+  std::optional<MtpImageRows> image{};  // a request with images: the rows as the MTP layer takes them
 };
 
 // The speculative-decoding flags as SGLang and vLLM spell them (serve, generate).

@@ -53,9 +53,9 @@ class AsyncBody {
     bool chunked = false;  // true: stream `data` as it comes (SSE); false: `data` is the whole body
   };
   struct Step {
-    std::optional<Head> head;  // given exactly once, before or with the first data
-    std::string data;          // bytes ready to write now
-    bool done = false;         // no more data will follow
+    std::optional<Head> head;                  // given exactly once, before or with the first data
+    std::string data;                          // bytes ready to write now
+    bool done = false;                         // no more data will follow
     std::optional<Clock::time_point> wake_at;  // poll again at this time even without a wake-up
   };
 
@@ -71,7 +71,7 @@ class AsyncBody {
 struct Reply {
   HttpResponse response;            // used when body is null
   std::shared_ptr<AsyncBody> body;  // deferred response
-  Headers headers;                  // added to either (X-Request-Id, CORS)
+  Headers headers{};                // added to either (X-Request-Id, CORS)
 };
 
 using Handler = std::function<Reply(HttpRequest&)>;
@@ -83,9 +83,9 @@ using HeadCheck = std::function<std::optional<HttpResponse>(const HttpRequest& h
 
 struct HttpServerOptions {
   std::string host = "0.0.0.0";
-  uint16_t port = 30000;  // 0 picks a free port (see HttpServer::port)
-  int threads = 1;        // IO threads
-  size_t max_body_bytes = 32 << 20;   // larger bodies get 413
+  uint16_t port = 30000;               // 0 picks a free port (see HttpServer::port)
+  int threads = 1;                     // IO threads
+  size_t max_body_bytes = 32 << 20;    // larger bodies get 413
   size_t max_header_bytes = 64 << 10;  // larger headers get 431
   // Request bodies buffered at once over all connections. A request whose Content-Length does not fit in what
   // is left gets 503 before its body is read; a chunked body is charged chunk by chunk as it arrives.
@@ -97,9 +97,9 @@ struct HttpServerOptions {
   size_t max_queued_work = 256;
   std::function<bool(const HttpRequest& head)> runs_inline;  // cheap requests (/health): on the IO thread
   HeadCheck on_head;
-  std::chrono::seconds header_timeout{30};     // to receive a complete request once it has started
-  std::chrono::seconds keep_alive_timeout{60}; // idle time between requests on one connection
-  std::chrono::seconds write_timeout{60};      // a write that makes no progress this long drops the client
+  std::chrono::seconds header_timeout{30};      // to receive a complete request once it has started
+  std::chrono::seconds keep_alive_timeout{60};  // idle time between requests on one connection
+  std::chrono::seconds write_timeout{60};       // a write that makes no progress this long drops the client
   std::string server_header = "moeserve";
   // Told the status of every error the HTTP layer answers itself (400 malformed, 413, 431, 501, 503 over a
   // limit), for metrics.

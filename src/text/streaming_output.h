@@ -22,7 +22,7 @@ struct StreamingOptions {
   std::optional<OutputParserOptions> parser;
   // Text the server wrote into the assistant's turn (a forced tool call's opening): the client sees it as the
   // start of the output, so it is parsed before the first generated text.
-  std::string assistant_prefix;
+  std::string assistant_prefix{};
 };
 
 // Appends `more` to `into`. A tool-call piece that continues the last piece's call (same index, no id) joins

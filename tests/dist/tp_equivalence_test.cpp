@@ -151,7 +151,8 @@ TEST(TensorParallel, FollowersRunRankZerosEngineSteps) {
       p.max_tokens = 12;
       p.ignore_eos = true;
       auto stream = std::make_shared<OutputStream>();
-      GenerateRequest r{fmt::format("r{}", i), prompt, p, 0, stream->sink()};
+      GenerateRequest r{
+          .id = fmt::format("r{}", i), .prompt = prompt, .params = p, .on_output = stream->sink()};
       engine->submit(std::move(r));
       streams.push_back(stream);
     }

@@ -36,7 +36,11 @@ struct Harness {
 
   std::shared_ptr<OutputStream> submit(const std::string& id, std::vector<int32_t> prompt, SamplingParams p,
                                        int priority = 0, int64_t snapshot_hint = 0) {
-    GenerateRequest r{id, std::move(prompt), std::move(p), priority, {}, snapshot_hint};
+    GenerateRequest r{.id = id,
+                      .prompt = std::move(prompt),
+                      .params = std::move(p),
+                      .priority = priority,
+                      .snapshot_hint = snapshot_hint};
     auto stream = std::make_shared<OutputStream>();
     r.on_output = stream->sink();
     core->validate(r);
@@ -264,7 +268,7 @@ std::vector<std::string> admission_order(
     Harness& h, const std::vector<std::tuple<std::string, std::vector<int32_t>, int>>& requests) {
   auto order = std::make_shared<std::vector<std::string>>();
   for (const auto& [id, prompt, priority] : requests) {
-    GenerateRequest r{id, prompt, greedy(2), priority, {}};
+    GenerateRequest r{.id = id, .prompt = prompt, .params = greedy(2), .priority = priority};
     r.on_output = [order, id = id](const GenerateOutput&) {
       if (std::find(order->begin(), order->end(), id) == order->end()) order->push_back(id);
     };
@@ -425,18 +429,18 @@ TEST(EngineCore, RejectsInvalidRequestsWithAMessage) {
     }
     return std::string();
   };
-  EXPECT_NE(bad({"a", {}, {}, 0, {}}), "");
-  EXPECT_NE(bad({"a", {1, 99}, {}, 0, {}}).find("vocabulary"), std::string::npos);
+  EXPECT_NE(bad({.id = "a", .prompt = {}, .params = {}}), "");
+  EXPECT_NE(bad({.id = "a", .prompt = {1, 99}, .params = {}}).find("vocabulary"), std::string::npos);
   SamplingParams p;
   p.top_p = 0;
-  EXPECT_NE(bad({"a", {1}, p, 0, {}}).find("top_p"), std::string::npos);
+  EXPECT_NE(bad({.id = "a", .prompt = {1}, .params = p}).find("top_p"), std::string::npos);
   p = {};
   p.max_tokens = 5000;
-  EXPECT_NE(bad({"a", {1}, p, 0, {}}).find("maximum context length"), std::string::npos);
+  EXPECT_NE(bad({.id = "a", .prompt = {1}, .params = p}).find("maximum context length"), std::string::npos);
   // The words the server's 400 uses for the same rule (engine/request_limits.h).
-  EXPECT_EQ(bad({"a", {1}, p, 0, {}}),
+  EXPECT_EQ(bad({.id = "a", .prompt = {1}, .params = p}),
             "request a: " + context_overflow(1, 5000, h.core->capacity().max_model_len)->message);
-  EXPECT_EQ(bad({"a", {1, 99}, {}, 0, {}}),
+  EXPECT_EQ(bad({.id = "a", .prompt = {1, 99}, .params = {}}),
             "request a: prompt position 1: " + outside_vocabulary(99, 32));  // the harness's vocabulary
 }
 
@@ -511,7 +515,9 @@ TEST(EngineCore, DecodesRunEveryStepAndPrefillFillsTheRestOfTheBudget) {
     first = take_tokens(*long_stream, long_tokens) > 0;
     const auto& batch = h.model->steps_log.back();
     ASSERT_EQ(batch.size(), 9u);
-    if (!first) EXPECT_EQ(total(batch), 16) << "step " << steps;  // the budget, filled
+    if (!first) {
+      EXPECT_EQ(total(batch), 16) << "step " << steps;  // the budget, filled
+    }
     EXPECT_LE(total(batch), 16) << "step " << steps;
   }
   EXPECT_EQ(steps, (100 + 7) / 8);  // chunks of 16 - 8 decodes
@@ -596,7 +602,9 @@ TEST(EngineCore, StepsKeepTheBudgetTheChunkSizeAndEveryDecode) {
       bool finished = false;
       const bool was_decoding = !l.tokens.empty();
       const int n = take_tokens(*l.stream, l.tokens, &finished);
-      if (was_decoding) EXPECT_EQ(n, 1) << it->first << " at step " << step;
+      if (was_decoding) {
+        EXPECT_EQ(n, 1) << it->first << " at step " << step;
+      }
       if (!finished) {
         ++it;
         continue;

@@ -57,7 +57,7 @@ EngineOptions options(int page_size = 16, bool prefix_cache = true, int max_runn
 std::shared_ptr<OutputStream> submit(Engine& e, const std::string& id, std::vector<int32_t> prompt,
                                      SamplingParams p) {
   auto stream = std::make_shared<OutputStream>();
-  GenerateRequest r{id, std::move(prompt), std::move(p), 0, {}};
+  GenerateRequest r{.id = id, .prompt = std::move(prompt), .params = std::move(p)};
   r.on_output = stream->sink();
   e.submit(std::move(r));
   return stream;
@@ -359,8 +359,10 @@ TEST(EngineOnModel, PreemptionOnASmallPoolChangesNoTokenAndLeaksNothing) {
     EngineCore core(make_qwen35_runner(weights, nullptr), o);
     std::vector<std::shared_ptr<OutputStream>> streams;
     auto add = [&](int i) {
-      GenerateRequest r{
-          "r" + std::to_string(i), prompts[size_t(i)], params[size_t(i)], priorities[size_t(i)], {}};
+      GenerateRequest r{.id = "r" + std::to_string(i),
+                        .prompt = prompts[size_t(i)],
+                        .params = params[size_t(i)],
+                        .priority = priorities[size_t(i)]};
       streams.push_back(std::make_shared<OutputStream>());
       r.on_output = streams.back()->sink();
       core.validate(r);

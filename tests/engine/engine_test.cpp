@@ -24,7 +24,7 @@ EngineOptions small_options() {
 
 GenerateRequest request(const std::string& id, std::vector<int32_t> prompt, SamplingParams p,
                         const std::shared_ptr<OutputStream>& stream) {
-  GenerateRequest r{id, std::move(prompt), std::move(p), 0, {}};
+  GenerateRequest r{.id = id, .prompt = std::move(prompt), .params = std::move(p)};
   r.on_output = stream->sink();
   return r;
 }

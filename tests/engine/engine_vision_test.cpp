@@ -185,7 +185,8 @@ TEST(VisionScheduling, ABurstOfImagesIsEncodedOverStepsThatKeepDecoding) {
   EngineCore core(make_qwen35_runner(m.weights, nullptr, &m.vision), o);
   auto text = std::make_shared<OutputStream>(), images = std::make_shared<OutputStream>();
   std::mt19937 rng(9);
-  GenerateRequest decoding{"text", random_prompt(rng, 12, 400), greedy(60), 0, text->sink()};
+  GenerateRequest decoding{
+      .id = "text", .prompt = random_prompt(rng, 12, 400), .params = greedy(60), .on_output = text->sink()};
   core.add(std::move(decoding));
   auto tokens_of = [](OutputStream& s) {
     size_t n = 0;
@@ -276,8 +277,9 @@ TEST(SpeculativeWithImages, MtpRowsTakeTheModelsTokensFeaturesAndPositions) {
     EXPECT_EQ(row.position, rec.model_rows.at(pos).position);
     if (!rec.model_rows.count(pos + 1)) continue;  // a draft's row: verified later
     const auto& next = rec.model_rows.at(pos + 1);
-    if (size_t(pos + 1) < sequence.size() && size_t(pos + 1) < p.prompt.size())
+    if (size_t(pos + 1) < sequence.size() && size_t(pos + 1) < p.prompt.size()) {
       EXPECT_EQ(row.token, sequence[size_t(pos + 1)]);
+    }
     EXPECT_EQ(row.token, next.token);
     ASSERT_EQ(row.feature.size(), next.feature.size());
     if (!row.feature.empty()) {

@@ -60,7 +60,8 @@ RunResult run(std::unique_ptr<ModelRunner> model, const EngineOptions& o,
   EngineCore core(std::move(model), o);
   std::vector<std::shared_ptr<OutputStream>> streams;
   auto add = [&](size_t i) {
-    GenerateRequest r{"r" + std::to_string(i), prompts[i], params[i], int(i % 2), {}};
+    GenerateRequest r{
+        .id = "r" + std::to_string(i), .prompt = prompts[i], .params = params[i], .priority = int(i % 2)};
     streams.push_back(std::make_shared<OutputStream>());
     r.on_output = streams.back()->sink();
     core.validate(r);
@@ -193,7 +194,7 @@ TEST(Speculative, MultiTurnConversationFromThePrefixCacheEqualsPlainDecoding) {
     for (int turn = 0; turn < 5; ++turn) {
       prompts.push_back(conversation);
       auto stream = std::make_shared<OutputStream>();
-      GenerateRequest r{"t" + std::to_string(turn), conversation, greedy(12, 2), 0, {}};
+      GenerateRequest r{.id = "t" + std::to_string(turn), .prompt = conversation, .params = greedy(12, 2)};
       r.on_output = stream->sink();
       core.add(std::move(r));
       while (!core.idle()) {
@@ -244,7 +245,7 @@ TEST(Speculative, PrefixCacheHitDraftsExactlyAsAColdRun) {
     const EngineStats before = core.stats();
     log->clear();
     auto stream = std::make_shared<OutputStream>();
-    GenerateRequest r{"turn", prompt, greedy(12, 2), 0, {}};
+    GenerateRequest r{.id = "turn", .prompt = prompt, .params = greedy(12, 2)};
     r.on_output = stream->sink();
     core.add(std::move(r));
     while (!core.idle()) {
@@ -292,7 +293,9 @@ TEST(Speculative, PrefixCacheHitDraftsExactlyAsAColdRun) {
       const OracleDrafts::Log cold_log = cold_model->verified();
       EngineCore cold_core(std::move(cold_model), cold_options);
       const Turn cold = serve(cold_core, cold_log, prompts[turn]);
-      if (turn > 0) EXPECT_EQ(hit.out.usage.cached_tokens, int64_t(prompts[turn].size()) - 10 - 1);
+      if (turn > 0) {
+        EXPECT_EQ(hit.out.usage.cached_tokens, int64_t(prompts[turn].size()) - 10 - 1);
+      }
       EXPECT_EQ(cold.out.usage.cached_tokens, 0);
       ASSERT_EQ(hit.out.tokens, cold.out.tokens);
       EXPECT_EQ(hit.verified, cold.verified);
@@ -301,7 +304,9 @@ TEST(Speculative, PrefixCacheHitDraftsExactlyAsAColdRun) {
       EXPECT_EQ(hit.accepted_tokens, cold.accepted_tokens);
       accepted += hit.accepted_tokens;
     }
-    if (oracle) EXPECT_GT(accepted, 0u);
+    if (oracle) {
+      EXPECT_GT(accepted, 0u);
+    }
   }
 }
 

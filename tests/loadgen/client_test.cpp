@@ -437,7 +437,9 @@ TEST(Command, AllScenariosAgainstMoeserveServe) {
     EXPECT_DOUBLE_EQ(s["exact_output_ratio"].get<double>(), 1.0);  // ignore_eos + min_tokens honoured
     for (const json& r : run["requests"]) {
       EXPECT_TRUE(r["usage_reported"].get<bool>());
-      if (r["turn"] == 0) EXPECT_GT(r["prompt_tokens"].get<int>(), 32);  // the chat template adds tokens
+      if (r["turn"] == 0) {
+        EXPECT_GT(r["prompt_tokens"].get<int>(), 32);  // the chat template adds tokens
+      }
     }
   }
   EXPECT_EQ(doc["runs"][3]["requests"][0]["completion_tokens"], 96);

@@ -285,7 +285,9 @@ TEST(RouterRealNodes, StoredResponseRequestsReachTheNodeThatHoldsIt) {
     for (int repeat = 0; repeat < 2; ++repeat) {  // round_robin alternates: each request would change node
       HttpResponse got = http_request(router.port(), "GET", "/v1/responses/" + id, "", {}, kSlow);
       EXPECT_EQ(got.status, 200) << got.body;
-      if (got.status == 200) EXPECT_EQ(json::parse(got.body)["id"], id);
+      if (got.status == 200) {
+        EXPECT_EQ(json::parse(got.body)["id"], id);
+      }
       HttpResponse items =
           http_request(router.port(), "GET", "/v1/responses/" + id + "/input_items?limit=5", "", {}, kSlow);
       EXPECT_EQ(items.status, 200) << items.body;

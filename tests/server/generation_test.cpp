@@ -355,7 +355,9 @@ TEST(Generation, SglangGenerateIncrementalStreaming) {
     // The counts stay whole (SGLang slices the output logprobs only), and so does the prompt's.
     EXPECT_EQ(c["meta_info"]["completion_tokens"], ids_seen.size()) << c.dump();
     EXPECT_EQ(c["meta_info"]["input_token_logprobs"], whole["meta_info"]["input_token_logprobs"]);
-    if (i + 1 < chunks.size()) EXPECT_TRUE(c["meta_info"]["finish_reason"].is_null());
+    if (i + 1 < chunks.size()) {
+      EXPECT_TRUE(c["meta_info"]["finish_reason"].is_null());
+    }
   }
   EXPECT_LT(chunks[0]["text"].get<std::string>().size(), reply.size()) << "the first chunk is not the whole";
   EXPECT_EQ(text, reply);

@@ -967,7 +967,9 @@ TEST_F(ServeDemo, ResponseFormatJsonSchemaAndJsonObject) {
   const size_t first = text.find_first_not_of(" \t\r\n");
   ASSERT_NE(first, std::string::npos) << text;
   EXPECT_EQ(text[first], '{') << text;
-  if (object["choices"][0]["finish_reason"] == "stop") EXPECT_TRUE(json::parse(text).is_object()) << text;
+  if (object["choices"][0]["finish_reason"] == "stop") {
+    EXPECT_TRUE(json::parse(text).is_object()) << text;
+  }
 
   // /v1/completions takes response_format too.
   json completion = post_json(

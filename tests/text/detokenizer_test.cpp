@@ -113,7 +113,7 @@ TEST(StopStringFilter, EarliestStopWinsAndNoStopsPassesThrough) {
 // The filter's rule written the obvious (quadratic) way, for the differential test below.
 struct NaiveStopFilter {
   std::vector<std::string> stops;
-  std::string held, matched;
+  std::string held{}, matched{};
   bool stopped = false;
   std::string push(const std::string& delta) {
     if (stopped) return "";
@@ -162,7 +162,9 @@ TEST(StopStringFilter, AgreesWithTheNaiveRuleOnRandomStreams) {
       ASSERT_EQ(fast.push(delta), naive.push(delta)) << "trial " << trial;
       ASSERT_EQ(fast.stopped(), naive.stopped);
     }
-    if (naive.stopped) EXPECT_EQ(fast.matched(), naive.matched);
+    if (naive.stopped) {
+      EXPECT_EQ(fast.matched(), naive.matched);
+    }
   }
 }
 

@@ -65,7 +65,9 @@ TEST_F(CudaModel, PrefillAndGreedyDecodeMatchCpu) {
     for (int step = 0; step < 12; ++step) {  // the decode graph is measured, recorded, then replayed
       const int32_t next = argmax(c_last);
       auto cd = cr.decode(next), gd = gr.decode(next);
-      if (fp32) EXPECT_LT(rel_error(gd, cd), 1e-4) << "decode step " << step;
+      if (fp32) {
+        EXPECT_LT(rel_error(gd, cd), 1e-4) << "decode step " << step;
+      }
       // bf16: the caches came from a rounded prefill; greedy choices must agree.
       else
         EXPECT_EQ(argmax(gd), argmax(cd)) << "decode step " << step;
