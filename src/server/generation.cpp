@@ -210,7 +210,7 @@ void GenerationJob::complete(Step& step) {
 }
 
 AsyncBody::Step GenerationJob::poll(Clock::time_point now) {
-  Step step;
+  Step step{};
   if (done_) {
     step.done = true;
     return step;
