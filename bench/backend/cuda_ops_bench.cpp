@@ -2,9 +2,9 @@
 // ceilings (a device-to-device copy for bandwidth, a large bf16 GEMM for tensor-core rate; both measured here
 // first). Each figure is the median over replays of a CUDA graph holding many calls, with inputs rotated so
 // that repeated calls do not run out of L2. Prints one table. Arguments name the sections to run (all by
-// default): gemv lm_head small_gemm moe moe_block fp8_probe grouped_probe attention gdn; `once` runs each FP8
-// decode op once, the experts of batches of 64, 256 and 8,192 tokens and the chunked delta rule of 8K tokens,
-// for a profiler.
+// default): gemv lm_head small_gemm moe moe_block fp8_probe grouped_probe attention gdn chain; `once` runs
+// each FP8 decode op once, the experts of batches of 64, 256 and 8,192 tokens and the chunked delta rule of
+// 8K tokens, for a profiler.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -41,8 +41,8 @@ class OpsBench {
  public:
   OpsBench() : be_(make_backend("cuda")) {}
 
-  // `sections` names the groups to run (gemv lm_head moe moe_block fp8_probe grouped_probe attention gdn);
-  // empty: all. The ceilings always run: the rates are given against them.
+  // `sections` names the groups to run (gemv lm_head moe moe_block fp8_probe grouped_probe attention gdn
+  // chain); empty: all. The ceilings always run: the rates are given against them.
   void run(const std::vector<std::string>& sections) {
     auto on = [&](const char* name) {
       return sections.empty() || std::find(sections.begin(), sections.end(), name) != sections.end();
@@ -59,6 +59,7 @@ class OpsBench {
     if (!sections.empty() && on("once")) once();  // not part of the default run
     if (on("attention")) attention();
     if (on("gdn")) gdn();
+    if (on("chain")) chain();
     std::printf("\n%-58s %10s  %s\n", "op", "us/call", "rate");
     for (const auto& r : rows_) std::printf("%-58s %10.2f  %s\n", r.what.c_str(), r.us, r.rate.c_str());
   }
@@ -535,6 +536,43 @@ class OpsBench {
     auto out = be_->allocate(size_t(T * 32 * 128));
     be_->gated_delta_rule(sh, qkv, qkv + key_dim, C, qkv + 2 * key_dim, C, g, beta, T, state, out.get());
     cuda_tools::synchronize(*be_);
+  }
+
+  // The cost of one more dependent kernel in a decode step's graph: chains of ops, each reading what the one
+  // before wrote, replayed as one graph (programmatic dependent launch, as in decode). A batch-1 FP8 step is
+  // ~460 such nodes; the tiny ops give the per-node floor, the 1-row FP8 matmuls (64 distinct 2048x2048
+  // matrices, 256 MB, past L2) that floor plus streaming 4 MB.
+  void chain() {
+    const int64_t H = 2048;
+    const int len = 256;
+    float* a = floats(size_t(H), 60);
+    float* b = floats(size_t(H), 61, 1e-3f);
+    float* w = floats(size_t(H), 62);
+    float* out = floats(size_t(H), 63);
+    double s = time_replays(
+        *be_,
+        [&] {
+          for (int i = 0; i < len; ++i) be_->add(a, b, size_t(H));
+        },
+        len, key_++);
+    add(fmt::format("chain of {} add (1 x 2048, a += b)", len), s, "per node");
+    s = time_replays(
+        *be_,
+        [&] {
+          for (int i = 0; i < len; ++i) be_->add_rms_norm(a, b, 1, H, w, 1e-6f, out);
+        },
+        len, key_++);
+    add(fmt::format("chain of {} add_rms_norm (1 x 2048)", len), s, "per node");
+    std::vector<Matrix> ws;
+    for (int i = 0; i < 64; ++i) ws.push_back(matrix(DType::F8_E4M3, H, H, 3000 + i));
+    s = time_replays(
+        *be_,
+        [&] {
+          for (int i = 0; i < len; ++i) be_->matmul(i % 2 ? out : a, 1, ws[size_t(i % 64)], i % 2 ? a : out);
+        },
+        len, key_++);
+    add(fmt::format("chain of {} FP8 matmuls 2048x2048, 1 row (x -> y -> x)", len), s,
+        gbs(double(H * H), s) + " per node");
   }
 
   // Per KV cache dtype: decode streams the stored bytes (bandwidth counts them), prefill is compute-bound.
