@@ -6,6 +6,7 @@
 
 #include "command.h"
 #include "deploy/doctor.h"
+#include "shared_flags.h"
 
 namespace {
 
@@ -23,10 +24,8 @@ std::function<int()> setup(CLI::App& app) {
                  "share of the whole memory for weights, KV cache and state (cluster.yaml mem_fraction)")
       ->capture_default_str();
   app.add_option("--tp", opt->tp, "tensor-parallel size the model will run with")->capture_default_str();
-  app.add_option("--kv-cache-dtype", opt->kv_cache_dtype,
-                 "KV cache dtype serve will store: auto (bf16 with a GPU, fp32 without), bf16, fp8 or fp32")
-      ->check(CLI::IsMember({"auto", "float32", "fp32", "bfloat16", "bf16", "fp8", "fp8_e4m3"}))
-      ->capture_default_str();
+  moeserve::app::add_kv_cache_dtype_flag(app, opt->kv_cache_dtype,
+                                         "what serve stores: bfloat16 with a GPU, float32 without");
   app.add_flag("--json", *json_out, "print the checks as JSON");
   // For checking another binary (an image's, copied out) or a captured host (tests).
   app.add_option("--binary", opt->binary, "binary whose architecture must match this CPU")->group("Advanced");

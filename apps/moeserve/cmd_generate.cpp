@@ -16,6 +16,7 @@
 #include "model/checkpoint.h"
 #include "model/init_model.h"
 #include "model/sequence.h"
+#include "shared_flags.h"
 
 namespace moeserve::app {
 namespace {
@@ -167,11 +168,7 @@ Registration reg{
        cmd.add_option("--max-tokens", o->max_tokens, "tokens to generate")
            ->check(CLI::Range(1, 1 << 20))
            ->capture_default_str();
-       cmd.add_option("--kv-cache-dtype", o->kv_cache_dtype,
-                      "KV cache elements: auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16 "
-                      "or fp8_e4m3 (also fp32, bf16, fp8)")
-           ->check(CLI::IsMember({"auto", "float32", "fp32", "bfloat16", "bf16", "fp8", "fp8_e4m3"}))
-           ->capture_default_str();
+       add_kv_cache_dtype_flag(cmd, o->kv_cache_dtype, "bfloat16 on cuda, float32 on cpu");
        cmd.add_flag("--ignore-eos", o->ignore_eos, "keep generating after an end-of-sequence token");
        cmd.add_option("--device", o->device, "backend: cpu or cuda")
            ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -179,12 +176,9 @@ Registration reg{
        cmd.add_option("--matmul", o->matmul, "CUDA matmul precision for prompts: bf16 (tensor cores) or fp32")
            ->check(CLI::IsMember({"fp32", "bf16"}))
            ->capture_default_str();
-       cmd.add_option("--speculative-algorithm", o->speculative.algorithm,
-                      "MTP or NEXTN: draft with the checkpoint's MTP layer (same tokens, fewer steps)");
-       cmd.add_option("--speculative-num-steps", o->speculative.num_steps, "drafts per step (default 3)");
-       cmd.add_option("--speculative-eagle-topk", o->speculative.eagle_topk, "1 (a chain of drafts)");
-       cmd.add_option("--speculative-num-draft-tokens", o->speculative.num_draft_tokens,
-                      "num-steps + 1 (SGLang's spelling of the same)");
+       add_speculative_flags(
+           cmd, o->speculative,
+           "MTP or NEXTN: draft with the checkpoint's MTP layer (same tokens, fewer steps)");
        return [o, model, preset, ids, len] {
          check(model->count() + preset->count() == 1, "give --model DIR or --preset NAME");
          check(ids->count() + len->count() == 1, "give --prompt-ids or --prompt-len");

@@ -33,6 +33,7 @@
 #include "server/memory_monitor.h"
 #include "server/openai_service.h"
 #include "server/server_metrics.h"
+#include "shared_flags.h"
 #include "storage/kv_cache.h"
 #include "text/chat_template.h"
 #include "text/model_text.h"
@@ -1196,12 +1197,9 @@ void add_serve_flags(CLI::App& cmd, const std::shared_ptr<ServeOptions>& o, std:
                  "float32, or bfloat16 (half the state memory)")
       ->transform(one_of(same({"float32", "bfloat16"})))
       ->capture_default_str();
-  cmd.add_option("--speculative-algorithm", o->speculative.algorithm,
-                 "MTP or NEXTN: speculative decoding with the checkpoint's own MTP layer (docs/engine.md)");
-  cmd.add_option("--speculative-num-steps", o->speculative.num_steps, "drafts per step (default 3)");
-  cmd.add_option("--speculative-eagle-topk", o->speculative.eagle_topk, "1 (a chain of drafts)");
-  cmd.add_option("--speculative-num-draft-tokens", o->speculative.num_draft_tokens,
-                 "num-steps + 1 (SGLang's spelling of the same)");
+  add_speculative_flags(
+      cmd, o->speculative,
+      "MTP or NEXTN: speculative decoding with the checkpoint's own MTP layer (docs/engine.md)");
   cmd.add_option("--speculative-config", o->speculative.config_json,
                  R"(vLLM's: '{"method":"mtp","num_speculative_tokens":N}')");
   cmd.add_option("--limit-mm-per-prompt,--limit-mm-data-per-request", o->limit_mm_per_prompt,

@@ -11,6 +11,7 @@
 #include "model/safetensors.h"
 #include "model/tensor_parallel.h"
 #include "model/verify.h"
+#include "shared_flags.h"
 #include "vision/verify_vision.h"
 
 namespace moeserve::app {
@@ -132,12 +133,7 @@ Registration reg{
        cmd.add_option("--tp", o->tp, "tensor-parallel ranks (run under mpirun -np N)")
            ->check(CLI::PositiveNumber)
            ->capture_default_str();
-       cmd.add_option("--kv-cache-dtype", o->kv_cache_dtype,
-                      "KV cache elements: auto (float32 with --matmul fp32, else bfloat16 on cuda), float32, "
-                       "bfloat16 "
-                      "or fp8_e4m3 (also fp32, bf16, fp8)")
-           ->check(CLI::IsMember({"auto", "float32", "fp32", "bfloat16", "bf16", "fp8", "fp8_e4m3"}))
-           ->capture_default_str();
+       add_kv_cache_dtype_flag(cmd, o->kv_cache_dtype, "float32 with --matmul fp32, else bfloat16 on cuda");
        cmd.add_flag("--layers", o->layers, "compare prompt0.hidden_states layer by layer");
        cmd.add_option("--chunk", o->chunk, "vision references: prefill chunk that splits an image")
            ->check(CLI::PositiveNumber)
