@@ -52,13 +52,6 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-double bytes_of(const std::string& dtype) {
-  if (dtype == "fp8") return 1;
-  if (dtype == "bf16") return 2;
-  if (dtype == "fp32") return 4;
-  return 0;
-}
-
 }  // namespace
 
 std::optional<ModelConfig> model_preset(const std::string& name) {
@@ -171,33 +164,38 @@ std::string kv_precision(const std::string& d, bool gpu, const std::string& wher
        d);
 }
 
+double bytes_of(const std::string& dtype) {
+  if (dtype == "fp8") return 1;
+  if (dtype == "bf16") return 2;
+  if (dtype == "fp32") return 4;
+  return 0;
+}
+
+double rank_bytes(const TensorGroup& g, const ModelConfig& c, const Precision& p, int tp) {
+  const auto& keep = c.fp8 ? c.fp8->modules_to_not_convert : kFp8KeptHigh;
+  const int64_t block_out = c.fp8 ? c.fp8->block_out : 128, block_in = c.fp8 ? c.fp8->block_in : 128;
+  double bytes = 0;
+  if (p.weights == "fp8" && g.projection && !kept_high(g.name, keep))
+    bytes = double(g.rows * g.cols) + 4.0 * double(ceil_div(g.rows, block_out) * ceil_div(g.cols, block_in));
+  else
+    bytes = 2.0 * double(g.rows * g.cols);
+  bytes *= double(g.count);
+  switch (g.split) {
+    case TensorGroup::Split::ByTp:
+      return bytes / tp;
+    case TensorGroup::Split::KvHeads:  // fewer KV heads than ranks: replicated
+      return bytes * double(ceil_div(c.num_kv_heads, tp)) / c.num_kv_heads;
+    case TensorGroup::Split::Replicated:
+      break;
+  }
+  return bytes;
+}
+
 Footprint footprint(const ModelConfig& c, const Precision& p, int tp, int prefill_chunk, int max_running) {
   check(tp >= 1, "tensor-parallel size must be at least 1");
   Footprint f;
-  const bool fp8 = p.weights == "fp8";
-  const auto& keep = c.fp8 ? c.fp8->modules_to_not_convert : kFp8KeptHigh;
-  const int64_t block_out = c.fp8 ? c.fp8->block_out : 128, block_in = c.fp8 ? c.fp8->block_in : 128;
   const int64_t kv_per_rank = ceil_div(c.num_kv_heads, tp);  // fewer KV heads than ranks: replicated
-  for (const auto& g : tensor_inventory(c)) {
-    double bytes = 0;
-    if (fp8 && g.projection && !kept_high(g.name, keep))
-      bytes =
-          double(g.rows * g.cols) + 4.0 * double(ceil_div(g.rows, block_out) * ceil_div(g.cols, block_in));
-    else
-      bytes = 2.0 * double(g.rows * g.cols);
-    bytes *= double(g.count);
-    switch (g.split) {
-      case TensorGroup::Split::ByTp:
-        bytes /= tp;
-        break;
-      case TensorGroup::Split::KvHeads:
-        bytes = bytes * double(kv_per_rank) / c.num_kv_heads;
-        break;
-      case TensorGroup::Split::Replicated:
-        break;
-    }
-    f.weights += bytes;
-  }
+  for (const auto& g : tensor_inventory(c)) f.weights += rank_bytes(g, c, p, tp);
 
   const int attn = c.count_layers(LayerType::FullAttention);
   const int gdn = c.count_layers(LayerType::LinearAttention);

@@ -38,6 +38,12 @@ void validate_precision(const Precision& p, const std::string& where);  // throw
 // what serve picks, bf16 with a GPU and fp32 without; anything else throws.
 std::string kv_precision(const std::string& kv_cache_dtype, bool gpu, const std::string& where);
 
+// One rank's bytes of every tensor of a group as the checkpoint stores them: FP8 projections with their
+// float32 block scales (but the tensors FP8 releases keep in BF16), everything else BF16; split by TP.
+double rank_bytes(const TensorGroup& group, const ModelConfig& config, const Precision& precision, int tp);
+// Bytes per stored value of a Precision dtype: fp8 1, bf16 2, fp32 4.
+double bytes_of(const std::string& dtype);
+
 struct Footprint {          // per rank
   double weights = 0;       // bytes
   double kv_per_token = 0;  // bytes per token of context

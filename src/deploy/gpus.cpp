@@ -11,21 +11,25 @@
 namespace moeserve::deploy {
 
 const std::vector<GpuKind>& gpu_kinds() {
-  // Memory is the data-sheet figure per GPU, in decimal bytes.
+  // Memory and its bandwidth are the data sheet's figures per GPU, in decimal bytes (H100: SXM; A100: 80 GB
+  // SXM).
   static const std::vector<GpuKind> kinds = {
-      {"gb10", "GB10", 121, "aarch64", 128'000'000'000, true, true, true,
+      {"gb10", "GB10", 121, "aarch64", 128'000'000'000, 273e9, true, true, true,
        "DGX Spark: unified LPDDR5x shared with the OS; x86 images die with 'Illegal instruction'; NVFP4 "
        "kernels built for sm_100 fail with CUDA error 700 (use FP8 or kernels built for sm_121)",
        2048},
-      {"h200", "H200", 90, "x86_64", 141'000'000'000, false, true, false, ""},
-      {"h100", "H100", 90, "x86_64", 80'000'000'000, false, true, false, ""},
-      {"gh200", "GH200", 90, "aarch64", 96'000'000'000, false, true, false, "Grace Hopper: aarch64 host"},
-      {"b200", "B200", 100, "x86_64", 180'000'000'000, false, true, true, ""},
-      {"gb200", "GB200", 100, "aarch64", 186'000'000'000, false, true, true, "Grace Blackwell: aarch64 host"},
-      {"rtx-pro-6000", "RTX PRO 6000", 120, "x86_64", 96'000'000'000, false, true, true, ""},
-      {"l40s", "L40S", 89, "x86_64", 48'000'000'000, false, true, false, ""},
-      {"a100", "A100", 80, "x86_64", 80'000'000'000, false, false, false, "no FP8 tensor cores: serve BF16"},
-      {"cpu", "", 0, "", 0, false, false, false, "CPU backend: correct but slow; memory is the node's RAM",
+      {"h200", "H200", 90, "x86_64", 141'000'000'000, 4.8e12, false, true, false, ""},
+      {"h100", "H100", 90, "x86_64", 80'000'000'000, 3.35e12, false, true, false, ""},
+      {"gh200", "GH200", 90, "aarch64", 96'000'000'000, 4.0e12, false, true, false,
+       "Grace Hopper: aarch64 host"},
+      {"b200", "B200", 100, "x86_64", 180'000'000'000, 8.0e12, false, true, true, ""},
+      {"gb200", "GB200", 100, "aarch64", 186'000'000'000, 8.0e12, false, true, true,
+       "Grace Blackwell: aarch64 host"},
+      {"rtx-pro-6000", "RTX PRO 6000", 120, "x86_64", 96'000'000'000, 1.792e12, false, true, true, ""},
+      {"l40s", "L40S", 89, "x86_64", 48'000'000'000, 864e9, false, true, false, ""},
+      {"a100", "A100", 80, "x86_64", 80'000'000'000, 2.039e12, false, false, false,
+       "no FP8 tensor cores: serve BF16"},
+      {"cpu", "", 0, "", 0, 0, false, false, false, "CPU backend: correct but slow; memory is the node's RAM",
        2048},
   };
   return kinds;

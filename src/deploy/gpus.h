@@ -10,15 +10,16 @@
 namespace moeserve::deploy {
 
 struct GpuKind {
-  std::string key;         // as written in cluster.yaml: gb10, h200, ...
-  std::string product;     // what nvidia-smi calls it (substring match)
-  int compute_capability;  // 121 = sm_121; 0 = no GPU (CPU backend)
-  std::string host_arch;   // aarch64 or x86_64 ("" = either)
-  uint64_t memory_bytes;   // per GPU (unified: the whole system memory)
-  bool unified_memory;     // CPU and GPU share one pool (GB10): the OS and page cache live in the same bytes
-  bool fp8;                // FP8 (E4M3) tensor cores: sm_89 and newer
-  bool nvfp4;              // FP4 tensor cores: Blackwell (sm_100, sm_120, sm_121)
-  std::string note;        // caveats operators hit
+  std::string key;          // as written in cluster.yaml: gb10, h200, ...
+  std::string product;      // what nvidia-smi calls it (substring match)
+  int compute_capability;   // 121 = sm_121; 0 = no GPU (CPU backend)
+  std::string host_arch;    // aarch64 or x86_64 ("" = either)
+  uint64_t memory_bytes;    // per GPU (unified: the whole system memory)
+  double memory_bandwidth;  // bytes/s per GPU, the data sheet's (0: unknown); decode is bound by it
+  bool unified_memory;      // CPU and GPU share one pool (GB10): the OS and page cache live in the same bytes
+  bool fp8;                 // FP8 (E4M3) tensor cores: sm_89 and newer
+  bool nvfp4;               // FP4 tensor cores: Blackwell (sm_100, sm_120, sm_121)
+  std::string note;         // caveats operators hit
   // serve's tokens per step (--max-num-batched-tokens) on this kind: 8192 where a step of that size stays
   // ~0.1-0.2 s, 2048 where it would stall every running request for ~1 s (docs/engine.md, "Scheduler").
   int step_tokens = 8192;

@@ -4,11 +4,14 @@
 #include <fmt/ranges.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "common/error.h"
+#include "deploy/decode_bound.h"
 #include "deploy/gpus.h"
 #include "deploy/units.h"
 
@@ -70,6 +73,31 @@ void check_ports(const std::vector<PortUse>& uses, std::vector<std::string>& pro
   }
 }
 
+// Per model (its first replica's GPU): the decode bound at batch 1 and at max_running_requests, with
+// contexts of 8K tokens (or max_model_len, if shorter), so that an operator sees what a node can give before
+// measuring it (docs/deploy.md, "Decode bound").
+std::string decode_bounds(const std::vector<Assignment>& as) {
+  std::string out;
+  std::set<const ModelSpec*> seen;
+  for (const auto& a : as) {
+    const GpuKind* kind = find_gpu(a.node->gpu);
+    if (!kind || kind->memory_bandwidth <= 0 || !seen.insert(a.model).second) continue;
+    const ModelSpec& m = *a.model;
+    const int64_t context = std::min<int64_t>(m.max_model_len, 8192);
+    auto bound = [&](int64_t batch) {
+      const DecodeStepBytes b = decode_step_bytes(m.resolved_config, m.precision, m.tp, batch, context);
+      return fmt::format("batch {} {:.0f} tok/s ({} a step)", batch,
+                         double(batch) / b.seconds(kind->memory_bandwidth), format_bytes(b.total()));
+    };
+    out += fmt::format("  {} on {} ({}/s, tp {}), contexts of {} tokens: {}; {}\n", m.name, a.node->gpu,
+                       format_bytes(kind->memory_bandwidth), m.tp, context, bound(1),
+                       bound(m.max_running_requests));
+  }
+  if (out.empty()) return out;
+  return "\ndecode bound (a rank's bytes a step over its GPU's data-sheet bandwidth, uniform routing):\n" +
+         out;
+}
+
 std::string summary_table(const ClusterSpec& c, const std::vector<Assignment>& as) {
   std::string out = fmt::format("{:<14} {:<16} {:<22} {:<9} {:>10} {:>10} {:>11}\n", "node", "host", "model",
                                 "rank", "need", "budget", "sequences");
@@ -86,7 +114,7 @@ std::string summary_table(const ClusterSpec& c, const std::vector<Assignment>& a
   }
   out += fmt::format("\nprometheus: {}:{}, grafana: {}:{}\n", c.monitoring.prometheus_host,
                      c.monitoring.prometheus_port, c.monitoring.prometheus_host, c.monitoring.grafana_port);
-  return out;
+  return out + decode_bounds(as);
 }
 
 json manifest(const ClusterSpec& c, const Plan& p) {

@@ -1,10 +1,12 @@
 #include "deploy/plan.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "deploy/decode_bound.h"
 #include "deploy/structured_file.h"
 
 namespace moeserve::deploy {
@@ -39,6 +41,23 @@ models:
 router: {host: 10.0.0.9}
 )";
 
+// The summary gives each model's decode bound on its GPU kind at batch 1 and at max_running_requests: the
+// figures decode_step_bytes gives for the model as planned, over a GB10's 273 GB/s.
+TEST(Plan, SummaryStatesEachModelsDecodeBound) {
+  const ClusterSpec c = parse(kPair);  // the assignments point into it
+  Plan p = make_plan(c);
+  ASSERT_FALSE(p.assignments.empty());
+  const ModelSpec& m = *p.assignments[0].model;
+  EXPECT_EQ(m.precision.weights, "fp8");
+  for (int64_t batch : {int64_t(1), int64_t(m.max_running_requests)}) {
+    const DecodeStepBytes b = decode_step_bytes(m.resolved_config, m.precision, 2, batch, 8192);
+    const std::string want = fmt::format("batch {} {:.0f} tok/s", batch, double(batch) / b.seconds(273e9));
+    EXPECT_NE(p.summary.find(want), std::string::npos) << want << "\n" << p.summary;
+  }
+  EXPECT_NE(p.summary.find("big on gb10 (273.0 GB/s, tp 2), contexts of 8192 tokens"), std::string::npos)
+      << p.summary;
+}
+
 TEST(Plan, TpPairLaunchLines) {
   Plan p = make_plan(parse(kPair));
   ASSERT_EQ(p.assignments.size(), 2u);
@@ -47,9 +66,8 @@ TEST(Plan, TpPairLaunchLines) {
   for (const char* want :
        {"--device cuda", "--tp 2", "--nnodes 2", "--node-rank 1", "--dist-init-addr 10.0.0.1:29500",
         "--port 30000", "--cache-memory-gb", "--max-running-requests 16", "--reasoning-parser qwen3",
-        "--memory-pressure-threshold 0.95",
-        "--tool-call-parser qwen3_coder", "export CUDA_DEVICE_MAX_CONNECTIONS=1",
-        "export NCCL_SOCKET_IFNAME=enp1s0f0np0"})
+        "--memory-pressure-threshold 0.95", "--tool-call-parser qwen3_coder",
+        "export CUDA_DEVICE_MAX_CONNECTIONS=1", "export NCCL_SOCKET_IFNAME=enp1s0f0np0"})
     EXPECT_NE(rank1->content.find(want), std::string::npos) << want << "\n" << rank1->content;
   const PlanFile* docker = find_file(p, "nodes/s1/docker-run.sh");
   ASSERT_NE(docker, nullptr);
