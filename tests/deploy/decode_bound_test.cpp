@@ -2,30 +2,15 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
+#include <string>
 
 #include "common/error.h"
+#include "test_util.h"
 
 namespace moeserve::deploy {
 namespace {
 
-// Bytes of tensor data a safetensors file holds, from its header.
-double safetensors_payload(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  uint64_t header_len = 0;
-  in.read(reinterpret_cast<char*>(&header_len), 8);
-  std::string header(header_len, '\0');
-  in.read(header.data(), std::streamsize(header_len));
-  const auto h = nlohmann::json::parse(header);
-  double total = 0;
-  for (const auto& [name, t] : h.items()) {
-    if (name == "__metadata__") continue;
-    total += double(t.at("data_offsets")[1].get<uint64_t>() - t.at("data_offsets")[0].get<uint64_t>());
-  }
-  return total;
-}
+using testing::safetensors_payload;
 
 TEST(DecodeBound, ExpertsTouchedUnderUniformRouting) {
   EXPECT_DOUBLE_EQ(expected_experts_touched(256, 8, 0), 0.0);

@@ -2,31 +2,13 @@
 
 #include <gtest/gtest.h>
 
-#include <cstring>
-#include <fstream>
-#include <nlohmann/json.hpp>
-
 #include "common/error.h"
+#include "test_util.h"
 
 namespace moeserve::deploy {
 namespace {
 
-// Bytes of tensor data a safetensors file holds, from its header (the real size a server loads).
-double safetensors_payload(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  uint64_t header_len = 0;
-  in.read(reinterpret_cast<char*>(&header_len), 8);
-  std::string header(header_len, '\0');
-  in.read(header.data(), std::streamsize(header_len));
-  auto h = nlohmann::json::parse(header);
-  double total = 0;
-  for (const auto& [name, t] : h.items()) {
-    if (name == "__metadata__") continue;
-    auto offsets = t.at("data_offsets");
-    total += double(offsets[1].get<uint64_t>() - offsets[0].get<uint64_t>());
-  }
-  return total;
-}
+using testing::safetensors_payload;
 
 TEST(Footprint, WeightsMatchTheBf16CheckpointExactly) {
   auto cfg = ModelConfig::from_file("tests/fixtures/models/small-moe-realdims/config.json");

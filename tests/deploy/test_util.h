@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -20,6 +21,23 @@
 #include "run_process.h"
 
 namespace moeserve::deploy::testing {
+
+// Bytes of tensor data a safetensors file holds, from its header (the real size a server loads).
+inline double safetensors_payload(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t header_len = 0;
+  in.read(reinterpret_cast<char*>(&header_len), 8);
+  std::string header(header_len, '\0');
+  in.read(header.data(), std::streamsize(header_len));
+  const auto h = nlohmann::json::parse(header);
+  double total = 0;
+  for (const auto& [name, t] : h.items()) {
+    if (name == "__metadata__") continue;
+    auto offsets = t.at("data_offsets");
+    total += double(offsets[1].get<uint64_t>() - offsets[0].get<uint64_t>());
+  }
+  return total;
+}
 
 // The path of a tool, or "" (callers fail the test naming the package that provides it).
 inline std::string find_tool(const std::string& name) {
