@@ -1,5 +1,6 @@
 #include "deploy/decode_bound.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 

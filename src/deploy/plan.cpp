@@ -75,7 +75,7 @@ void check_ports(const std::vector<PortUse>& uses, std::vector<std::string>& pro
 
 // Per model (its first replica's GPU): the decode bound at batch 1 and at max_running_requests, with
 // contexts of 8K tokens (or max_model_len, if shorter), so that an operator sees what a node can give before
-// measuring it (docs/deploy.md, "Decode bound").
+// measuring it (docs/operations.md, "Decode bound").
 std::string decode_bounds(const std::vector<Assignment>& as) {
   std::string out;
   std::set<const ModelSpec*> seen;
