@@ -698,7 +698,7 @@ class OpsBench {
     const float* a_log = host.emplace_back(size_t(sh.v_heads), 0.5f).data();
     const float* dt_bias = host.emplace_back(size_t(sh.v_heads), 0.1f).data();
     const float* norm_w = host.emplace_back(size_t(sh.v_dim), 1.0f).data();
-    for (int64_t n : {1, 16, 64}) {
+    for (int64_t n : {1, 16, 32, 64, 256}) {
       float* qkv = floats(size_t(n * C), 60);
       float* z = floats(size_t(n * sh.v_heads * sh.v_dim), 61);
       float* b = floats(size_t(n * sh.v_heads), 62);

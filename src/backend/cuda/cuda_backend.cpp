@@ -1151,6 +1151,10 @@ class CudaBackend final : public Backend, public CacheMemory {
       check(cache_state_type(conv_states[size_t(i)], "causal conv state") == st &&
                 cache_state_type(states[size_t(i)], "gated delta rule state") == st,
             "gdn_decode: the batch's state slots differ in dtype");
+    // Slots of one pool lie at multiples of a slot's size from its start, so a recorded step's replays keep
+    // the alignment seen here.
+    const bool aligned = std::all_of(states.begin(), states.end(),
+                                     [](float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; });
     const int64_t C = 2 * int64_t(s.k_heads) * s.k_dim + int64_t(s.v_heads) * s.v_dim;
     const float* cw = vec(conv_w, size_t(C * kernel));
     const float* al = vec(a_log, size_t(s.v_heads));
@@ -1159,10 +1163,10 @@ class CudaBackend final : public Backend, public CacheMemory {
     const auto* cs = static_cast<void* const*>(stage(conv_states.data(), conv_states.size_bytes()));
     const auto* rs = static_cast<void* const*>(stage(states.data(), states.size_bytes()));
     auto conv = allocate(size_t(n * C));
-    if (auto op = start("gdn_decode", qkv, z, b, a, n, cw, kernel, al, dt, nw, eps, cs, rs, conv.get(), out,
-                        s.k_heads, s.v_heads, s.k_dim, s.v_dim))
+    if (auto op = start("gdn_decode", qkv, z, b, a, n, cw, kernel, al, dt, nw, eps, cs, rs, aligned,
+                        conv.get(), out, s.k_heads, s.v_heads, s.k_dim, s.v_dim))
       cuda::launch_gdn_decode(qkv, z, b, a, n, s.k_heads, s.k_dim, s.v_heads, s.v_dim, cw, kernel, al, dt, nw,
-                              eps, cs, rs, st, conv.get(), out, stream_);
+                              eps, cs, rs, st, aligned, conv.get(), out, stream_);
   }
 
   // Verify steps: every sequence's tokens in one conv and one delta-rule launch (the state in registers

@@ -337,23 +337,40 @@ __global__ __launch_bounds__(32 * kDecodeWarps) void gdn_decode_delta_kernel(
 // so Sᵀk and Sᵀq are sums inside one thread and only the q/k norms and the output norm cross threads: 6
 // barriers where gdn_decode_delta_kernel (512 threads, a row slab per warp) has 10, and two items an SM in
 // both. cuda_ops_bench gdn, batch 64: 126.6 -> 102.5 µs (fp32 state, 2.7 TB/s), 142.6 -> 79.9 µs (bf16).
-template <typename St, int dk, int dv>
-__global__ __launch_bounds__(dv, 2) void gdn_decode_column_kernel(
+//
+// kStaged: the head's state travels between global and shared memory as 16-byte vectors (cp.async in,
+// plain stores out), the block's threads each copying every dv-th vector, and each thread walks its column
+// in shared memory twice (Sᵀk, then the update and Sᵀq) instead of holding it in registers: a column in
+// registers takes 255 of them with spills (two blocks an SM), and read straight from global memory a bf16
+// column is 128 two-byte loads per thread (64 bytes a warp's load).
+template <typename St, int dk, int dv, bool kStaged>
+__global__ __launch_bounds__(dv, kStaged ? 4 : 2) void gdn_decode_column_kernel(
     const float* __restrict__ conv, int64_t C, int k_heads, int v_heads, const float* __restrict__ b,
     const float* __restrict__ a, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
     void* const* __restrict__ states, const float* __restrict__ z, const float* __restrict__ norm_w,
     float eps, float* __restrict__ out) {
   static_assert(dk == dv, "a thread per column loads q and k too");
+  constexpr int kVecs = dk * dv * int(sizeof(St)) / 16, kVecsPerThread = kVecs / dv;
+  static_assert(kVecs % dv == 0, "every thread copies the same number of vectors");
+  extern __shared__ uint4 staged[];  // kStaged: the head's state as stored, dk rows of dv
   __shared__ float ks[dk], qs[dk], scratch[32];
   const int h = blockIdx.x, j = threadIdx.x;
   const int64_t i = blockIdx.y;
   // Before pdl_wait, as in gdn_decode_delta_kernel: the gates and the state.
   const int64_t gi = i * v_heads + h;
   const TokenGates gates = gdn_token_gates(b, a, a_log, dt_bias, h, gi);
-  const St* S = static_cast<const St*>(states[i]) + int64_t(h) * dk * dv + j;
-  float st[dk];
+  St* const S = static_cast<St*>(states[i]) + int64_t(h) * dk * dv;
+  St* const tile = reinterpret_cast<St*>(staged);
+  float st[kStaged ? 1 : dk];
+  if constexpr (kStaged) {
+    const uint4* src = reinterpret_cast<const uint4*>(S);
 #pragma unroll
-  for (int r = 0; r < dk; ++r) st[r] = state_load(S + r * dv);
+    for (int v = 0; v < kVecsPerThread; ++v) cp_async16(staged + v * dv + j, src + v * dv + j, true);
+    cp_async_commit();
+  } else {
+#pragma unroll
+    for (int r = 0; r < dk; ++r) st[r] = state_load(S + r * dv + j);
+  }
   pdl_begin();
 
   const float* row = conv + i * C;
@@ -366,26 +383,47 @@ __global__ __launch_bounds__(dv, 2) void gdn_decode_column_kernel(
   qs[j] = qv * (1.0f / sqrtf(sq + 1e-6f)) * (1.0f / sqrtf(float(dk)));
   ks[j] = kv0 * (1.0f / sqrtf(sk + 1e-6f));
   const float vj = row[2 * int64_t(k_heads) * dk + int64_t(h) * dv + j];
-  __syncthreads();  // qs, ks
-  float kv = 0.0f;
+  if constexpr (kStaged) cp_async_wait<0>();
+  __syncthreads();  // qs, ks; the staged state
+  float kv = 0.0f, o = 0.0f;
+  if constexpr (kStaged) {
+    // Pass 1 reads the column, pass 2 reads it again (the decay recomputed alike) and writes it back. Each
+    // thread reads and writes only its own column, so the passes need no barrier; partial unrolling keeps
+    // the compiler from hoisting every shared load at once (it spilled with the loops unrolled whole).
+#pragma unroll 16
+    for (int r = 0; r < dk; ++r) kv += state_load(tile + r * dv + j) * gates.decay * ks[r];
+    const float delta = (vj - kv) * gates.beta;
+#pragma unroll 16
+    for (int r = 0; r < dk; ++r) {
+      const float x = state_load(tile + r * dv + j) * gates.decay + ks[r] * delta;
+      o += x * qs[r];
+      state_store(tile + r * dv + j, x);
+    }
+  } else {
 #pragma unroll
-  for (int r = 0; r < dk; ++r) {
-    st[r] *= gates.decay;
-    kv += st[r] * ks[r];
-  }
-  const float delta = (vj - kv) * gates.beta;
-  float o = 0.0f;
+    for (int r = 0; r < dk; ++r) {
+      st[r] *= gates.decay;
+      kv += st[r] * ks[r];
+    }
+    const float delta = (vj - kv) * gates.beta;
 #pragma unroll
-  for (int r = 0; r < dk; ++r) {
-    st[r] += ks[r] * delta;
-    o += st[r] * qs[r];
+    for (int r = 0; r < dk; ++r) {
+      st[r] += ks[r] * delta;
+      o += st[r] * qs[r];
+    }
   }
   const float ss = block_sum(o * o, scratch);
   const int64_t o_at = gi * dv + j;
   out[o_at] = norm_w[j] * (o * (1.0f / sqrtf(ss / float(dv) + eps))) * siluf_(z[o_at]);
-  St* W = static_cast<St*>(states[i]) + int64_t(h) * dk * dv + j;
+  if constexpr (kStaged) {
+    // block_sum's barriers have ordered every column's writes before the copy out.
+    uint4* dst = reinterpret_cast<uint4*>(S);
 #pragma unroll
-  for (int r = 0; r < dk; ++r) state_store(W + r * dv, st[r]);
+    for (int v = 0; v < kVecsPerThread; ++v) dst[v * dv + j] = staged[v * dv + j];
+  } else {
+#pragma unroll
+    for (int r = 0; r < dk; ++r) state_store(S + r * dv + j, st[r]);
+  }
 }
 
 // ---- speculative verify: n sequences of lengths[i] tokens, a state kept after each but the last ----------
@@ -462,6 +500,31 @@ __global__ __launch_bounds__(32 * kDecodeWarps) void gdn_verify_delta_kernel(
     __syncthreads();  // the next token's block_sum reuses sh.scratch
   }
   store_state_entries(S, dk, dv, s);
+}
+
+// The staged column kernel from this many sequences (MOESERVE_CUDA_GDN_STAGED_MIN): below, the grid is a
+// wave or two and the register kernel's shorter blocks win (cuda_ops_bench gdn, docs/cuda.md).
+int64_t gdn_staged_min_batch() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("MOESERVE_CUDA_GDN_STAGED_MIN");
+    return e ? std::atoll(e) : int64_t(64);
+  }();
+  return v;
+}
+
+template <typename St, typename... Args>
+void launch_gdn_column(dim3 grid, bool aligned_states, cudaStream_t s, Args&&... args) {
+  if (!aligned_states || grid.y < gdn_staged_min_batch()) {
+    launch_k(gdn_decode_column_kernel<St, 128, 128, false>, grid, 128, 0, s, std::forward<Args>(args)...);
+    return;
+  }
+  constexpr size_t bytes = 128 * 128 * sizeof(St);
+  static const bool sized = [] {  // above the 48 KB default for float32 states
+    return cudaFuncSetAttribute(gdn_decode_column_kernel<St, 128, 128, true>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)) == cudaSuccess;
+  }();
+  (void)sized;
+  launch_k(gdn_decode_column_kernel<St, 128, 128, true>, grid, 128, bytes, s, std::forward<Args>(args)...);
 }
 
 }  // namespace
@@ -545,8 +608,8 @@ void launch_gdn_verify(const float* qkv, const float* z, const float* b, const f
 void launch_gdn_decode(const float* qkv, const float* z, const float* b, const float* a, int64_t n,
                        int k_heads, int k_dim, int v_heads, int v_dim, const float* conv_w, int kernel,
                        const float* a_log, const float* dt_bias, const float* norm_w, float eps,
-                       void* const* conv_states, void* const* states, StateType state_type, float* conv,
-                       float* out, cudaStream_t s) {
+                       void* const* conv_states, void* const* states, StateType state_type,
+                       bool aligned_states, float* conv, float* out, cudaStream_t s) {
   if (n == 0) return;
   const int64_t C = 2 * int64_t(k_heads) * k_dim + int64_t(v_heads) * v_dim;
   const dim3 conv_grid{blocks_for(C, 128), unsigned(n)}, delta_grid{unsigned(v_heads), unsigned(n)};
@@ -554,13 +617,13 @@ void launch_gdn_decode(const float* qkv, const float* z, const float* b, const f
     if (state_type == StateType::BF16) {
       launch_k(gdn_decode_conv_kernel<__nv_bfloat16>, conv_grid, 128, 0, s, qkv, C, conv_w, kernel,
                conv_states, conv);
-      launch_k(gdn_decode_column_kernel<__nv_bfloat16, 128, 128>, delta_grid, 128, 0, s, conv, C, k_heads,
-               v_heads, b, a, a_log, dt_bias, states, z, norm_w, eps, out);
+      launch_gdn_column<__nv_bfloat16>(delta_grid, aligned_states, s, conv, C, k_heads, v_heads, b, a, a_log,
+                                       dt_bias, states, z, norm_w, eps, out);
     } else {
       launch_k(gdn_decode_conv_kernel<float>, conv_grid, 128, 0, s, qkv, C, conv_w, kernel, conv_states,
                conv);
-      launch_k(gdn_decode_column_kernel<float, 128, 128>, delta_grid, 128, 0, s, conv, C, k_heads, v_heads, b,
-               a, a_log, dt_bias, states, z, norm_w, eps, out);
+      launch_gdn_column<float>(delta_grid, aligned_states, s, conv, C, k_heads, v_heads, b, a, a_log, dt_bias,
+                               states, z, norm_w, eps, out);
     }
     return;
   }

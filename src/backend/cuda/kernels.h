@@ -86,8 +86,8 @@ bool gdn_decode_supported(int k_dim, int v_dim, int kernel);
 void launch_gdn_decode(const float* qkv, const float* z, const float* b, const float* a, int64_t n,
                        int k_heads, int k_dim, int v_heads, int v_dim, const float* conv_w, int kernel,
                        const float* a_log, const float* dt_bias, const float* norm_w, float eps,
-                       void* const* conv_states, void* const* states, StateType state_type, float* conv,
-                       float* out, cudaStream_t s);
+                       void* const* conv_states, void* const* states, StateType state_type,
+                       bool aligned_states, float* conv, float* out, cudaStream_t s);
 
 // Speculative verify (Backend::gdn_verify): n sequences, sequence i's lengths[i] tokens at rows
 // first_rows[i].. of qkv / z / b / a / out, each token with launch_gdn_decode's arithmetic in order over

@@ -56,23 +56,6 @@ __device__ __forceinline__ uint32_t fp8_pair(const uint4& v, int p) {
   return (p & 1) ? w >> 16 : w & 0xffffu;
 }
 
-// Not volatile: the MMA is a pure function of its registers, so the compiler may schedule it among the
-// fragment loads instead of stalling on each in program order.
-// 16 bytes global -> shared without passing through registers; !valid writes zeros (src is not read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const uint32_t s = uint32_t(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-// Waits until at most kPending of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
 // Four 8x8 bf16 matrices from shared memory, one row address per lane (lanes 8i..8i+7: matrix i), as
 // mma.sync fragments; _trans delivers each matrix transposed (a row-major [k][n] tile as B's columns).
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -88,6 +71,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(s));
 }
 
+// Not volatile: the MMA is a pure function of its registers, so the compiler may schedule it among the
+// fragment loads instead of stalling on each in program order.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

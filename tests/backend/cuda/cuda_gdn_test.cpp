@@ -177,41 +177,49 @@ TEST_F(CudaGdn, Bf16StateSlotsMatchCpuRoundedState) {
     mem.free_cache(reinterpret_cast<float*>(slot));
   }
 
-  // Decode and the conv state, two sequences whose slots are in one bf16 range.
+  // Decode and the conv state: 2 sequences (the register kernel) and 64 (the staged one), whose slots are in
+  // one bf16 range.
   const int K = 4;
   const size_t conv_n = size_t(kC * (K - 1));
   auto conv_w = random_vector(size_t(kC * K), 110), a_log = random_vector(32, 111, 0.5f);
   auto dt_bias = random_vector(32, 112), norm_w = random_vector(128, 113, 0.1f);
-  auto conv_host = to_bf16(random_vector(2 * conv_n, 114, 0.5f));
-  auto rec_host = to_bf16(random_vector(2 * kStateN, 115, 0.1f));
-  auto cpu_conv = widen(conv_host), cpu_rec = widen(rec_host);
-  uint16_t* conv = mem.allocate_cache_bf16(2 * conv_n);
-  uint16_t* rec = mem.allocate_cache_bf16(2 * kStateN);
-  upload_bf16(*gpu, conv_host, conv);
-  upload_bf16(*gpu, rec_host, rec);
-  uint32_t seed = 120;
-  for (int step = 0; step < 3; ++step) {
-    auto qkv = random_vector(size_t(2 * kC), seed++), z = random_vector(2 * 32 * 128, seed++);
-    auto b = random_vector(64, seed++), a = random_vector(64, seed++);
-    std::vector<float> ref(2 * 32 * 128);
-    float* cc[] = {cpu_conv.data(), cpu_conv.data() + conv_n};
-    float* cr[] = {cpu_rec.data(), cpu_rec.data() + kStateN};
-    cpu->gdn_decode(kShape, qkv.data(), z.data(), b.data(), a.data(), 2, conv_w.data(), K, a_log.data(),
-                    dt_bias.data(), norm_w.data(), 1e-6f, cc, cr, ref.data());
-    cpu_conv = widen(to_bf16(cpu_conv));
-    cpu_rec = widen(to_bf16(cpu_rec));
-    auto qd = to_device(*gpu, qkv), zd = to_device(*gpu, z), bd = to_device(*gpu, b), ad = to_device(*gpu, a);
-    auto out = poisoned(*gpu, ref.size());
-    float* gc[] = {reinterpret_cast<float*>(conv), reinterpret_cast<float*>(conv + conv_n)};
-    float* gr[] = {reinterpret_cast<float*>(rec), reinterpret_cast<float*>(rec + kStateN)};
-    gpu->gdn_decode(kShape, qd.get(), zd.get(), bd.get(), ad.get(), 2, conv_w.data(), K, a_log.data(),
-                    dt_bias.data(), norm_w.data(), 1e-6f, gc, gr, out.get());
-    EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), kBf16Slot) << "decode step " << step;
-    EXPECT_LT(rel_error(widen(download_bf16(*gpu, conv, 2 * conv_n)), cpu_conv), kBf16Slot) << "conv state";
-    EXPECT_LT(rel_error(widen(download_bf16(*gpu, rec, 2 * kStateN)), cpu_rec), kBf16Slot) << "state";
+  for (int64_t n : {2, 64}) {
+    const size_t N = size_t(n);
+    auto conv_host = to_bf16(random_vector(N * conv_n, 114, 0.5f));
+    auto rec_host = to_bf16(random_vector(N * kStateN, 115, 0.1f));
+    auto cpu_conv = widen(conv_host), cpu_rec = widen(rec_host);
+    uint16_t* conv = mem.allocate_cache_bf16(N * conv_n);
+    uint16_t* rec = mem.allocate_cache_bf16(N * kStateN);
+    upload_bf16(*gpu, conv_host, conv);
+    upload_bf16(*gpu, rec_host, rec);
+    uint32_t seed = 120;
+    for (int step = 0; step < 3; ++step) {
+      auto qkv = random_vector(N * kC, seed++), z = random_vector(N * 32 * 128, seed++);
+      auto b = random_vector(N * 32, seed++), a = random_vector(N * 32, seed++);
+      std::vector<float> ref(N * 32 * 128);
+      std::vector<float*> cc, cr, gc, gr;
+      for (size_t i = 0; i < N; ++i) {
+        cc.push_back(cpu_conv.data() + i * conv_n), cr.push_back(cpu_rec.data() + i * kStateN);
+        gc.push_back(reinterpret_cast<float*>(conv + i * conv_n));
+        gr.push_back(reinterpret_cast<float*>(rec + i * kStateN));
+      }
+      cpu->gdn_decode(kShape, qkv.data(), z.data(), b.data(), a.data(), n, conv_w.data(), K, a_log.data(),
+                      dt_bias.data(), norm_w.data(), 1e-6f, cc, cr, ref.data());
+      cpu_conv = widen(to_bf16(cpu_conv));
+      cpu_rec = widen(to_bf16(cpu_rec));
+      auto qd = to_device(*gpu, qkv), zd = to_device(*gpu, z), bd = to_device(*gpu, b),
+           ad = to_device(*gpu, a);
+      auto out = poisoned(*gpu, ref.size());
+      gpu->gdn_decode(kShape, qd.get(), zd.get(), bd.get(), ad.get(), n, conv_w.data(), K, a_log.data(),
+                      dt_bias.data(), norm_w.data(), 1e-6f, gc, gr, out.get());
+      EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), kBf16Slot)
+          << n << " sequences, decode step " << step;
+      EXPECT_LT(rel_error(widen(download_bf16(*gpu, conv, N * conv_n)), cpu_conv), kBf16Slot) << "conv state";
+      EXPECT_LT(rel_error(widen(download_bf16(*gpu, rec, N * kStateN)), cpu_rec), kBf16Slot) << "state";
+    }
+    mem.free_cache(reinterpret_cast<float*>(conv));
+    mem.free_cache(reinterpret_cast<float*>(rec));
   }
-  mem.free_cache(reinterpret_cast<float*>(conv));
-  mem.free_cache(reinterpret_cast<float*>(rec));
 }
 
 // A speculative verify step (gdn_verify): three sequences of 4, 1 and 3 tokens at scattered rows, against the

@@ -352,45 +352,50 @@ TEST_F(CudaOps, GdnDecodeMatchesComposedOpsOverSteps) {
     auto& a_log = keep.emplace_back(random_vector(size_t(s.v_heads), 51, 0.5f));
     auto& dt_bias = keep.emplace_back(random_vector(size_t(s.v_heads), 52));
     auto& norm_w = keep.emplace_back(random_vector(size_t(s.v_dim), 53, 0.1f));
-    const int64_t n = 3;
-    // Sequence i lives in slot order[i] of the GPU's state arrays (not the batch order).
-    const std::vector<int> order = {2, 0, 1};
-    std::vector<std::vector<float>> cpu_conv, cpu_rec;
-    float* gconv = gpu->cache_memory()->allocate_cache(conv_n * n);
-    float* grec = gpu->cache_memory()->allocate_cache(rec_n * n);
-    for (int64_t i = 0; i < n; ++i) {
-      cpu_conv.push_back(random_vector(conv_n, uint32_t(54 + i), 0.5f));
-      cpu_rec.push_back(random_vector(rec_n, uint32_t(57 + i), 0.1f));
-      gpu->upload(cpu_conv.back().data(), gconv + order[size_t(i)] * conv_n, conv_n);
-      gpu->upload(cpu_rec.back().data(), grec + order[size_t(i)] * rec_n, rec_n);
-    }
-    uint32_t seed = 60;
-    for (int step = 0; step < 3; ++step) {
-      auto qkv = random_vector(size_t(n * C), seed++), z = random_vector(size_t(n * value_dim), seed++);
-      auto b = random_vector(size_t(n * s.v_heads), seed++), a = random_vector(size_t(n * s.v_heads), seed++);
-      std::vector<float*> cc, cr, gc, gr;
+    // 64 sequences of 128 x 128 heads take the staged kernel, 3 the register one.
+    const auto batches = s.k_dim == 128 ? std::vector<int64_t>{3, 64} : std::vector<int64_t>{3};
+    for (int64_t n : batches) {
+      // Sequence i lives in slot order[i] of the GPU's state arrays (not the batch order).
+      std::vector<int> order(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) order[size_t(i)] = int((i + 2) % n);
+      std::vector<std::vector<float>> cpu_conv, cpu_rec;
+      float* gconv = gpu->cache_memory()->allocate_cache(conv_n * n);
+      float* grec = gpu->cache_memory()->allocate_cache(rec_n * n);
       for (int64_t i = 0; i < n; ++i) {
-        cc.push_back(cpu_conv[size_t(i)].data()), cr.push_back(cpu_rec[size_t(i)].data());
-        gc.push_back(gconv + order[size_t(i)] * conv_n), gr.push_back(grec + order[size_t(i)] * rec_n);
+        cpu_conv.push_back(random_vector(conv_n, uint32_t(54 + i), 0.5f));
+        cpu_rec.push_back(random_vector(rec_n, uint32_t(57 + i), 0.1f));
+        gpu->upload(cpu_conv.back().data(), gconv + order[size_t(i)] * conv_n, conv_n);
+        gpu->upload(cpu_rec.back().data(), grec + order[size_t(i)] * rec_n, rec_n);
       }
-      std::vector<float> ref(size_t(n * value_dim));
-      cpu->gdn_decode(s, qkv.data(), z.data(), b.data(), a.data(), n, conv_w.data(), K, a_log.data(),
-                      dt_bias.data(), norm_w.data(), 1e-6f, cc, cr, ref.data());
-      auto qd = to_device(*gpu, qkv), zd = to_device(*gpu, z), bd = to_device(*gpu, b),
-           ad = to_device(*gpu, a);
-      auto out = poisoned(*gpu, ref.size());
-      gpu->gdn_decode(s, qd.get(), zd.get(), bd.get(), ad.get(), n, conv_w.data(), K, a_log.data(),
-                      dt_bias.data(), norm_w.data(), 1e-6f, gc, gr, out.get());
-      EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), 1e-4)
-          << "dk=" << s.k_dim << " dv=" << s.v_dim << " step " << step;
-      for (int64_t i = 0; i < n; ++i) {
-        EXPECT_LT(rel_error(to_host(*gpu, gc[size_t(i)], conv_n), cpu_conv[size_t(i)]), kExact)
-            << "conv state";
-        EXPECT_LT(rel_error(to_host(*gpu, gr[size_t(i)], rec_n), cpu_rec[size_t(i)]), 1e-4) << "state";
+      uint32_t seed = 60;
+      for (int step = 0; step < 3; ++step) {
+        auto qkv = random_vector(size_t(n * C), seed++), z = random_vector(size_t(n * value_dim), seed++);
+        auto b = random_vector(size_t(n * s.v_heads), seed++),
+             a = random_vector(size_t(n * s.v_heads), seed++);
+        std::vector<float*> cc, cr, gc, gr;
+        for (int64_t i = 0; i < n; ++i) {
+          cc.push_back(cpu_conv[size_t(i)].data()), cr.push_back(cpu_rec[size_t(i)].data());
+          gc.push_back(gconv + order[size_t(i)] * conv_n), gr.push_back(grec + order[size_t(i)] * rec_n);
+        }
+        std::vector<float> ref(size_t(n * value_dim));
+        cpu->gdn_decode(s, qkv.data(), z.data(), b.data(), a.data(), n, conv_w.data(), K, a_log.data(),
+                        dt_bias.data(), norm_w.data(), 1e-6f, cc, cr, ref.data());
+        auto qd = to_device(*gpu, qkv), zd = to_device(*gpu, z), bd = to_device(*gpu, b),
+             ad = to_device(*gpu, a);
+        auto out = poisoned(*gpu, ref.size());
+        gpu->gdn_decode(s, qd.get(), zd.get(), bd.get(), ad.get(), n, conv_w.data(), K, a_log.data(),
+                        dt_bias.data(), norm_w.data(), 1e-6f, gc, gr, out.get());
+        EXPECT_LT(rel_error(to_host(*gpu, out.get(), ref.size()), ref), 1e-4)
+            << "dk=" << s.k_dim << " dv=" << s.v_dim << " step " << step;
+        for (int64_t i = 0; i < n; ++i) {
+          EXPECT_LT(rel_error(to_host(*gpu, gc[size_t(i)], conv_n), cpu_conv[size_t(i)]), kExact)
+              << "conv state";
+          EXPECT_LT(rel_error(to_host(*gpu, gr[size_t(i)], rec_n), cpu_rec[size_t(i)]), 1e-4) << "state";
+        }
       }
+      gpu->cache_memory()->free_cache(gconv);
+      gpu->cache_memory()->free_cache(grec);
     }
-    gpu->cache_memory()->free_cache(gconv);
-    gpu->cache_memory()->free_cache(grec);
   }
 }
 
